@@ -1,0 +1,13 @@
+// Backend kernels of bitmm_int.
+#include <torch/library.h>
+
+#include "cpu/bitmm_cpu.h"
+#ifdef WITH_CUDA
+#include "cuda/bitmm_cuda.h"
+#endif
+
+TORCH_LIBRARY_IMPL(pyg_quant, CPU, m) { m.impl("bitmm_int", &pyg_quant::bitmm_int_cpu); }
+
+#ifdef WITH_CUDA
+TORCH_LIBRARY_IMPL(pyg_quant, CUDA, m) { m.impl("bitmm_int", &pyg_quant::bitmm_int_cuda); }
+#endif

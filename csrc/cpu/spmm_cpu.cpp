@@ -1,0 +1,102 @@
+// Aggregation over a block-sparse bit adjacency: out[i, d] = Σ_j A_ij · Q_jd.
+// Only stored (non-empty) tiles are visited: zero tiles cost nothing.  A tile
+// row of column tile c lines up with words 8c..8c+7 of every column-layout
+// feature plane (pyg_quant/layout.py), so features are read in place; each
+// tile is loaded once and used for every feature and every plane pair.
+#include "spmm_cpu.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <vector>
+
+#include "popcount.h"
+
+namespace pyg_quant {
+namespace {
+constexpr int64_t kTileRows = 16;
+constexpr int64_t kTileWords64 = 4;  // 256 columns
+}  // namespace
+
+at::Tensor bit_spmm_int_cpu(const at::Tensor& window_ptr_in, const at::Tensor& tile_col_in,
+                            const at::Tensor& tile_bits_in, const at::Tensor& x_in, int64_t rows, int64_t cols,
+                            bool wide) {
+  TORCH_CHECK_VALUE(window_ptr_in.dim() == 1 && window_ptr_in.scalar_type() == at::kLong, "window_ptr must be int64[num_windows + 1]");
+  TORCH_CHECK_VALUE(tile_col_in.dim() == 1 && tile_col_in.scalar_type() == at::kInt, "tile_col must be int32[num_tiles]");
+  TORCH_CHECK_VALUE(tile_bits_in.dim() == 4 && tile_bits_in.scalar_type() == at::kInt && tile_bits_in.size(1) == tile_col_in.size(0) &&
+                        tile_bits_in.size(2) == kTileRows && tile_bits_in.size(3) == 2 * kTileWords64,
+                    "tile_bits must be int32[bits, num_tiles, 16, 8]");
+  TORCH_CHECK_VALUE(x_in.dim() == 3 && x_in.scalar_type() == at::kInt && x_in.size(2) % 8 == 0,
+                    "x_planes must be column-layout int32[bits, outer, words]");
+  TORCH_CHECK_VALUE(tile_bits_in.size(0) <= 8 && x_in.size(0) <= 8, "at most 8 bit planes per operand");
+  TORCH_CHECK_VALUE(cols <= x_in.size(1), "cols exceeds x_planes' padded feature count");
+  const int64_t num_windows = window_ptr_in.size(0) - 1;
+  TORCH_CHECK_VALUE(num_windows * kTileRows >= rows, "rows exceeds the adjacency's row windows");
+
+  const auto window_ptr = window_ptr_in.contiguous();
+  const auto tile_col = tile_col_in.contiguous();
+  const auto tile_bits = tile_bits_in.contiguous();
+  const auto x = x_in.contiguous();
+  const int a_bits = tile_bits.size(0), x_bits = x.size(0);
+  const int64_t num_tiles = tile_bits.size(1);
+  const int64_t x_words64 = x.size(2) / 2, x_outer = x.size(1);
+  const int64_t* wptr = window_ptr.data_ptr<int64_t>();
+  const int32_t* tcol = tile_col.data_ptr<int32_t>();
+  const uint64_t* tiles = as_u64(tile_bits.data_ptr<int32_t>());
+  const uint64_t* xp = as_u64(x.data_ptr<int32_t>());
+  const int64_t tile_plane = num_tiles * kTileRows * kTileWords64;
+  const int64_t x_plane = x_outer * x_words64;
+  if (num_tiles > 0) {
+    const auto max_col = tile_col.max().item<int32_t>();
+    const auto min_col = tile_col.min().item<int32_t>();
+    TORCH_CHECK_VALUE(min_col >= 0 && (max_col + 1) * kTileWords64 <= x_words64,
+                      "tile_col points past x_planes' node words");
+  }
+
+  auto out = at::zeros({rows, cols}, x.options().dtype(wide ? at::kLong : at::kInt));
+  int64_t* out64 = wide ? out.data_ptr<int64_t>() : nullptr;
+  int32_t* out32 = wide ? nullptr : out.data_ptr<int32_t>();
+
+  at::parallel_for(0, num_windows, 1, [&](int64_t begin, int64_t end) {
+    std::vector<int64_t> acc(kTileRows * cols);
+    for (int64_t win = begin; win < end; ++win) {
+      std::fill(acc.begin(), acc.end(), 0);
+      const int64_t live_rows = std::min(kTileRows, rows - win * kTileRows);
+      if (live_rows <= 0) continue;
+      for (int64_t t = wptr[win]; t < wptr[win + 1]; ++t) {
+        const uint64_t* tile = tiles + t * kTileRows * kTileWords64;
+        const uint64_t* xcol = xp + static_cast<int64_t>(tcol[t]) * kTileWords64;
+        for (int64_t d = 0; d < cols; ++d) {
+          for (int q = 0; q < x_bits; ++q) {
+            const uint64_t* xv = xcol + q * x_plane + d * x_words64;
+            const uint64_t x0 = xv[0], x1 = xv[1], x2 = xv[2], x3 = xv[3];
+            if ((x0 | x1 | x2 | x3) == 0) continue;
+            for (int64_t r = 0; r < live_rows; ++r) {
+              int64_t sum = 0;
+              for (int a = 0; a < a_bits; ++a) {
+                const uint64_t* av = tile + a * tile_plane + r * kTileWords64;
+                const int64_t count = popcount64(av[0] & x0) + popcount64(av[1] & x1) +
+                                      popcount64(av[2] & x2) + popcount64(av[3] & x3);
+                sum += count << a;
+              }
+              acc[r * cols + d] += sum << q;
+            }
+          }
+        }
+      }
+      for (int64_t r = 0; r < live_rows; ++r) {
+        const int64_t row = win * kTileRows + r;
+        for (int64_t d = 0; d < cols; ++d) {
+          if (wide) {
+            out64[row * cols + d] = acc[r * cols + d];
+          } else {
+            out32[row * cols + d] = static_cast<int32_t>(acc[r * cols + d]);
+          }
+        }
+      }
+    }
+  });
+  return out;
+}
+
+}  // namespace pyg_quant

@@ -1,0 +1,9 @@
+#pragma once
+#include <ATen/core/Tensor.h>
+
+namespace pyg_quant {
+
+at::Tensor bit_spmm_int_cpu(const at::Tensor& window_ptr, const at::Tensor& tile_col, const at::Tensor& tile_bits,
+                            const at::Tensor& x_planes, int64_t rows, int64_t cols, bool wide);
+
+}  // namespace pyg_quant

@@ -1,0 +1,19 @@
+// The one registration of every pyg_quant op schema.  Backends add their
+// kernels with TORCH_LIBRARY_IMPL in csrc/<op>.cpp; fake (meta) kernels live in
+// pyg_quant/ops/__init__.py so that torch.compile traces through.
+#include <Python.h>
+#include <torch/library.h>
+
+TORCH_LIBRARY(pyg_quant, m) {
+  m.def("quantize_pack(Tensor x, Tensor lo, Tensor inv_scale, int bits, bool col_layout, Tensor? noise) -> Tensor");
+  m.def("unpack_codes(Tensor planes, int rows, int cols, bool col_layout) -> Tensor");
+  m.def("packed_code_sums(Tensor planes) -> Tensor");
+  m.def("bitmm_int(Tensor a_planes, Tensor b_planes, int rows, int cols, bool wide) -> Tensor");
+  m.def("bit_spmm_int(Tensor window_ptr, Tensor tile_col, Tensor tile_bits, Tensor x_planes, int rows, int cols, bool wide) -> Tensor");
+}
+
+// Importing pyg_quant._C loads this library, which runs the registrations above.
+PyMODINIT_FUNC PyInit__C(void) {
+  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  return PyModule_Create(&module_def);
+}

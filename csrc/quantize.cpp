@@ -1,0 +1,21 @@
+// Backend kernels of quantize_pack, unpack_codes and packed_code_sums.
+#include <torch/library.h>
+
+#include "cpu/quantize_cpu.h"
+#ifdef WITH_CUDA
+#include "cuda/quantize_cuda.h"
+#endif
+
+TORCH_LIBRARY_IMPL(pyg_quant, CPU, m) {
+  m.impl("quantize_pack", &pyg_quant::quantize_pack_cpu);
+  m.impl("unpack_codes", &pyg_quant::unpack_codes_cpu);
+  m.impl("packed_code_sums", &pyg_quant::packed_code_sums_cpu);
+}
+
+#ifdef WITH_CUDA
+TORCH_LIBRARY_IMPL(pyg_quant, CUDA, m) {
+  m.impl("quantize_pack", &pyg_quant::quantize_pack_cuda);
+  m.impl("unpack_codes", &pyg_quant::unpack_codes_cuda);
+  m.impl("packed_code_sums", &pyg_quant::packed_code_sums_cuda);
+}
+#endif

@@ -1,0 +1,22 @@
+"""pyg_quant: any-bitwidth quantized GNN compute for PyTorch Geometric.
+
+Values are stored as bit planes (:mod:`pyg_quant.layout`), products run as
+AND + popcount on the planes (C++ on the CPU, 1-bit tensor cores on the GPU).
+"""
+from ._extension import backends
+from .adjacency import BitAdjacency, bit_spmm
+from .bit_tensor import BitTensor, to_bit, to_val
+from .bitmm import bitmm, bitmm_int
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BitAdjacency",
+    "BitTensor",
+    "backends",
+    "bit_spmm",
+    "bitmm",
+    "bitmm_int",
+    "to_bit",
+    "to_val",
+]

@@ -1,0 +1,226 @@
+r"""Block-sparse bit adjacency and the aggregation ``A·X`` on it.
+
+The tile format is described once, in :mod:`pyg_quant.layout`.  Rows are
+message *targets* and columns *sources* (PyG's ``source_to_target`` flow:
+``edge_index[0]`` is the source ``j``, ``edge_index[1]`` the target ``i``), so
+``bit_spmm(adj, x)[i] = Σ_{(j→i)} x[j]``.
+"""
+from typing import Optional, Tuple, Union
+
+import torch
+
+from . import ops
+from .bit_tensor import BitTensor, to_val
+from .bitmm import INT32_MAX
+from .layout import TILE_COLS, TILE_ROWS, TILE_WORDS
+from .ops.reference import _to_int32_words
+
+
+def _check_edge_index(edge_index, num_src: int, num_dst: int) -> torch.Tensor:
+    if not isinstance(edge_index, torch.Tensor):
+        raise TypeError(f"edge_index must be a torch.Tensor, got {type(edge_index).__name__}")
+    if edge_index.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"edge_index must be int64 or int32, got {edge_index.dtype}")
+    if edge_index.dim() != 2 or edge_index.size(0) != 2:
+        raise ValueError(f"edge_index must have shape [2, num_edges], got {tuple(edge_index.shape)}")
+    edge_index = edge_index.long()
+    if edge_index.numel() > 0:
+        if int(edge_index.min()) < 0:
+            raise ValueError("edge_index holds negative node indices")
+        if int(edge_index[0].max()) >= num_src or int(edge_index[1].max()) >= num_dst:
+            raise ValueError(f"edge_index holds node indices out of range for num_nodes="
+                             f"{num_src if num_src == num_dst else (num_src, num_dst)}")
+    return edge_index
+
+
+class BitAdjacency:
+    r"""A graph's adjacency as block-sparse bit tiles of 16 rows × 256 columns.
+
+    ``A[i, j]`` is the number of edges ``j → i`` (duplicates add up, as in PyG's
+    sum aggregation; more than one edge between two nodes makes ``bits > 1``
+    bit planes).  An optional diagonal term ``diag`` (from ``self_loops``) is kept
+    apart from the tiles, so ``A + diag·I`` multiplies exactly.  All-zero tiles are
+    not stored and never read (QGTC's zero-tile jumping, at the format level).
+
+    Build with :meth:`from_edge_index`.  Attributes: ``window_ptr``, ``tile_col``,
+    ``tile_bits`` (see :mod:`pyg_quant.layout`), ``num_rows`` (targets),
+    ``num_cols`` (sources), ``bits``, ``diag`` (float32 ``[num_rows]`` or None),
+    ``row_sums`` (int64 ``[num_rows]``: Σ_j A_ij, the diagonal term excluded),
+    ``nnz`` (stored non-zero entries) and ``max_row_sum``.
+    """
+
+    __slots__ = ("window_ptr", "tile_col", "tile_bits", "num_rows", "num_cols", "bits", "diag",
+                 "row_sums", "nnz", "max_row_sum")
+
+    def __init__(self, window_ptr, tile_col, tile_bits, num_rows: int, num_cols: int,
+                 diag: Optional[torch.Tensor], row_sums: torch.Tensor, nnz: int, max_row_sum: int):
+        self.window_ptr, self.tile_col, self.tile_bits = window_ptr, tile_col, tile_bits
+        self.num_rows, self.num_cols = int(num_rows), int(num_cols)
+        self.bits = tile_bits.size(0)
+        self.diag, self.row_sums = diag, row_sums
+        self.nnz, self.max_row_sum = int(nnz), int(max_row_sum)
+
+    @classmethod
+    def from_edge_index(cls, edge_index: torch.Tensor,
+                        num_nodes: Optional[Union[int, Tuple[int, int]]] = None,
+                        self_loops: int = 0) -> "BitAdjacency":
+        r"""Packs ``edge_index`` (``[2, E]``, source row 0, target row 1).
+
+        Args:
+            edge_index (Tensor): int64/int32 ``[2, num_edges]``.
+            num_nodes (int or (int, int), optional): node count, or
+                ``(num_sources, num_targets)`` for a bipartite graph.  Defaults to
+                ``edge_index.max() + 1``.
+            self_loops (int): 0, 1 or 2.  With ``k > 0`` the result is ``A + k·I``
+                for nodes without a self-loop and keeps a present self-loop at
+                weight 1, exactly like PyG's ``add_remaining_self_loops`` with
+                ``fill_value=k`` (GCN's ``A + I``, and ``A + 2I`` when ``improved``).
+        """
+        if isinstance(self_loops, bool) or self_loops not in (0, 1, 2):
+            raise ValueError(f"self_loops must be 0, 1 or 2, got {self_loops!r}")
+        if num_nodes is None:
+            if not isinstance(edge_index, torch.Tensor) or edge_index.numel() == 0:
+                raise ValueError("num_nodes is required when edge_index is empty or not a tensor")
+            num_nodes = int(edge_index.max()) + 1
+        if isinstance(num_nodes, (tuple, list)):
+            if len(num_nodes) != 2:
+                raise ValueError(f"num_nodes must be an int or (num_src, num_dst), got {num_nodes!r}")
+            num_src, num_dst = (int(n) for n in num_nodes)
+        else:
+            num_src = num_dst = int(num_nodes)
+        if num_src <= 0 or num_dst <= 0:
+            raise ValueError(f"num_nodes must be positive, got {num_nodes!r}")
+        edge_index = _check_edge_index(edge_index, num_src, num_dst)
+        if self_loops and num_src != num_dst:
+            raise ValueError("self_loops needs a square adjacency (num_src == num_dst)")
+        device = edge_index.device
+        src, dst = edge_index[0], edge_index[1]
+
+        diag = None
+        if self_loops:
+            is_loop = src == dst
+            diag = torch.full((num_dst,), float(self_loops), device=device)
+            diag[dst[is_loop]] = 1.0
+            src, dst = src[~is_loop], dst[~is_loop]
+
+        keys, counts = torch.unique(dst * num_src + src, return_counts=True)
+        rows, cols = keys // num_src, keys % num_src
+        max_count = int(counts.max()) if counts.numel() else 1
+        bits = max(1, max_count.bit_length())
+        if bits > 8:
+            raise ValueError(f"edge_index repeats an edge {max_count} times; at most 255 fit the 8-bit adjacency")
+
+        num_windows = (num_dst + TILE_ROWS - 1) // TILE_ROWS
+        col_tiles = (num_src + TILE_COLS - 1) // TILE_COLS
+        tile_keys, tile_of_entry = torch.unique((rows // TILE_ROWS) * col_tiles + cols // TILE_COLS,
+                                                return_inverse=True)
+        num_tiles = tile_keys.numel()
+        window_ptr = torch.zeros(num_windows + 1, dtype=torch.int64, device=device)
+        window_ptr[1:] = torch.cumsum(torch.bincount(tile_keys // col_tiles, minlength=num_windows), 0)
+        tile_col = (tile_keys % col_tiles).to(torch.int32)
+
+        # Entries are distinct after unique(), so adding their bits is an OR.
+        word = (tile_of_entry * TILE_ROWS + rows % TILE_ROWS) * TILE_WORDS + (cols % TILE_COLS) // 32
+        bit = cols % 32
+        planes = []
+        for p in range(bits):
+            words = torch.zeros(num_tiles * TILE_ROWS * TILE_WORDS, dtype=torch.int64, device=device)
+            words.index_add_(0, word, ((counts >> p) & 1) << bit)
+            planes.append(_to_int32_words(words).view(num_tiles, TILE_ROWS, TILE_WORDS))
+        tile_bits = torch.stack(planes)
+
+        row_sums = torch.zeros(num_dst, dtype=torch.int64, device=device).index_add_(0, rows, counts)
+        max_row_sum = int(row_sums.max()) if num_dst else 0
+        return cls(window_ptr, tile_col, tile_bits, num_dst, num_src, diag, row_sums, keys.numel(), max_row_sum)
+
+    # --- reporting --------------------------------------------------------------------
+    @property
+    def shape(self) -> Tuple[int, int]:
+        return (self.num_rows, self.num_cols)
+
+    @property
+    def device(self) -> torch.device:
+        return self.tile_bits.device
+
+    @property
+    def num_tiles(self) -> int:
+        return self.tile_col.numel()
+
+    @property
+    def fill_ratio(self) -> float:
+        """Non-zero entries over the entries of the stored tiles."""
+        return self.nnz / max(1, self.num_tiles * TILE_ROWS * TILE_COLS)
+
+    @property
+    def nbytes(self) -> int:
+        tensors = [self.window_ptr, self.tile_col, self.tile_bits, self.row_sums]
+        if self.diag is not None:
+            tensors.append(self.diag)
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def degree(self) -> torch.Tensor:
+        """Weighted in-degree of every target node, the diagonal term included (float32)."""
+        deg = self.row_sums.to(torch.float32)
+        return deg + self.diag if self.diag is not None else deg
+
+    def to_dense(self) -> torch.Tensor:
+        """``A + diag·I`` as a dense float32 matrix (for checks on small graphs)."""
+        dense = torch.zeros(self.num_rows, self.num_cols, device=self.device)
+        window = torch.repeat_interleave(torch.arange(self.window_ptr.numel() - 1, device=self.device),
+                                         self.window_ptr[1:] - self.window_ptr[:-1])
+        shifts = torch.arange(32, device=self.device)
+        for p in range(self.bits):
+            words = self.tile_bits[p].to(torch.int64) & 0xFFFFFFFF  # [tiles, 16, 8]
+            bits = ((words.unsqueeze(-1) >> shifts) & 1).flatten(-2)  # [tiles, 16, 256]
+            t, r, c = bits.nonzero(as_tuple=True)
+            row = window[t] * TILE_ROWS + r
+            col = self.tile_col[t].long() * TILE_COLS + c
+            dense.index_put_((row, col), torch.full_like(row, 2**p, dtype=torch.float32), accumulate=True)
+        if self.diag is not None:
+            dense += torch.diag(self.diag)
+        return dense
+
+    def _map(self, fn) -> "BitAdjacency":
+        return BitAdjacency(fn(self.window_ptr), fn(self.tile_col), fn(self.tile_bits), self.num_rows,
+                            self.num_cols, None if self.diag is None else fn(self.diag), fn(self.row_sums),
+                            self.nnz, self.max_row_sum)
+
+    def to(self, device=None, non_blocking: bool = False) -> "BitAdjacency":
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> "BitAdjacency":
+        return self._map(lambda t: t.pin_memory())
+
+    def __repr__(self) -> str:
+        return (f"BitAdjacency(shape={self.shape}, nnz={self.nnz}, bits={self.bits}, tiles={self.num_tiles}, "
+                f"fill={self.fill_ratio:.3f}, nbytes={self.nbytes}, self_loops={self.diag is not None})")
+
+
+def bit_spmm(adj: BitAdjacency, x: BitTensor) -> torch.Tensor:
+    r"""``(A + diag·I) · to_val(x)`` on the bit tiles, as float32 ``[num_rows, x.cols]``.
+
+    ``x`` must be scaled per column or per tensor (``dim=0`` or ``None``) so that
+    ``(A·X)_ik = lo_k·Σ_j A_ij + scale_k·(A·Q)_ik`` factors exactly; it is read
+    in ``layout="col"`` (a ``"row"`` input is repacked once and cached).  The
+    result equals the float64 product up to float32 rounding.
+    """
+    if not isinstance(adj, BitAdjacency):
+        raise TypeError(f"adj must be a BitAdjacency, got {type(adj).__name__}")
+    if not isinstance(x, BitTensor):
+        raise TypeError(f"x must be a BitTensor, got {type(x).__name__}")
+    if x.rows != adj.num_cols:
+        raise ValueError(f"x has {x.rows} rows but adj has {adj.num_cols} source nodes")
+    if x.device != adj.device:
+        raise ValueError(f"x is on {x.device} but adj is on {adj.device}")
+    if x.dim not in (None, 0):
+        raise ValueError("x must be scaled per column (dim=0) or per tensor (dim=None) for A·X to "
+                         "factor exactly; got per-row ranges (dim=1)")
+    x_col = x.as_layout("col")
+    wide = adj.max_row_sum * (2**x.bits - 1) > INT32_MAX
+    product = ops.bit_spmm_int(adj.window_ptr, adj.tile_col, adj.tile_bits, x_col.planes,
+                               adj.num_rows, x.cols, wide).double()
+    lo, scale = x.lo.double().view(1, -1), x.scale.double().view(1, -1)
+    out = lo * adj.row_sums.double().view(-1, 1) + scale * product
+    if adj.diag is not None:
+        out += adj.diag.double().view(-1, 1) * to_val(x).double()
+    return out.float()

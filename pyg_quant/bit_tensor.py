@@ -1,0 +1,182 @@
+"""BitTensor: affine-quantized codes stored as packed bit planes (layout: :mod:`pyg_quant.layout`)."""
+from typing import Optional, Tuple
+
+import torch
+
+from . import ops
+from .layout import LAYOUTS, MAX_BITS
+
+
+def _check_bits(bits, name: str = "bits") -> int:
+    if isinstance(bits, bool) or not isinstance(bits, int):
+        raise TypeError(f"{name} must be an int in 1..{MAX_BITS}, got {type(bits).__name__}")
+    if not 1 <= bits <= MAX_BITS:
+        raise ValueError(f"{name} must be in 1..{MAX_BITS}, got {bits}")
+    return bits
+
+
+def _check_layout(layout) -> str:
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    return layout
+
+
+def _check_dim(dim) -> Optional[int]:
+    if dim is None:
+        return None
+    if isinstance(dim, bool) or not isinstance(dim, int) or dim not in (0, 1, -1, -2):
+        raise ValueError(f"dim must be None, 0 or 1 (or -2, -1), got {dim!r}")
+    return dim % 2
+
+
+class BitTensor:
+    r"""A 2-D tensor quantized affinely, ``x ≈ lo + scale · q`` with ``q ∈ [0, 2**bits − 1]``.
+
+    Attributes:
+        planes (Tensor): ``int32[bits, outer_pad, words]`` bit planes in
+            :mod:`pyg_quant.layout`'s layout.
+        shape (tuple): the logical ``(rows, cols)``.
+        bits (int): code width, 1..8.
+        layout (str): ``"row"`` (bits run along each row; the A operand of a
+            GEMM) or ``"col"`` (bits run down each column; the B operand, and
+            node features for :func:`pyg_quant.bit_spmm`).
+        lo, scale (Tensor): float32 ranges: shape ``(1,)`` for ``dim=None``,
+            ``(cols,)`` for ``dim=0``, ``(rows,)`` for ``dim=1``.
+        dim (int or None): the dimension the ranges were reduced over.
+
+    Build one with :func:`pyg_quant.to_bit`; get floats back with :func:`pyg_quant.to_val`.
+    """
+
+    __slots__ = ("planes", "shape", "bits", "layout", "lo", "scale", "dim", "_other_layout")
+
+    def __init__(self, planes: torch.Tensor, shape: Tuple[int, int], bits: int, layout: str,
+                 lo: torch.Tensor, scale: torch.Tensor, dim: Optional[int]):
+        self.planes = planes
+        self.shape = (int(shape[0]), int(shape[1]))
+        self.bits = _check_bits(bits)
+        self.layout = _check_layout(layout)
+        self.lo = lo
+        self.scale = scale
+        self.dim = _check_dim(dim)
+        self._other_layout: Optional["BitTensor"] = None
+        expected = {None: 1, 0: self.shape[1], 1: self.shape[0]}[self.dim]
+        if lo.shape != (expected,) or scale.shape != (expected,):
+            raise ValueError(f"lo and scale must have shape ({expected},) for dim={self.dim}, "
+                             f"got {tuple(lo.shape)} and {tuple(scale.shape)}")
+        if planes.dtype != torch.int32 or planes.dim() != 3 or planes.size(0) != bits:
+            raise ValueError(f"planes must be int32[bits={bits}, outer, words], got "
+                             f"{planes.dtype}{list(planes.shape)}")
+
+    # --- shape and storage -------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.planes.device
+
+    @property
+    def rows(self) -> int:
+        return self.shape[0]
+
+    @property
+    def cols(self) -> int:
+        return self.shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: the planes (padding included) plus the ranges."""
+        return sum(t.numel() * t.element_size() for t in (self.planes, self.lo, self.scale))
+
+    def codes(self) -> torch.Tensor:
+        """The integer codes as ``uint8[rows, cols]``."""
+        return ops.unpack_codes(self.planes, self.rows, self.cols, self.layout == "col")
+
+    def code_sums(self) -> torch.Tensor:
+        """Sums of the codes along the packed dimension (row sums for ``"row"``, column sums for ``"col"``)."""
+        outer = self.rows if self.layout == "row" else self.cols
+        return ops.packed_code_sums(self.planes)[:outer]
+
+    def _replace(self, **fields) -> "BitTensor":
+        state = {k: getattr(self, k) for k in ("planes", "shape", "bits", "layout", "lo", "scale", "dim")}
+        state.update(fields)
+        return BitTensor(**state)
+
+    def to(self, device=None, non_blocking: bool = False) -> "BitTensor":
+        return self._replace(planes=self.planes.to(device, non_blocking=non_blocking),
+                             lo=self.lo.to(device, non_blocking=non_blocking),
+                             scale=self.scale.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> "BitTensor":
+        return self._replace(planes=self.planes.pin_memory(), lo=self.lo.pin_memory(),
+                             scale=self.scale.pin_memory())
+
+    def as_layout(self, layout: str) -> "BitTensor":
+        """The same codes packed in ``layout``; repacked once and cached."""
+        if _check_layout(layout) == self.layout:
+            return self
+        if self._other_layout is None:
+            codes = self.codes().float()
+            zero = codes.new_zeros(1, 1)
+            planes = ops.quantize_pack(codes, zero, zero + 1, self.bits, layout == "col", None)
+            self._other_layout = self._replace(planes=planes, layout=layout)
+        return self._other_layout
+
+    def __repr__(self) -> str:
+        granularity = {None: "tensor", 0: "column", 1: "row"}[self.dim]
+        return (f"BitTensor(shape={self.shape}, bits={self.bits}, layout={self.layout!r}, "
+                f"scale_per={granularity}, device={self.device}, nbytes={self.nbytes})")
+
+
+def to_bit(x: torch.Tensor, bits: int, dim: Optional[int] = None, stochastic: bool = False,
+           generator: Optional[torch.Generator] = None, layout: str = "row") -> BitTensor:
+    r"""Quantizes a 2-D float tensor to ``bits`` bits and packs its bit planes.
+
+    ``x ≈ lo + scale · q``, ``q ∈ [0, 2**bits − 1]``, ``lo = min``,
+    ``scale = (max − min) / (2**bits − 1)``, the ranges reduced over ``dim``
+    (``None``: the whole tensor; ``0``: over rows, one range per column; ``1``:
+    over columns, one per row).  Rounding is to nearest, or stochastic
+    (``q = floor(v + u)``, ``u ~ U[0, 1)`` drawn from ``generator``: unbiased,
+    ``E[to_val(to_bit(x))] = x``, and the same seed gives the same codes).
+
+    Args:
+        x (Tensor): ``[rows, cols]`` floating point, finite, non-empty.
+        bits (int): 1..8.
+        dim (int, optional): the reduction dimension of the ranges.
+        stochastic (bool): stochastic instead of nearest rounding.
+        generator (torch.Generator, optional): the noise source for stochastic rounding.
+        layout (str): ``"row"`` or ``"col"``, the packing (see :mod:`pyg_quant.layout`).
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"x must be a floating-point tensor, got {x.dtype}")
+    if x.dim() != 2:
+        raise ValueError(f"x must be 2-D [rows, cols], got shape {tuple(x.shape)}")
+    if x.numel() == 0:
+        raise ValueError(f"x must be non-empty, got shape {tuple(x.shape)}")
+    bits, dim, layout = _check_bits(bits), _check_dim(dim), _check_layout(layout)
+    if generator is not None and not stochastic:
+        raise ValueError("generator is only used with stochastic=True")
+    x32 = x.detach().to(torch.float32)
+    if not bool(torch.isfinite(x32).all()):
+        raise ValueError("x must be finite (it holds NaN or inf)")
+    if dim is None:
+        lo, hi = x32.min().view(1, 1), x32.max().view(1, 1)
+    else:
+        lo, hi = x32.amin(dim, keepdim=True), x32.amax(dim, keepdim=True)
+    scale = (hi - lo) / float(2**bits - 1)
+    inv_scale = torch.where(scale > 0, 1.0 / scale, torch.zeros_like(scale))
+    noise = None
+    if stochastic:
+        if generator is not None and generator.device.type != x32.device.type:
+            raise ValueError(f"generator is on {generator.device} but x is on {x32.device}")
+        noise = torch.rand(x32.shape, generator=generator, device=x32.device, dtype=torch.float32)
+    planes = ops.quantize_pack(x32.contiguous(), lo, inv_scale, bits, layout == "col", noise)
+    return BitTensor(planes, tuple(x32.shape), bits, layout, lo.reshape(-1), scale.reshape(-1), dim)
+
+
+def to_val(bt: BitTensor) -> torch.Tensor:
+    """Dequantizes: ``lo + scale · q`` as float32 ``[rows, cols]``."""
+    if not isinstance(bt, BitTensor):
+        raise TypeError(f"bt must be a BitTensor, got {type(bt).__name__}")
+    q = bt.codes().to(torch.float32)
+    view = {None: (1, 1), 0: (1, -1), 1: (-1, 1)}[bt.dim]
+    return bt.lo.view(view) + bt.scale.view(view) * q

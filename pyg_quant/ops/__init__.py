@@ -1,0 +1,68 @@
+"""Thin Python faces of the compiled ops.
+
+Each function calls ``torch.ops.pyg_quant.<op>`` when the extension has a kernel
+for the input's device, and the pure-torch reference (:mod:`.reference`)
+otherwise.  Fake kernels registered here give ``torch.compile`` the output
+shapes without running anything.
+"""
+from typing import Optional
+
+import torch
+
+from .._extension import LOADED, has_kernel
+from ..layout import packed_words, padded_outer
+from . import reference
+
+
+def quantize_pack(x, lo, inv_scale, bits: int, col_layout: bool, noise: Optional[torch.Tensor] = None):
+    if has_kernel("quantize_pack", x.device.type):
+        return torch.ops.pyg_quant.quantize_pack(x, lo, inv_scale, bits, col_layout, noise)
+    return reference.quantize_pack(x, lo, inv_scale, bits, col_layout, noise)
+
+
+def unpack_codes(planes, rows: int, cols: int, col_layout: bool):
+    if has_kernel("unpack_codes", planes.device.type):
+        return torch.ops.pyg_quant.unpack_codes(planes, rows, cols, col_layout)
+    return reference.unpack_codes(planes, rows, cols, col_layout)
+
+
+def packed_code_sums(planes):
+    if has_kernel("packed_code_sums", planes.device.type):
+        return torch.ops.pyg_quant.packed_code_sums(planes)
+    return reference.packed_code_sums(planes)
+
+
+def bitmm_int(a_planes, b_planes, rows: int, cols: int, wide: bool):
+    if has_kernel("bitmm_int", a_planes.device.type):
+        return torch.ops.pyg_quant.bitmm_int(a_planes, b_planes, rows, cols, wide)
+    return reference.bitmm_int(a_planes, b_planes, rows, cols, wide)
+
+
+def bit_spmm_int(window_ptr, tile_col, tile_bits, x_planes, rows: int, cols: int, wide: bool):
+    if has_kernel("bit_spmm_int", x_planes.device.type):
+        return torch.ops.pyg_quant.bit_spmm_int(window_ptr, tile_col, tile_bits, x_planes, rows, cols, wide)
+    return reference.bit_spmm_int(window_ptr, tile_col, tile_bits, x_planes, rows, cols, wide)
+
+
+if LOADED:
+
+    @torch.library.register_fake("pyg_quant::quantize_pack")
+    def _(x, lo, inv_scale, bits, col_layout, noise):
+        outer, packed = (x.shape[1], x.shape[0]) if col_layout else (x.shape[0], x.shape[1])
+        return x.new_empty((bits, padded_outer(outer), packed_words(packed)), dtype=torch.int32)
+
+    @torch.library.register_fake("pyg_quant::unpack_codes")
+    def _(planes, rows, cols, col_layout):
+        return planes.new_empty((rows, cols), dtype=torch.uint8)
+
+    @torch.library.register_fake("pyg_quant::packed_code_sums")
+    def _(planes):
+        return planes.new_empty((planes.shape[1],), dtype=torch.int64)
+
+    @torch.library.register_fake("pyg_quant::bitmm_int")
+    def _(a_planes, b_planes, rows, cols, wide):
+        return a_planes.new_empty((rows, cols), dtype=torch.int64 if wide else torch.int32)
+
+    @torch.library.register_fake("pyg_quant::bit_spmm_int")
+    def _(window_ptr, tile_col, tile_bits, x_planes, rows, cols, wide):
+        return x_planes.new_empty((rows, cols), dtype=torch.int64 if wide else torch.int32)

@@ -1,0 +1,106 @@
+"""Pure-torch reference implementations of the compiled ops.
+
+They follow :mod:`pyg_quant.layout` exactly and run on any device torch runs
+on.  They serve as the fallback when the C++/CUDA extension is missing and as
+the independent oracle the tests compare the compiled kernels against, so they
+are written for clarity (plane by plane, float64 products), not speed.
+"""
+from typing import Optional
+
+import torch
+
+from ..layout import PACK_ALIGN_BITS, TILE_COLS, TILE_ROWS, padded_outer, packed_words
+
+
+def _bit_weights(device: torch.device) -> torch.Tensor:
+    return torch.arange(32, device=device, dtype=torch.int64)
+
+
+def _to_int32_words(words: torch.Tensor) -> torch.Tensor:
+    """int64 values in [0, 2**32) -> the int32 with the same 32 bits."""
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
+def _word_bits(planes: torch.Tensor) -> torch.Tensor:
+    """int32[..., words] -> int64 0/1 of shape [..., words * 32] (LSB first)."""
+    words = planes.to(torch.int64) & 0xFFFFFFFF
+    bits = (words.unsqueeze(-1) >> _bit_weights(planes.device)) & 1
+    return bits.flatten(-2)
+
+
+def quantize_codes(x, lo, inv_scale, bits: int, noise: Optional[torch.Tensor]):
+    """The float32 code computation every backend reproduces bit for bit."""
+    v = (x - lo) * inv_scale
+    v = v + (noise if noise is not None else 0.5)
+    return torch.floor(v).clamp_(0, 2**bits - 1).to(torch.int64)
+
+
+def pack_codes(codes: torch.Tensor, bits: int, col_layout: bool) -> torch.Tensor:
+    """int codes [rows, cols] -> planes int32[bits, outer_pad, words]."""
+    if col_layout:
+        codes = codes.t()
+    outer, packed = codes.shape
+    outer_pad, words = padded_outer(outer), packed_words(packed)
+    padded = codes.new_zeros(outer_pad, words * 32)
+    padded[:outer, :packed] = codes
+    padded = padded.view(outer_pad, words, 32)
+    shifts = _bit_weights(codes.device)
+    planes = [(((padded >> p) & 1) << shifts).sum(-1) for p in range(bits)]
+    return _to_int32_words(torch.stack(planes))
+
+
+def quantize_pack(x, lo, inv_scale, bits: int, col_layout: bool, noise=None):
+    return pack_codes(quantize_codes(x, lo, inv_scale, bits, noise), bits, col_layout)
+
+
+def unpack_codes(planes: torch.Tensor, rows: int, cols: int, col_layout: bool):
+    bits_per_plane = _word_bits(planes)  # [bits, outer_pad, words*32]
+    weights = (1 << torch.arange(planes.size(0), device=planes.device)).view(-1, 1, 1)
+    codes = (bits_per_plane * weights).sum(0)
+    if col_layout:
+        return codes[:cols, :rows].t().to(torch.uint8).contiguous()
+    return codes[:rows, :cols].to(torch.uint8).contiguous()
+
+
+def packed_code_sums(planes: torch.Tensor) -> torch.Tensor:
+    """Sum of the codes along the packed dimension, for each outer index."""
+    counts = _word_bits(planes).sum(-1)  # [bits, outer_pad]
+    weights = (1 << torch.arange(planes.size(0), device=planes.device)).view(-1, 1)
+    return (counts * weights).sum(0)
+
+
+def _finish(result_f64: torch.Tensor, wide: bool) -> torch.Tensor:
+    result = result_f64.round().to(torch.int64)
+    return result if wide else result.to(torch.int32)
+
+
+def bitmm_int(a_planes, b_planes, rows: int, cols: int, wide: bool):
+    """Σ_{p,q} 2**(p+q) · A_p · B_qᵀ over 0/1 planes, computed in float64."""
+    a_bits = _word_bits(a_planes).double()  # [s, M_pad, K_pad]
+    b_bits = _word_bits(b_planes).double()  # [t, N_pad, K_pad]
+    out = torch.zeros(a_bits.size(1), b_bits.size(1), dtype=torch.float64, device=a_planes.device)
+    for p in range(a_bits.size(0)):
+        for q in range(b_bits.size(0)):
+            out += (a_bits[p] @ b_bits[q].t()) * float(2 ** (p + q))
+    return _finish(out[:rows, :cols], wide)
+
+
+def bit_spmm_int(window_ptr, tile_col, tile_bits, x_planes, rows: int, cols: int, wide: bool):
+    """out[i, k] = Σ_j A_ij · Q_jk over the stored tiles, computed in float64."""
+    device = x_planes.device
+    num_windows = window_ptr.numel() - 1
+    out = torch.zeros(num_windows * TILE_ROWS, cols, dtype=torch.float64, device=device)
+    if tile_col.numel() > 0:
+        a_bits = _word_bits(tile_bits).double()  # [a_bits, tiles, 16, 256]
+        a_weights = (2.0 ** torch.arange(a_bits.size(0), device=device, dtype=torch.float64))
+        tiles = (a_bits * a_weights.view(-1, 1, 1, 1)).sum(0)  # [tiles, 16, 256]
+        x_codes = unpack_codes(x_planes, x_planes.size(2) * 32, cols, True).double()  # [nodes_pad, D]
+        node = tile_col.long().view(-1, 1) * TILE_COLS + torch.arange(TILE_COLS, device=device)
+        products = torch.bmm(tiles, x_codes[node])  # [tiles, 16, D]
+        counts = window_ptr[1:] - window_ptr[:-1]
+        window_of_tile = torch.repeat_interleave(torch.arange(num_windows, device=device), counts)
+        out.view(num_windows, TILE_ROWS, cols).index_add_(0, window_of_tile, products)
+    return _finish(out[:rows], wide)
+
+
+assert PACK_ALIGN_BITS % TILE_COLS == 0

@@ -1,0 +1,72 @@
+"""Builds pyg_quant._C: CPU kernels always, CUDA kernels when torch has CUDA and nvcc is found.
+
+TORCH_CUDA_ARCH_LIST defaults to "8.0;9.0a" (native b1 tensor cores: Ampere's
+mma.sync and Hopper's wgmma); set it to override.  PYG_QUANT_NO_EXTENSION=1
+skips the extension (the pure-torch reference path is used then).
+"""
+import glob
+import os
+import platform
+
+from setuptools import find_packages, setup
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def extension_modules():
+    if os.environ.get("PYG_QUANT_NO_EXTENSION") == "1":
+        return [], {}
+    import torch
+    from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
+
+    def rel(pattern):
+        return sorted(os.path.relpath(p, HERE) for p in glob.glob(os.path.join(HERE, pattern)))
+
+    sources = rel("csrc/*.cpp") + rel("csrc/cpu/*.cpp")
+    cuda_sources = rel("csrc/cuda/*.cu")
+    cxx_flags = ["-O3", "-std=c++17", "-ffp-contract=off", "-fvisibility=hidden"]
+    if platform.machine() in ("x86_64", "AMD64"):
+        cxx_flags.append("-mpopcnt")
+    with_cuda = (
+        bool(cuda_sources)
+        and torch.version.cuda is not None
+        and CUDA_HOME is not None
+        and os.environ.get("PYG_QUANT_NO_CUDA") != "1"
+    )
+    # optional=True: a failed build still installs the package, which then says
+    # why on import and runs the pure-torch reference path.
+    kwargs = dict(name="pyg_quant._C", include_dirs=[os.path.join(HERE, "csrc")], optional=True)
+    if with_cuda:
+        os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0a")
+        nvcc_flags = ["-O3", "-std=c++17", "-fmad=false", "-Xptxas=-v", "--expt-relaxed-constexpr"]
+        ext = CUDAExtension(
+            sources=sources + cuda_sources,
+            define_macros=[("WITH_CUDA", None)],
+            extra_compile_args={"cxx": cxx_flags, "nvcc": nvcc_flags},
+            **kwargs,
+        )
+    else:
+        ext = CppExtension(sources=sources, extra_compile_args={"cxx": cxx_flags}, **kwargs)
+    return [ext], {"build_ext": BuildExtension.with_options(use_ninja=True)}
+
+
+ext_modules, cmdclass = extension_modules()
+
+setup(
+    name="pyg_quant",
+    version="0.1.0",
+    description="Any-bitwidth quantized GNN kernels for PyTorch Geometric (bit planes on CPU popcount and 1-bit tensor cores)",
+    long_description=open(os.path.join(HERE, "README.md")).read() if os.path.exists(os.path.join(HERE, "README.md")) else "",
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["pyg_quant", "pyg_quant.*"]),
+    python_requires=">=3.9",
+    install_requires=["torch>=2.4", "torch_geometric>=2.6,<2.9", "pymetis>=2023.1", "numpy"],
+    extras_require={
+        "sparse": ["torch_sparse", "torch_scatter"],
+        "test": ["pytest>=7"],
+        "lightning": ["lightning>=2.0"],
+    },
+    ext_modules=ext_modules,
+    cmdclass=cmdclass,
+    zip_safe=False,
+)
