@@ -9,7 +9,9 @@ TORCH_LIBRARY(pyg_quant, m) {
   m.def("unpack_codes(Tensor planes, int rows, int cols, bool col_layout) -> Tensor");
   m.def("packed_code_sums(Tensor planes) -> Tensor");
   m.def("bitmm_int(Tensor a_planes, Tensor b_planes, int rows, int cols, bool wide) -> Tensor");
-  m.def("bit_spmm_int(Tensor window_ptr, Tensor tile_col, Tensor tile_bits, Tensor x_planes, int rows, int cols, bool wide) -> Tensor");
+  m.def(
+      "bit_spmm_int(Tensor window_ptr, Tensor tile_col, Tensor tile_bits, Tensor res_ptr, Tensor res_col, "
+      "Tensor? res_val, Tensor x_planes, int rows, int cols, bool wide) -> Tensor");
 }
 
 // Importing pyg_quant._C loads this library, which runs the registrations above.

@@ -34,36 +34,42 @@ def _check_edge_index(edge_index, num_src: int, num_dst: int) -> torch.Tensor:
 
 
 class BitAdjacency:
-    r"""A graph's adjacency as block-sparse bit tiles of 16 rows × 256 columns.
+    r"""A graph's adjacency as block-sparse bit tiles of 16 rows × 256 columns plus a CSR residual.
 
     ``A[i, j]`` is the number of edges ``j → i`` (duplicates add up, as in PyG's
     sum aggregation; more than one edge between two nodes makes ``bits > 1``
     bit planes).  An optional diagonal term ``diag`` (from ``self_loops``) is kept
     apart from the tiles, so ``A + diag·I`` multiplies exactly.  All-zero tiles are
     not stored and never read (QGTC's zero-tile jumping, at the format level).
+    Blocks holding fewer than ``min_tile_nnz`` entries are not worth a tile (a
+    tile costs 512 bytes per plane whatever it holds): their entries go to a CSR
+    residual (``res_ptr``, ``res_col``, ``res_val``) that the same kernels add in.
 
     Build with :meth:`from_edge_index`.  Attributes: ``window_ptr``, ``tile_col``,
-    ``tile_bits`` (see :mod:`pyg_quant.layout`), ``num_rows`` (targets),
+    ``tile_bits`` (see :mod:`pyg_quant.layout`), ``res_ptr`` (int64
+    ``[num_rows + 1]``), ``res_col`` (int32), ``res_val`` (int32 multiplicities, or
+    None when ``bits == 1``), ``num_rows`` (targets),
     ``num_cols`` (sources), ``bits``, ``diag`` (float32 ``[num_rows]`` or None),
     ``row_sums`` (int64 ``[num_rows]``: Σ_j A_ij, the diagonal term excluded),
-    ``nnz`` (stored non-zero entries) and ``max_row_sum``.
+    ``nnz`` (distinct non-zero entries) and ``max_row_sum``.
     """
 
-    __slots__ = ("window_ptr", "tile_col", "tile_bits", "num_rows", "num_cols", "bits", "diag",
-                 "row_sums", "nnz", "max_row_sum")
+    _TENSORS = ("window_ptr", "tile_col", "tile_bits", "res_ptr", "res_col", "res_val", "diag", "row_sums")
+    __slots__ = _TENSORS + ("num_rows", "num_cols", "nnz", "max_row_sum")
 
-    def __init__(self, window_ptr, tile_col, tile_bits, num_rows: int, num_cols: int,
-                 diag: Optional[torch.Tensor], row_sums: torch.Tensor, nnz: int, max_row_sum: int):
+    def __init__(self, window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val: Optional[torch.Tensor],
+                 num_rows: int, num_cols: int, diag: Optional[torch.Tensor], row_sums: torch.Tensor,
+                 nnz: int, max_row_sum: int):
         self.window_ptr, self.tile_col, self.tile_bits = window_ptr, tile_col, tile_bits
+        self.res_ptr, self.res_col, self.res_val = res_ptr, res_col, res_val
         self.num_rows, self.num_cols = int(num_rows), int(num_cols)
-        self.bits = tile_bits.size(0)
         self.diag, self.row_sums = diag, row_sums
         self.nnz, self.max_row_sum = int(nnz), int(max_row_sum)
 
     @classmethod
     def from_edge_index(cls, edge_index: torch.Tensor,
                         num_nodes: Optional[Union[int, Tuple[int, int]]] = None,
-                        self_loops: int = 0) -> "BitAdjacency":
+                        self_loops: int = 0, min_tile_nnz: int = 16) -> "BitAdjacency":
         r"""Packs ``edge_index`` (``[2, E]``, source row 0, target row 1).
 
         Args:
@@ -75,7 +81,12 @@ class BitAdjacency:
                 for nodes without a self-loop and keeps a present self-loop at
                 weight 1, exactly like PyG's ``add_remaining_self_loops`` with
                 ``fill_value=k`` (GCN's ``A + I``, and ``A + 2I`` when ``improved``).
+            min_tile_nnz (int): a 16 × 256 block with at least this many entries
+                becomes a bit tile; sparser blocks go to the CSR residual.  ``1``
+                stores every non-empty block as a tile.
         """
+        if isinstance(min_tile_nnz, bool) or not isinstance(min_tile_nnz, int) or min_tile_nnz < 1:
+            raise ValueError(f"min_tile_nnz must be a positive int, got {min_tile_nnz!r}")
         if isinstance(self_loops, bool) or self_loops not in (0, 1, 2):
             raise ValueError(f"self_loops must be 0, 1 or 2, got {self_loops!r}")
         if num_nodes is None:
@@ -112,26 +123,39 @@ class BitAdjacency:
 
         num_windows = (num_dst + TILE_ROWS - 1) // TILE_ROWS
         col_tiles = (num_src + TILE_COLS - 1) // TILE_COLS
-        tile_keys, tile_of_entry = torch.unique((rows // TILE_ROWS) * col_tiles + cols // TILE_COLS,
-                                                return_inverse=True)
+        block_keys, block_of_entry = torch.unique((rows // TILE_ROWS) * col_tiles + cols // TILE_COLS,
+                                                  return_inverse=True)
+        is_tile = torch.bincount(block_of_entry, minlength=block_keys.numel()) >= min_tile_nnz
+        in_tile = is_tile[block_of_entry]
+        tile_keys = block_keys[is_tile]
+        tile_of_entry = (torch.cumsum(is_tile, 0) - 1)[block_of_entry[in_tile]]
         num_tiles = tile_keys.numel()
         window_ptr = torch.zeros(num_windows + 1, dtype=torch.int64, device=device)
         window_ptr[1:] = torch.cumsum(torch.bincount(tile_keys // col_tiles, minlength=num_windows), 0)
         tile_col = (tile_keys % col_tiles).to(torch.int32)
 
         # Entries are distinct after unique(), so adding their bits is an OR.
-        word = (tile_of_entry * TILE_ROWS + rows % TILE_ROWS) * TILE_WORDS + (cols % TILE_COLS) // 32
-        bit = cols % 32
+        t_rows, t_cols, t_counts = rows[in_tile], cols[in_tile], counts[in_tile]
+        word = (tile_of_entry * TILE_ROWS + t_rows % TILE_ROWS) * TILE_WORDS + (t_cols % TILE_COLS) // 32
+        bit = t_cols % 32
         planes = []
         for p in range(bits):
             words = torch.zeros(num_tiles * TILE_ROWS * TILE_WORDS, dtype=torch.int64, device=device)
-            words.index_add_(0, word, ((counts >> p) & 1) << bit)
+            words.index_add_(0, word, ((t_counts >> p) & 1) << bit)
             planes.append(_to_int32_words(words).view(num_tiles, TILE_ROWS, TILE_WORDS))
         tile_bits = torch.stack(planes)
 
+        is_res = ~in_tile
+        res_rows = rows[is_res]
+        res_ptr = torch.zeros(num_dst + 1, dtype=torch.int64, device=device)
+        res_ptr[1:] = torch.cumsum(torch.bincount(res_rows, minlength=num_dst), 0)
+        res_col = cols[is_res].to(torch.int32)
+        res_val = counts[is_res].to(torch.int32) if bits > 1 else None
+
         row_sums = torch.zeros(num_dst, dtype=torch.int64, device=device).index_add_(0, rows, counts)
         max_row_sum = int(row_sums.max()) if num_dst else 0
-        return cls(window_ptr, tile_col, tile_bits, num_dst, num_src, diag, row_sums, keys.numel(), max_row_sum)
+        return cls(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, num_dst, num_src, diag,
+                   row_sums, keys.numel(), max_row_sum)
 
     # --- reporting --------------------------------------------------------------------
     @property
@@ -143,20 +167,33 @@ class BitAdjacency:
         return self.tile_bits.device
 
     @property
+    def bits(self) -> int:
+        """Bit planes per entry (1 unless some edge repeats)."""
+        return self.tile_bits.size(0)
+
+    @property
     def num_tiles(self) -> int:
         return self.tile_col.numel()
 
     @property
+    def tile_nnz(self) -> int:
+        """Non-zero entries held in bit tiles."""
+        return self.nnz - self.res_nnz
+
+    @property
+    def res_nnz(self) -> int:
+        """Non-zero entries held in the CSR residual."""
+        return self.res_col.numel()
+
+    @property
     def fill_ratio(self) -> float:
-        """Non-zero entries over the entries of the stored tiles."""
-        return self.nnz / max(1, self.num_tiles * TILE_ROWS * TILE_COLS)
+        """Tile entries over the capacity of the stored tiles."""
+        return self.tile_nnz / max(1, self.num_tiles * TILE_ROWS * TILE_COLS)
 
     @property
     def nbytes(self) -> int:
-        tensors = [self.window_ptr, self.tile_col, self.tile_bits, self.row_sums]
-        if self.diag is not None:
-            tensors.append(self.diag)
-        return sum(t.numel() * t.element_size() for t in tensors)
+        tensors = [getattr(self, name) for name in self._TENSORS]
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
     def degree(self) -> torch.Tensor:
         """Weighted in-degree of every target node, the diagonal term included (float32)."""
@@ -176,14 +213,18 @@ class BitAdjacency:
             row = window[t] * TILE_ROWS + r
             col = self.tile_col[t].long() * TILE_COLS + c
             dense.index_put_((row, col), torch.full_like(row, 2**p, dtype=torch.float32), accumulate=True)
+        res_row = torch.repeat_interleave(torch.arange(self.num_rows, device=self.device),
+                                          self.res_ptr[1:] - self.res_ptr[:-1])
+        res_val = torch.ones_like(self.res_col) if self.res_val is None else self.res_val
+        dense.index_put_((res_row, self.res_col.long()), res_val.float(), accumulate=True)
         if self.diag is not None:
             dense += torch.diag(self.diag)
         return dense
 
     def _map(self, fn) -> "BitAdjacency":
-        return BitAdjacency(fn(self.window_ptr), fn(self.tile_col), fn(self.tile_bits), self.num_rows,
-                            self.num_cols, None if self.diag is None else fn(self.diag), fn(self.row_sums),
-                            self.nnz, self.max_row_sum)
+        moved = {name: None if getattr(self, name) is None else fn(getattr(self, name)) for name in self._TENSORS}
+        return BitAdjacency(num_rows=self.num_rows, num_cols=self.num_cols, nnz=self.nnz,
+                            max_row_sum=self.max_row_sum, **moved)
 
     def to(self, device=None, non_blocking: bool = False) -> "BitAdjacency":
         return self._map(lambda t: t.to(device, non_blocking=non_blocking))
@@ -193,7 +234,8 @@ class BitAdjacency:
 
     def __repr__(self) -> str:
         return (f"BitAdjacency(shape={self.shape}, nnz={self.nnz}, bits={self.bits}, tiles={self.num_tiles}, "
-                f"fill={self.fill_ratio:.3f}, nbytes={self.nbytes}, self_loops={self.diag is not None})")
+                f"fill={self.fill_ratio:.3f}, residual={self.res_nnz}, nbytes={self.nbytes}, "
+                f"self_loops={self.diag is not None})")
 
 
 def bit_spmm(adj: BitAdjacency, x: BitTensor) -> torch.Tensor:
@@ -217,8 +259,8 @@ def bit_spmm(adj: BitAdjacency, x: BitTensor) -> torch.Tensor:
                          "factor exactly; got per-row ranges (dim=1)")
     x_col = x.as_layout("col")
     wide = adj.max_row_sum * (2**x.bits - 1) > INT32_MAX
-    product = ops.bit_spmm_int(adj.window_ptr, adj.tile_col, adj.tile_bits, x_col.planes,
-                               adj.num_rows, x.cols, wide).double()
+    product = ops.bit_spmm_int(adj.window_ptr, adj.tile_col, adj.tile_bits, adj.res_ptr, adj.res_col,
+                               adj.res_val, x_col.planes, adj.num_rows, x.cols, wide).double()
     lo, scale = x.lo.double().view(1, -1), x.scale.double().view(1, -1)
     out = lo * adj.row_sums.double().view(-1, 1) + scale * product
     if adj.diag is not None:

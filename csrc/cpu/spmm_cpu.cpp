@@ -3,6 +3,11 @@
 // row of column tile c lines up with words 8c..8c+7 of every column-layout
 // feature plane (pyg_quant/layout.py), so features are read in place; each
 // tile is loaded once and used for every feature and every plane pair.
+// Entries of blocks too sparse for a tile come from the CSR residual: each adds
+// its source's codes (unpacked once per call) to its row.  On a CPU a sparse
+// tile is also cheaper walked bit by bit than popcounted (the popcount work of a
+// tile does not shrink with its fill), so tiles under kSparseTileBitsPerPlanePair
+// set bits per plane pair take that path; both paths give the same integers.
 #include "spmm_cpu.h"
 
 #include <ATen/ATen.h>
@@ -11,16 +16,22 @@
 #include <vector>
 
 #include "popcount.h"
+#include "quantize_cpu.h"
 
 namespace pyg_quant {
 namespace {
 constexpr int64_t kTileRows = 16;
 constexpr int64_t kTileWords64 = 4;  // 256 columns
+// A walked set bit costs about one vectorised code row add (cols/8 instructions),
+// a popcounted tile about 16 rows × 4 words × cols × plane pairs popcounts: the
+// walk wins below ~64 set bits per plane pair.
+constexpr int64_t kSparseTileBitsPerPlanePair = 64;
 }  // namespace
 
 at::Tensor bit_spmm_int_cpu(const at::Tensor& window_ptr_in, const at::Tensor& tile_col_in,
-                            const at::Tensor& tile_bits_in, const at::Tensor& x_in, int64_t rows, int64_t cols,
-                            bool wide) {
+                            const at::Tensor& tile_bits_in, const at::Tensor& res_ptr_in, const at::Tensor& res_col_in,
+                            const std::optional<at::Tensor>& res_val_in, const at::Tensor& x_in, int64_t rows,
+                            int64_t cols, bool wide) {
   TORCH_CHECK_VALUE(window_ptr_in.dim() == 1 && window_ptr_in.scalar_type() == at::kLong, "window_ptr must be int64[num_windows + 1]");
   TORCH_CHECK_VALUE(tile_col_in.dim() == 1 && tile_col_in.scalar_type() == at::kInt, "tile_col must be int32[num_tiles]");
   TORCH_CHECK_VALUE(tile_bits_in.dim() == 4 && tile_bits_in.scalar_type() == at::kInt && tile_bits_in.size(1) == tile_col_in.size(0) &&
@@ -33,6 +44,13 @@ at::Tensor bit_spmm_int_cpu(const at::Tensor& window_ptr_in, const at::Tensor& t
   const int64_t num_windows = window_ptr_in.size(0) - 1;
   TORCH_CHECK_VALUE(num_windows * kTileRows >= rows, "rows exceeds the adjacency's row windows");
 
+  TORCH_CHECK_VALUE(res_ptr_in.dim() == 1 && res_ptr_in.scalar_type() == at::kLong && res_ptr_in.size(0) == rows + 1,
+                    "res_ptr must be int64[rows + 1]");
+  TORCH_CHECK_VALUE(res_col_in.dim() == 1 && res_col_in.scalar_type() == at::kInt, "res_col must be int32[res_nnz]");
+  if (res_val_in.has_value()) {
+    TORCH_CHECK_VALUE(res_val_in->scalar_type() == at::kInt && res_val_in->sizes() == res_col_in.sizes(),
+                      "res_val must be int32 with res_col's shape");
+  }
   const auto window_ptr = window_ptr_in.contiguous();
   const auto tile_col = tile_col_in.contiguous();
   const auto tile_bits = tile_bits_in.contiguous();
@@ -53,6 +71,20 @@ at::Tensor bit_spmm_int_cpu(const at::Tensor& window_ptr_in, const at::Tensor& t
                       "tile_col points past x_planes' node words");
   }
 
+  const auto res_ptr = res_ptr_in.contiguous();
+  const auto res_col = res_col_in.contiguous();
+  const auto res_val = res_val_in.has_value() ? res_val_in->contiguous() : at::Tensor();
+  const int64_t* rptr = res_ptr.data_ptr<int64_t>();
+  const int32_t* rcol = res_col.data_ptr<int32_t>();
+  const int32_t* rval = res_val.defined() ? res_val.data_ptr<int32_t>() : nullptr;
+  at::Tensor codes;  // [nodes_pad, cols] uint8
+  if (res_col.numel() > 0) {
+    TORCH_CHECK_VALUE(res_col.min().item<int32_t>() >= 0 && res_col.max().item<int32_t>() < x_words64 * 64,
+                      "res_col points past x_planes' nodes");
+  }
+  if (res_col.numel() > 0 || num_tiles > 0) codes = unpack_codes_cpu(x, x_words64 * 64, cols, /*col_layout=*/true);
+  const uint8_t* code = codes.defined() ? codes.data_ptr<uint8_t>() : nullptr;
+
   auto out = at::zeros({rows, cols}, x.options().dtype(wide ? at::kLong : at::kInt));
   int64_t* out64 = wide ? out.data_ptr<int64_t>() : nullptr;
   int32_t* out32 = wide ? nullptr : out.data_ptr<int32_t>();
@@ -65,6 +97,24 @@ at::Tensor bit_spmm_int_cpu(const at::Tensor& window_ptr_in, const at::Tensor& t
       if (live_rows <= 0) continue;
       for (int64_t t = wptr[win]; t < wptr[win + 1]; ++t) {
         const uint64_t* tile = tiles + t * kTileRows * kTileWords64;
+        int64_t set_bits = 0;
+        for (int a = 0; a < a_bits; ++a)
+          for (int64_t w = 0; w < kTileRows * kTileWords64; ++w) set_bits += popcount64(tile[a * tile_plane + w]);
+        if (set_bits < kSparseTileBitsPerPlanePair * a_bits * x_bits) {
+          const int64_t first_node = static_cast<int64_t>(tcol[t]) * kTileWords64 * 64;
+          for (int a = 0; a < a_bits; ++a) {
+            for (int64_t r = 0; r < live_rows; ++r) {
+              int64_t* acc_row = acc.data() + r * cols;
+              for (int64_t w = 0; w < kTileWords64; ++w) {
+                for (uint64_t v = tile[a * tile_plane + r * kTileWords64 + w]; v; v &= v - 1) {
+                  const uint8_t* src = code + (first_node + w * 64 + __builtin_ctzll(v)) * cols;
+                  for (int64_t d = 0; d < cols; ++d) acc_row[d] += static_cast<int64_t>(src[d]) << a;
+                }
+              }
+            }
+          }
+          continue;
+        }
         const uint64_t* xcol = xp + static_cast<int64_t>(tcol[t]) * kTileWords64;
         for (int64_t d = 0; d < cols; ++d) {
           for (int q = 0; q < x_bits; ++q) {
@@ -86,6 +136,12 @@ at::Tensor bit_spmm_int_cpu(const at::Tensor& window_ptr_in, const at::Tensor& t
       }
       for (int64_t r = 0; r < live_rows; ++r) {
         const int64_t row = win * kTileRows + r;
+        int64_t* acc_row = acc.data() + r * cols;
+        for (int64_t e = rptr[row]; e < rptr[row + 1]; ++e) {
+          const uint8_t* src = code + static_cast<int64_t>(rcol[e]) * cols;
+          const int64_t weight = rval ? rval[e] : 1;
+          for (int64_t d = 0; d < cols; ++d) acc_row[d] += weight * src[d];
+        }
         for (int64_t d = 0; d < cols; ++d) {
           if (wide) {
             out64[row * cols + d] = acc[r * cols + d];

@@ -38,10 +38,12 @@ def bitmm_int(a_planes, b_planes, rows: int, cols: int, wide: bool):
     return reference.bitmm_int(a_planes, b_planes, rows, cols, wide)
 
 
-def bit_spmm_int(window_ptr, tile_col, tile_bits, x_planes, rows: int, cols: int, wide: bool):
+def bit_spmm_int(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x_planes, rows: int, cols: int,
+                 wide: bool):
+    args = (window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x_planes, rows, cols, wide)
     if has_kernel("bit_spmm_int", x_planes.device.type):
-        return torch.ops.pyg_quant.bit_spmm_int(window_ptr, tile_col, tile_bits, x_planes, rows, cols, wide)
-    return reference.bit_spmm_int(window_ptr, tile_col, tile_bits, x_planes, rows, cols, wide)
+        return torch.ops.pyg_quant.bit_spmm_int(*args)
+    return reference.bit_spmm_int(*args)
 
 
 if LOADED:
@@ -64,5 +66,5 @@ if LOADED:
         return a_planes.new_empty((rows, cols), dtype=torch.int64 if wide else torch.int32)
 
     @torch.library.register_fake("pyg_quant::bit_spmm_int")
-    def _(window_ptr, tile_col, tile_bits, x_planes, rows, cols, wide):
+    def _(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x_planes, rows, cols, wide):
         return x_planes.new_empty((rows, cols), dtype=torch.int64 if wide else torch.int32)

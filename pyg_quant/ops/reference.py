@@ -85,21 +85,26 @@ def bitmm_int(a_planes, b_planes, rows: int, cols: int, wide: bool):
     return _finish(out[:rows, :cols], wide)
 
 
-def bit_spmm_int(window_ptr, tile_col, tile_bits, x_planes, rows: int, cols: int, wide: bool):
-    """out[i, k] = Σ_j A_ij · Q_jk over the stored tiles, computed in float64."""
+def bit_spmm_int(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x_planes, rows: int, cols: int,
+                 wide: bool):
+    """out[i, k] = Σ_j A_ij · Q_jk over the stored tiles plus the CSR residual, in float64."""
     device = x_planes.device
     num_windows = window_ptr.numel() - 1
     out = torch.zeros(num_windows * TILE_ROWS, cols, dtype=torch.float64, device=device)
+    x_codes = unpack_codes(x_planes, x_planes.size(2) * 32, cols, True).double()  # [nodes_pad, D]
     if tile_col.numel() > 0:
         a_bits = _word_bits(tile_bits).double()  # [a_bits, tiles, 16, 256]
         a_weights = (2.0 ** torch.arange(a_bits.size(0), device=device, dtype=torch.float64))
         tiles = (a_bits * a_weights.view(-1, 1, 1, 1)).sum(0)  # [tiles, 16, 256]
-        x_codes = unpack_codes(x_planes, x_planes.size(2) * 32, cols, True).double()  # [nodes_pad, D]
         node = tile_col.long().view(-1, 1) * TILE_COLS + torch.arange(TILE_COLS, device=device)
         products = torch.bmm(tiles, x_codes[node])  # [tiles, 16, D]
         counts = window_ptr[1:] - window_ptr[:-1]
         window_of_tile = torch.repeat_interleave(torch.arange(num_windows, device=device), counts)
         out.view(num_windows, TILE_ROWS, cols).index_add_(0, window_of_tile, products)
+    if res_col.numel() > 0:
+        res_row = torch.repeat_interleave(torch.arange(rows, device=device), res_ptr[1:] - res_ptr[:-1])
+        weight = 1.0 if res_val is None else res_val.double().view(-1, 1)
+        out.index_add_(0, res_row, x_codes[res_col.long()] * weight)
     return _finish(out[:rows], wide)
 
 
