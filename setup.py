@@ -7,6 +7,7 @@ skips the extension (the pure-torch reference path is used then).
 import glob
 import os
 import platform
+import sys
 
 from setuptools import find_packages, setup
 
@@ -24,9 +25,16 @@ def extension_modules():
 
     sources = rel("csrc/*.cpp") + rel("csrc/cpu/*.cpp")
     cuda_sources = rel("csrc/cuda/*.cu")
-    cxx_flags = ["-O3", "-std=c++17", "-ffp-contract=off", "-fvisibility=hidden"]
+    cxx_flags = ["-O3", "-ffp-contract=off", "-fvisibility=hidden"]
+    link_flags = []
     if platform.machine() in ("x86_64", "AMD64"):
         cxx_flags.append("-mpopcnt")
+    if sys.platform.startswith("linux"):
+        # at::parallel_for expands to `#pragma omp parallel` inside our own
+        # translation units (torch's CPU builds use OpenMP): without -fopenmp
+        # every CPU kernel would run on one thread.
+        cxx_flags.append("-fopenmp")
+        link_flags.append("-fopenmp")
     with_cuda = (
         bool(cuda_sources)
         and torch.version.cuda is not None
@@ -38,15 +46,16 @@ def extension_modules():
     kwargs = dict(name="pyg_quant._C", include_dirs=[os.path.join(HERE, "csrc")], optional=True)
     if with_cuda:
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0a")
-        nvcc_flags = ["-O3", "-std=c++17", "-fmad=false", "-Xptxas=-v", "--expt-relaxed-constexpr"]
+        nvcc_flags = ["-O3", "-fmad=false", "-Xptxas=-v", "--expt-relaxed-constexpr"]
         ext = CUDAExtension(
             sources=sources + cuda_sources,
             define_macros=[("WITH_CUDA", None)],
             extra_compile_args={"cxx": cxx_flags, "nvcc": nvcc_flags},
+            extra_link_args=link_flags,
             **kwargs,
         )
     else:
-        ext = CppExtension(sources=sources, extra_compile_args={"cxx": cxx_flags}, **kwargs)
+        ext = CppExtension(sources=sources, extra_compile_args={"cxx": cxx_flags}, extra_link_args=link_flags, **kwargs)
     return [ext], {"build_ext": BuildExtension.with_options(use_ninja=True)}
 
 

@@ -37,6 +37,32 @@ def has_kernel(op: str, device_type: str) -> bool:
     return _kernel_cache[key]
 
 
+_tensor_core_cache: Dict[int, bool] = {}
+
+
+def _cuda_tensor_cores(device: torch.device) -> bool:
+    """Whether the CUDA kernels may run on ``device``: they need b1 tensor cores (sm_80+)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _tensor_core_cache:
+        major, minor = torch.cuda.get_device_capability(index)
+        name = torch.cuda.get_device_name(index)
+        if major < 8:
+            warnings.warn(f"pyg_quant: {name} (sm_{major}{minor}) has no 1-bit tensor cores; "
+                          "using the pure-torch reference kernels on it", RuntimeWarning, stacklevel=3)
+        elif major >= 10:
+            warnings.warn(f"pyg_quant: {name} (sm_{major}{minor}) emulates 1-bit MMA; results are exact "
+                          "but slower than on sm_80/sm_90", RuntimeWarning, stacklevel=3)
+        _tensor_core_cache[index] = major >= 8
+    return _tensor_core_cache[index]
+
+
+def use_compiled(op: str, device: torch.device) -> bool:
+    """Whether ``op`` on ``device`` runs a compiled kernel (else the reference)."""
+    if not has_kernel(op, device.type):
+        return False
+    return device.type != "cuda" or _cuda_tensor_cores(device)
+
+
 def backends() -> Dict[str, bool]:
     """Which compiled backends are built and usable here, e.g. ``{"cpu": True, "cuda": False}``.
 

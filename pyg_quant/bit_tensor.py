@@ -162,8 +162,11 @@ def to_bit(x: torch.Tensor, bits: int, dim: Optional[int] = None, stochastic: bo
         lo, hi = x32.min().view(1, 1), x32.max().view(1, 1)
     else:
         lo, hi = x32.amin(dim, keepdim=True), x32.amax(dim, keepdim=True)
-    scale = (hi - lo) / float(2**bits - 1)
-    inv_scale = torch.where(scale > 0, 1.0 / scale, torch.zeros_like(scale))
+    # Tensor-by-tensor divisions are correctly rounded on every backend (a
+    # division by a Python scalar may become a multiplication by its reciprocal
+    # on the GPU), so the ranges, and therefore the codes, agree bit for bit.
+    scale = (hi - lo) / torch.full_like(hi, float(2**bits - 1))
+    inv_scale = torch.where(scale > 0, torch.ones_like(scale) / scale, torch.zeros_like(scale))
     noise = None
     if stochastic:
         if generator is not None and generator.device.type != x32.device.type:

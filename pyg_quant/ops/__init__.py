@@ -9,31 +9,31 @@ from typing import Optional
 
 import torch
 
-from .._extension import LOADED, has_kernel
+from .._extension import LOADED, use_compiled
 from ..layout import packed_words, padded_outer
 from . import reference
 
 
 def quantize_pack(x, lo, inv_scale, bits: int, col_layout: bool, noise: Optional[torch.Tensor] = None):
-    if has_kernel("quantize_pack", x.device.type):
+    if use_compiled("quantize_pack", x.device):
         return torch.ops.pyg_quant.quantize_pack(x, lo, inv_scale, bits, col_layout, noise)
     return reference.quantize_pack(x, lo, inv_scale, bits, col_layout, noise)
 
 
 def unpack_codes(planes, rows: int, cols: int, col_layout: bool):
-    if has_kernel("unpack_codes", planes.device.type):
+    if use_compiled("unpack_codes", planes.device):
         return torch.ops.pyg_quant.unpack_codes(planes, rows, cols, col_layout)
     return reference.unpack_codes(planes, rows, cols, col_layout)
 
 
 def packed_code_sums(planes):
-    if has_kernel("packed_code_sums", planes.device.type):
+    if use_compiled("packed_code_sums", planes.device):
         return torch.ops.pyg_quant.packed_code_sums(planes)
     return reference.packed_code_sums(planes)
 
 
 def bitmm_int(a_planes, b_planes, rows: int, cols: int, wide: bool):
-    if has_kernel("bitmm_int", a_planes.device.type):
+    if use_compiled("bitmm_int", a_planes.device):
         return torch.ops.pyg_quant.bitmm_int(a_planes, b_planes, rows, cols, wide)
     return reference.bitmm_int(a_planes, b_planes, rows, cols, wide)
 
@@ -41,7 +41,7 @@ def bitmm_int(a_planes, b_planes, rows: int, cols: int, wide: bool):
 def bit_spmm_int(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x_planes, rows: int, cols: int,
                  wide: bool):
     args = (window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x_planes, rows, cols, wide)
-    if has_kernel("bit_spmm_int", x_planes.device.type):
+    if use_compiled("bit_spmm_int", x_planes.device):
         return torch.ops.pyg_quant.bit_spmm_int(*args)
     return reference.bit_spmm_int(*args)
 

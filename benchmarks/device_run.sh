@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Device-side steps, run from the repo root on the GPU machine:
+#   bash benchmarks/device_run.sh build test sanitize bench
+# build: the extension with its CUDA kernels (ptxas register/spill report kept);
+# test: the CUDA tests and then the whole suite; sanitize: compute-sanitizer
+# memcheck and racecheck over the CUDA tests; bench: benchmarks/gpu_kernels.py.
+set -uo pipefail
+export MAX_JOBS=16 PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-8.0;9.0a}"
+OUT="${OUT:-/tmp/pyg_quant_out}"; mkdir -p "$OUT"
+for step in "$@"; do
+  echo "=== $step ($(date +%T))"
+  case "$step" in
+    build)
+      nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader | tee "$OUT/device.txt"
+      start=$(date +%s)
+      python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -60 "$OUT/build.log"; exit 1; }
+      echo "build: $(( $(date +%s) - start )) s"
+      grep -E "bytes spill|Used [0-9]+ registers" "$OUT/build.log" | grep -v " 0 bytes spill" | sort | uniq -c | head -20
+      python3 -c "import pyg_quant as pq; print('backends', pq.backends())" ;;
+    test)
+      python3 -m pytest -q -m cuda -rs tests 2>&1 | tee "$OUT/pytest_cuda.log" | tail -25
+      python3 -m pytest -q -p no:cacheprovider tests > "$OUT/pytest_all.log" 2>&1; echo "full suite exit $?"; grep -E "passed|failed|Fatal|line [0-9]+ in test_" "$OUT/pytest_all.log" | head -12 ;;
+    sanitize)
+      export PYTORCH_NO_CUDA_MEMORY_CACHING=1
+      for tool in memcheck racecheck; do
+        timeout "${SANITIZE_TIMEOUT:-200}" compute-sanitizer --tool $tool --error-exitcode 9 \
+          python3 -m pytest -q -x -m cuda tests/test_cuda.py -k "${SANITIZE_FILTER:-not unbiased}" \
+          > "$OUT/sanitizer_$tool.log" 2>&1
+        echo "compute-sanitizer $tool: exit $? | $(grep -E 'ERROR SUMMARY|passed|failed' "$OUT/sanitizer_$tool.log" | tail -2 | tr '\n' ' ')"
+      done
+      unset PYTORCH_NO_CUDA_MEMORY_CACHING ;;
+    bench)
+      python3 benchmarks/gpu_kernels.py ${BENCH_ARGS:-} --out "$OUT/gpu_kernels.json" 2>&1 | tee "$OUT/gpu_kernels.log" ;;
+  esac
+done

@@ -1,0 +1,200 @@
+"""GPU kernel benchmark: bitmm and bit_spmm on 1-bit tensor cores against torch.
+
+One device call; prints markdown tables and writes JSON (``--out``).  Sections:
+ceilings (the b1 MMA's register-only peak, device copy bandwidth), dense bitmm
+(N = K, d, bit pairs) against bf16 matmul and ``torch._int_mm``, QGTC's table
+shapes, bit_spmm on a products-scale cluster batch against fp32/bf16 CSR SpMM,
+and the tensor-core instructions in the SASS of each hot kernel.
+
+Times are medians of CUDA-event timings after warm-up.  Binary TOPS count
+2·M·N·K·s·t (every bit-plane product's AND + popcount-accumulate as 2 ops).
+"""
+import argparse
+import datetime
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+
+import torch
+
+import pyg_quant as pq
+from pyg_quant import ops
+from pyg_quant.demo import planted_partition_graph
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def cuda_ms(fn, reps=20, warmup=3):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def ceilings():
+    exe = "/tmp/pyg_quant_bmma_peak"
+    major, minor = torch.cuda.get_device_capability()
+    arch = f"{major}{minor}{'a' if major == 9 else ''}"
+    subprocess.run(["nvcc", "-O3", f"-gencode=arch=compute_{arch},code=sm_{arch}",
+                    os.path.join(HERE, "peak", "bmma_peak.cu"), "-o", exe], check=True)
+    peak = json.loads(subprocess.run([exe], check=True, capture_output=True, text=True).stdout)
+    src = torch.empty(2**28, dtype=torch.float32, device="cuda").uniform_()
+    dst = torch.empty_like(src)
+    ms = cuda_ms(lambda: dst.copy_(src), reps=10)
+    peak["copy_gbps"] = 2 * src.numel() * 4 / (ms * 1e-3) / 1e9
+    return peak
+
+
+def dense_rows(peak_tops, copy_gbps, sizes, dims, pairs, gen):
+    rows = []
+    for n in sizes:
+        a_float = torch.randn(n, n, device="cuda", generator=gen)
+        a_bf16 = a_float.bfloat16()
+        a_i8 = torch.randint(-127, 127, (n, n), device="cuda", dtype=torch.int8, generator=gen)
+        for d in dims:
+            b_float = torch.randn(n, d, device="cuda", generator=gen)
+            t_bf16 = cuda_ms(lambda: a_bf16 @ b_float.bfloat16())
+            b_i8 = torch.randint(-127, 127, (n, d), device="cuda", dtype=torch.int8, generator=gen)
+            try:
+                t_i8 = cuda_ms(lambda: torch._int_mm(a_i8, b_i8))
+            except RuntimeError:
+                t_i8 = float("nan")
+            for s, t in pairs:
+                a = pq.to_bit(a_float, s, dim=1, layout="row")
+                b = pq.to_bit(b_float, t, dim=0, layout="col")
+                wide = n * (2**s - 1) * (2**t - 1) > 2**31 - 1
+                t_int = cuda_ms(lambda: ops.bitmm_int(a.planes, b.planes, n, d, wide))
+                t_full = cuda_ms(lambda: pq.bitmm(a, b))
+                ops_count = 2.0 * n * n * d * s * t
+                tops = ops_count / (t_int * 1e-3) / 1e12
+                bytes_moved = a.planes.numel() * 4 + b.planes.numel() * 4 + n * d * (8 if wide else 4)
+                roof_ms = max(ops_count / (peak_tops * 1e12), bytes_moved / (copy_gbps * 1e9)) * 1e3
+                rows.append(dict(n=n, d=d, s=s, t=t, bitmm_int_ms=t_int, bitmm_ms=t_full, binary_tops=tops,
+                                 pct_peak=100 * tops / peak_tops, pct_roofline=100 * roof_ms / t_int,
+                                 bf16_ms=t_bf16, int8_ms=t_i8, speedup_vs_bf16=t_bf16 / t_int,
+                                 speedup_vs_int8=t_i8 / t_int))
+    return rows
+
+
+def cluster_batch(gen):
+    edge_index = planted_partition_graph(20, 1600, 40, 0.8, torch.Generator().manual_seed(0)).cuda()
+    return edge_index, 32000
+
+
+def spmm_rows(peak_tops, copy_gbps, gen):
+    edge_index, n = cluster_batch(gen)
+    csr = torch.sparse_coo_tensor(edge_index.flip(0), torch.ones(edge_index.size(1), device="cuda"),
+                                  (n, n)).coalesce().to_sparse_csr()
+    rows = []
+    for min_tile_nnz in (16,):
+        adj = pq.BitAdjacency.from_edge_index(edge_index, n, min_tile_nnz=min_tile_nnz)
+        t_build = cuda_ms(lambda: pq.BitAdjacency.from_edge_index(edge_index, n, min_tile_nnz=min_tile_nnz), reps=5)
+        for d in (64, 128):
+            x_float = torch.randn(n, d, device="cuda", generator=gen)
+            t_fp32 = cuda_ms(lambda: csr @ x_float)
+            try:
+                csr_bf16 = csr.to(torch.bfloat16)
+                x_bf16 = x_float.bfloat16()
+                t_bf16 = cuda_ms(lambda: csr_bf16 @ x_bf16)
+            except RuntimeError:
+                t_bf16 = float("nan")
+            for bits in (1, 2, 4, 8):
+                x = pq.to_bit(x_float, bits, dim=0, layout="col")
+                wide = adj.max_row_sum * (2**bits - 1) > 2**31 - 1
+                args = (adj.window_ptr, adj.tile_col, adj.tile_bits, adj.res_ptr, adj.res_col, adj.res_val,
+                        x.planes, n, d, wide)
+                t_int = cuda_ms(lambda: ops.bit_spmm_int(*args))
+                t_full = cuda_ms(lambda: pq.bit_spmm(adj, x))
+                tile_ops = 2.0 * adj.num_tiles * 16 * 256 * d * adj.bits * bits
+                codes_bytes = 2 * n * d if adj.res_nnz else 0
+                bytes_moved = (adj.nbytes + x.planes.numel() * 4 + codes_bytes + adj.res_nnz * d
+                               + n * d * (8 if wide else 4))
+                roof_ms = max(tile_ops / (peak_tops * 1e12), bytes_moved / (copy_gbps * 1e9)) * 1e3
+                rows.append(dict(d=d, bits=bits, tiles=adj.num_tiles, fill=adj.fill_ratio, residual=adj.res_nnz,
+                                 nnz=adj.nnz, build_ms=t_build, bit_spmm_int_ms=t_int, bit_spmm_ms=t_full,
+                                 csr_fp32_ms=t_fp32, csr_bf16_ms=t_bf16, speedup_vs_fp32=t_fp32 / t_int,
+                                 speedup_full_vs_fp32=t_fp32 / t_full, roofline_ms=roof_ms,
+                                 pct_roofline=100 * roof_ms / t_int))
+    return rows
+
+
+def sass_report():
+    libs = glob.glob(os.path.join(os.path.dirname(pq.__file__), "_C*.so"))
+    if not libs:
+        return {}
+    text = subprocess.run(["cuobjdump", "--dump-sass", libs[0]], capture_output=True, text=True).stdout
+    report, current, arch = {}, None, None
+    for line in text.splitlines():
+        m = re.search(r"arch = (sm_\w+)", line)
+        if m:
+            arch = m.group(1)
+        m = re.search(r"Function : (\S+)", line)
+        if m:
+            current = f"{arch}:{m.group(1)}"
+            report[current] = {}
+            continue
+        m = re.search(r"\b(BMMA|IMMA|HMMA|HGMMA|IGMMA|BGMMA|LDSM)[.\w]*", line)
+        if m and current:
+            report[current][m.group(0)] = report[current].get(m.group(0), 0) + 1
+    return {k: v for k, v in report.items() if v}
+
+
+def table(rows, cols):
+    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        out.append("| " + " | ".join(f"{r[c]:.3g}" if isinstance(r[c], float) else str(r[c]) for c in cols) + " |")
+    return "\n".join(out)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=os.path.join(HERE, "out", "gpu_kernels.json"))
+    parser.add_argument("--quick", action="store_true", help="small sizes only (a smoke run)")
+    args = parser.parse_args()
+    if not torch.cuda.is_available() or not pq.backends()["cuda"]:
+        sys.exit("gpu_kernels.py needs a GPU and the compiled CUDA backend")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    info = dict(device=torch.cuda.get_device_name(), date=datetime.datetime.now().isoformat(timespec="seconds"),
+                torch=torch.__version__, command=" ".join(sys.argv))
+    print(f"# {info['device']}  {info['date']}  torch {info['torch']}")
+    peak = ceilings()
+    print(f"\nceilings: b1 mma.sync peak {peak['binary_tops']:.0f} binary TOPS, copy {peak['copy_gbps']:.0f} GB/s")
+    sizes = [2048, 4096] if args.quick else [2048, 4096, 8192, 16384]
+    pairs = [(1, 1), (1, 2), (1, 4), (4, 4), (8, 8)]
+    dense = dense_rows(peak["binary_tops"], peak["copy_gbps"], sizes, [64, 128, 512], pairs, gen)
+    print("\n## dense bitmm (A: N x N, B: N x d)\n")
+    print(table(dense, ["n", "d", "s", "t", "bitmm_int_ms", "bitmm_ms", "binary_tops", "pct_peak", "pct_roofline",
+                        "bf16_ms", "int8_ms", "speedup_vs_bf16", "speedup_vs_int8"]))
+    qgtc = dense_rows(peak["binary_tops"], peak["copy_gbps"], [2048, 4096, 8192], [32, 64],
+                      [(1, 1), (1, 2), (1, 3), (1, 4)], gen)
+    print("\n## QGTC table shapes (1-bit A x 1..4-bit X)\n")
+    print(table(qgtc, ["n", "d", "s", "t", "bitmm_int_ms", "bitmm_ms", "binary_tops", "bf16_ms"]))
+    spmm = spmm_rows(peak["binary_tops"], peak["copy_gbps"], gen)
+    print("\n## bit_spmm on a products-scale cluster batch (32,000 nodes, 20 clusters, ~1.28M edges)\n")
+    print(table(spmm, ["d", "bits", "tiles", "fill", "residual", "build_ms", "bit_spmm_int_ms", "bit_spmm_ms",
+                       "csr_fp32_ms", "csr_bf16_ms", "speedup_vs_fp32", "speedup_full_vs_fp32", "roofline_ms",
+                       "pct_roofline"]))
+    sass = sass_report()
+    print("\n## tensor-core instructions in SASS\n")
+    for name, counts in sass.items():
+        print(f"- {name}: {counts}")
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(dict(info=info, ceilings=peak, dense=dense, qgtc=qgtc, spmm=spmm, sass=sass), f, indent=1)
+    print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,162 @@
+// Any-bitwidth GEMM on 1-bit tensor cores (mma.sync m16n8k256 .and.popc).
+//
+// A: row-layout planes [s, M_pad, W]; B: col-layout planes [t, N_pad, W] (both
+// run their bits along K; pyg_quant/layout.py).  A block computes a 64 x 64
+// output tile with 4 warps of 32 x 32.  For each K chunk (kChunkSteps k256
+// steps) every plane of A and B is staged once in shared memory; each warp then
+// loads A_p's fragments once and reuses them against every plane B_q, counting
+// popc(A_p AND B_q) in a chunk-local accumulator that is shifted by p+q and
+// added to the result once per chunk (the shift-add is amortised over the
+// chunk's MMAs).  Rows are padded to 64, so staging loads need no bounds checks.
+#include "bitmm_cuda.h"
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "bmma.cuh"
+
+namespace pyg_quant {
+namespace {
+using namespace pyg_quant::cuda;
+
+constexpr int kBlockM = 64, kBlockN = 64, kThreads = 128;
+constexpr int kChunkSteps = 2;                        // k256 steps per staged chunk
+constexpr int kChunkWords = kChunkSteps * 8;          // 16 words = 512 bits
+constexpr int kRowStride = kChunkWords + 4;           // +4 words: ldmatrix rows hit distinct banks
+
+template <typename Acc>
+__global__ void __launch_bounds__(kThreads) bitmm_kernel(const uint32_t* __restrict__ a, const uint32_t* __restrict__ b,
+                                                         int s, int t, int64_t a_plane, int64_t b_plane, int64_t words,
+                                                         int64_t rows, int64_t cols, Acc* __restrict__ out) {
+  extern __shared__ uint4 smem_raw[];
+  uint32_t* a_smem = reinterpret_cast<uint32_t*>(smem_raw);      // [s][64][kRowStride]
+  uint32_t* b_smem = a_smem + s * kBlockM * kRowStride;          // [t][64][kRowStride]
+  const int64_t m0 = static_cast<int64_t>(blockIdx.x) * kBlockM;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kBlockN;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int warp_m = (warp >> 1) * 32, warp_n = (warp & 1) * 32;
+  // ldmatrix lane addresses: A fragment = rows 0-7/8-15 x words 0-3/4-7;
+  // B x4 = two n8 tiles, each words 0-3 then 4-7.
+  const int a_row = (lane & 7) + ((lane >> 3) & 1) * 8, a_word = (lane >> 4) * 4;
+  const int b_row = (lane & 7) + (lane >> 4) * 8, b_word = ((lane >> 3) & 1) * 4;
+
+  Acc acc[2][4][4] = {};
+  for (int64_t k0 = 0; k0 < words; k0 += kChunkWords) {
+    const int64_t remaining_steps = (words - k0) / 8;
+    const int steps = remaining_steps < kChunkSteps ? static_cast<int>(remaining_steps) : kChunkSteps;
+    const int slots = (s + t) * kBlockM * (kChunkWords / 4);
+    for (int i = threadIdx.x; i < slots; i += kThreads) {
+      const int plane_row = i / (kChunkWords / 4), quad = i % (kChunkWords / 4);
+      const uint32_t* src;
+      if (plane_row < s * kBlockM) {
+        src = a + (plane_row / kBlockM) * a_plane + (m0 + plane_row % kBlockM) * words;
+      } else {
+        const int r = plane_row - s * kBlockM;
+        src = b + (r / kBlockN) * b_plane + (n0 + r % kBlockN) * words;
+      }
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (quad * 4 < steps * 8) v = *reinterpret_cast<const uint4*>(src + k0 + quad * 4);
+      *reinterpret_cast<uint4*>(a_smem + plane_row * kRowStride + quad * 4) = v;
+    }
+    __syncthreads();
+    for (int p = 0; p < s; ++p) {
+      uint32_t af[kChunkSteps][2][4];
+#pragma unroll
+      for (int k = 0; k < kChunkSteps; ++k) {
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          if (k < steps) {
+            ldmatrix_x4(af[k][mt], a_smem + (p * kBlockM + warp_m + mt * 16 + a_row) * kRowStride + k * 8 + a_word);
+          }
+        }
+      }
+      for (int q = 0; q < t; ++q) {
+        int32_t part[2][4][4] = {};
+#pragma unroll
+        for (int k = 0; k < kChunkSteps; ++k) {
+          if (k < steps) {
+#pragma unroll
+            for (int np = 0; np < 2; ++np) {
+              uint32_t bf[4];
+              ldmatrix_x4(bf, b_smem + (q * kBlockN + warp_n + np * 16 + b_row) * kRowStride + k * 8 + b_word);
+              const uint32_t b_lo[2] = {bf[0], bf[1]}, b_hi[2] = {bf[2], bf[3]};
+#pragma unroll
+              for (int mt = 0; mt < 2; ++mt) {
+                bmma_and_popc(part[mt][2 * np], af[k][mt], b_lo);
+                bmma_and_popc(part[mt][2 * np + 1], af[k][mt], b_hi);
+              }
+            }
+          }
+        }
+        const int shift = p + q;
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[mt][nt][i] += static_cast<Acc>(part[mt][nt][i]) << shift;
+      }
+    }
+    __syncthreads();
+  }
+
+  const int g = lane >> 2, tig = lane & 3;
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+      const int64_t col = n0 + warp_n + nt * 8 + 2 * tig;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int64_t row = m0 + warp_m + mt * 16 + g + half * 8;
+        if (row >= rows) continue;
+        if (col < cols) out[row * cols + col] = acc[mt][nt][2 * half];
+        if (col + 1 < cols) out[row * cols + col + 1] = acc[mt][nt][2 * half + 1];
+      }
+    }
+  }
+}
+
+template <typename Acc>
+void launch_bitmm(const at::Tensor& a, const at::Tensor& b, int64_t rows, int64_t cols, at::Tensor& out) {
+  const int s = a.size(0), t = b.size(0);
+  const int64_t words = a.size(2);
+  const size_t smem = static_cast<size_t>(s + t) * kBlockM * kRowStride * sizeof(uint32_t);
+  auto kernel = bitmm_kernel<Acc>;
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  const dim3 grid((rows + kBlockM - 1) / kBlockM, (cols + kBlockN - 1) / kBlockN);
+  kernel<<<grid, kThreads, smem, c10::cuda::getCurrentCUDAStream()>>>(
+      reinterpret_cast<const uint32_t*>(a.data_ptr<int32_t>()), reinterpret_cast<const uint32_t*>(b.data_ptr<int32_t>()),
+      s, t, a.size(1) * words, b.size(1) * words, words, rows, cols, out.data_ptr<Acc>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+at::Tensor bitmm_int_cuda(const at::Tensor& a_in, const at::Tensor& b_in, int64_t rows, int64_t cols, bool wide) {
+  TORCH_CHECK_VALUE(a_in.dim() == 3 && b_in.dim() == 3 && a_in.scalar_type() == at::kInt &&
+                        b_in.scalar_type() == at::kInt,
+                    "a_planes and b_planes must be int32[bits, outer, words]");
+  TORCH_CHECK_VALUE(a_in.size(2) == b_in.size(2) && a_in.size(2) % 8 == 0,
+                    "a_planes and b_planes must pack the same number of words along K (a multiple of 8)");
+  TORCH_CHECK_VALUE(a_in.size(0) <= 8 && b_in.size(0) <= 8, "at most 8 bit planes per operand");
+  TORCH_CHECK_VALUE(a_in.size(1) % kBlockM == 0 && b_in.size(1) % kBlockN == 0, "planes' outer dimension must be padded to 64");
+  TORCH_CHECK_VALUE(rows <= a_in.size(1) && cols <= b_in.size(1), "rows/cols exceed the padded operands");
+  TORCH_CHECK_VALUE(a_in.device() == b_in.device(), "a_planes and b_planes must be on one device");
+  TORCH_CHECK_VALUE((cols + kBlockN - 1) / kBlockN <= 65535, "too many output columns for one launch");
+  const c10::cuda::CUDAGuard guard(a_in.device());
+  const auto a = a_in.contiguous();
+  const auto b = b_in.contiguous();
+  auto out = at::empty({rows, cols}, a.options().dtype(wide ? at::kLong : at::kInt));
+  if (rows == 0 || cols == 0) return out;
+  if (wide) {
+    launch_bitmm<int64_t>(a, b, rows, cols, out);
+  } else {
+    launch_bitmm<int32_t>(a, b, rows, cols, out);
+  }
+  return out;
+}
+
+}  // namespace pyg_quant

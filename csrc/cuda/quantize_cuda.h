@@ -1,0 +1,12 @@
+#pragma once
+#include <ATen/core/Tensor.h>
+#include <optional>
+
+namespace pyg_quant {
+
+at::Tensor quantize_pack_cuda(const at::Tensor& x, const at::Tensor& lo, const at::Tensor& inv_scale,
+                              int64_t bits, bool col_layout, const std::optional<at::Tensor>& noise);
+at::Tensor unpack_codes_cuda(const at::Tensor& planes, int64_t rows, int64_t cols, bool col_layout);
+at::Tensor packed_code_sums_cuda(const at::Tensor& planes);
+
+}  // namespace pyg_quant

@@ -1,0 +1,123 @@
+"""Shared helpers and fixtures of the pyg_quant test suite (no autouse fixtures).
+
+Test modules import the plain helpers with ``from conftest import ...`` (pytest
+puts this rootless ``tests/`` folder on ``sys.path``).
+
+Oracles used throughout:
+
+* ``deq64(bt)``: the value a BitTensor *represents*, ``lo + scale·q`` evaluated in
+  float64 from the float32 ``lo``/``scale`` and the codes decoded by the pure-torch
+  reference (:mod:`pyg_quant.ops.reference`), independent of the compiled kernels.
+* ``mag64(bt)``: ``|lo| + |scale·q|``, the size of the terms the affine identity
+  adds up; float32 results are checked against ``1e-6 · (|A| @ mag)``-style
+  bounds (see the comments at the call sites).
+"""
+import pytest
+import torch
+
+import pyg_quant as pq
+from pyg_quant.ops import reference as ref
+
+# --- devices and backends -------------------------------------------------------------
+COMPILED = bool(pq.backends()["cpu"])
+CUDA_OK = bool(torch.cuda.is_available() and pq.backends()["cuda"])
+
+requires_compiled = pytest.mark.skipif(
+    not COMPILED, reason="pyg_quant._C (the compiled CPU backend) is not built/loadable")
+requires_cuda = pytest.mark.skipif(
+    not CUDA_OK, reason="needs a CUDA GPU and pyg_quant's compiled CUDA backend")
+
+DEVICES = ["cpu"] + ([pytest.param("cuda", marks=pytest.mark.cuda)] if CUDA_OK else [])
+
+
+def skip_unless_compiled():
+    """Imperative form of ``requires_compiled``."""
+    if not COMPILED:
+        pytest.skip("pyg_quant._C (the compiled CPU backend) is not built/loadable")
+
+
+@pytest.fixture(params=DEVICES)
+def device(request):
+    """Every device with a compiled backend: ``"cpu"``, plus ``"cuda"`` (marked ``cuda``) when usable."""
+    return request.param
+
+
+@pytest.fixture
+def devices():
+    """The plain list of usable device names."""
+    return ["cpu"] + (["cuda"] if CUDA_OK else [])
+
+
+# --- data -----------------------------------------------------------------------------
+def gen(seed: int, device="cpu") -> torch.Generator:
+    g = torch.Generator(device=device)
+    g.manual_seed(seed)
+    return g
+
+
+def randn(rows: int, cols: int, seed: int, device="cpu", shift: float = 0.0, spread: float = 1.0):
+    """Random float32 data, never all zeros (and never constant unless 1x1)."""
+    x = torch.randn(rows, cols, generator=gen(seed)) * spread + shift
+    return x.to(device)
+
+
+def scale_view(bt):
+    return {None: (1, 1), 0: (1, -1), 1: (-1, 1)}[bt.dim]
+
+
+def ref_codes(bt) -> torch.Tensor:
+    """Codes decoded by the pure-torch reference (int64 [rows, cols])."""
+    outer = bt.cols if bt.layout == "col" else bt.rows
+    # only the logical outer rows are decoded (the padding rows hold zero codes anyway)
+    return ref.unpack_codes(bt.planes[:, :outer], bt.rows, bt.cols, bt.layout == "col").long()
+
+
+def deq64(bt) -> torch.Tensor:
+    view = scale_view(bt)
+    return bt.lo.double().view(view) + bt.scale.double().view(view) * ref_codes(bt).double()
+
+
+def mag64(bt) -> torch.Tensor:
+    view = scale_view(bt)
+    return bt.lo.double().abs().view(view) + bt.scale.double().abs().view(view) * ref_codes(bt).double()
+
+
+def assert_fp32_close(out, expected, bound, rel_norm=1e-6):
+    """Norm-wise ``||out-ref||/||ref|| <= rel_norm`` and elementwise ``|out-ref| <= bound``."""
+    out = out.double().cpu()
+    expected = expected.double().cpu()
+    bound = bound.double().cpu()
+    assert out.shape == expected.shape, (out.shape, expected.shape)
+    assert torch.isfinite(out).all()
+    diff = (out - expected).abs()
+    norm = expected.norm()
+    assert diff.norm() <= rel_norm * norm + 1e-30, f"norm-wise error {float(diff.norm() / norm):.3e}"
+    bad = diff > bound
+    assert not bad.any(), (
+        f"{int(bad.sum())} entries exceed the fp32 bound; worst excess ratio "
+        f"{float((diff / bound.clamp_min(1e-300)).max()):.3e}")
+
+
+def round_up(n: int, m: int) -> int:
+    """Written out again here (not imported from pyg_quant.layout) so the padding checks are independent."""
+    n = max(n, 1)
+    return -(-n // m) * m
+
+
+# --- graphs ---------------------------------------------------------------------------
+def random_edges(num_src: int, num_dst: int, num_edges: int, seed: int, loops: bool = True):
+    g = gen(seed)
+    src = torch.randint(num_src, (num_edges,), generator=g)
+    dst = torch.randint(num_dst, (num_edges,), generator=g)
+    if not loops:
+        keep = src != dst
+        src, dst = src[keep], dst[keep]
+    return torch.stack([src, dst])
+
+
+def dense_from_edges(edge_index, num_src: int, num_dst: int) -> torch.Tensor:
+    """A[i, j] = number of edges j -> i (duplicates summed), float64."""
+    dense = torch.zeros(num_dst, num_src, dtype=torch.float64)
+    ei = edge_index.long().cpu()
+    dense.index_put_((ei[1], ei[0]), torch.ones(ei.size(1), dtype=torch.float64), accumulate=True)
+    return dense

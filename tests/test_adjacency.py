@@ -1,0 +1,408 @@
+"""BitAdjacency.from_edge_index (tiles, residual, self loops, degrees) and bit_spmm.
+
+Dense references are built here from edge_index with index_put_(accumulate=True); the
+tiles are decoded with a plain Python walk of the format documented in
+pyg_quant/layout.py.  Error model of bit_spmm: out = fl32(lo·Σ_j A_ij + scale·(A·Q) +
+diag·to_val(x)) with the integer A·Q exact, so against (A + diag·I) @ deq64(x) each
+entry is within one float32 rounding (≤ 6e-8·|A|@|X|) plus the float32 rounding of
+to_val in the diagonal term (≤ 2·2**-24·diag·(|lo| + |scale·q|)); we assert
+|out - ref| ≤ 1e-6·(|A| @ |X| + diag·(|lo| + |scale·q|)) + 1e-30 elementwise and
+||out - ref|| ≤ 1e-6·||ref||.
+"""
+import pytest
+import torch
+from torch_geometric.utils import add_remaining_self_loops
+
+import pyg_quant as pq
+from pyg_quant.ops import reference as ref
+
+from conftest import (assert_fp32_close, deq64, dense_from_edges, gen, mag64, randn, random_edges,
+                      ref_codes, requires_compiled)
+
+TILE_R, TILE_C = 16, 256
+
+
+def decode_tiles(adj) -> torch.Tensor:
+    """The tiles alone, per the documented format: tile_bits[p, t, r, w] bit k = bit p of the
+    entry at row 16·window + r, column 256·tile_col[t] + 32·w + k (float64 dense)."""
+    rows_pad = (adj.window_ptr.numel() - 1) * TILE_R
+    cols_pad = -(-adj.num_cols // TILE_C) * TILE_C
+    dense = torch.zeros(rows_pad, cols_pad, dtype=torch.float64)
+    wp = adj.window_ptr.tolist()
+    tb = adj.tile_bits.tolist()
+    for win in range(len(wp) - 1):
+        for t in range(wp[win], wp[win + 1]):
+            c0 = int(adj.tile_col[t]) * TILE_C
+            for r in range(TILE_R):
+                for w in range(8):
+                    for p in range(adj.bits):
+                        word = tb[p][t][r][w] & 0xFFFFFFFF
+                        while word:
+                            k = (word & -word).bit_length() - 1
+                            word &= word - 1
+                            dense[win * TILE_R + r, c0 + 32 * w + k] += 2**p
+    return dense
+
+
+def decode_residual(adj) -> torch.Tensor:
+    dense = torch.zeros(adj.num_rows, adj.num_cols, dtype=torch.float64)
+    ptr = adj.res_ptr.tolist()
+    for i in range(adj.num_rows):
+        for e in range(ptr[i], ptr[i + 1]):
+            dense[i, int(adj.res_col[e])] += 1 if adj.res_val is None else int(adj.res_val[e])
+    return dense
+
+
+def block_nnz(dense: torch.Tensor) -> torch.Tensor:
+    """Non-zero count of every 16 × 256 block."""
+    R, C = dense.shape
+    padded = torch.zeros(-(-R // TILE_R) * TILE_R, -(-C // TILE_C) * TILE_C, dtype=torch.float64)
+    padded[:R, :C] = dense
+    blocks = (padded != 0).view(padded.size(0) // TILE_R, TILE_R, padded.size(1) // TILE_C, TILE_C)
+    return blocks.sum((1, 3))
+
+
+def expected_dense(edge_index, num_src, num_dst, self_loops):
+    """A (duplicates summed) + k·I for nodes without a self-loop; present loops weigh 1."""
+    dense = dense_from_edges(edge_index, num_src, num_dst)
+    if self_loops:
+        diag = torch.diagonal(dense)
+        has_loop = diag > 0
+        diag.copy_(torch.where(has_loop, torch.ones_like(diag), torch.full_like(diag, float(self_loops))))
+    return dense
+
+
+# (num_src, num_dst, num_edges, seed, duplicate factor)
+GRAPHS = {
+    "n1": (1, 1, 1, 0, 1),
+    "n17": (17, 17, 60, 1, 1),
+    "n300": (300, 300, 2500, 2, 1),
+    "n1000": (1000, 1000, 6000, 3, 1),
+    "n300-dup": (300, 300, 900, 4, 3),       # duplicates -> bits > 1
+    "n260-dense": (260, 260, 30000, 5, 1),   # dense tiles (the CPU popcount path)
+    "n70-dense-dup": (70, 70, 12000, 6, 2),  # dense with heavy duplicates (bits 4)
+    "bip-300x17": (300, 17, 800, 7, 1),
+    "bip-17x600": (17, 600, 700, 8, 2),
+}
+
+
+def make_graph(name):
+    num_src, num_dst, num_edges, seed, dup = GRAPHS[name]
+    ei = random_edges(num_src, num_dst, num_edges, seed)
+    if dup > 1:
+        # repeat a random subset of edges up to dup more times
+        g = gen(seed + 100)
+        extra = [ei[:, torch.randperm(ei.size(1), generator=g)[: ei.size(1) // (i + 2)]] for i in range(dup)]
+        ei = torch.cat([ei] + extra, 1)
+    return ei, num_src, num_dst
+
+
+def build(name, self_loops=0, min_tile_nnz=16, dtype=torch.int64):
+    ei, num_src, num_dst = make_graph(name)
+    num_nodes = num_src if num_src == num_dst else (num_src, num_dst)
+    adj = pq.BitAdjacency.from_edge_index(ei.to(dtype), num_nodes, self_loops=self_loops, min_tile_nnz=min_tile_nnz)
+    return adj, ei, num_src, num_dst
+
+
+def square(name):
+    return GRAPHS[name][0] == GRAPHS[name][1]
+
+
+CASES = [(g, k) for g in GRAPHS for k in ((0, 1, 2) if square(g) else (0,))]
+
+
+@pytest.mark.parametrize("min_tile_nnz", [1, 16, 10**6])
+@pytest.mark.parametrize("graph,self_loops", CASES)
+def test_from_edge_index_structure(graph, self_loops, min_tile_nnz):
+    adj, ei, num_src, num_dst = build(graph, self_loops, min_tile_nnz)
+    dense = expected_dense(ei, num_src, num_dst, self_loops)
+    assert adj.shape == (num_dst, num_src) and adj.num_rows == num_dst and adj.num_cols == num_src
+    assert torch.equal(adj.to_dense().double(), dense)
+    # the stored parts, decoded independently: tiles + residual (+ diag) = A
+    off = dense.clone()
+    if self_loops:
+        off.fill_diagonal_(0)
+        assert torch.equal(adj.diag.double(), torch.diagonal(dense))
+    else:
+        assert adj.diag is None
+    tiles, residual = decode_tiles(adj), decode_residual(adj)
+    assert torch.equal(tiles[:num_dst, :num_src] + residual, off)
+    assert not tiles[num_dst:].any() and not tiles[:, num_src:].any()
+    # bits: enough planes for the largest multiplicity, no more
+    assert adj.bits == max(1, int(off.max()).bit_length())
+    assert adj.tile_bits.shape[0] == adj.bits and adj.tile_bits.dtype == torch.int32
+    # counts
+    nnz_blocks = block_nnz(off)
+    assert adj.nnz == int((off != 0).sum())
+    assert adj.num_tiles == int((nnz_blocks >= min_tile_nnz).sum())
+    assert adj.tile_nnz == int(nnz_blocks[nnz_blocks >= min_tile_nnz].sum())
+    assert adj.res_nnz == adj.nnz - adj.tile_nnz
+    assert adj.fill_ratio == pytest.approx(adj.tile_nnz / max(1, adj.num_tiles * 4096), rel=1e-12)
+    if min_tile_nnz == 1:  # every non-empty block is a tile, nothing in the residual
+        assert adj.num_tiles == int((nnz_blocks > 0).sum()) and adj.res_nnz == 0
+        assert adj.fill_ratio == pytest.approx(adj.nnz / max(1, adj.num_tiles * 4096), rel=1e-12)
+    # every stored tile is a block with >= min_tile_nnz entries (so never all zero), sorted
+    # by (window, column tile), window_ptr consistent
+    occupied = (adj.tile_bits != 0).any(0)  # [tiles, 16, 8] words with any set bit
+    union = adj.tile_bits[0]
+    for p in range(1, adj.bits):
+        union = union | adj.tile_bits[p]
+    popcounts = [sum(bin(w & 0xFFFFFFFF).count("1") for w in tile.flatten().tolist()) for tile in union]
+    assert all(c >= max(1, min_tile_nnz) for c in popcounts)
+    assert occupied.flatten(1).any(1).all()
+    wp = adj.window_ptr
+    assert wp.dtype == torch.int64 and wp[0] == 0 and wp[-1] == adj.num_tiles
+    assert wp.numel() == -(-num_dst // TILE_R) + 1 and (wp[1:] >= wp[:-1]).all()
+    window = torch.repeat_interleave(torch.arange(wp.numel() - 1), wp[1:] - wp[:-1])
+    key = window * 10**6 + adj.tile_col.long()
+    assert (key[1:] > key[:-1]).all()
+    assert adj.tile_col.dtype == torch.int32 and adj.res_col.dtype == torch.int32
+    assert adj.res_ptr.dtype == torch.int64 and adj.res_ptr.numel() == num_dst + 1
+    # degrees and row sums
+    assert torch.equal(adj.row_sums, off.sum(1).long())
+    assert adj.max_row_sum == int(off.sum(1).max())
+    assert adj.degree().dtype == torch.float32
+    assert torch.equal(adj.degree().double(), dense.sum(1))
+    # nbytes: every stored tensor
+    expected_nbytes = (8 * wp.numel() + 4 * adj.num_tiles + 4 * adj.bits * adj.num_tiles * 16 * 8
+                       + 8 * (num_dst + 1) + 4 * adj.res_nnz + (4 * adj.res_nnz if adj.bits > 1 else 0)
+                       + (4 * num_dst if self_loops else 0) + 8 * num_dst)
+    assert adj.nbytes == expected_nbytes
+
+
+@pytest.mark.parametrize("self_loops", [1, 2])
+@pytest.mark.parametrize("graph", ["n17", "n300", "n1000"])
+def test_self_loops_match_pyg(graph, self_loops):
+    ei, n, _ = make_graph(graph)
+    ei = torch.unique(ei, dim=1)  # PyG's semantics are compared on a duplicate-free edge_index
+    ei = torch.cat([ei, torch.tensor([[3, 5], [3, 5]])], 1)  # make sure some loops exist
+    ei = torch.unique(ei, dim=1)
+    assert (ei[0] == ei[1]).any() and (ei[0] != ei[1]).any()
+    weight = torch.ones(ei.size(1))
+    pyg_ei, pyg_w = add_remaining_self_loops(ei, weight, fill_value=float(self_loops), num_nodes=n)
+    pyg_dense = torch.zeros(n, n, dtype=torch.float64)
+    pyg_dense.index_put_((pyg_ei[1], pyg_ei[0]), pyg_w.double(), accumulate=True)
+    adj = pq.BitAdjacency.from_edge_index(ei, n, self_loops=self_loops)
+    assert torch.equal(adj.to_dense().double(), pyg_dense)
+    assert torch.equal(adj.degree().double(), pyg_dense.sum(1))
+
+
+def test_int32_edge_index_and_default_num_nodes():
+    ei = random_edges(90, 90, 400, 9)
+    n = int(ei.max()) + 1
+    a = pq.BitAdjacency.from_edge_index(ei)  # num_nodes defaults to max index + 1
+    b = pq.BitAdjacency.from_edge_index(ei.to(torch.int32), n)
+    assert a.num_rows == a.num_cols == n
+    for name in ("window_ptr", "tile_col", "tile_bits", "res_ptr", "res_col", "row_sums"):
+        assert torch.equal(getattr(a, name), getattr(b, name))
+    assert torch.equal(a.to_dense().double(), dense_from_edges(ei, n, n))
+
+
+# --- bit_spmm ---------------------------------------------------------------------------
+def spmm_reference(adj, x):
+    X = deq64(x)
+    A = adj.to_dense().double()
+    expected = A @ X
+    off = A.clone()
+    if adj.diag is not None:
+        off -= torch.diag(adj.diag.double())
+        diag_term = adj.diag.double().view(-1, 1) * mag64(x)
+    else:
+        diag_term = 0.0
+    bound = 1e-6 * (A.abs() @ X.abs() + diag_term) + 1e-30
+    return expected, bound
+
+
+SPMM_GRAPHS = [("n1", 0), ("n17", 1), ("n300", 0), ("n300", 2), ("n1000", 1), ("n300-dup", 0),
+               ("n260-dense", 0), ("n260-dense", 1), ("n70-dense-dup", 2), ("bip-300x17", 0), ("bip-17x600", 0)]
+
+
+@pytest.mark.parametrize("x_dim", [0, None])
+@pytest.mark.parametrize("graph,self_loops", SPMM_GRAPHS)
+def test_bit_spmm_matches_float64(graph, self_loops, x_dim, device):
+    adj, ei, num_src, num_dst = build(graph, self_loops)
+    assert torch.equal(adj.to_dense().double(), expected_dense(ei, num_src, num_dst, self_loops))
+    adj = adj.to(device)
+    for bits in range(1, 9):
+        for layout in ("col", "row"):
+            if layout == "row" and bits not in (1, 5):
+                continue  # the repack path, a couple of widths suffice
+            x = pq.to_bit(randn(num_src, 23, bits + num_src, shift=0.5, device=device), bits, dim=x_dim, layout=layout)
+            out = pq.bit_spmm(adj, x)
+            assert out.device == x.device and out.dtype == torch.float32 and out.shape == (num_dst, 23)
+            expected, bound = spmm_reference(adj, x)
+            assert_fp32_close(out, expected, bound)
+            # the literal reference of the brief, norm-wise
+            lit = adj.to_dense().double() @ pq.to_val(x).double()
+            assert float((out.double() - lit).norm()) <= 1e-6 * float(lit.norm()) + 1e-30
+
+
+@pytest.mark.parametrize("min_tile_nnz", [1, 16, 10**6])
+@pytest.mark.parametrize("graph", ["n17", "n300-dup", "n260-dense", "n70-dense-dup", "bip-17x600"])
+def test_bit_spmm_int_exact(graph, min_tile_nnz):
+    adj, ei, num_src, num_dst = build(graph, 0, min_tile_nnz)
+    A = dense_from_edges(ei, num_src, num_dst).long()
+    for bits in (1, 2, 3, 5, 8):
+        x = pq.to_bit(randn(num_src, 19, bits), bits, dim=0, layout="col")
+        Q = ref_codes(x)
+        want = A @ Q
+        args = (adj.window_ptr, adj.tile_col, adj.tile_bits, adj.res_ptr, adj.res_col, adj.res_val,
+                x.planes, num_dst, 19)
+        reference = ref.bit_spmm_int(*args, False)
+        assert reference.dtype == torch.int32 and torch.equal(reference.long(), want)
+        if pq.backends()["cpu"]:
+            got = torch.ops.pyg_quant.bit_spmm_int(*args, False)
+            assert got.dtype == torch.int32 and torch.equal(got, reference)
+            wide = torch.ops.pyg_quant.bit_spmm_int(*args, True)
+            assert wide.dtype == torch.int64 and torch.equal(wide, want)
+
+
+@pytest.mark.parametrize("graph", ["n300", "n1000", "n260-dense"])
+def test_bit_spmm_equals_pyg_sum_aggregation(graph):
+    adj, ei, n, _ = build(graph, 0)
+    x = pq.to_bit(randn(n, 32, 17, shift=1.0), 8, dim=0, layout="col")
+    xq = pq.to_val(x)
+    src, dst = ei
+    out_pyg = torch.zeros(n, 32).index_add_(0, dst, xq[src])  # PyG's sum aggregation (flow source_to_target)
+    from torch_geometric.utils import scatter
+    assert torch.allclose(out_pyg, scatter(xq[src], dst, dim=0, dim_size=n, reduce="sum"), rtol=1e-5, atol=1e-5)
+    out = pq.bit_spmm(adj, x)
+    # both sides are float32; the PyG side sums deg_i terms sequentially (≤ deg_i·2**-24 relative
+    # to the term magnitudes), bit_spmm rounds once
+    deg = adj.degree().double().view(-1, 1)
+    A = adj.to_dense().double()
+    bound = (deg + 4) * 2**-24 * (A @ mag64(x)) + 1e-30
+    assert ((out.double() - out_pyg.double()).abs() <= bound).all()
+
+
+def test_bit_spmm_on_empty_graph_is_the_diagonal_term():
+    ei = torch.empty(2, 0, dtype=torch.long)
+    x = pq.to_bit(randn(37, 9, 2), 6, dim=0, layout="col")
+    for k in (0, 1, 2):
+        adj = pq.BitAdjacency.from_edge_index(ei, 37, self_loops=k)
+        assert adj.num_tiles == 0 and adj.nnz == 0 and adj.res_nnz == 0 and adj.fill_ratio == 0.0
+        assert torch.equal(adj.row_sums, torch.zeros(37, dtype=torch.long))
+        assert torch.equal(adj.to_dense(), k * torch.eye(37))
+        out = pq.bit_spmm(adj, x)
+        assert torch.equal(out, k * pq.to_val(x))
+        assert torch.equal(adj.degree(), torch.full((37,), float(k)))
+
+
+def test_only_self_loops_graph():
+    ei = torch.arange(20).repeat(2, 1)
+    adj = pq.BitAdjacency.from_edge_index(ei, 20, self_loops=2)
+    assert adj.nnz == 0 and adj.num_tiles == 0
+    assert torch.equal(adj.to_dense(), torch.eye(20))
+    adj0 = pq.BitAdjacency.from_edge_index(ei, 20, self_loops=0)
+    assert adj0.nnz == 20 and torch.equal(adj0.to_dense(), torch.eye(20))
+
+
+def test_adjacency_to_cpu():
+    adj, *_ = build("n300", 1)
+    moved = adj.to("cpu")
+    assert moved.num_rows == adj.num_rows and moved.nnz == adj.nnz and moved.max_row_sum == adj.max_row_sum
+    assert torch.equal(moved.to_dense(), adj.to_dense())
+    assert "BitAdjacency(" in repr(adj)
+
+
+# --- bad inputs ---------------------------------------------------------------------------
+def test_from_edge_index_bad_inputs():
+    ei = random_edges(10, 10, 30, 1)
+    build_ = pq.BitAdjacency.from_edge_index
+    with pytest.raises(ValueError):
+        build_(ei.float(), 10)
+    with pytest.raises(ValueError):
+        build_(torch.cat([ei, ei[:1]]), 10)  # [3, E]
+    with pytest.raises(ValueError):
+        build_(ei[0], 10)  # 1-D
+    bad = ei.clone()
+    bad[0, 3] = -1
+    with pytest.raises(ValueError):
+        build_(bad, 10)
+    with pytest.raises(ValueError):
+        build_(ei, 5)  # indices >= num_nodes
+    with pytest.raises(ValueError):
+        build_(ei, (10, 5))  # targets out of range
+    with pytest.raises(ValueError):
+        build_(ei, (5, 10))  # sources out of range
+    for k in (3, -1, True):
+        with pytest.raises(ValueError):
+            build_(ei, 10, self_loops=k)
+    with pytest.raises(ValueError):
+        build_(ei, (10, 12), self_loops=1)  # bipartite
+    with pytest.raises(ValueError):
+        build_(ei, 10, min_tile_nnz=0)
+    with pytest.raises(ValueError):
+        build_(torch.empty(2, 0, dtype=torch.long))  # empty needs num_nodes
+    with pytest.raises(ValueError):
+        build_(ei, 0)
+    with pytest.raises(ValueError):
+        build_(ei.repeat(1, 256), 10)  # an edge repeated > 255 times
+    with pytest.raises(TypeError):
+        build_(ei.tolist(), 10)
+
+
+def test_bit_spmm_bad_inputs():
+    adj = pq.BitAdjacency.from_edge_index(random_edges(10, 10, 30, 1), 10)
+    x = pq.to_bit(randn(10, 4, 1), 3, dim=0, layout="col")
+    with pytest.raises(ValueError):
+        pq.bit_spmm(adj, pq.to_bit(randn(11, 4, 1), 3, dim=0, layout="col"))
+    with pytest.raises(ValueError, match="dim=1"):
+        pq.bit_spmm(adj, pq.to_bit(randn(10, 4, 1), 3, dim=1, layout="col"))
+    with pytest.raises(TypeError):
+        pq.bit_spmm(adj, randn(10, 4, 1))
+    with pytest.raises(TypeError):
+        pq.bit_spmm(adj.to_dense(), x)
+
+
+@requires_compiled
+def test_compiled_bit_spmm_int_rejects_bad_arguments():
+    adj, ei, n, _ = build("n300", 0, 1)
+    x = pq.to_bit(randn(n, 4, 1), 3, dim=0, layout="col")
+    small = pq.to_bit(randn(20, 4, 1), 3, dim=0, layout="col")  # only 256 nodes of words
+    args = [adj.window_ptr, adj.tile_col, adj.tile_bits, adj.res_ptr, adj.res_col, adj.res_val, x.planes, n, 4, False]
+    torch.ops.pyg_quant.bit_spmm_int(*args)
+    bad = list(args)
+    bad[6] = small.planes  # tile_col points past the feature words
+    with pytest.raises(ValueError):
+        torch.ops.pyg_quant.bit_spmm_int(*bad)
+    bad = list(args)
+    bad[8] = 1000  # cols past the padded feature count
+    with pytest.raises(ValueError):
+        torch.ops.pyg_quant.bit_spmm_int(*bad)
+    bad = list(args)
+    bad[7] = n + 100  # rows past the windows
+    with pytest.raises(ValueError):
+        torch.ops.pyg_quant.bit_spmm_int(*bad)
+    bad = list(args)
+    bad[1] = adj.tile_col.long()
+    with pytest.raises(ValueError):
+        torch.ops.pyg_quant.bit_spmm_int(*bad)
+
+
+def test_bit_spmm_widens_when_row_sums_could_overflow(monkeypatch):
+    """wide accumulation is chosen from max_row_sum·(2**bits - 1) > 2**31 - 1.
+
+    A real graph that needs it has > 8.4M edges into one node, so the decision is checked by
+    recording the flag (and the result must not change)."""
+    import pyg_quant.adjacency as adjacency
+
+    adj, ei, n, _ = build("n300", 1)
+    x = pq.to_bit(randn(n, 7, 3), 8, dim=0, layout="col")
+    seen = []
+    real = adjacency.ops.bit_spmm_int
+
+    def spy(*args):
+        seen.append(args[-1])
+        return real(*args)
+
+    monkeypatch.setattr(adjacency.ops, "bit_spmm_int", spy)
+    small = pq.bit_spmm(adj, x)
+    assert seen == [False]
+    adj.max_row_sum = (2**31 - 1) // 255 + 1  # claims row sums that would overflow int32 with 8-bit x
+    wide = pq.bit_spmm(adj, x)
+    assert seen == [False, True]
+    assert torch.equal(wide, small)
+    adj.max_row_sum = (2**31 - 1) // 255  # exactly at the bound: still int32
+    pq.bit_spmm(adj, x)
+    assert seen[-1] is False

@@ -1,0 +1,208 @@
+"""bitmm / bitmm_int against float64 and integer references.
+
+Error model of the float product.  bitmm evaluates the exact affine identity
+``a @ b = K·la·lb + la·(rb∘1ᵀQb) + (ra∘Qa1)·lb + (ra·rb)∘(Qa·Qb)`` from exact integer
+code products in float64 and rounds once to float32.  So against the float64 product
+of the represented values ``deq64(a) @ deq64(b)`` (deq64 = lo + scale·q in float64),
+each entry is off by at most one float32 rounding, 2**-24·|out| ≤ 6e-8·(|A|@|B|),
+plus float64 noise far below that: we assert ``|out - ref| ≤ 1e-6·(|A|@|B|) + 1e-30``
+elementwise and ``||out - ref|| ≤ 1e-6·||ref||``.
+
+(``to_val`` rounds ``lo + scale·q`` to float32, which near a cancellation is off by
+~6e-8·|lo| rather than ·|x|, so ``to_val(a).double() @ to_val(b).double()`` is only
+held to the norm-wise bound, and elementwise to the same bound with |A| replaced by the
+magnitude |lo| + |scale·q| of the summed terms.)
+"""
+import itertools
+
+import pytest
+import torch
+
+import pyg_quant as pq
+from pyg_quant.ops import reference as ref
+
+from conftest import assert_fp32_close, deq64, gen, mag64, randn, ref_codes, requires_compiled
+
+# all of 1..8 on each side: every s with t ∈ {1, 3, 8}, every t with s ∈ {2, 5}
+BIT_PAIRS = sorted({(s, t) for s in range(1, 9) for t in (1, 3, 8)} |
+                   {(s, t) for t in range(1, 9) for s in (2, 5)})
+SHAPES = [(37, 300, 19), (1, 1, 1), (65, 513, 70)]
+A_DIMS, B_DIMS = [None, 1], [None, 0]
+LAYOUTS = list(itertools.product(["row", "col"], ["row", "col"]))
+
+
+def operands(M, K, N, s, t, a_dim, b_dim, a_layout, b_layout, seed, device="cpu"):
+    a = pq.to_bit(randn(M, K, seed, shift=0.4, device=device), s, dim=a_dim, layout=a_layout)
+    b = pq.to_bit(randn(K, N, seed + 1, shift=-0.2, spread=2.0, device=device), t, dim=b_dim, layout=b_layout)
+    return a, b
+
+
+def check_float_product(out, a, b):
+    A, B = deq64(a), deq64(b)
+    expected = A @ B
+    assert out.dtype == torch.float32 and out.shape == (a.rows, b.cols)
+    assert_fp32_close(out, expected, 1e-6 * (A.abs() @ B.abs()) + 1e-30)
+    # the literal to_val reference (see the module docstring for its bound)
+    via_to_val = pq.to_val(a).double() @ pq.to_val(b).double()
+    assert_fp32_close(out, via_to_val, 1e-6 * (mag64(a) @ mag64(b)) + 1e-30)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("bits", BIT_PAIRS, ids=lambda b: f"{b[0]}x{b[1]}")
+def test_bitmm_matches_float64(bits, shape, device):
+    s, t = bits
+    M, K, N = shape
+    for a_dim, b_dim in itertools.product(A_DIMS, B_DIMS):
+        for a_layout, b_layout in LAYOUTS:
+            a, b = operands(M, K, N, s, t, a_dim, b_dim, a_layout, b_layout, seed=s * 10 + t + K, device=device)
+            out = pq.bitmm(a, b)
+            assert out.device == a.device
+            check_float_product(out, a, b)
+
+
+@requires_compiled
+@pytest.mark.parametrize("shape", SHAPES + [(130, 257, 33)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("bits", BIT_PAIRS, ids=lambda b: f"{b[0]}x{b[1]}")
+def test_bitmm_int_exact(bits, shape):
+    s, t = bits
+    M, K, N = shape
+    a, b = operands(M, K, N, s, t, 1, 0, "row", "col", seed=s + 7 * t)
+    got = pq.bitmm_int(a, b)
+    want = ref_codes(a) @ ref_codes(b)  # int64 matmul of the codes
+    assert got.dtype == torch.int32 and got.shape == (M, N)
+    assert torch.equal(got.long(), want)
+    reference = ref.bitmm_int(a.planes, b.planes, M, N, False)
+    assert torch.equal(got, reference)
+    wide = torch.ops.pyg_quant.bitmm_int(a.planes, b.planes, M, N, True)
+    assert wide.dtype == torch.int64 and torch.equal(wide, want)
+    # operands in the "wrong" layouts go through the cached repack
+    assert torch.equal(pq.bitmm_int(a.as_layout("col"), b.as_layout("row")), got)
+
+
+@requires_compiled
+@pytest.mark.parametrize("bits", [(8, 8), (3, 5), (1, 1)], ids=lambda b: f"{b[0]}x{b[1]}")
+def test_bitmm_int_larger_exact(bits):
+    """Larger than the CPU kernel's 4-row × 32-column blocks and many K words."""
+    s, t = bits
+    M, K, N = 300, 600, 300
+    a, b = operands(M, K, N, s, t, None, None, "row", "col", seed=3)
+    got = torch.ops.pyg_quant.bitmm_int(a.planes, b.planes, M, N, False)
+    assert torch.equal(got.long(), ref_codes(a) @ ref_codes(b))
+    out = pq.bitmm(a, b)
+    check_float_product(out, a, b)
+
+
+@requires_compiled
+def test_bitmm_int_padding_garbage_free():
+    """Rows/cols beyond the logical shape are never returned; the compiled op only reads planes."""
+    a, b = operands(5, 40, 3, 4, 4, None, None, "row", "col", seed=1)
+    full = torch.ops.pyg_quant.bitmm_int(a.planes, b.planes, 64, 64, False)
+    assert full.shape == (64, 64)
+    assert torch.equal(full[:5, :3], pq.bitmm_int(a, b))
+    assert (full[5:] == 0).all() and (full[:, 3:] == 0).all()
+
+
+@pytest.mark.parametrize("out_dim", [None, 0, 1])
+@pytest.mark.parametrize("out_layout", ["row", "col"])
+@pytest.mark.parametrize("out_bits", [1, 4, 8])
+def test_bitmm_requantized_output(out_bits, out_layout, out_dim):
+    a, b = operands(37, 300, 19, 4, 6, 1, 0, "row", "col", seed=21)
+    product = pq.bitmm(a, b)
+    res = pq.bitmm(a, b, out_bits=out_bits, out_dim=out_dim, out_layout=out_layout)
+    assert isinstance(res, pq.BitTensor)
+    assert res.bits == out_bits and res.layout == out_layout and res.dim == out_dim and res.shape == (37, 19)
+    view = {None: (1, 1), 0: (1, -1), 1: (-1, 1)}[out_dim]
+    step = res.scale.double().view(view)
+    exact = deq64(a) @ deq64(b)
+    slack = 1e-4 * step + 1e-6 * exact.abs().max()
+    assert ((pq.to_val(res).double() - product.double()).abs() <= step / 2 + slack).all()
+    assert ((pq.to_val(res).double() - exact).abs() <= step / 2 + slack).all()
+    # it is exactly to_bit of the float product
+    assert torch.equal(res.planes, pq.to_bit(product, out_bits, dim=out_dim, layout=out_layout).planes)
+    # stochastic requantization: within one step, deterministic per generator
+    r1 = pq.bitmm(a, b, out_bits=out_bits, out_dim=out_dim, stochastic=True, generator=gen(5))
+    r2 = pq.bitmm(a, b, out_bits=out_bits, out_dim=out_dim, stochastic=True, generator=gen(5))
+    assert torch.equal(r1.planes, r2.planes)
+    assert ((pq.to_val(r1).double() - product.double()).abs() <= step + slack).all()
+
+
+# --- overflow and widening --------------------------------------------------------------
+def overflow_operands(a_dim=None, b_dim=None):
+    """s = t = 8, K = 33100: K·255·255 = 2_152_327_500 > 2**31 - 1.
+
+    Nearly every code is 255 (x is 1 except one 0 per row/column), so the true code
+    products (~33099·255² ≈ 2.15e9) really do not fit int32.
+    """
+    K = 33100
+    xa = torch.ones(2, K)
+    xa[:, 0] = 0.0
+    xa[1, 5:9] = 0.25
+    xb = torch.ones(K, 3)
+    xb[0, :] = 0.0
+    xb[7:20, 2] = 0.5
+    return pq.to_bit(xa, 8, dim=a_dim), pq.to_bit(xb, 8, dim=b_dim, layout="col")
+
+
+def test_overflow_bound_example():
+    assert 33100 * 255 * 255 > 2**31 - 1 >= 33000 * 255 * 255
+
+
+def test_bitmm_int_raises_on_overflow():
+    a, b = overflow_operands()
+    with pytest.raises(ValueError, match="overflow"):
+        pq.bitmm_int(a, b)
+
+
+@pytest.mark.parametrize("a_dim,b_dim", [(None, None), (1, 0)])
+def test_bitmm_widens_on_overflow(a_dim, b_dim):
+    a, b = overflow_operands(a_dim, b_dim)
+    codes_product = ref_codes(a) @ ref_codes(b)
+    assert codes_product.max() > 2**31 - 1  # int32 accumulation would wrap
+    if pq.backends()["cpu"]:
+        wide = torch.ops.pyg_quant.bitmm_int(a.planes, b.planes, 2, 3, True)
+        assert wide.dtype == torch.int64 and torch.equal(wide, codes_product)
+    out = pq.bitmm(a, b)
+    check_float_product(out, a, b)
+
+
+def test_bitmm_int_just_below_overflow_is_int32():
+    K = 33000  # K·255² = 2_145_825_000 ≤ 2**31 - 1
+    xa = torch.ones(1, K)
+    xa[0, 0] = 0
+    xb = torch.ones(K, 1)
+    xb[0, 0] = 0
+    a, b = pq.to_bit(xa, 8), pq.to_bit(xb, 8, layout="col")
+    got = pq.bitmm_int(a, b)
+    assert got.dtype == torch.int32 and int(got) == (K - 1) * 255 * 255
+
+
+# --- bad operands -----------------------------------------------------------------------
+@pytest.mark.parametrize("fn", [pq.bitmm, pq.bitmm_int])
+def test_bad_operands(fn):
+    a = pq.to_bit(randn(4, 6, 1), 3)
+    b = pq.to_bit(randn(6, 5, 2), 3, layout="col")
+    with pytest.raises(ValueError, match="dim=0"):
+        fn(pq.to_bit(randn(4, 6, 1), 3, dim=0), b)
+    with pytest.raises(ValueError, match="dim=1"):
+        fn(a, pq.to_bit(randn(6, 5, 2), 3, dim=1))
+    with pytest.raises(ValueError):
+        fn(a, pq.to_bit(randn(7, 5, 2), 3))
+    with pytest.raises(ValueError):
+        fn(b, a)  # [6,5] @ [4,6]
+    with pytest.raises(TypeError):
+        fn(randn(4, 6, 1), b)
+    with pytest.raises(TypeError):
+        fn(a, randn(6, 5, 2))
+
+
+@requires_compiled
+def test_compiled_bitmm_int_rejects_bad_planes():
+    a = torch.zeros(2, 64, 8, dtype=torch.int32)
+    with pytest.raises(ValueError):  # different K words
+        torch.ops.pyg_quant.bitmm_int(a, torch.zeros(2, 64, 16, dtype=torch.int32), 4, 4, False)
+    with pytest.raises(ValueError):  # more than 8 planes
+        torch.ops.pyg_quant.bitmm_int(torch.zeros(9, 64, 8, dtype=torch.int32), a, 4, 4, False)
+    with pytest.raises(ValueError):  # rows past the padded operand
+        torch.ops.pyg_quant.bitmm_int(a, a, 65, 4, False)
+    with pytest.raises(ValueError):  # not int32
+        torch.ops.pyg_quant.bitmm_int(a.long(), a, 4, 4, False)

@@ -1,0 +1,327 @@
+"""GPU == CPU, bit for bit, for every op; float results within fp32 rounding of float64.
+
+Everything here needs a CUDA GPU and pyg_quant's compiled CUDA backend, and skips
+cleanly otherwise.  The checks are written as ``_check_*(dev)`` helpers so that they
+can also be exercised on the CPU (``dev="cpu"``) as a dry run of the test code.
+"""
+import itertools
+
+import pytest
+import torch
+
+import pyg_quant as pq
+from pyg_quant.ops import reference as ref
+
+from conftest import (CUDA_OK, assert_fp32_close, deq64, dense_from_edges, gen, mag64, randn, random_edges,
+                      ref_codes, round_up)
+from test_quantize import grid_data
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not CUDA_OK, reason="needs a CUDA GPU and pyg_quant's compiled CUDA backend "
+                                           "(torch.cuda.is_available() and pyg_quant.backends()['cuda'])"),
+]
+
+OPS = torch.ops.pyg_quant if hasattr(torch.ops, "pyg_quant") else None
+AWKWARD = [(1, 1), (31, 33), (257, 255), (100, 513), (1000, 3), (64, 256)]
+ALL_PAIRS = list(itertools.product(range(1, 9), range(1, 9)))
+
+
+def _equal_on_cpu(a, b):
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.cpu(), b.cpu())
+
+
+# --- quantize / unpack / sums -------------------------------------------------------------
+def _check_quantize_pack(dev, shape):
+    rows, cols = shape
+    x = randn(rows, cols, rows + cols, shift=0.2)
+    noise = torch.rand(rows, cols, generator=gen(rows * cols))
+    for bits, dim, col, nz in itertools.product(range(1, 9), (None, 0, 1), (False, True), (None, noise)):
+        if dim is None:
+            lo, hi = x.min().view(1, 1), x.max().view(1, 1)
+        else:
+            lo, hi = x.amin(dim, keepdim=True), x.amax(dim, keepdim=True)
+        scale = (hi - lo) / float(2**bits - 1)
+        inv = torch.where(scale > 0, 1.0 / scale, torch.zeros_like(scale))
+        want = OPS.quantize_pack(x, lo, inv, bits, col, nz)
+        got = OPS.quantize_pack(x.to(dev), lo.to(dev), inv.to(dev), bits, col, None if nz is None else nz.to(dev))
+        assert got.device.type == dev and _equal_on_cpu(got, want), (bits, dim, col, nz is None)
+        assert torch.equal(want, ref.quantize_pack(x, lo, inv, bits, col, nz))
+        if nz is None:  # the public path on the device
+            bt = pq.to_bit(x.to(dev), bits, dim=dim, layout="col" if col else "row")
+            assert _equal_on_cpu(bt.planes, want)
+            assert _equal_on_cpu(bt.lo, lo.view(-1)) and _equal_on_cpu(bt.scale, scale.view(-1))
+
+
+def _check_quantize_pack_clamping(dev):
+    rows, cols = 45, 77
+    x = randn(rows, cols, 11, spread=3.0)
+    g = gen(12)
+    for shape in ((1, 1), (rows, 1), (1, cols)):
+        lo = torch.randn(shape, generator=g)
+        inv = 30 + torch.rand(shape, generator=g) * 70
+        noise = torch.rand(rows, cols, generator=g)
+        for bits, col, nz in itertools.product((1, 3, 8), (False, True), (None, noise)):
+            want = OPS.quantize_pack(x, lo, inv, bits, col, nz)
+            got = OPS.quantize_pack(x.to(dev), lo.to(dev), inv.to(dev), bits, col, None if nz is None else nz.to(dev))
+            assert _equal_on_cpu(got, want)
+
+
+def _random_planes(bits, outer_pad, words, seed):
+    return torch.randint(-2**31, 2**31, (bits, outer_pad, words), generator=gen(seed), dtype=torch.int64).to(torch.int32)
+
+
+def _check_unpack_and_sums(dev, shape):
+    rows, cols = shape
+    for bits, col in itertools.product(range(1, 9), (False, True)):
+        outer, packed = (cols, rows) if col else (rows, cols)
+        planes = _random_planes(bits, round_up(outer, 64), round_up(packed, 256) // 32, bits + rows * 3 + cols)
+        want = OPS.unpack_codes(planes, rows, cols, col)
+        got = OPS.unpack_codes(planes.to(dev), rows, cols, col)
+        assert got.device.type == dev and _equal_on_cpu(got, want)
+        want_sums = OPS.packed_code_sums(planes)
+        got_sums = OPS.packed_code_sums(planes.to(dev))
+        assert _equal_on_cpu(got_sums, want_sums)
+        assert torch.equal(want_sums, ref.packed_code_sums(planes))
+
+
+# --- bitmm ---------------------------------------------------------------------------------
+def _bitmm_operands(dev, M, K, N, s, t, a_dim=None, b_dim=None, seed=0):
+    a = pq.to_bit(randn(M, K, seed + s, shift=0.3).to(dev), s, dim=a_dim)
+    b = pq.to_bit(randn(K, N, seed + 10 * t, shift=-0.1).to(dev), t, dim=b_dim, layout="col")
+    return a, b
+
+
+def _check_bitmm_int(dev, shape):
+    M, K, N = shape
+    for s, t in ALL_PAIRS:
+        a, b = _bitmm_operands(dev, M, K, N, s, t, seed=K)
+        for wide in (False, True):
+            got = OPS.bitmm_int(a.planes, b.planes, M, N, wide)
+            want = OPS.bitmm_int(a.planes.cpu(), b.planes.cpu(), M, N, wide)
+            assert got.device.type == dev and _equal_on_cpu(got, want), (s, t, wide)
+        assert torch.equal(want, ref_codes(a).cpu() @ ref_codes(b).cpu())
+        assert _equal_on_cpu(pq.bitmm_int(a, b), want.to(torch.int32))
+
+
+def _check_bitmm_float(dev, shape):
+    M, K, N = shape
+    for (s, t), (a_dim, b_dim) in itertools.product([(1, 1), (3, 5), (8, 8), (2, 7)], [(None, None), (1, 0)]):
+        a, b = _bitmm_operands(dev, M, K, N, s, t, a_dim, b_dim, seed=7)
+        out = pq.bitmm(a, b)
+        assert out.device.type == dev
+        A, B = deq64(a).cpu(), deq64(b).cpu()
+        assert_fp32_close(out, A @ B, 1e-6 * (A.abs() @ B.abs()) + 1e-30)
+        # and identical to the CPU result up to the float64 summation order (bit-exact integer part)
+        out_cpu = pq.bitmm(a.to("cpu"), b.to("cpu"))
+        assert_fp32_close(out, out_cpu, 1e-6 * (A.abs() @ B.abs()) + 1e-30)
+        # operands in the other layouts (repacked on the device)
+        out2 = pq.bitmm(a.as_layout("col"), b.as_layout("row"))
+        assert _equal_on_cpu(out2, out)
+
+
+def _check_bitmm_overflow_widening(dev):
+    K = 33100
+    xa = torch.ones(2, K)
+    xa[:, 0] = 0.0
+    xb = torch.ones(K, 3)
+    xb[0, :] = 0.0
+    a, b = pq.to_bit(xa.to(dev), 8), pq.to_bit(xb.to(dev), 8, layout="col")
+    with pytest.raises(ValueError, match="overflow"):
+        pq.bitmm_int(a, b)
+    wide = OPS.bitmm_int(a.planes, b.planes, 2, 3, True)
+    assert _equal_on_cpu(wide, ref_codes(a).cpu() @ ref_codes(b).cpu())
+    out = pq.bitmm(a, b)
+    A, B = deq64(a).cpu(), deq64(b).cpu()
+    assert_fp32_close(out, A @ B, 1e-6 * (A.abs() @ B.abs()) + 1e-30)
+
+
+# --- adjacency / spmm ------------------------------------------------------------------------
+def _graph_with_bits(n, num_edges, adj_bits, seed):
+    """Random graph whose largest edge multiplicity is exactly 2**(adj_bits-1) (so bits == adj_bits)."""
+    ei = random_edges(n, n, num_edges, seed, loops=False)
+    ei = torch.unique(ei, dim=1)
+    reps = 2 ** (adj_bits - 1)
+    if reps > 1:
+        ei = torch.cat([ei, ei[:, :5].repeat(1, reps - 1)], 1)
+    return ei
+
+
+ADJ_TENSORS = ("window_ptr", "tile_col", "tile_bits", "res_ptr", "res_col", "res_val", "diag", "row_sums")
+
+
+def _check_adjacency_equal(dev, ei, num_nodes, self_loops, min_tile_nnz):
+    cpu = pq.BitAdjacency.from_edge_index(ei, num_nodes, self_loops=self_loops, min_tile_nnz=min_tile_nnz)
+    gpu = pq.BitAdjacency.from_edge_index(ei.to(dev), num_nodes, self_loops=self_loops, min_tile_nnz=min_tile_nnz)
+    assert gpu.device.type == dev
+    for name in ADJ_TENSORS:
+        c, g = getattr(cpu, name), getattr(gpu, name)
+        assert (c is None) == (g is None), name
+        if c is not None:
+            assert _equal_on_cpu(g, c), name
+    for name in ("num_rows", "num_cols", "nnz", "max_row_sum", "bits", "num_tiles"):
+        assert getattr(gpu, name) == getattr(cpu, name), name
+    assert _equal_on_cpu(gpu.to_dense(), cpu.to_dense())
+    assert _equal_on_cpu(gpu.degree(), cpu.degree())
+    return cpu, gpu
+
+
+def _check_bit_spmm_int(dev, adj_bits):
+    n = 300
+    ei = _graph_with_bits(n, 3000, adj_bits, seed=adj_bits)
+    for min_tile_nnz in (1, 16):
+        cpu, gpu = _check_adjacency_equal(dev, ei, n, 0, min_tile_nnz)
+        assert cpu.bits == adj_bits
+        A = dense_from_edges(ei, n, n).long()
+        for x_bits in range(1, 9):
+            x = pq.to_bit(randn(n, 21, x_bits).to(dev), x_bits, dim=0, layout="col")
+            for wide in (False, True):
+                args = [getattr(gpu, k) for k in ADJ_TENSORS[:6]] + [x.planes, n, 21, wide]
+                got = OPS.bit_spmm_int(*args)
+                cpu_args = [getattr(cpu, k) for k in ADJ_TENSORS[:6]] + [x.planes.cpu(), n, 21, wide]
+                want = OPS.bit_spmm_int(*cpu_args)
+                assert got.device.type == dev and _equal_on_cpu(got, want), (adj_bits, x_bits, min_tile_nnz, wide)
+            assert torch.equal(want, A @ ref_codes(x).cpu())
+
+
+def _check_adjacency_variants(dev):
+    ei = random_edges(300, 300, 2500, 2)
+    for self_loops, min_tile_nnz in itertools.product((0, 1, 2), (1, 16, 10**6)):
+        _check_adjacency_equal(dev, ei, 300, self_loops, min_tile_nnz)
+    _check_adjacency_equal(dev, random_edges(300, 17, 800, 7), (300, 17), 0, 16)
+    _check_adjacency_equal(dev, random_edges(17, 600, 700, 8), (17, 600), 0, 16)
+    _check_adjacency_equal(dev, torch.empty(2, 0, dtype=torch.long), 37, 1, 16)
+    _check_adjacency_equal(dev, random_edges(1000, 1000, 6000, 3).to(torch.int32), 1000, 1, 16)
+
+
+def _check_bit_spmm_float(dev):
+    for n, edges, self_loops in ((17, 60, 1), (300, 2500, 0), (1000, 6000, 2), (260, 30000, 1)):
+        ei = random_edges(n, n, edges, n)
+        adj = pq.BitAdjacency.from_edge_index(ei.to(dev), n, self_loops=self_loops)
+        A = adj.to_dense().double().cpu()
+        for x_bits, x_dim in itertools.product(range(1, 9), (0, None)):
+            x = pq.to_bit(randn(n, 23, x_bits + n, shift=0.5).to(dev), x_bits, dim=x_dim, layout="col")
+            out = pq.bit_spmm(adj, x)
+            assert out.device.type == dev
+            X = deq64(x).cpu()
+            diag_term = 0.0 if adj.diag is None else adj.diag.double().cpu().view(-1, 1) * mag64(x).cpu()
+            assert_fp32_close(out, A @ X, 1e-6 * (A.abs() @ X.abs() + diag_term) + 1e-30)
+            if x_bits in (1, 6):  # "row" input: repacked on the device
+                xr = pq.to_bit(randn(n, 23, x_bits + n, shift=0.5).to(dev), x_bits, dim=x_dim, layout="row")
+                assert _equal_on_cpu(pq.bit_spmm(adj, xr), out)
+
+
+# --- stochastic rounding on the device ----------------------------------------------------
+def _check_stochastic_deterministic(dev):
+    x = randn(50, 77, 3).to(dev)
+    for bits, dim in itertools.product((1, 3, 8), (None, 0, 1)):
+        a = pq.to_bit(x, bits, dim=dim, stochastic=True, generator=gen(1234, dev))
+        b = pq.to_bit(x, bits, dim=dim, stochastic=True, generator=gen(1234, dev))
+        c = pq.to_bit(x, bits, dim=dim, stochastic=True, generator=gen(4321, dev))
+        assert torch.equal(a.planes, b.planes) and not torch.equal(a.planes, c.planes)
+        err = (pq.to_val(a).double() - x.double()).abs()
+        step = a.scale.double().view({None: (1, 1), 0: (1, -1), 1: (-1, 1)}[dim])
+        assert (err <= step * (1 + 1e-4) + 1e-5).all()
+
+
+def _check_stochastic_unbiased(dev, bits, dim):
+    # Same derivation as tests/test_quantize.py::test_stochastic_rounding_is_unbiased:
+    # one draw of lo + scale·floor(v + u) has mean x and variance scale²·f(1-f), f = frac(v);
+    # accept |mean of n draws - x| ≤ 5·sqrt(scale²·f(1-f)/n) + 1e-6.
+    n = 2000
+    x, f, scale = grid_data(bits, seed=bits * 10 + (dim or 0))
+    bt = pq.to_bit(x.repeat(n, 1).to(dev), bits, dim=dim, stochastic=True, generator=gen(99 + bits, dev))
+    mean = pq.to_val(bt).double().cpu().view(n, *x.shape).mean(0)
+    tol = 5 * torch.sqrt(scale**2 * f * (1 - f) / n) + 1e-6
+    dev_ = (mean - x.double()).abs()
+    assert (dev_ <= tol).all(), f"max deviation / tolerance = {float((dev_ / tol).max()):.2f}"
+    near = pq.to_val(pq.to_bit(x.to(dev), bits, dim=dim)).double().cpu()
+    interior = f > 0
+    assert ((near - x.double()).abs()[interior] > tol[interior]).all()
+
+
+def _check_device_mismatch(dev):
+    a = pq.to_bit(randn(4, 6, 1), 3)
+    b = pq.to_bit(randn(6, 5, 2), 3, layout="col")
+    with pytest.raises(ValueError):
+        pq.bitmm(a, b.to(dev))
+    adj = pq.BitAdjacency.from_edge_index(random_edges(6, 6, 20, 1), 6)
+    with pytest.raises(ValueError):
+        pq.bit_spmm(adj, pq.to_bit(randn(6, 4, 1), 3, dim=0).to(dev))
+    with pytest.raises(ValueError):
+        pq.to_bit(randn(6, 4, 1).to(dev), 3, stochastic=True, generator=gen(0, "cpu"))
+
+
+def _check_to_and_as_layout(dev):
+    bt = pq.to_bit(randn(70, 300, 1), 5, dim=1)
+    moved = bt.to(dev)
+    assert moved.device.type == dev and _equal_on_cpu(moved.planes, bt.planes)
+    assert _equal_on_cpu(moved.codes(), bt.codes())
+    assert _equal_on_cpu(moved.code_sums(), bt.code_sums())
+    assert _equal_on_cpu(moved.as_layout("col").planes, bt.as_layout("col").planes)
+    assert _equal_on_cpu(pq.to_val(moved), pq.to_val(bt))
+    assert moved.to("cpu").device.type == "cpu"
+
+
+# --- the tests (CUDA only) -------------------------------------------------------------------
+DEV = "cuda"
+
+
+@pytest.mark.parametrize("shape", AWKWARD, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_quantize_pack_gpu_equals_cpu(shape):
+    _check_quantize_pack(DEV, shape)
+
+
+def test_quantize_pack_clamping_gpu_equals_cpu():
+    _check_quantize_pack_clamping(DEV)
+
+
+@pytest.mark.parametrize("shape", AWKWARD, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_unpack_codes_and_sums_gpu_equals_cpu(shape):
+    _check_unpack_and_sums(DEV, shape)
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1), (37, 300, 19), (65, 513, 70), (130, 1000, 129)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_bitmm_int_gpu_equals_cpu_all_bit_pairs(shape):
+    _check_bitmm_int(DEV, shape)
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1), (37, 300, 19), (300, 600, 300)], ids=lambda s: "x".join(map(str, s)))
+def test_bitmm_float_gpu(shape):
+    _check_bitmm_float(DEV, shape)
+
+
+def test_bitmm_overflow_widening_gpu():
+    _check_bitmm_overflow_widening(DEV)
+
+
+@pytest.mark.parametrize("adj_bits", range(1, 9))
+def test_bit_spmm_int_gpu_equals_cpu(adj_bits):
+    _check_bit_spmm_int(DEV, adj_bits)
+
+
+def test_from_edge_index_gpu_equals_cpu():
+    _check_adjacency_variants(DEV)
+
+
+def test_bit_spmm_float_gpu():
+    _check_bit_spmm_float(DEV)
+
+
+def test_stochastic_to_bit_gpu_deterministic():
+    _check_stochastic_deterministic(DEV)
+
+
+@pytest.mark.parametrize("dim", [None, 0, 1])
+@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+def test_stochastic_to_bit_gpu_unbiased(bits, dim):
+    _check_stochastic_unbiased(DEV, bits, dim)
+
+
+def test_device_mismatch_errors():
+    _check_device_mismatch(DEV)
+
+
+def test_to_and_as_layout_gpu():
+    _check_to_and_as_layout(DEV)
