@@ -1,4 +1,4 @@
-// Backend kernels of bit_spmm_int.
+// Backend kernels of bit_spmm_int and bit_spmm_affine.
 #include <torch/library.h>
 
 #include "cpu/spmm_cpu.h"
@@ -6,8 +6,14 @@
 #include "cuda/spmm_cuda.h"
 #endif
 
-TORCH_LIBRARY_IMPL(pyg_quant, CPU, m) { m.impl("bit_spmm_int", &pyg_quant::bit_spmm_int_cpu); }
+TORCH_LIBRARY_IMPL(pyg_quant, CPU, m) {
+  m.impl("bit_spmm_int", &pyg_quant::bit_spmm_int_cpu);
+  m.impl("bit_spmm_affine", &pyg_quant::bit_spmm_affine_cpu);
+}
 
 #ifdef WITH_CUDA
-TORCH_LIBRARY_IMPL(pyg_quant, CUDA, m) { m.impl("bit_spmm_int", &pyg_quant::bit_spmm_int_cuda); }
+TORCH_LIBRARY_IMPL(pyg_quant, CUDA, m) {
+  m.impl("bit_spmm_int", &pyg_quant::bit_spmm_int_cuda);
+  m.impl("bit_spmm_affine", &pyg_quant::bit_spmm_affine_cuda);
+}
 #endif

@@ -20,26 +20,32 @@ except ImportError as error:  # not built, or built against another torch
         stacklevel=2,
     )
 
+_OPS = ("quantize_pack", "unpack_codes", "packed_code_sums", "bitmm_int", "bit_spmm_int", "bit_spmm_affine")
 _DISPATCH_KEYS = {"cpu": "CPU", "cuda": "CUDA"}
-_kernel_cache: Dict[tuple, bool] = {}
+# Filled once at import (the dispatcher query touches no device), so that
+# torch.compile traces has_kernel as a plain dict lookup.
+_KERNELS: Dict[tuple, bool] = {
+    (op, device_type): LOADED and torch._C._dispatch_has_kernel_for_dispatch_key(f"pyg_quant::{op}", key)
+    for op in _OPS
+    for device_type, key in _DISPATCH_KEYS.items()
+}
 
 
 def has_kernel(op: str, device_type: str) -> bool:
     """Whether ``pyg_quant::op`` has a compiled kernel for ``device_type``."""
-    key = (op, device_type)
-    if key not in _kernel_cache:
-        dispatch_key = _DISPATCH_KEYS.get(device_type)
-        _kernel_cache[key] = (
-            LOADED
-            and dispatch_key is not None
-            and torch._C._dispatch_has_kernel_for_dispatch_key(f"pyg_quant::{op}", dispatch_key)
-        )
-    return _kernel_cache[key]
+    return _KERNELS.get((op, device_type), False)
 
 
 _tensor_core_cache: Dict[int, bool] = {}
 
 
+def _assume_constant(fn):
+    # Dynamo runs it once while tracing and bakes the answer into the graph.
+    decorator = getattr(torch.compiler, "assume_constant_result", None)
+    return decorator(fn) if decorator is not None else fn
+
+
+@_assume_constant
 def _cuda_tensor_cores(device: torch.device) -> bool:
     """Whether the CUDA kernels may run on ``device``: they need b1 tensor cores (sm_80+)."""
     index = device.index if device.index is not None else torch.cuda.current_device()

@@ -238,13 +238,48 @@ class BitAdjacency:
                 f"self_loops={self.diag is not None})")
 
 
-def bit_spmm(adj: BitAdjacency, x: BitTensor) -> torch.Tensor:
+def _float_vector(value, length: int, device: torch.device, name: str) -> Optional[torch.Tensor]:
+    """None, a Python number or a 1-D tensor of ``length`` -> float32 ``[length]`` on ``device`` (or None)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float, torch.Tensor)):
+        raise TypeError(f"{name} must be a number or a tensor, got {type(value).__name__}")
+    if not isinstance(value, torch.Tensor):
+        return torch.full((length,), float(value), dtype=torch.float32, device=device)
+    if value.dim() == 0:
+        return value.detach().to(device=device, dtype=torch.float32).expand(length).contiguous()
+    if value.dim() != 1 or value.numel() != length:
+        raise ValueError(f"{name} must have {length} entries, got shape {tuple(value.shape)}")
+    if value.device != device:
+        raise ValueError(f"{name} is on {value.device} but the operands are on {device}")
+    return value.detach().to(torch.float32).contiguous()
+
+
+def bit_spmm(adj: BitAdjacency, x: BitTensor, *, self_weight=None, row_scale=None, bias=None,
+             relu: bool = False) -> torch.Tensor:
     r"""``(A + diag·I) · to_val(x)`` on the bit tiles, as float32 ``[num_rows, x.cols]``.
+
+    With the optional epilogue (fused into the kernel, one pass over the output):
+
+    .. math::
+        \mathrm{out} = \mathrm{relu}\big(\mathrm{diag}(s)\,(A + \mathrm{diag}(d + w))\,X + b\big)
+
+    where ``d`` is ``adj.diag`` (its self loops), ``w = self_weight`` (GIN's
+    ``1 + eps``), ``s = row_scale`` (GCN's ``D^{-1/2}`` after aggregation) and
+    ``b = bias``.
 
     ``x`` must be scaled per column or per tensor (``dim=0`` or ``None``) so that
     ``(A·X)_ik = lo_k·Σ_j A_ij + scale_k·(A·Q)_ik`` factors exactly; it is read
     in ``layout="col"`` (a ``"row"`` input is repacked once and cached).  The
-    result equals the float64 product up to float32 rounding.
+    result equals the float64 value up to one float32 rounding.
+
+    Args:
+        adj (BitAdjacency): ``[num_rows, num_cols]``.
+        x (BitTensor): ``[num_cols, F]``.
+        self_weight (float or Tensor, optional): ``[num_rows]`` or a scalar; needs a square ``adj``.
+        row_scale (Tensor, optional): ``[num_rows]``.
+        bias (Tensor, optional): ``[F]``.
+        relu (bool): clamp the result at zero.
     """
     if not isinstance(adj, BitAdjacency):
         raise TypeError(f"adj must be a BitAdjacency, got {type(adj).__name__}")
@@ -257,12 +292,22 @@ def bit_spmm(adj: BitAdjacency, x: BitTensor) -> torch.Tensor:
     if x.dim not in (None, 0):
         raise ValueError("x must be scaled per column (dim=0) or per tensor (dim=None) for A·X to "
                          "factor exactly; got per-row ranges (dim=1)")
+    if not isinstance(relu, bool):
+        raise TypeError(f"relu must be a bool, got {type(relu).__name__}")
+    rows, cols, device = adj.num_rows, x.cols, x.device
+    self_term = _float_vector(self_weight, rows, device, "self_weight")
+    if self_term is not None and adj.num_rows != adj.num_cols:
+        raise ValueError("self_weight needs a square adjacency (num_rows == num_cols)")
+    if adj.diag is not None:
+        self_term = adj.diag if self_term is None else adj.diag + self_term
+    row_scale = _float_vector(row_scale, rows, device, "row_scale")
+    if bias is not None and not isinstance(bias, torch.Tensor):
+        raise TypeError(f"bias must be a tensor, got {type(bias).__name__}")
+    bias = _float_vector(bias, cols, device, "bias")
     x_col = x.as_layout("col")
     wide = adj.max_row_sum * (2**x.bits - 1) > INT32_MAX
-    product = ops.bit_spmm_int(adj.window_ptr, adj.tile_col, adj.tile_bits, adj.res_ptr, adj.res_col,
-                               adj.res_val, x_col.planes, adj.num_rows, x.cols, wide).double()
-    lo, scale = x.lo.double().view(1, -1), x.scale.double().view(1, -1)
-    out = lo * adj.row_sums.double().view(-1, 1) + scale * product
-    if adj.diag is not None:
-        out += adj.diag.double().view(-1, 1) * to_val(x).double()
-    return out.float()
+    lo = x.lo.expand(cols).contiguous()
+    scale = x.scale.expand(cols).contiguous()
+    return ops.bit_spmm_affine(adj.window_ptr, adj.tile_col, adj.tile_bits, adj.res_ptr, adj.res_col, adj.res_val,
+                               x_col.planes, lo, scale, adj.row_sums, self_term, row_scale, bias, relu, rows, cols,
+                               wide)

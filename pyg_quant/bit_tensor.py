@@ -166,6 +166,8 @@ def to_bit(x: torch.Tensor, bits: int, dim: Optional[int] = None, stochastic: bo
     # division by a Python scalar may become a multiplication by its reciprocal
     # on the GPU), so the ranges, and therefore the codes, agree bit for bit.
     scale = (hi - lo) / torch.full_like(hi, float(2**bits - 1))
+    if not bool(torch.isfinite(scale).all()):
+        raise ValueError("x's range max - min overflows float32; rescale x before quantizing")
     inv_scale = torch.where(scale > 0, torch.ones_like(scale) / scale, torch.zeros_like(scale))
     noise = None
     if stochastic:

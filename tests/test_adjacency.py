@@ -390,13 +390,13 @@ def test_bit_spmm_widens_when_row_sums_could_overflow(monkeypatch):
     adj, ei, n, _ = build("n300", 1)
     x = pq.to_bit(randn(n, 7, 3), 8, dim=0, layout="col")
     seen = []
-    real = adjacency.ops.bit_spmm_int
+    real = adjacency.ops.bit_spmm_affine
 
     def spy(*args):
         seen.append(args[-1])
         return real(*args)
 
-    monkeypatch.setattr(adjacency.ops, "bit_spmm_int", spy)
+    monkeypatch.setattr(adjacency.ops, "bit_spmm_affine", spy)
     small = pq.bit_spmm(adj, x)
     assert seen == [False]
     adj.max_row_sum = (2**31 - 1) // 255 + 1  # claims row sums that would overflow int32 with 8-bit x

@@ -13,12 +13,16 @@ SHAPES = [(1, 1), (1, 7), (9, 1), (31, 33), (100, 257)]
 
 
 def expected_ranges(x, bits, dim):
-    """lo = min, scale = (max - min) / (2**bits - 1), reduced over dim; float32 like to_bit."""
+    """lo = min, scale = (max - min) / (2**bits - 1), reduced over dim; float32 like to_bit.
+
+    The divisor is a tensor, as in to_bit: CUDA turns a division by a Python
+    scalar into a multiplication by its reciprocal, which can differ in the last bit.
+    """
     if dim is None:
         lo, hi = x.min().view(1), x.max().view(1)
     else:
         lo, hi = x.amin(dim), x.amax(dim)
-    return lo, (hi - lo) / float(2**bits - 1)
+    return lo, (hi - lo) / torch.full_like(hi, float(2**bits - 1))
 
 
 def elementwise_slack(x, bt):
@@ -284,11 +288,10 @@ def test_bittensor_validates_fields():
         pq.to_val(bt.planes)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: to_bit accepts finite x whose range max-min overflows "
-                                       "float32; scale becomes inf and to_val returns NaN")
-def test_finite_input_with_float32_overflowing_range():
+def test_finite_input_with_float32_overflowing_range_is_rejected():
     x = torch.tensor([[-3.0e38, 3.0e38], [0.0, 1.0]])
-    bt = pq.to_bit(x, 8)  # x is finite, so this is accepted ...
-    val = pq.to_val(bt)
-    assert torch.isfinite(val).all()  # ... but every dequantized value is NaN
-    assert ((val.double() - x.double()).abs() <= bt.scale.double() / 2 * 1.01).all()
+    with pytest.raises(ValueError, match="overflows float32"):
+        pq.to_bit(x, 8)  # max - min = 6e38 is not a float32: the scale would be inf, to_val NaN
+    with pytest.raises(ValueError, match="overflows float32"):
+        pq.to_bit(x, 8, dim=1)  # row 0's own range overflows too
+    assert torch.equal(pq.to_val(pq.to_bit(x, 8, dim=0)), x)  # per column: every range is finite

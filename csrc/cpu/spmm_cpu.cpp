@@ -15,6 +15,7 @@
 
 #include <vector>
 
+#include "epilogue.h"
 #include "popcount.h"
 #include "quantize_cpu.h"
 
@@ -152,6 +153,65 @@ at::Tensor bit_spmm_int_cpu(const at::Tensor& window_ptr_in, const at::Tensor& t
       }
     }
   });
+  return out;
+}
+
+namespace {
+void check_vector(const std::optional<at::Tensor>& t, at::ScalarType dtype, int64_t n, const char* name) {
+  if (!t.has_value()) return;
+  TORCH_CHECK_VALUE(t->dim() == 1 && t->size(0) == n && t->scalar_type() == dtype && t->device().is_cpu(), name,
+                    " must be a 1-D ", c10::toString(dtype), " CPU tensor of ", n, " entries");
+}
+}  // namespace
+
+// The integer product, then csrc/epilogue.h row by row (the same arithmetic as the GPU's).
+at::Tensor bit_spmm_affine_cpu(const at::Tensor& window_ptr, const at::Tensor& tile_col, const at::Tensor& tile_bits,
+                               const at::Tensor& res_ptr, const at::Tensor& res_col,
+                               const std::optional<at::Tensor>& res_val, const at::Tensor& x, const at::Tensor& lo,
+                               const at::Tensor& scale, const at::Tensor& row_sums,
+                               const std::optional<at::Tensor>& self_weight, const std::optional<at::Tensor>& row_scale,
+                               const std::optional<at::Tensor>& bias, bool relu, int64_t rows, int64_t cols,
+                               bool wide) {
+  check_vector(lo, at::kFloat, cols, "lo");
+  check_vector(scale, at::kFloat, cols, "scale");
+  check_vector(row_sums, at::kLong, rows, "row_sums");
+  check_vector(self_weight, at::kFloat, rows, "self_weight");
+  check_vector(row_scale, at::kFloat, rows, "row_scale");
+  check_vector(bias, at::kFloat, cols, "bias");
+  const auto product = bit_spmm_int_cpu(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x, rows, cols,
+                                        /*wide=*/true);
+  at::Tensor codes;
+  if (self_weight.has_value()) {
+    TORCH_CHECK_VALUE(rows <= x.size(2) * 32, "self_weight needs a square adjacency (rows <= x's nodes)");
+    codes = unpack_codes_cpu(x.contiguous(), x.size(2) * 32, cols, /*col_layout=*/true);
+  }
+  const auto lo_c = lo.contiguous(), scale_c = scale.contiguous(), row_sums_c = row_sums.contiguous();
+  const auto self_c = self_weight.has_value() ? self_weight->contiguous() : at::Tensor();
+  const auto row_scale_c = row_scale.has_value() ? row_scale->contiguous() : at::Tensor();
+  const auto bias_c = bias.has_value() ? bias->contiguous() : at::Tensor();
+  const float* lo_p = lo_c.data_ptr<float>();
+  const float* scale_p = scale_c.data_ptr<float>();
+  const int64_t* row_sum_p = row_sums_c.data_ptr<int64_t>();
+  const float* self_p = self_c.defined() ? self_c.data_ptr<float>() : nullptr;
+  const float* row_scale_p = row_scale_c.defined() ? row_scale_c.data_ptr<float>() : nullptr;
+  const float* bias_p = bias_c.defined() ? bias_c.data_ptr<float>() : nullptr;
+  const uint8_t* code_p = codes.defined() ? codes.data_ptr<uint8_t>() : nullptr;
+  const int64_t* prod_p = product.data_ptr<int64_t>();
+  auto out = at::empty({rows, cols}, x.options().dtype(at::kFloat));
+  float* out_p = out.data_ptr<float>();
+  at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const double self_w = self_p ? static_cast<double>(self_p[row]) : 0.0;
+      const double row_s = row_scale_p ? static_cast<double>(row_scale_p[row]) : 1.0;
+      for (int64_t d = 0; d < cols; ++d) {
+        const float self_code = code_p ? static_cast<float>(code_p[row * cols + d]) : 0.0f;
+        out_p[row * cols + d] = affine_epilogue(static_cast<double>(prod_p[row * cols + d]), lo_p[d], scale_p[d],
+                                                static_cast<double>(row_sum_p[row]), self_w, self_code, row_s,
+                                                bias_p ? static_cast<double>(bias_p[d]) : 0.0, relu);
+      }
+    }
+  });
+  (void)wide;  // the CPU accumulates in int64 whatever the caller's bound says
   return out;
 }
 

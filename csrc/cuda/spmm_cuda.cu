@@ -5,17 +5,26 @@
 // fragment of every adjacency plane once and multiplies it with the matching
 // k256 x n8 fragments of every feature plane: the tile row's words line up with
 // words 8c..8c+7 of the column-layout planes (pyg_quant/layout.py), so features
-// are read in place.  The int32 fragments are then staged in shared memory,
-// where each lane (one feature) adds the CSR residual's codes of its rows
-// (coalesced 32-byte reads of a row-major code copy) before one coalesced store.
+// are read in place.  The feature planes' count is a template parameter so that
+// all of a tile's fragment loads are issued before its first MMA, and the next
+// tile's column is fetched while the current one computes.
+//
+// The int fragments are then staged in shared memory.  The CSR residual of the
+// window's 16 rows is one contiguous range of entries: the warp reads 32 entries
+// at a time (one coalesced load of columns and weights), and each lane (one
+// feature) adds their codes, eight loads in flight at a time, from a row-major
+// code copy (one 32-byte sector per entry).  Finally either the integers are
+// stored (bit_spmm_int) or the affine epilogue of csrc/epilogue.h runs on them
+// and float32 is stored (bit_spmm_affine): both stores are coalesced rows.
 #include "spmm_cuda.h"
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 
 #include "bmma.cuh"
+#include "epilogue.h"
 #include "quantize_cuda.h"
 
 namespace pyg_quant {
@@ -23,36 +32,69 @@ namespace {
 using namespace pyg_quant::cuda;
 
 constexpr int kTileRows = 16, kTileWords = 8, kWarpFeatures = 32, kWarpsPerBlock = 4;
+constexpr int kResidualInFlight = 8;
 
-template <typename Acc>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32)
-    bit_spmm_kernel(const int64_t* __restrict__ window_ptr, const int32_t* __restrict__ tile_col,
-                    const uint32_t* __restrict__ tile_bits, int64_t tile_plane, int a_bits,
-                    const uint32_t* __restrict__ x, int64_t x_plane, int64_t x_words, int x_bits,
-                    const int64_t* __restrict__ res_ptr, const int32_t* __restrict__ res_col,
-                    const int32_t* __restrict__ res_val, const uint8_t* __restrict__ codes, int64_t num_windows,
-                    int64_t rows, int64_t cols, Acc* __restrict__ out) {
+struct SpmmArgs {
+  const int64_t* window_ptr;
+  const int32_t* tile_col;
+  const uint32_t* tile_bits;
+  int64_t tile_plane;
+  int a_bits;
+  const uint32_t* x;
+  int64_t x_plane, x_words;
+  const int64_t* res_ptr;
+  const int32_t* res_col;
+  const int32_t* res_val;
+  const uint8_t* codes;  // [nodes_pad, cols] row-major codes of x
+  int64_t num_windows, rows, cols;
+  // affine epilogue (out_float != nullptr)
+  const float* lo;
+  const float* scale;
+  const int64_t* row_sums;
+  const float* self_weight;
+  const float* row_scale;
+  const float* bias;
+  bool relu;
+  float* out_float;
+};
+
+template <typename Acc, int kXBits>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32) bit_spmm_kernel(const SpmmArgs p, Acc* __restrict__ out_int) {
   __shared__ Acc staged[kWarpsPerBlock][kTileRows][kWarpFeatures + 1];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t window = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
-  if (window >= num_windows) return;  // whole warps only: no block-wide barrier below
+  // Whole warps only (no block-wide barrier below); windows past the last row
+  // exist only if a caller passes a longer window_ptr, and have nothing to write.
+  if (window >= p.num_windows || window * kTileRows >= p.rows) return;
   const int64_t d0 = static_cast<int64_t>(blockIdx.y) * kWarpFeatures;
   const int g = lane >> 2, tig = lane & 3;
 
   Acc acc[4][4] = {};
-  for (int64_t tile = window_ptr[window]; tile < window_ptr[window + 1]; ++tile) {
-    const int64_t col_word = static_cast<int64_t>(tile_col[tile]) * kTileWords;
-    for (int pa = 0; pa < a_bits; ++pa) {
-      const uint32_t* tb = tile_bits + pa * tile_plane + tile * kTileRows * kTileWords;
-      const uint32_t af[4] = {tb[g * kTileWords + tig], tb[(g + 8) * kTileWords + tig], tb[g * kTileWords + tig + 4],
-                              tb[(g + 8) * kTileWords + tig + 4]};
-      for (int q = 0; q < x_bits; ++q) {
-        const uint32_t* xb = x + q * x_plane + (d0 + g) * x_words + col_word;
+  const int64_t first_tile = p.window_ptr[window], end_tile = p.window_ptr[window + 1];
+  int32_t next_col = first_tile < end_tile ? p.tile_col[first_tile] : 0;
+  for (int64_t tile = first_tile; tile < end_tile; ++tile) {
+    const int64_t col_word = static_cast<int64_t>(next_col) * kTileWords;
+    if (tile + 1 < end_tile) next_col = p.tile_col[tile + 1];
+    uint32_t bf[kXBits][4][2];
+#pragma unroll
+    for (int q = 0; q < kXBits; ++q) {
+      const uint32_t* xb = p.x + q * p.x_plane + (d0 + g) * p.x_words + col_word;
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        bf[q][nt][0] = __ldg(xb + nt * 8 * p.x_words + tig);
+        bf[q][nt][1] = __ldg(xb + nt * 8 * p.x_words + tig + 4);
+      }
+    }
+    for (int pa = 0; pa < p.a_bits; ++pa) {
+      const uint32_t* tb = p.tile_bits + pa * p.tile_plane + tile * kTileRows * kTileWords;
+      const uint32_t af[4] = {__ldg(tb + g * kTileWords + tig), __ldg(tb + (g + 8) * kTileWords + tig),
+                              __ldg(tb + g * kTileWords + tig + 4), __ldg(tb + (g + 8) * kTileWords + tig + 4)};
+#pragma unroll
+      for (int q = 0; q < kXBits; ++q) {
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt) {
-          const uint32_t bf[2] = {xb[nt * 8 * x_words + tig], xb[nt * 8 * x_words + tig + 4]};
           int32_t part[4] = {0, 0, 0, 0};
-          bmma_and_popc(part, af, bf);
+          bmma_and_popc(part, af, bf[q][nt]);
 #pragma unroll
           for (int i = 0; i < 4; ++i) acc[nt][i] += static_cast<Acc>(part[i]) << (pa + q);
         }
@@ -68,82 +110,198 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     staged[warp][g + 8][nt * 8 + 2 * tig + 1] = acc[nt][3];
   }
   __syncwarp();
+
+  const int64_t row0 = window * kTileRows;
+  const int live_rows = static_cast<int>(min(static_cast<int64_t>(kTileRows), p.rows - row0));
   const int64_t d = d0 + lane;
-  for (int r = 0; r < kTileRows; ++r) {
-    const int64_t row = window * kTileRows + r;
-    if (row >= rows) break;
-    Acc sum = staged[warp][r][lane];
-    for (int64_t e = res_ptr[row]; e < res_ptr[row + 1]; ++e) {
-      const Acc weight = res_val ? res_val[e] : 1;
-      if (d < cols) sum += weight * static_cast<Acc>(codes[static_cast<int64_t>(res_col[e]) * cols + d]);
+  const bool live_feature = d < p.cols;
+  // Lane r <= 16 holds the residual's start of row r of the window (row 16: the end).
+  const int64_t bound = p.res_ptr[row0 + min(lane, live_rows)];
+  const int64_t res_begin = __shfl_sync(0xffffffffu, bound, 0);
+  const int64_t res_end = __shfl_sync(0xffffffffu, bound, live_rows);
+  for (int64_t base = res_begin; base < res_end; base += 32) {
+    const int64_t e = base + lane;
+    const bool live_entry = e < res_end;
+    const int32_t col = live_entry ? p.res_col[e] : 0;
+    const int32_t weight = live_entry ? (p.res_val ? p.res_val[e] : 1) : 0;
+    int row = 0;
+    for (int r = 1; r < live_rows; ++r) row += e >= __shfl_sync(0xffffffffu, bound, r);
+    const int count = static_cast<int>(min(static_cast<int64_t>(32), res_end - base));
+    for (int j0 = 0; j0 < count; j0 += kResidualInFlight) {
+      Acc value[kResidualInFlight];
+      int entry_row[kResidualInFlight];
+#pragma unroll
+      for (int j = 0; j < kResidualInFlight; ++j) {
+        const int src = (j0 + j) & 31;
+        const int32_t c = __shfl_sync(0xffffffffu, col, src);
+        const int32_t w = __shfl_sync(0xffffffffu, weight, src);
+        entry_row[j] = __shfl_sync(0xffffffffu, row, src);
+        const bool use = j0 + j < count && live_feature;
+        value[j] = use ? static_cast<Acc>(w) * static_cast<Acc>(__ldg(p.codes + static_cast<int64_t>(c) * p.cols + d))
+                       : Acc(0);
+      }
+#pragma unroll
+      for (int j = 0; j < kResidualInFlight; ++j) staged[warp][entry_row[j]][lane] += value[j];
     }
-    if (d < cols) out[row * cols + d] = sum;
   }
+  __syncwarp();
+
+  if (!live_feature) return;
+  if (p.out_float == nullptr) {
+    for (int r = 0; r < live_rows; ++r) out_int[(row0 + r) * p.cols + d] = staged[warp][r][lane];
+    return;
+  }
+  const float lo = p.lo[d], scale = p.scale[d];
+  const double bias = p.bias ? static_cast<double>(p.bias[d]) : 0.0;
+  for (int r = 0; r < live_rows; ++r) {
+    const int64_t row = row0 + r;
+    const double self_weight = p.self_weight ? static_cast<double>(p.self_weight[row]) : 0.0;
+    const float self_code = p.self_weight ? static_cast<float>(p.codes[row * p.cols + d]) : 0.0f;
+    const double row_scale = p.row_scale ? static_cast<double>(p.row_scale[row]) : 1.0;
+    p.out_float[row * p.cols + d] =
+        affine_epilogue(static_cast<double>(staged[warp][r][lane]), lo, scale, static_cast<double>(p.row_sums[row]),
+                        self_weight, self_code, row_scale, bias, p.relu);
+  }
+}
+
+struct Operands {
+  at::Tensor window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x, codes;
+};
+
+Operands check_operands(const at::Tensor& window_ptr, const at::Tensor& tile_col, const at::Tensor& tile_bits,
+                        const at::Tensor& res_ptr, const at::Tensor& res_col, const std::optional<at::Tensor>& res_val,
+                        const at::Tensor& x, int64_t rows, int64_t cols, bool need_codes) {
+  TORCH_CHECK_VALUE(window_ptr.dim() == 1 && window_ptr.scalar_type() == at::kLong, "window_ptr must be int64[num_windows + 1]");
+  TORCH_CHECK_VALUE(tile_col.dim() == 1 && tile_col.scalar_type() == at::kInt, "tile_col must be int32[num_tiles]");
+  TORCH_CHECK_VALUE(tile_bits.dim() == 4 && tile_bits.scalar_type() == at::kInt && tile_bits.size(1) == tile_col.size(0) &&
+                        tile_bits.size(2) == kTileRows && tile_bits.size(3) == kTileWords,
+                    "tile_bits must be int32[bits, num_tiles, 16, 8]");
+  TORCH_CHECK_VALUE(x.dim() == 3 && x.scalar_type() == at::kInt && x.size(2) % kTileWords == 0 && x.size(1) % 64 == 0,
+                    "x_planes must be column-layout int32[bits, outer (padded to 64), words]");
+  TORCH_CHECK_VALUE(tile_bits.size(0) >= 1 && tile_bits.size(0) <= 8 && x.size(0) >= 1 && x.size(0) <= 8,
+                    "1 to 8 bit planes per operand");
+  TORCH_CHECK_VALUE(cols >= 0 && cols <= x.size(1), "cols exceeds x_planes' padded feature count");
+  TORCH_CHECK_VALUE(rows >= 0 && res_ptr.dim() == 1 && res_ptr.scalar_type() == at::kLong && res_ptr.size(0) == rows + 1,
+                    "res_ptr must be int64[rows + 1]");
+  TORCH_CHECK_VALUE(res_col.dim() == 1 && res_col.scalar_type() == at::kInt, "res_col must be int32[res_nnz]");
+  if (res_val.has_value()) {
+    TORCH_CHECK_VALUE(res_val->scalar_type() == at::kInt && res_val->sizes() == res_col.sizes(),
+                      "res_val must be int32 with res_col's shape");
+  }
+  TORCH_CHECK_VALUE((window_ptr.size(0) - 1) * kTileRows >= rows, "rows exceeds the adjacency's row windows");
+  for (const auto* t : {&window_ptr, &tile_col, &tile_bits, &res_ptr, &res_col}) {
+    TORCH_CHECK_VALUE(t->device() == x.device(), "the adjacency and x_planes must be on one device");
+  }
+  if (res_val.has_value()) TORCH_CHECK_VALUE(res_val->device() == x.device(), "res_val must be on x_planes' device");
+  Operands o{window_ptr.contiguous(), tile_col.contiguous(), tile_bits.contiguous(), res_ptr.contiguous(),
+             res_col.contiguous(),    res_val.has_value() ? res_val->contiguous() : at::Tensor(), x.contiguous(),
+             at::Tensor()};
+  // Index bounds are the format's invariants (BitAdjacency builds them); they are
+  // not re-checked here because that would need a device-to-host copy.
+  if (need_codes || o.res_col.numel() > 0) o.codes = unpack_codes_cuda(o.x, o.x.size(2) * 32, cols, /*col_layout=*/true);
+  return o;
+}
+
+template <typename Acc>
+void launch(const Operands& o, SpmmArgs args, Acc* out_int) {
+  args.window_ptr = o.window_ptr.data_ptr<int64_t>();
+  args.tile_col = o.tile_col.data_ptr<int32_t>();
+  args.tile_bits = reinterpret_cast<const uint32_t*>(o.tile_bits.data_ptr<int32_t>());
+  args.tile_plane = o.tile_bits.size(1) * kTileRows * kTileWords;
+  args.a_bits = static_cast<int>(o.tile_bits.size(0));
+  args.x = reinterpret_cast<const uint32_t*>(o.x.data_ptr<int32_t>());
+  args.x_plane = o.x.size(1) * o.x.size(2);
+  args.x_words = o.x.size(2);
+  args.res_ptr = o.res_ptr.data_ptr<int64_t>();
+  args.res_col = o.res_col.data_ptr<int32_t>();
+  args.res_val = o.res_val.defined() ? o.res_val.data_ptr<int32_t>() : nullptr;
+  args.codes = o.codes.defined() ? o.codes.data_ptr<uint8_t>() : nullptr;
+  args.num_windows = o.window_ptr.size(0) - 1;
+  const dim3 grid((args.num_windows + kWarpsPerBlock - 1) / kWarpsPerBlock,
+                  (args.cols + kWarpFeatures - 1) / kWarpFeatures);
+  TORCH_CHECK_VALUE(grid.y <= 65535, "too many feature columns for one launch");
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  switch (o.x.size(0)) {
+#define PYG_QUANT_SPMM_CASE(BITS) \
+  case BITS:                      \
+    bit_spmm_kernel<Acc, BITS><<<grid, kWarpsPerBlock * 32, 0, stream>>>(args, out_int); \
+    break;
+    PYG_QUANT_SPMM_CASE(1) PYG_QUANT_SPMM_CASE(2) PYG_QUANT_SPMM_CASE(3) PYG_QUANT_SPMM_CASE(4)
+    PYG_QUANT_SPMM_CASE(5) PYG_QUANT_SPMM_CASE(6) PYG_QUANT_SPMM_CASE(7) PYG_QUANT_SPMM_CASE(8)
+#undef PYG_QUANT_SPMM_CASE
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+void check_vector(const std::optional<at::Tensor>& t, at::ScalarType dtype, int64_t n, const at::Tensor& x,
+                  const char* name) {
+  if (!t.has_value()) return;
+  TORCH_CHECK_VALUE(t->dim() == 1 && t->size(0) == n && t->scalar_type() == dtype && t->device() == x.device(), name,
+                    " must be a 1-D ", c10::toString(dtype), " tensor of ", n, " entries on x_planes' device");
 }
 
 }  // namespace
 
-at::Tensor bit_spmm_int_cuda(const at::Tensor& window_ptr_in, const at::Tensor& tile_col_in,
-                             const at::Tensor& tile_bits_in, const at::Tensor& res_ptr_in, const at::Tensor& res_col_in,
-                             const std::optional<at::Tensor>& res_val_in, const at::Tensor& x_in, int64_t rows,
+at::Tensor bit_spmm_int_cuda(const at::Tensor& window_ptr, const at::Tensor& tile_col, const at::Tensor& tile_bits,
+                             const at::Tensor& res_ptr, const at::Tensor& res_col,
+                             const std::optional<at::Tensor>& res_val, const at::Tensor& x, int64_t rows,
                              int64_t cols, bool wide) {
-  TORCH_CHECK_VALUE(window_ptr_in.dim() == 1 && window_ptr_in.scalar_type() == at::kLong, "window_ptr must be int64[num_windows + 1]");
-  TORCH_CHECK_VALUE(tile_col_in.dim() == 1 && tile_col_in.scalar_type() == at::kInt, "tile_col must be int32[num_tiles]");
-  TORCH_CHECK_VALUE(tile_bits_in.dim() == 4 && tile_bits_in.scalar_type() == at::kInt &&
-                        tile_bits_in.size(1) == tile_col_in.size(0) && tile_bits_in.size(2) == kTileRows &&
-                        tile_bits_in.size(3) == kTileWords,
-                    "tile_bits must be int32[bits, num_tiles, 16, 8]");
-  TORCH_CHECK_VALUE(x_in.dim() == 3 && x_in.scalar_type() == at::kInt && x_in.size(2) % kTileWords == 0 &&
-                        x_in.size(1) % 64 == 0,
-                    "x_planes must be column-layout int32[bits, outer (padded to 64), words]");
-  TORCH_CHECK_VALUE(tile_bits_in.size(0) <= 8 && x_in.size(0) <= 8, "at most 8 bit planes per operand");
-  TORCH_CHECK_VALUE(cols <= x_in.size(1), "cols exceeds x_planes' padded feature count");
-  TORCH_CHECK_VALUE(res_ptr_in.dim() == 1 && res_ptr_in.scalar_type() == at::kLong && res_ptr_in.size(0) == rows + 1,
-                    "res_ptr must be int64[rows + 1]");
-  TORCH_CHECK_VALUE(res_col_in.dim() == 1 && res_col_in.scalar_type() == at::kInt, "res_col must be int32[res_nnz]");
-  if (res_val_in.has_value()) {
-    TORCH_CHECK_VALUE(res_val_in->scalar_type() == at::kInt && res_val_in->sizes() == res_col_in.sizes(),
-                      "res_val must be int32 with res_col's shape");
-  }
-  const int64_t num_windows = window_ptr_in.size(0) - 1;
-  TORCH_CHECK_VALUE(num_windows * kTileRows >= rows, "rows exceeds the adjacency's row windows");
-  for (const auto* t : {&window_ptr_in, &tile_col_in, &tile_bits_in, &res_ptr_in, &res_col_in}) {
-    TORCH_CHECK_VALUE(t->device() == x_in.device(), "the adjacency and x_planes must be on one device");
-  }
-  const c10::cuda::CUDAGuard guard(x_in.device());
-  const auto window_ptr = window_ptr_in.contiguous();
-  const auto tile_col = tile_col_in.contiguous();
-  const auto tile_bits = tile_bits_in.contiguous();
-  const auto res_ptr = res_ptr_in.contiguous();
-  const auto res_col = res_col_in.contiguous();
-  const auto res_val = res_val_in.has_value() ? res_val_in->contiguous() : at::Tensor();
-  const auto x = x_in.contiguous();
-  // Index bounds are the format's invariants (BitAdjacency builds them); they are
-  // not re-checked here because that would need a device-to-host copy.
-  at::Tensor codes;
-  if (res_col.numel() > 0) codes = unpack_codes_cuda(x, x.size(2) * 32, cols, /*col_layout=*/true);
-
+  const c10::cuda::CUDAGuard guard(x.device());
+  const auto o = check_operands(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x, rows, cols, false);
   auto out = at::empty({rows, cols}, x.options().dtype(wide ? at::kLong : at::kInt));
   if (rows == 0 || cols == 0) return out;
-  const dim3 grid((num_windows + kWarpsPerBlock - 1) / kWarpsPerBlock, (cols + kWarpFeatures - 1) / kWarpFeatures);
-  TORCH_CHECK_VALUE(grid.y <= 65535, "too many feature columns for one launch");
-  const auto stream = c10::cuda::getCurrentCUDAStream();
-  auto launch = [&](auto* out_ptr) {
-    using Acc = std::remove_pointer_t<decltype(out_ptr)>;
-    bit_spmm_kernel<Acc><<<grid, kWarpsPerBlock * 32, 0, stream>>>(
-        window_ptr.data_ptr<int64_t>(), tile_col.data_ptr<int32_t>(),
-        reinterpret_cast<const uint32_t*>(tile_bits.data_ptr<int32_t>()), tile_bits.size(1) * kTileRows * kTileWords,
-        static_cast<int>(tile_bits.size(0)), reinterpret_cast<const uint32_t*>(x.data_ptr<int32_t>()),
-        x.size(1) * x.size(2), x.size(2), static_cast<int>(x.size(0)), res_ptr.data_ptr<int64_t>(),
-        res_col.data_ptr<int32_t>(), res_val.defined() ? res_val.data_ptr<int32_t>() : nullptr,
-        codes.defined() ? codes.data_ptr<uint8_t>() : nullptr, num_windows, rows, cols, out_ptr);
-  };
+  SpmmArgs args{};
+  args.rows = rows;
+  args.cols = cols;
   if (wide) {
-    launch(out.data_ptr<int64_t>());
+    launch(o, args, out.data_ptr<int64_t>());
   } else {
-    launch(out.data_ptr<int32_t>());
+    launch(o, args, out.data_ptr<int32_t>());
   }
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
+at::Tensor bit_spmm_affine_cuda(const at::Tensor& window_ptr, const at::Tensor& tile_col, const at::Tensor& tile_bits,
+                                const at::Tensor& res_ptr, const at::Tensor& res_col,
+                                const std::optional<at::Tensor>& res_val, const at::Tensor& x, const at::Tensor& lo,
+                                const at::Tensor& scale, const at::Tensor& row_sums,
+                                const std::optional<at::Tensor>& self_weight,
+                                const std::optional<at::Tensor>& row_scale, const std::optional<at::Tensor>& bias,
+                                bool relu, int64_t rows, int64_t cols, bool wide) {
+  const c10::cuda::CUDAGuard guard(x.device());
+  check_vector(lo, at::kFloat, cols, x, "lo");
+  check_vector(scale, at::kFloat, cols, x, "scale");
+  check_vector(row_sums, at::kLong, rows, x, "row_sums");
+  check_vector(self_weight, at::kFloat, rows, x, "self_weight");
+  check_vector(row_scale, at::kFloat, rows, x, "row_scale");
+  check_vector(bias, at::kFloat, cols, x, "bias");
+  if (self_weight.has_value()) {
+    TORCH_CHECK_VALUE(rows <= x.size(2) * 32, "self_weight needs a square adjacency (rows <= x's nodes)");
+  }
+  const auto o = check_operands(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x, rows, cols,
+                                self_weight.has_value());
+  auto out = at::empty({rows, cols}, x.options().dtype(at::kFloat));
+  if (rows == 0 || cols == 0) return out;
+  const auto lo_c = lo.contiguous(), scale_c = scale.contiguous(), row_sums_c = row_sums.contiguous();
+  const auto self_c = self_weight.has_value() ? self_weight->contiguous() : at::Tensor();
+  const auto row_scale_c = row_scale.has_value() ? row_scale->contiguous() : at::Tensor();
+  const auto bias_c = bias.has_value() ? bias->contiguous() : at::Tensor();
+  SpmmArgs args{};
+  args.rows = rows;
+  args.cols = cols;
+  args.lo = lo_c.data_ptr<float>();
+  args.scale = scale_c.data_ptr<float>();
+  args.row_sums = row_sums_c.data_ptr<int64_t>();
+  args.self_weight = self_c.defined() ? self_c.data_ptr<float>() : nullptr;
+  args.row_scale = row_scale_c.defined() ? row_scale_c.data_ptr<float>() : nullptr;
+  args.bias = bias_c.defined() ? bias_c.data_ptr<float>() : nullptr;
+  args.relu = relu;
+  args.out_float = out.data_ptr<float>();
+  if (wide) {
+    launch<int64_t>(o, args, nullptr);
+  } else {
+    launch<int32_t>(o, args, nullptr);
+  }
   return out;
 }
 

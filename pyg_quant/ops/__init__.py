@@ -46,6 +46,15 @@ def bit_spmm_int(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x_p
     return reference.bit_spmm_int(*args)
 
 
+def bit_spmm_affine(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x_planes, lo, scale, row_sums,
+                    self_weight, row_scale, bias, relu: bool, rows: int, cols: int, wide: bool):
+    args = (window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x_planes, lo, scale, row_sums, self_weight,
+            row_scale, bias, relu, rows, cols, wide)
+    if use_compiled("bit_spmm_affine", x_planes.device):
+        return torch.ops.pyg_quant.bit_spmm_affine(*args)
+    return reference.bit_spmm_affine(*args)
+
+
 if LOADED:
 
     @torch.library.register_fake("pyg_quant::quantize_pack")
@@ -68,3 +77,8 @@ if LOADED:
     @torch.library.register_fake("pyg_quant::bit_spmm_int")
     def _(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x_planes, rows, cols, wide):
         return x_planes.new_empty((rows, cols), dtype=torch.int64 if wide else torch.int32)
+
+    @torch.library.register_fake("pyg_quant::bit_spmm_affine")
+    def _(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x_planes, lo, scale, row_sums, self_weight,
+          row_scale, bias, relu, rows, cols, wide):
+        return x_planes.new_empty((rows, cols), dtype=torch.float32)

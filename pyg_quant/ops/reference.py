@@ -108,4 +108,28 @@ def bit_spmm_int(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x_p
     return _finish(out[:rows], wide)
 
 
+def affine_epilogue(product, lo, scale, row_sums, self_weight, self_codes, row_scale, bias, relu: bool):
+    """csrc/epilogue.h in float64 torch ops, one rounding per operation as in C++."""
+    v = lo.double().view(1, -1) * row_sums.double().view(-1, 1) + scale.double().view(1, -1) * product.double()
+    if self_weight is not None:
+        self_value = lo.view(1, -1) + scale.view(1, -1) * self_codes.float()  # float32, as to_val
+        v = v + self_weight.double().view(-1, 1) * self_value.double()
+    if row_scale is not None:
+        v = v * row_scale.double().view(-1, 1)
+    if bias is not None:
+        v = v + bias.double().view(1, -1)
+    out = v.float()
+    return torch.where(out > 0, out, torch.zeros_like(out)) if relu else out
+
+
+def bit_spmm_affine(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x_planes, lo, scale, row_sums,
+                    self_weight, row_scale, bias, relu: bool, rows: int, cols: int, wide: bool):
+    """The float aggregation: :func:`bit_spmm_int` followed by :func:`affine_epilogue`."""
+    product = bit_spmm_int(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x_planes, rows, cols, True)
+    self_codes = None
+    if self_weight is not None:
+        self_codes = unpack_codes(x_planes, x_planes.size(2) * 32, cols, True)[:rows]
+    return affine_epilogue(product, lo, scale, row_sums, self_weight, self_codes, row_scale, bias, relu)
+
+
 assert PACK_ALIGN_BITS % TILE_COLS == 0
