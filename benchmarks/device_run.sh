@@ -27,23 +27,22 @@ for step in "$@"; do
         if [ $tool = memcheck ]; then filter="${MEMCHECK_FILTER:-not unbiased}"; else
           filter="${RACECHECK_FILTER:-bitmm_int_gpu_equals_cpu and 37x300 or bit_spmm_int_gpu_equals_cpu and 3 or from_edge_index_gpu}"; fi
         timeout "${SANITIZE_TIMEOUT:-300}" compute-sanitizer --tool $tool --error-exitcode 9 \
-          python3 -m pytest -q -x -p no:cacheprovider -m cuda tests/test_cuda.py -k "$filter" \
+          python3 -m pytest -q -x -p no:cacheprovider -m cuda ${SANITIZE_FILES:-tests/test_cuda.py} -k "$filter" \
           > "$OUT/sanitizer_$tool.log" 2>&1
         echo "compute-sanitizer $tool: exit $? | $(grep -E 'ERROR SUMMARY|passed|failed' "$OUT/sanitizer_$tool.log" | tail -2 | tr '\n' ' ')"
       done
       unset PYTORCH_NO_CUDA_MEMORY_CACHING ;;
     throwdiag)
-      # A C++ exception thrown by a compiled op: must surface as a Python ValueError.
-      ldd pyg_quant/_C*.so | grep -E "stdc|gcc_s|gomp" ; g++ --version | head -1; which g++
-      cat > /tmp/throw.py <<'PY'
+      # A C++ exception thrown by a compiled op must surface as a Python ValueError.
+      python3 - <<'PY'
 import torch, pyg_quant
 try:
     torch.ops.pyg_quant.quantize_pack(torch.randn(4, 5), torch.zeros(1, 1), torch.ones(1, 1), 9, False, None)
 except ValueError as e:
     print("raised ValueError:", str(e).splitlines()[0])
 PY
-      python3 /tmp/throw.py; echo "throw exit $?"
-      if command -v gdb >/dev/null; then gdb -batch -ex run -ex bt --args python3 /tmp/throw.py 2>&1 | tail -30; fi ;;
+      echo "throw exit $?"
+      [ -x .carry/diag_throw.sh ] && bash .carry/diag_throw.sh 2>&1 | tail -30 ;;
     bench)
       python3 benchmarks/gpu_kernels.py ${BENCH_ARGS:-} --out "$OUT/gpu_kernels.json" 2>&1 | tee "$OUT/gpu_kernels.log" ;;
   esac

@@ -325,3 +325,51 @@ def test_device_mismatch_errors():
 
 def test_to_and_as_layout_gpu():
     _check_to_and_as_layout(DEV)
+
+
+@pytest.mark.parametrize("pair", [(1, 1), (2, 3), (4, 1), (8, 8)], ids=lambda p: f"{p[0]}x{p[1]}")
+def test_bitmm_int_gpu_multi_chunk_pipeline(pair):
+    """K = 2600 bits = 11 k256 steps: several cp.async stages and a partial last chunk."""
+    s, t = pair
+    a, b = _bitmm_operands(DEV, 70, 2600, 65, s, t, seed=s * 10 + t)
+    for wide in (False, True):
+        got = OPS.bitmm_int(a.planes, b.planes, 70, 65, wide)
+        assert _equal_on_cpu(got, OPS.bitmm_int(a.planes.cpu(), b.planes.cpu(), 70, 65, wide)), wide
+    assert torch.equal(got.cpu(), ref_codes(a).cpu() @ ref_codes(b).cpu())
+
+
+def test_ops_capture_in_a_cuda_graph():
+    """No host synchronisation or pageable copies inside: quantize, bitmm and bit_spmm replay in a CUDA graph."""
+    n, f = 700, 40
+    x = randn(n, f, 3).to(DEV)
+    y = randn(n, 24, 4).to(DEV)
+    adj = pq.BitAdjacency.from_edge_index(random_edges(n, n, 9000, 5), n, self_loops=1).to(DEV)
+    lo, hi = x.amin(0, keepdim=True), x.amax(0, keepdim=True)
+    inv = torch.full_like(hi, 15.0) / (hi - lo)
+    scale = (hi - lo) / torch.full_like(hi, 15.0)
+    yq = pq.to_bit(y, 4, dim=0, layout="col")  # K = nodes, like x's column planes: Qxᵀ·Qy
+    row_scale = torch.rand(n, device=DEV) + 0.5
+
+    def step():
+        planes = OPS.quantize_pack(x, lo, inv, 4, True, None)
+        agg = OPS.bit_spmm_affine(adj.window_ptr, adj.tile_col, adj.tile_bits, adj.res_ptr, adj.res_col,
+                                  adj.res_val, planes, lo.view(-1), scale.view(-1), adj.row_sums, adj.diag,
+                                  row_scale, None, True, n, f, False)
+        return planes, agg, OPS.bitmm_int(planes, yq.planes, f, 24, False)
+
+    eager = step()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # warm-up on the capture stream (kernel attributes, allocator)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    x.add_(0.25)  # new inputs, same buffers: the replay must see them
+    graph.replay()
+    torch.cuda.synchronize()
+    want = step()
+    for got, expected in zip(captured, want):
+        assert torch.equal(got, expected)
+    assert not torch.equal(captured[1], eager[1])

@@ -2,18 +2,20 @@
 //
 // A: row-layout planes [s, M_pad, W]; B: col-layout planes [t, N_pad, W] (both
 // run their bits along K; pyg_quant/layout.py).  A block computes a 64 x 64
-// output tile with 4 warps of 32 x 32.  For each K chunk (kChunkSteps k256
-// steps) every plane of A and B is staged once in shared memory; each warp then
-// loads A_p's fragments once and reuses them against every plane B_q, counting
-// popc(A_p AND B_q) in a chunk-local accumulator that is shifted by p+q and
-// added to the result once per chunk (the shift-add is amortised over the
-// chunk's MMAs).  Rows are padded to 64, so staging loads need no bounds checks.
+// output tile with 4 warps of 32 x 32.  K is walked in chunks of kChunkSteps
+// k256 steps; every plane of A and B for a chunk is copied to shared memory with
+// cp.async, kStages chunks in flight, so the copies of later chunks overlap the
+// MMAs of the current one.  Each warp loads A_p's fragments once per chunk and
+// reuses them against every plane B_q, counting popc(A_p AND B_q) in a
+// chunk-local accumulator that is shifted by p+q and added to the result once
+// per chunk (the shift-add is amortised over the chunk's MMAs).  Planes' rows
+// are padded to 64 and K to 256 bits, so no copy needs a bounds check.
 #include "bitmm_cuda.h"
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 
 #include "bmma.cuh"
 
@@ -22,17 +24,21 @@ namespace {
 using namespace pyg_quant::cuda;
 
 constexpr int kBlockM = 64, kBlockN = 64, kThreads = 128;
-constexpr int kChunkSteps = 2;                        // k256 steps per staged chunk
-constexpr int kChunkWords = kChunkSteps * 8;          // 16 words = 512 bits
-constexpr int kRowStride = kChunkWords + 4;           // +4 words: ldmatrix rows hit distinct banks
 
-template <typename Acc>
+template <int kChunkSteps>
+struct Chunk {
+  static constexpr int kWords = kChunkSteps * 8;
+  static constexpr int kRowStride = kWords + 4;  // +4 words: ldmatrix's 8 rows hit distinct banks
+};
+
+template <typename Acc, int kChunkSteps, int kStages>
 __global__ void __launch_bounds__(kThreads) bitmm_kernel(const uint32_t* __restrict__ a, const uint32_t* __restrict__ b,
                                                          int s, int t, int64_t a_plane, int64_t b_plane, int64_t words,
                                                          int64_t rows, int64_t cols, Acc* __restrict__ out) {
+  using C = Chunk<kChunkSteps>;
   extern __shared__ uint4 smem_raw[];
-  uint32_t* a_smem = reinterpret_cast<uint32_t*>(smem_raw);      // [s][64][kRowStride]
-  uint32_t* b_smem = a_smem + s * kBlockM * kRowStride;          // [t][64][kRowStride]
+  const int stage_words = (s + t) * kBlockM * C::kRowStride;  // [s][64][stride] A planes, then [t][64][stride] B
+  uint32_t* smem = reinterpret_cast<uint32_t*>(smem_raw);
   const int64_t m0 = static_cast<int64_t>(blockIdx.x) * kBlockM;
   const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kBlockN;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -41,26 +47,41 @@ __global__ void __launch_bounds__(kThreads) bitmm_kernel(const uint32_t* __restr
   // B x4 = two n8 tiles, each words 0-3 then 4-7.
   const int a_row = (lane & 7) + ((lane >> 3) & 1) * 8, a_word = (lane >> 4) * 4;
   const int b_row = (lane & 7) + (lane >> 4) * 8, b_word = ((lane >> 3) & 1) * 4;
+  const int64_t num_chunks = (words + C::kWords - 1) / C::kWords;
+
+  auto load_chunk = [&](int64_t chunk) {
+    if (chunk < num_chunks) {
+      uint32_t* stage = smem + (chunk % kStages) * stage_words;
+      const int64_t k0 = chunk * C::kWords;
+      const int slots = (s + t) * kBlockM * (C::kWords / 4);
+      for (int i = threadIdx.x; i < slots; i += kThreads) {
+        const int plane_row = i / (C::kWords / 4), quad = i % (C::kWords / 4);
+        const uint32_t* src;
+        if (plane_row < s * kBlockM) {
+          src = a + (plane_row / kBlockM) * a_plane + (m0 + plane_row % kBlockM) * words;
+        } else {
+          const int r = plane_row - s * kBlockM;
+          src = b + (r / kBlockN) * b_plane + (n0 + r % kBlockN) * words;
+        }
+        const int64_t k = k0 + quad * 4;
+        // past K (a partial last chunk): zero-fill from a valid address
+        cp_async_16(stage + plane_row * C::kRowStride + quad * 4, src + (k < words ? k : 0), k < words ? 16 : 0);
+      }
+    }
+    cp_async_commit();  // an empty group past the end keeps the wait counts uniform
+  };
 
   Acc acc[2][4][4] = {};
-  for (int64_t k0 = 0; k0 < words; k0 += kChunkWords) {
-    const int64_t remaining_steps = (words - k0) / 8;
+#pragma unroll
+  for (int st = 0; st < kStages - 1; ++st) load_chunk(st);
+  for (int64_t chunk = 0; chunk < num_chunks; ++chunk) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();  // chunk's copies are visible, and every warp is done with the stage refilled next
+    load_chunk(chunk + kStages - 1);
+    const uint32_t* a_smem = smem + (chunk % kStages) * stage_words;
+    const uint32_t* b_smem = a_smem + s * kBlockM * C::kRowStride;
+    const int64_t remaining_steps = (words - chunk * C::kWords) / 8;
     const int steps = remaining_steps < kChunkSteps ? static_cast<int>(remaining_steps) : kChunkSteps;
-    const int slots = (s + t) * kBlockM * (kChunkWords / 4);
-    for (int i = threadIdx.x; i < slots; i += kThreads) {
-      const int plane_row = i / (kChunkWords / 4), quad = i % (kChunkWords / 4);
-      const uint32_t* src;
-      if (plane_row < s * kBlockM) {
-        src = a + (plane_row / kBlockM) * a_plane + (m0 + plane_row % kBlockM) * words;
-      } else {
-        const int r = plane_row - s * kBlockM;
-        src = b + (r / kBlockN) * b_plane + (n0 + r % kBlockN) * words;
-      }
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (quad * 4 < steps * 8) v = *reinterpret_cast<const uint4*>(src + k0 + quad * 4);
-      *reinterpret_cast<uint4*>(a_smem + plane_row * kRowStride + quad * 4) = v;
-    }
-    __syncthreads();
     for (int p = 0; p < s; ++p) {
       uint32_t af[kChunkSteps][2][4];
 #pragma unroll
@@ -68,7 +89,7 @@ __global__ void __launch_bounds__(kThreads) bitmm_kernel(const uint32_t* __restr
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
           if (k < steps) {
-            ldmatrix_x4(af[k][mt], a_smem + (p * kBlockM + warp_m + mt * 16 + a_row) * kRowStride + k * 8 + a_word);
+            ldmatrix_x4(af[k][mt], a_smem + (p * kBlockM + warp_m + mt * 16 + a_row) * C::kRowStride + k * 8 + a_word);
           }
         }
       }
@@ -80,7 +101,7 @@ __global__ void __launch_bounds__(kThreads) bitmm_kernel(const uint32_t* __restr
 #pragma unroll
             for (int np = 0; np < 2; ++np) {
               uint32_t bf[4];
-              ldmatrix_x4(bf, b_smem + (q * kBlockN + warp_n + np * 16 + b_row) * kRowStride + k * 8 + b_word);
+              ldmatrix_x4(bf, b_smem + (q * kBlockN + warp_n + np * 16 + b_row) * C::kRowStride + k * 8 + b_word);
               const uint32_t b_lo[2] = {bf[0], bf[1]}, b_hi[2] = {bf[2], bf[3]};
 #pragma unroll
               for (int mt = 0; mt < 2; ++mt) {
@@ -99,8 +120,8 @@ __global__ void __launch_bounds__(kThreads) bitmm_kernel(const uint32_t* __restr
             for (int i = 0; i < 4; ++i) acc[mt][nt][i] += static_cast<Acc>(part[mt][nt][i]) << shift;
       }
     }
-    __syncthreads();
   }
+  cp_async_wait<0>();
 
   const int g = lane >> 2, tig = lane & 3;
 #pragma unroll
@@ -119,18 +140,49 @@ __global__ void __launch_bounds__(kThreads) bitmm_kernel(const uint32_t* __restr
   }
 }
 
-template <typename Acc>
-void launch_bitmm(const at::Tensor& a, const at::Tensor& b, int64_t rows, int64_t cols, at::Tensor& out) {
+template <typename Acc, int kChunkSteps, int kStages>
+void launch_bitmm_config(const at::Tensor& a, const at::Tensor& b, int64_t rows, int64_t cols, at::Tensor& out,
+                         size_t smem) {
   const int s = a.size(0), t = b.size(0);
   const int64_t words = a.size(2);
-  const size_t smem = static_cast<size_t>(s + t) * kBlockM * kRowStride * sizeof(uint32_t);
-  auto kernel = bitmm_kernel<Acc>;
+  auto kernel = bitmm_kernel<Acc, kChunkSteps, kStages>;
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const dim3 grid((rows + kBlockM - 1) / kBlockM, (cols + kBlockN - 1) / kBlockN);
   kernel<<<grid, kThreads, smem, c10::cuda::getCurrentCUDAStream()>>>(
       reinterpret_cast<const uint32_t*>(a.data_ptr<int32_t>()), reinterpret_cast<const uint32_t*>(b.data_ptr<int32_t>()),
       s, t, a.size(1) * words, b.size(1) * words, words, rows, cols, out.data_ptr<Acc>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// Chunk length: as long as K allows and the planes fit (more planes, shorter
+// chunks); then as many stages as the device's shared memory holds (2 or 3).
+template <typename Acc>
+void launch_bitmm(const at::Tensor& a, const at::Tensor& b, int64_t rows, int64_t cols, at::Tensor& out) {
+  const int planes = a.size(0) + b.size(0);
+  const int64_t k_steps = a.size(2) / 8;
+  int chunk_steps = planes <= 4 ? 4 : (planes <= 8 ? 2 : 1);
+  while (chunk_steps > 1 && chunk_steps / 2 >= k_steps) chunk_steps /= 2;
+  int smem_optin = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, a.device().index()));
+  const size_t smem_limit = static_cast<size_t>(smem_optin);
+  const size_t stage_bytes = static_cast<size_t>(planes) * kBlockM * (chunk_steps * 8 + 4) * sizeof(uint32_t);
+  const bool three = 3 * stage_bytes <= smem_limit && k_steps > chunk_steps;
+  TORCH_CHECK(2 * stage_bytes <= smem_limit, "bitmm_int: ", planes, " bit planes need ", 2 * stage_bytes,
+              " bytes of shared memory, the device has ", smem_limit);
+#define PYG_QUANT_BITMM_CASE(STEPS)                                                   \
+  case STEPS:                                                                         \
+    if (three) {                                                                      \
+      launch_bitmm_config<Acc, STEPS, 3>(a, b, rows, cols, out, 3 * stage_bytes);     \
+    } else {                                                                          \
+      launch_bitmm_config<Acc, STEPS, 2>(a, b, rows, cols, out, 2 * stage_bytes);     \
+    }                                                                                 \
+    break;
+  switch (chunk_steps) {
+    PYG_QUANT_BITMM_CASE(1)
+    PYG_QUANT_BITMM_CASE(2)
+    PYG_QUANT_BITMM_CASE(4)
+  }
+#undef PYG_QUANT_BITMM_CASE
 }
 
 }  // namespace
