@@ -1,0 +1,232 @@
+r"""One graph operand for a layer's aggregation ``out = Â · Y``, in float or on bit planes.
+
+``Â = A + diag(δ)``: ``A`` holds the edges (multiplicities, or edge weights
+quantized per tensor to ``adj_bits`` codes, ``w ≈ lo_w + s_w·c``), ``δ`` is the
+self-loop term, kept in float32 beside the tiles as :class:`BitAdjacency` does.
+Two ways to compute ``Â · Y`` give the same numbers for the same codes:
+
+* float (training, and ``bits=None``): ``index_add`` of ``coef_e · Y[src_e]``
+  with ``coef_e = lo_w + s_w·c_e`` (straight-through to the raw weight);
+* bits (evaluation): with ``Y ≈ lo_y + s_y·Q`` scaled per column, ``M`` the
+  0/1 (multiplicity) adjacency and ``C`` the adjacency of weight codes::
+
+      Â·Y = lo_w·(lo_y·M1 + s_y·(M·Q)) + s_w·(lo_y·C1 + s_y·(C·Q)) + δ ∘ Y
+
+  (``lo_w = 1, s_w = 0`` without weights).  ``M·Q`` and ``C·Q`` are exact integer
+  products on the tiles, the rest is added in float64 and rounded once.  The
+  ``lo_w`` term needs the full ``M·Q`` (not only the degree ``M1``): each edge
+  carries ``lo_w`` times its source's features.
+"""
+from typing import Optional, Tuple
+
+import torch
+
+from ..bit_tensor import BitTensor, to_val
+from ._adjacency_formats import EdgeSet, bit_spmm_codes, edge_spmm_int, pack_entries
+from ._quantize import check_finite, is_compiling
+
+
+def _self_loop_terms(edges: EdgeSet, fill: float) -> Tuple[Optional[torch.Tensor], torch.Tensor]:
+    """``(keep, diag)``: which edges stay in ``A`` and the diagonal term, by ``edges.loop_rule``.
+
+    Written with masks rather than boolean indexing so that shapes never depend
+    on the data (``torch.compile`` traces it in one graph).
+    """
+    src, dst, num = edges.src, edges.dst, edges.num_dst
+    dtype = edges.weight.dtype if edges.weight is not None else torch.float32
+    diag = torch.full((num,), fill, dtype=dtype, device=dst.device)
+    if edges.loop_rule == "add":
+        return None, diag
+    is_loop = src == dst
+    if edges.loop_rule == "replace":
+        return ~is_loop, diag
+    # A loop keeps its weight (1 without weights); among repeated loops the one that
+    # PyG's add_remaining_self_loops keeps, by the same index_put.  Non-loop edges write
+    # to a spare slot, so no shape depends on the data.
+    slot = torch.where(is_loop, dst, torch.full_like(dst, num))
+    has_loop = torch.zeros(num + 1, dtype=torch.bool, device=dst.device).index_put(
+        (slot,), torch.ones_like(is_loop))[:num]
+    weight = edges.weight if edges.weight is not None else torch.ones_like(dst, dtype=dtype)
+    loop_value = torch.zeros(num + 1, dtype=dtype, device=dst.device).index_put((slot,), weight)[:num]
+    return ~is_loop, torch.where(has_loop, loop_value, diag)
+
+
+class QuantGraph:
+    r"""The adjacency ``Â`` of one forward call (see the module docstring).
+
+    Args:
+        edges (EdgeSet): the graph, from :func:`to_edge_set`.
+        self_loop_fill (float, optional): add self-loops of this weight by the
+            format's rule (GCN); None adds none.  A :class:`BitAdjacency` that
+            carries a diagonal term already is used as it is.
+        adj_bits (int, optional): bits of the edge-weight codes, used by both
+            paths; None keeps edge weights in float (then only the float
+            aggregation can run).
+        min_tile_nnz (int): tile threshold when packing (see :class:`BitAdjacency`).
+    """
+
+    def __init__(self, edges: EdgeSet, self_loop_fill: Optional[float], adj_bits: Optional[int],
+                 min_tile_nnz: int = 16):
+        self.num_src, self.num_dst = edges.num_src, edges.num_dst
+        self.adj_bits = adj_bits
+        self.min_tile_nnz = min_tile_nnz
+        self.keep: Optional[torch.Tensor] = None
+        self.diag: Optional[torch.Tensor] = None
+        self.prebuilt = None  # the user's BitAdjacency, used as M as it is
+        self.deg_inv_sqrt: Optional[torch.Tensor] = None  # set by GCN normalization
+        bit_adj = edges.bit_adj
+        if bit_adj is not None and (bit_adj.diag is not None or self_loop_fill is None):
+            self.prebuilt, self.diag = bit_adj, bit_adj.diag
+        else:
+            if bit_adj is not None:  # self-loops must be added by the rule: needs the explicit entries
+                edges = edges.decoded()
+            if self_loop_fill is not None:
+                self.keep, self.diag = _self_loop_terms(edges, self_loop_fill)
+        self.edges = edges
+        self.weighted = edges.weight is not None
+        self._packed: Optional[tuple] = None
+        if self.weighted and adj_bits is not None:
+            self._quantize_weights(adj_bits)
+
+    # --- edge weights ------------------------------------------------------------------
+    def _quantize_weights(self, bits: int) -> None:
+        w = self.edges.weight.detach().to(torch.float32)
+        check_finite(w, "edge_weight")
+        if w.numel() == 0:
+            lo = hi = torch.zeros((), device=w.device)
+        elif self.keep is None:
+            lo, hi = w.min(), w.max()
+        else:  # ranges over the edges that stay in A (self-loops moved to the diagonal are not coded)
+            inf = torch.full_like(w, float("inf"))
+            lo, hi = torch.where(self.keep, w, inf).min(), torch.where(self.keep, w, -inf).max()
+            lo = torch.where(torch.isfinite(lo), lo, torch.zeros_like(lo))
+            hi = torch.where(torch.isfinite(hi), hi, torch.zeros_like(hi))
+        scale = (hi - lo) / torch.full_like(hi, float(2**bits - 1))
+        inv_scale = torch.where(scale > 0, torch.ones_like(scale) / scale, torch.zeros_like(scale))
+        self.w_lo, self.w_scale = lo, scale
+        self.codes = torch.floor((w - lo) * inv_scale + 0.5).clamp_(0, 2**bits - 1).to(torch.int64)
+
+    @property
+    def can_run_bits(self) -> bool:
+        """Whether ``Â`` has a bit form (float edge weights need ``adj_bits``)."""
+        return not self.weighted or self.adj_bits is not None
+
+    def _float_edges(self) -> EdgeSet:
+        if self.edges.src is None:
+            self.edges = self.edges.decoded()
+        return self.edges
+
+    def edge_coefficients(self) -> Optional[torch.Tensor]:
+        """Per-edge float factor of the float aggregation (None: every edge counts once)."""
+        edges = self._float_edges()
+        coef = None
+        if self.weighted:
+            coef = edges.weight
+            if self.adj_bits is not None:
+                deq = self.w_lo + self.w_scale * self.codes.to(torch.float32)
+                raw = coef.to(torch.float32)
+                coef = deq + (raw - raw.detach())  # straight-through to the raw weight
+        elif edges.count is not None:
+            coef = edges.count.to(torch.float32)
+        if self.keep is not None:
+            coef = torch.ones(edges.dst.numel(), device=edges.dst.device) if coef is None else coef
+            coef = torch.where(self.keep, coef, torch.zeros_like(coef))
+        return coef
+
+    def _row_sums(self, values: Optional[torch.Tensor]) -> torch.Tensor:
+        """``Σ_j`` of ``A`` (``values=None``: of the multiplicity adjacency ``M``) per target, int64, exact."""
+        edges = self.edges
+        if values is None:
+            values = edges.count if edges.count is not None else torch.ones_like(edges.dst)
+        if self.keep is not None:
+            values = torch.where(self.keep, values, torch.zeros_like(values))
+        return torch.zeros(self.num_dst, dtype=torch.int64, device=edges.dst.device).index_add_(0, edges.dst, values)
+
+    def degree(self) -> torch.Tensor:
+        r"""``Â·1`` per target, float32 (GCN's :math:`\hat{d}`).
+
+        With quantized weights it is evaluated from the exact integer row sums
+        (``lo_w·M1 + s_w·C1 + δ`` in float64), so every format and both paths get
+        the same bits; the gradient to the weights flows through the float sum.
+        """
+        diag = self.diag
+        if self.prebuilt is not None:
+            deg = self.prebuilt.row_sums.to(torch.float64)
+            return (deg + diag.to(torch.float64) if diag is not None else deg).to(torch.float32)
+        if not self.weighted:
+            deg = self._row_sums(None).to(torch.float64)
+            return (deg + diag.to(torch.float64) if diag is not None else deg).to(torch.float32)
+        if self.adj_bits is None:
+            coef = self.edge_coefficients()
+            deg = torch.zeros(self.num_dst, dtype=coef.dtype, device=coef.device).index_add(0, self.edges.dst, coef)
+            return deg + diag if diag is not None else deg
+        exact = (self.w_lo.double() * self._row_sums(None).double()
+                 + self.w_scale.double() * self._row_sums(self.codes).double())
+        if diag is not None:
+            exact = exact + diag.detach().double()
+        exact = exact.to(torch.float32)
+        if not (torch.is_grad_enabled() and self.edges.weight.requires_grad):
+            return exact
+        coef = self.edge_coefficients()
+        summed = torch.zeros(self.num_dst, device=coef.device).index_add(0, self.edges.dst, coef)
+        if diag is not None:
+            summed = summed + diag.to(torch.float32)
+        return exact + (summed - summed.detach())
+
+    # --- aggregation -------------------------------------------------------------------
+    def aggregate_float(self, y: torch.Tensor) -> torch.Tensor:
+        """``Â · y`` by ``index_add`` along dim -2 (any leading batch dims), autograd-friendly."""
+        edges = self._float_edges()
+        coef = self.edge_coefficients()
+        messages = y.index_select(-2, edges.src)
+        if coef is not None:
+            messages = messages * coef.to(messages.dtype).view(-1, 1)
+        shape = y.shape[:-2] + (self.num_dst, y.size(-1))
+        out = torch.zeros(shape, dtype=messages.dtype, device=y.device).index_add(-2, edges.dst, messages)
+        if self.diag is not None:
+            out = out + self.diag.to(y.dtype).view(-1, 1) * y[..., :self.num_dst, :]
+        return out
+
+    def _pack(self) -> tuple:
+        if self._packed is None:
+            edges = self.edges
+            src, dst, count = edges.src, edges.dst, edges.count
+            codes = self.codes if self.weighted else None
+            if self.keep is not None:
+                src, dst = src[self.keep], dst[self.keep]
+                count = count[self.keep] if count is not None else None
+                codes = codes[self.keep] if codes is not None else None
+            mask = pack_entries(dst, src, count, self.num_dst, self.num_src, self.min_tile_nnz)
+            coded = pack_entries(dst, src, codes, self.num_dst, self.num_src, self.min_tile_nnz) if self.weighted else None
+            self._packed = (mask, coded)
+        return self._packed
+
+    def _code_products(self, y: BitTensor):
+        """``(M·Q, C·Q or None)`` as integer tensors; ``y`` in column layout."""
+        if self.prebuilt is not None:
+            return bit_spmm_codes(self.prebuilt, y.planes, y.bits, y.cols), None
+        if is_compiling():
+            edges = self.edges
+            args = (y.planes, self.num_src, self.num_dst, y.bits, y.cols, self.min_tile_nnz)
+            products = edge_spmm_int(edges.src, edges.dst, self.keep, edges.count, *args)
+            coded = edge_spmm_int(edges.src, edges.dst, self.keep, self.codes, *args) if self.weighted else None
+            return products, coded
+        mask, coded = self._pack()
+        return (bit_spmm_codes(mask, y.planes, y.bits, y.cols),
+                bit_spmm_codes(coded, y.planes, y.bits, y.cols) if coded is not None else None)
+
+    def aggregate_bits(self, y: BitTensor) -> torch.Tensor:
+        r"""``Â · to_val(y)`` on the bit tiles, float32 ``[num_dst, y.cols]``; ``y`` scaled per column or tensor."""
+        if y.dim not in (None, 0):
+            raise ValueError("aggregate_bits needs features scaled per column or per tensor")
+        y = y.as_layout("col")
+        mask_products, code_products = self._code_products(y)
+        lo_y, scale_y = y.lo.double().view(1, -1), y.scale.double().view(1, -1)
+        mask_sums = self.prebuilt.row_sums if self.prebuilt is not None else self._row_sums(None)
+        out = lo_y * mask_sums.double().view(-1, 1) + scale_y * mask_products.double()
+        if self.weighted:
+            code_part = lo_y * self._row_sums(self.codes).double().view(-1, 1) + scale_y * code_products.double()
+            out = self.w_lo.double() * out + self.w_scale.double() * code_part
+        if self.diag is not None:
+            out = out + self.diag.double().view(-1, 1) * to_val(y)[:self.num_dst].double()
+        return out.to(torch.float32)

@@ -1,0 +1,77 @@
+r"""Quantizers shared by the layers: a bit-plane one for the kernels and a fake one for autograd.
+
+Both follow :func:`pyg_quant.to_bit` step for step (ranges ``lo = min``,
+``scale = (max − min) / (2**bits − 1)``, codes ``floor((x − lo)·(1/scale) + u)``
+in float32, ``u = 0.5`` or ``u ~ U[0, 1)``), so for the same input and nearest
+rounding they produce the same codes.  :func:`quantize` skips ``to_bit``'s
+data-dependent input checks, which ``torch.compile`` cannot trace without a
+graph break; the layers check their inputs once, outside the traced region
+(:func:`check_finite`).
+"""
+from typing import Optional
+
+import torch
+
+from .. import ops
+from ..bit_tensor import BitTensor, _check_bits, to_val
+
+
+def is_compiling() -> bool:
+    compiler = getattr(torch, "compiler", None)
+    if compiler is not None and hasattr(compiler, "is_compiling"):
+        return compiler.is_compiling()
+    return torch._dynamo.is_compiling()
+
+
+def check_bits(bits, name: str) -> Optional[int]:
+    """``None`` (no quantization) or an int in 1..8; errors name the argument."""
+    return None if bits is None else _check_bits(bits, name)
+
+
+def check_finite(x: torch.Tensor, name: str) -> None:
+    # A NaN or inf turns a whole range into NaN and every code into garbage;
+    # the float layers would propagate it instead, so say so rather than guess.
+    if not is_compiling() and not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{name} holds NaN or inf; quantized layers need finite inputs")
+
+
+def _ranges(x32: torch.Tensor, bits: int, dim: Optional[int]):
+    if dim is None:
+        lo, hi = x32.min().view(1, 1), x32.max().view(1, 1)
+    else:
+        lo, hi = x32.amin(dim, keepdim=True), x32.amax(dim, keepdim=True)
+    scale = (hi - lo) / torch.full_like(hi, float(2**bits - 1))
+    inv_scale = torch.where(scale > 0, torch.ones_like(scale) / scale, torch.zeros_like(scale))
+    return lo, scale, inv_scale
+
+
+def quantize(x: torch.Tensor, bits: int, dim: Optional[int], layout: str) -> BitTensor:
+    """Round-to-nearest :class:`BitTensor` of a 2-D tensor, codes identical to ``pq.to_bit``."""
+    x32 = x.detach().to(torch.float32).contiguous()
+    lo, scale, inv_scale = _ranges(x32, bits, dim)
+    planes = ops.quantize_pack(x32, lo, inv_scale, bits, layout == "col", None)
+    return BitTensor(planes, (x32.size(0), x32.size(1)), bits, layout, lo.reshape(-1), scale.reshape(-1), dim)
+
+
+def fake_quantize(x: torch.Tensor, bits: int, dim: Optional[int], stochastic: bool = False) -> torch.Tensor:
+    r"""``lo + scale·q`` of a 2-D tensor with a straight-through gradient (``∂/∂x = 1``).
+
+    The ranges come from the detached input, as in :func:`quantize`; the result
+    is float32 (the dtype of the bit kernels' results).
+    """
+    x32 = x.to(torch.float32)
+    detached = x32.detach()
+    lo, scale, inv_scale = _ranges(detached, bits, dim)
+    offset = torch.rand_like(detached) if stochastic else 0.5
+    codes = torch.floor((detached - lo) * inv_scale + offset).clamp_(0, 2**bits - 1)
+    # deq + (x − x) is deq exactly (x − x is exactly 0 for finite x), and its gradient is 1.
+    return (lo + scale * codes) + (x32 - detached)
+
+
+def fits(x: BitTensor, bits: Optional[int], dims) -> bool:
+    """Whether a kernel can take ``x`` as it is: the layer's bit width and a range layout it factors over."""
+    return bits is not None and x.bits == bits and x.dim in dims
+
+
+def dequantize(x: BitTensor) -> torch.Tensor:
+    return to_val(x)

@@ -1,0 +1,236 @@
+from typing import Optional, Union
+
+import torch
+from torch import Tensor
+from torch.nn import Parameter
+from torch_geometric.nn.conv import MessagePassing
+from torch_geometric.nn.inits import zeros
+
+from ..bit_tensor import BitTensor
+from ._adjacency_formats import to_edge_set
+from ._common import (check_aggr, check_node_dim, check_out_dim, node_matrix, quant_options_repr,
+                      requantize_output)
+from ._graph import QuantGraph
+from ._quantize import check_bits, fake_quantize, quantize
+from .quant_linear import _UNSET, QuantLinear, bit_kernels_apply, resolve_bits
+
+
+class QGCNConv(MessagePassing):
+    r"""A drop-in quantized :class:`torch_geometric.nn.conv.GCNConv`, computed on bit planes.
+
+    .. math::
+        \mathbf{X}^{\prime} = \mathbf{\hat{D}}^{-1/2} \mathbf{\hat{A}}
+        \left( \mathbf{\hat{D}}^{-1/2} \mathbf{X} \mathbf{\Theta} \right) + \mathbf{b},
+
+    with :math:`\mathbf{\hat{A}} = \mathbf{A} + \mathbf{I}` (:math:`\mathbf{A}
+    + 2\mathbf{I}` when ``improved``) and :math:`\hat{d}_i = \sum_j
+    \hat{A}_{ij}`, evaluated as four quantized steps:
+
+    1. :math:`\mathbf{H} = \tilde{\mathbf{X}}\tilde{\mathbf{\Theta}}`:
+       :math:`\mathbf{X}` quantized per node (row) to ``act_bits``,
+       :math:`\mathbf{\Theta}` per output channel (column) to ``weight_bits``,
+       a bit-plane GEMM (:class:`~pyg_quant.nn.QuantLinear`);
+    2. :math:`\mathbf{H}^{\prime} = \mathbf{\hat{D}}^{-1/2}\mathbf{H}`, quantized
+       per channel (column) to ``act_bits``.  The row scaling comes *before*
+       this quantization on purpose: :math:`\mathbf{\hat{A}}\cdot` factors
+       exactly over per-column ranges, and a row scaling applied to the codes
+       afterwards would make :math:`\mathbf{\hat{A}}\mathbf{\hat{D}}^{-1/2}`
+       non-binary and break that factorisation;
+    3. :math:`\mathbf{\hat{A}}\tilde{\mathbf{H}}^{\prime}` on the bit tiles of
+       the 1-bit :math:`\mathbf{A}` (multi-bit where edges repeat), the
+       self-loop term :math:`\hat{A}_{ii}` added in float
+       (:func:`pyg_quant.bit_spmm`'s ``diag``);
+    4. the row scaling :math:`\mathbf{\hat{D}}^{-1/2}` and the bias in float.
+
+    Steps 1 and 3 equal the float64 products of their dequantized operands up
+    to float32 rounding, so the layer is exactly :class:`GCNConv` applied to
+    the quantized :math:`\tilde{\mathbf{X}}`, :math:`\tilde{\mathbf{\Theta}}`
+    and :math:`\tilde{\mathbf{H}}^{\prime}`.  Edge weights (``edge_weight`` or
+    the values of a sparse adjacency) are quantized per tensor to ``adj_bits``
+    codes, :math:`w \approx lo_w + s_w c`, and aggregated as
+    :math:`lo_w \mathbf{A}_{01} + s_w \mathbf{C}` with the code adjacency
+    :math:`\mathbf{C}` on the same tiles; the degrees are those of the
+    quantized weights.
+
+    Modes: in ``train()`` the same quantizers run as fake quantization
+    (quantize, dequantize) in float32 with straight-through gradients to the
+    weights, inputs and edge weights, stochastic rounding if ``stochastic``.
+    In ``eval()`` rounding is to nearest and, under ``torch.no_grad()`` (or
+    inference mode), the bit kernels run (C++ popcount on the CPU, 1-bit
+    tensor cores on CUDA); with autograd on, ``eval()`` computes the same
+    values through the float path so gradients stay available.  ``bits=None``
+    is PyG's float :class:`GCNConv` (same parameters, same state dict keys).
+
+    Adjacency formats, all brought to one bit layout before one kernel:
+    ``edge_index`` with ``edge_weight``, a ``torch.sparse`` COO/CSR/CSC
+    ``adj_t`` (its values are the edge weights), a ``SparseTensor`` (with
+    torch_sparse), or a :class:`pyg_quant.BitAdjacency`.  Self-loops follow
+    PyG's rule for each format: ``edge_index`` keeps a present loop's weight
+    and adds ``fill`` where none is (``add_remaining_self_loops``); a
+    torch.sparse ``adj_t`` adds ``fill`` on top of a present loop; a
+    ``SparseTensor`` sets every diagonal entry to ``fill``; and, as in PyG
+    2.6–2.8, an *unweighted* ``edge_index`` gets loops of weight 1 even when
+    ``improved`` (``gcn_norm`` adds the loops before it fills the weights with
+    ones; pass ``edge_weight`` for :math:`\mathbf{A} + 2\mathbf{I}`).  On
+    graphs without self-loops, with weights given when ``improved``, all
+    formats agree.  A ``BitAdjacency`` carrying a diagonal term
+    (``self_loops=1|2``) is used as it is (build it with ``self_loops=2`` for
+    ``improved``); one without is decoded and given self-loops by the
+    ``edge_index`` rule, which costs a repack (use ``cached=True``).
+
+    Node features may be a :class:`pyg_quant.BitTensor` (e.g. the ``out_bits``
+    output of a previous layer): with ``act_bits`` bits and ranges per node or
+    per tensor it is used as it is, otherwise it is read as the floats it
+    holds.
+
+    Computed correctly but not quantized: sparse node features are densified;
+    node features with leading batch dimensions (``[*, N, F]``, PyG's static
+    graphs) are aggregated as one ``[N, (*)·F]`` matrix; float edge weights
+    with ``adj_bits=None`` make the aggregation run in float on the quantized
+    features.  Not supported: aggregations other than ``"add"``,
+    ``flow="target_to_source"`` with a sparse or bit adjacency (as in PyG),
+    TorchScript; ``decomposed_layers`` and PyG's propagate hooks / explainer
+    masks are ignored (there is no ``propagate`` call).
+
+    Args:
+        in_channels (int): Size of each input sample, or ``-1`` (lazy).
+        out_channels (int): Size of each output sample.
+        improved (bool): :math:`\mathbf{A} + 2\mathbf{I}`. (default: ``False``)
+        cached (bool): cache the normalized adjacency (in eval, the packed bit
+            tiles too) on the first call and reuse it; transductive use only.
+        add_self_loops (bool, optional): add self-loops; defaults to ``normalize``.
+        normalize (bool): symmetric normalization. (default: ``True``)
+        bias (bool): learn an additive bias. (default: ``True``)
+        bits (int, optional): 1..8, shorthand for ``weight_bits = act_bits = bits``;
+            ``None`` is the float layer.
+        weight_bits, act_bits (int, optional): separate widths for
+            :math:`\mathbf{\Theta}` and for the features (inputs and
+            :math:`\mathbf{H}^{\prime}`).
+        adj_bits (int, optional): width of the edge-weight codes. (default: ``8``)
+        stochastic (bool): stochastic rounding in training. (default: ``False``)
+        out_bits (int, optional): in ``eval()`` with the bit kernels, return the
+            result requantized as a :class:`BitTensor` of this width (so a stack
+            of layers stays in bit planes); training returns floats, which the
+            next layer quantizes the same way.
+        out_dim (int, optional): ranges of the ``out_bits`` result: ``1`` per
+            node (what a next QGCNConv uses; default), ``0`` per channel (what a
+            QGINConv uses), ``None`` per tensor.
+        **kwargs (optional): :class:`torch_geometric.nn.conv.MessagePassing`
+            arguments (``flow``, ``node_dim``).
+
+    Shapes:
+        - **input:** node features :math:`(|\mathcal{V}|, F_{in})` (or
+          :math:`(*, |\mathcal{V}|, F_{in})`), edge indices
+          :math:`(2, |\mathcal{E}|)` or a sparse / bit adjacency
+          :math:`(|\mathcal{V}|, |\mathcal{V}|)`, edge weights
+          :math:`(|\mathcal{E}|)` *(optional)*
+        - **output:** node features :math:`(|\mathcal{V}|, F_{out})`, or a
+          :class:`BitTensor` with ``out_bits``
+    """
+    _cached_graph: Optional[QuantGraph]
+
+    def __init__(self, in_channels: int, out_channels: int, improved: bool = False, cached: bool = False,
+                 add_self_loops: Optional[bool] = None, normalize: bool = True, bias: bool = True, *,
+                 bits: Optional[int] = None, weight_bits=_UNSET, act_bits=_UNSET, adj_bits: Optional[int] = 8,
+                 stochastic: bool = False, out_bits: Optional[int] = None, out_dim: Optional[int] = 1, **kwargs):
+        check_aggr(kwargs, self.__class__.__name__)
+        super().__init__(**kwargs)
+
+        if add_self_loops is None:
+            add_self_loops = normalize
+        if add_self_loops and not normalize:
+            raise ValueError(f"'{self.__class__.__name__}' does not support adding self-loops to the graph "
+                             f"when no on-the-fly normalization is applied")
+
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.improved = improved
+        self.cached = cached
+        self.add_self_loops = add_self_loops
+        self.normalize = normalize
+        self.weight_bits, self.act_bits = resolve_bits(bits, weight_bits, act_bits, _UNSET)
+        self.adj_bits = check_bits(adj_bits, "adj_bits")
+        self.stochastic = bool(stochastic)
+        self.out_bits = check_bits(out_bits, "out_bits")
+        self.out_dim = check_out_dim(out_dim)
+
+        self._cached_graph = None
+
+        self.lin = QuantLinear(in_channels, out_channels, bias=False, weight_initializer="glorot",
+                               weight_bits=self.weight_bits, act_bits=self.act_bits, stochastic=self.stochastic)
+
+        if bias:
+            self.bias = Parameter(torch.empty(out_channels))
+        else:
+            self.register_parameter("bias", None)
+
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        super().reset_parameters()
+        self.lin.reset_parameters()
+        zeros(self.bias)
+        self._cached_graph = None
+
+    def _graph(self, x, edge_index, edge_weight: Optional[Tensor]) -> QuantGraph:
+        if self._cached_graph is not None:
+            return self._cached_graph
+        num_nodes = x.rows if isinstance(x, BitTensor) else x.size(-2)
+        edges = to_edge_set(edge_index, edge_weight, num_nodes, num_nodes, self.flow)
+        fill = None
+        if self.add_self_loops:
+            # PyG's gcn_norm adds the remaining loops to an unweighted edge_index before it
+            # fills the weights with ones, so there `improved` gives loops of weight 1.
+            unweighted_edge_index = edges.bit_adj is None and edges.loop_rule == "remaining" and edges.weight is None
+            fill = 2.0 if self.improved and not unweighted_edge_index else 1.0
+        # Edge weights are coded only where the features are: with act_bits=None
+        # the aggregation is a float one and keeps them exact.
+        graph = QuantGraph(edges, fill, self.adj_bits if self.act_bits is not None else None)
+        if self.normalize:
+            deg_inv_sqrt = graph.degree().pow(-0.5)
+            graph.deg_inv_sqrt = deg_inv_sqrt.masked_fill(deg_inv_sqrt == float("inf"), 0.0)
+        if self.cached:
+            self._cached_graph = graph
+        return graph
+
+    def forward(self, x: Union[Tensor, BitTensor], edge_index, edge_weight: Optional[Tensor] = None):
+        """Args:
+            x (Tensor or BitTensor): node features.
+            edge_index: edge indices, a sparse adjacency ``adj_t`` or a :class:`BitAdjacency`.
+            edge_weight (Tensor, optional): edge weights for ``edge_index``.
+        """
+        if isinstance(x, (tuple, list)):
+            raise ValueError(f"'{self.__class__.__name__}' received a tuple of node features as input while this "
+                             f"layer does not support bipartite message passing. Please try other layers such as "
+                             f"'SAGEConv' or 'GraphConv' instead")
+        if isinstance(x, Tensor):
+            check_node_dim(self.node_dim, x, self.__class__.__name__)
+        elif not isinstance(x, BitTensor):
+            raise TypeError(f"x must be a Tensor or a BitTensor, got {type(x).__name__}")
+        bit_kernels = bit_kernels_apply(self, x, edge_weight, self.lin.weight, self.bias)
+        graph = self._graph(x, edge_index, edge_weight)
+
+        h = self.lin(x)
+        deg_inv_sqrt = graph.deg_inv_sqrt
+        if deg_inv_sqrt is not None:
+            h = h * deg_inv_sqrt.to(h.dtype).view(-1, 1)
+        act_bits = self.act_bits
+        if act_bits is not None and graph.can_run_bits and bit_kernels:
+            matrix, restore = node_matrix(h)
+            out = restore(graph.aggregate_bits(quantize(matrix, act_bits, 0, "col")))
+        else:
+            if act_bits is not None:
+                matrix, restore = node_matrix(h)
+                h = restore(fake_quantize(matrix, act_bits, 0, self.stochastic and self.training))
+            out = graph.aggregate_float(h)
+        if deg_inv_sqrt is not None:
+            out = out * deg_inv_sqrt.to(out.dtype).view(-1, 1)
+        if self.bias is not None:
+            out = out + self.bias
+        if isinstance(x, Tensor) and x.is_floating_point():
+            out = out.to(x.dtype)
+        return requantize_output(out, self.out_bits, self.out_dim, bit_kernels)
+
+    def __repr__(self) -> str:
+        options = quant_options_repr(self.weight_bits, self.act_bits, self.out_bits)
+        return f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}{', ' + options if options else ''})"

@@ -1,0 +1,159 @@
+r"""QuantLinear: :class:`torch_geometric.nn.Linear` with its GEMM on bit planes."""
+from typing import Optional, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch_geometric.nn.dense.linear import Linear
+
+from ..bit_tensor import BitTensor
+from ..bitmm import bitmm
+from ._common import quant_options_repr
+from ._quantize import check_bits, check_finite, dequantize, fake_quantize, fits, quantize
+
+
+def bit_kernels_apply(module: torch.nn.Module, *tensors) -> bool:
+    r"""Whether ``module`` runs its bit kernels now: in ``eval()``, when no gradient is asked for.
+
+    The kernels have no backward; with autograd on (``eval()`` without
+    ``torch.no_grad()``) the float path computes the same values, up to float32
+    rounding, and keeps the gradients.
+    """
+    if module.training:
+        return False
+    if torch.is_grad_enabled():
+        return not any(isinstance(t, Tensor) and t.requires_grad for t in tensors)
+    return True
+
+
+def resolve_bits(bits, weight_bits, act_bits, unset):
+    """``bits`` is shorthand for ``weight_bits = act_bits = bits``; mixing them is ambiguous."""
+    if bits is not None and (weight_bits is not unset or act_bits is not unset):
+        raise ValueError("give either bits or weight_bits/act_bits, not both")
+    weight_bits = bits if weight_bits is unset else weight_bits
+    act_bits = bits if act_bits is unset else act_bits
+    return check_bits(weight_bits, "weight_bits" if bits is None else "bits"), \
+        check_bits(act_bits, "act_bits" if bits is None else "bits")
+
+
+_UNSET = object()
+
+
+class QuantLinear(Linear):
+    r"""A linear layer :math:`\mathbf{x}^{\prime} = \mathbf{x}\mathbf{W}^{\top} + \mathbf{b}`
+    whose operands are quantized: :math:`\mathbf{x}` per row to ``act_bits``
+    (one range per sample) and :math:`\mathbf{W}` per output channel to
+    ``weight_bits``, the only granularities for which
+    :math:`\tilde{\mathbf{x}}\tilde{\mathbf{W}}^{\top}` factors exactly into
+    bit-plane GEMMs (:func:`pyg_quant.bitmm`).
+
+    * ``train()``: fake quantization (quantize, dequantize) in float32 with
+      straight-through gradients, stochastic rounding if ``stochastic``.
+    * ``eval()`` under ``torch.no_grad()``: deterministic rounding and the
+      bit-plane GEMM (C++ on the CPU, 1-bit tensor cores on CUDA); the result
+      equals the float64 product of the dequantized operands up to float32
+      rounding.  With autograd on, ``eval()`` takes the float path with the same
+      codes instead, so that gradients are never dropped.
+    * ``weight_bits=None`` / ``act_bits=None`` keep that operand in float (the
+      product then runs in float on the dequantized other one); both None is
+      exactly :class:`torch_geometric.nn.Linear`.
+
+    The weights stay float32 masters; lazy ``in_channels=-1``, initializers and
+    state dicts behave as in :class:`torch_geometric.nn.Linear` (same keys).
+
+    Args:
+        in_channels (int): input features, or ``-1`` (lazy).
+        out_channels (int): output features.
+        bias (bool): learn an additive bias.
+        weight_initializer, bias_initializer (str, optional): as in PyG's Linear.
+        bits (int, optional): 1..8 for weights and inputs alike.
+        weight_bits, act_bits (int, optional): separate widths (instead of ``bits``).
+        stochastic (bool): stochastic rounding in training.
+
+    Shapes:
+        - **input:** :math:`(*, F_{in})` float, or a 2-D :class:`BitTensor`
+        - **output:** :math:`(*, F_{out})` float
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, bias: bool = True,
+                 weight_initializer: Optional[str] = None, bias_initializer: Optional[str] = None, *,
+                 bits: Optional[int] = None, weight_bits=_UNSET, act_bits=_UNSET, stochastic: bool = False):
+        super().__init__(in_channels, out_channels, bias, weight_initializer, bias_initializer)
+        self.weight_bits, self.act_bits = resolve_bits(bits, weight_bits, act_bits, _UNSET)
+        self.stochastic = bool(stochastic)
+
+    @torch.no_grad()
+    def initialize_parameters(self, module, input):
+        x = input[0]
+        if isinstance(x, BitTensor):  # lazy shapes need only the feature count
+            input = (torch.empty(0, x.cols, device=x.device),) + tuple(input[1:])
+        super().initialize_parameters(module, input)
+
+    @classmethod
+    def from_linear(cls, linear: Union[torch.nn.Linear, Linear], **quant_kwargs) -> "QuantLinear":
+        """A QuantLinear sharing ``linear``'s parameters (the same Parameter objects)."""
+        if isinstance(linear, Linear):
+            in_channels, out_channels = linear.in_channels, linear.out_channels
+            initializers = (linear.weight_initializer, linear.bias_initializer)
+        else:
+            in_channels, out_channels = linear.in_features, linear.out_features
+            initializers = (None, None)
+        module = cls(in_channels, out_channels, linear.bias is not None, *initializers, **quant_kwargs)
+        module.weight = linear.weight
+        if linear.bias is not None:
+            module.bias = linear.bias
+        if hasattr(module, "_hook") and not isinstance(linear.weight, torch.nn.parameter.UninitializedParameter):
+            module._hook.remove()
+            delattr(module, "_hook")
+            module.in_channels = linear.weight.size(-1)
+        return module
+
+    def quantized_weight(self) -> BitTensor:
+        r""":math:`\mathbf{W}^{\top}` as a column-layout :class:`BitTensor` ``[in, out]``, one range per output channel.
+
+        ``W`` is ``[out, in]``, so its per-row row-layout planes are exactly the
+        per-column column-layout planes of ``Wᵀ``: no transpose is made.
+        """
+        w = quantize(self.weight, self.weight_bits, 1, "row")
+        return BitTensor(w.planes, (w.cols, w.rows), w.bits, "col", w.lo, w.scale, 0)
+
+    def forward(self, x: Union[Tensor, BitTensor]) -> Tensor:
+        """Args:
+            x (Tensor or BitTensor): input features.
+        """
+        weight_bits, act_bits = self.weight_bits, self.act_bits
+        if isinstance(x, BitTensor):
+            if x.cols != self.weight.size(-1):
+                raise ValueError(f"x has {x.cols} features but the layer expects {self.weight.size(-1)}")
+            # Codes of this layer's width, one range per row or per tensor: they are the
+            # quantized input as they stand; anything else is read as the floats it holds.
+            already_quantized = fits(x, act_bits, (None, 1))
+            if already_quantized and weight_bits is not None and bit_kernels_apply(self, self.weight, self.bias):
+                out = bitmm(x, self.quantized_weight())
+                return out + self.bias if self.bias is not None else out
+            x = dequantize(x)
+            if already_quantized:
+                act_bits = None
+        if weight_bits is None and act_bits is None:
+            return F.linear(x, self.weight, self.bias)
+        if x.is_sparse:
+            x = x.to_dense()  # bit planes are dense
+        if x.size(-1) != self.weight.size(-1):
+            raise ValueError(f"x has {x.size(-1)} features but the layer expects {self.weight.size(-1)}")
+        if act_bits is not None:
+            check_finite(x, "x")
+        lead, x2 = x.shape[:-1], x.reshape(-1, x.size(-1))
+        if weight_bits is not None and act_bits is not None and bit_kernels_apply(self, x, self.weight, self.bias):
+            out = bitmm(quantize(x2, act_bits, 1, "row"), self.quantized_weight())
+            out = out + self.bias if self.bias is not None else out
+        else:
+            stochastic = self.stochastic and self.training
+            xq = fake_quantize(x2, act_bits, 1, stochastic) if act_bits is not None else x2
+            wq = fake_quantize(self.weight, weight_bits, 1, stochastic) if weight_bits is not None else self.weight
+            out = F.linear(xq.to(wq.dtype), wq, self.bias)
+        return out.reshape(lead + (out.size(-1),)).to(x.dtype)
+
+    def __repr__(self) -> str:
+        quant = quant_options_repr(self.weight_bits, self.act_bits, None)
+        return (f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, "
+                f"bias={self.bias is not None}{', ' + quant if quant else ''})")
