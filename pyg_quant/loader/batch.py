@@ -1,0 +1,241 @@
+r"""QuantBatch: every tensor of a batch as a view into one ``uint8`` buffer.
+
+A batch holds a :class:`~pyg_quant.BitAdjacency` (eight index/bit tensors), a
+:class:`~pyg_quant.BitTensor` (planes and ranges), labels, masks and node ids:
+a dozen small tensors.  Copied one by one, each is its own host-to-device
+transfer (and its own pinned staging copy).  Here they are laid out once, at
+64-byte aligned offsets, in a single buffer::
+
+    buffer: uint8[nbytes]
+    ┌──────────────┬──────────┬─────┬────────────┬──────────┬────┬───────┬─────┐
+    │adj.window_ptr│adj.tile_…│ ... │x.planes    │x.lo,scale│ y  │ masks │n_id │
+    └──────────────┴──────────┴─────┴────────────┴──────────┴────┴───────┴─────┘
+
+and every field is a ``view`` of it.  :meth:`QuantBatch.pin_memory` pins that one
+buffer (one copy; none when the loader allocated it pinned), and
+:meth:`QuantBatch.to` moves it with one ``non_blocking`` copy and re-creates the
+same views on the device: no per-field copies, no conversions.
+"""
+import math
+from typing import Dict, Iterator, List, Optional, Tuple
+
+import torch
+
+from ..adjacency import BitAdjacency
+from ..bit_tensor import BitTensor
+
+ALIGN = 64  # bytes: a cache line, and a multiple of every element size
+
+_Spec = Tuple[str, torch.dtype, Tuple[int, ...], int]  # name, dtype, shape, byte offset
+
+_ADJ_SCALARS = ("num_rows", "num_cols", "nnz", "max_row_sum")
+_BIT_TENSORS = ("planes", "lo", "scale")
+
+
+def _flatten(fields: Dict[str, object]) -> Tuple[Dict[str, torch.Tensor], Dict[str, object]]:
+    """Splits fields into the tensors that go into the buffer and a picklable description of the rest."""
+    tensors: Dict[str, torch.Tensor] = {}
+    meta: Dict[str, object] = {"objects": {}, "values": {}, "order": list(fields)}
+    for name, value in fields.items():
+        if isinstance(value, BitAdjacency):
+            for attr in BitAdjacency._TENSORS:
+                if getattr(value, attr) is not None:
+                    tensors[f"{name}.{attr}"] = getattr(value, attr)
+            meta["objects"][name] = ("BitAdjacency", {attr: getattr(value, attr) for attr in _ADJ_SCALARS})
+        elif isinstance(value, BitTensor):
+            for attr in _BIT_TENSORS:
+                tensors[f"{name}.{attr}"] = getattr(value, attr)
+            meta["objects"][name] = ("BitTensor", {"shape": value.shape, "bits": value.bits,
+                                                   "layout": value.layout, "dim": value.dim})
+        elif isinstance(value, torch.Tensor):
+            tensors[name] = value
+        else:
+            meta["values"][name] = value
+    return tensors, meta
+
+
+def _view(buffer: torch.Tensor, dtype: torch.dtype, shape: Tuple[int, ...], offset: int) -> torch.Tensor:
+    size = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    return buffer[offset:offset + size].view(dtype).view(shape)
+
+
+class QuantBatch:
+    r"""A mini-batch whose tensors all live in one contiguous ``uint8`` buffer.
+
+    Fields are read as attributes (``batch.adj``, ``batch.x``, ``batch.y``,
+    ``batch.train_mask``, ``batch.n_id``, ...) or by name (``batch["y"]``).
+    Built by :class:`pyg_quant.loader.QuantClusterLoader`; see there for the fields.
+
+    Attributes:
+        num_nodes (int): nodes in the batch.
+        nbytes (int): bytes of the buffer, i.e. of one transfer.
+        deg (Tensor): float32 ``[num_nodes]``, the weighted in-degree of every
+            node in ``adj``, self-loop term included (``adj.degree()``: what GCN
+            normalises by); derived on the batch's device from ``adj.row_sums``
+            and ``adj.diag``, so it costs nothing to transfer.
+    """
+
+    def __init__(self, buffer: torch.Tensor, specs: Tuple[_Spec, ...], meta: Dict[str, object]):
+        if buffer.dtype != torch.uint8 or buffer.dim() != 1:
+            raise ValueError(f"buffer must be a 1-D uint8 tensor, got {buffer.dtype}{list(buffer.shape)}")
+        self.__dict__.update(_buffer=buffer, _specs=specs, _meta=meta, _added={}, _deg=None)
+        self.__dict__["_fields"] = self._materialize()
+
+    @classmethod
+    def from_fields(cls, fields: Dict[str, object], pin_memory: bool = False) -> "QuantBatch":
+        r"""Copies the tensors of ``fields`` (Tensors, BitAdjacency, BitTensor; other values are
+        kept as they are) into one new buffer, pinned when ``pin_memory``."""
+        tensors, meta = _flatten(fields)
+        specs: List[_Spec] = []
+        offset = 0
+        for name, tensor in tensors.items():
+            offset = -(-offset // ALIGN) * ALIGN
+            specs.append((name, tensor.dtype, tuple(tensor.shape), offset))
+            offset += tensor.numel() * tensor.element_size()
+        buffer = torch.empty(max(offset, 1), dtype=torch.uint8, pin_memory=pin_memory)
+        end = 0
+        for (name, dtype, shape, start), tensor in zip(specs, tensors.values()):
+            buffer[end:start].zero_()  # alignment gaps hold zeros: equal batches have equal buffers
+            _view(buffer, dtype, shape, start).copy_(tensor)
+            end = start + tensor.numel() * tensor.element_size()
+        buffer[end:].zero_()
+        return cls(buffer, tuple(specs), meta)
+
+    def _materialize(self) -> Dict[str, object]:
+        views = {name: _view(self._buffer, dtype, shape, offset) for name, dtype, shape, offset in self._specs}
+        fields: Dict[str, object] = {}
+        for name in self._meta["order"]:
+            if name in self._meta["objects"]:
+                kind, scalars = self._meta["objects"][name]
+                if kind == "BitAdjacency":
+                    parts = {attr: views.get(f"{name}.{attr}") for attr in BitAdjacency._TENSORS}
+                    fields[name] = BitAdjacency(**parts, **scalars)
+                else:
+                    parts = {attr: views[f"{name}.{attr}"] for attr in _BIT_TENSORS}
+                    fields[name] = BitTensor(**parts, **scalars)
+            elif name in views:
+                fields[name] = views[name]
+            else:
+                fields[name] = self._meta["values"][name]
+        return fields
+
+    # --- field access -----------------------------------------------------------------
+    def __getattr__(self, name: str):
+        # Only called when normal lookup fails, i.e. for fields.
+        fields = self.__dict__.get("_fields")
+        if fields is not None and name in fields:
+            return fields[name]
+        raise AttributeError(f"'{type(self).__name__}' has no field {name!r}")
+
+    def __setattr__(self, name: str, value) -> None:
+        if name.startswith("_"):
+            raise AttributeError(f"cannot set private attribute {name!r} of a QuantBatch")
+        # Fields added after the fact are not in the buffer; .to() moves them one by one.
+        self._fields[name] = value
+        self._added[name] = value
+
+    def __getitem__(self, name: str):
+        return self._fields[name]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._fields
+
+    def keys(self) -> List[str]:
+        return list(self._fields)
+
+    def items(self) -> Iterator[Tuple[str, object]]:
+        return iter(self._fields.items())
+
+    @property
+    def nbytes(self) -> int:
+        return self._buffer.numel()
+
+    @property
+    def buffer(self) -> torch.Tensor:
+        """The ``uint8`` buffer every field is a view of."""
+        return self._buffer
+
+    @property
+    def device(self) -> torch.device:
+        return self._buffer.device
+
+    @property
+    def deg(self) -> torch.Tensor:
+        if self._deg is None:
+            self.__dict__["_deg"] = self._fields["adj"].degree()
+        return self._deg
+
+    def is_pinned(self) -> bool:
+        return self._buffer.is_pinned()
+
+    # --- moving ---------------------------------------------------------------------------
+    def _rebuilt(self, buffer: torch.Tensor, move) -> "QuantBatch":
+        out = QuantBatch(buffer, self._specs, self._meta)
+        for name, value in self._added.items():
+            setattr(out, name, move(value))
+        return out
+
+    def to(self, device=None, non_blocking: Optional[bool] = None) -> "QuantBatch":
+        r"""The batch on ``device``: one copy of the buffer, then views of the copy.
+
+        ``non_blocking`` defaults to True when the buffer is pinned and goes to an
+        accelerator (an asynchronous copy on the current stream; kernels queued
+        after it on that stream see the data), and to False otherwise: a
+        non-blocking copy *to* the host would let the CPU read it before it lands.
+        Returns ``self`` when the batch is already on ``device``.
+        """
+        device = torch.device(device) if device is not None else self.device
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        here = self.device
+        if device == here:
+            return self
+        if non_blocking is None:
+            non_blocking = here.type == "cpu" and device.type != "cpu" and self._buffer.is_pinned()
+
+        def move(value):
+            return value.to(device, non_blocking=non_blocking) if hasattr(value, "to") else value
+
+        return self._rebuilt(self._buffer.to(device, non_blocking=non_blocking), move)
+
+    def cuda(self, device=None, non_blocking: Optional[bool] = None) -> "QuantBatch":
+        if device is None:
+            device = torch.device("cuda")
+        elif isinstance(device, int):
+            device = torch.device("cuda", device)
+        return self.to(device, non_blocking=non_blocking)
+
+    def cpu(self) -> "QuantBatch":
+        return self.to("cpu")
+
+    def pin_memory(self) -> "QuantBatch":
+        """The batch with its buffer in page-locked memory (one copy; ``self`` if already pinned).
+
+        Called by ``DataLoader(pin_memory=True)``."""
+        if self._buffer.is_pinned():
+            return self
+
+        def move(value):
+            return value.pin_memory() if hasattr(value, "pin_memory") else value
+
+        return self._rebuilt(self._buffer.pin_memory(), move)
+
+    # --- pickling: only the buffer travels (one shared-memory block between DataLoader workers)
+    def __getstate__(self):
+        return {"buffer": self._buffer, "specs": self._specs, "meta": self._meta, "added": self._added}
+
+    def __setstate__(self, state):
+        self.__init__(state["buffer"], state["specs"], state["meta"])
+        for name, value in state["added"].items():
+            setattr(self, name, value)
+
+    def __repr__(self) -> str:
+        def describe(value):
+            if isinstance(value, torch.Tensor):
+                return f"{list(value.shape)}"
+            if isinstance(value, (BitAdjacency, BitTensor)):
+                return f"{type(value).__name__}{list(value.shape)}"
+            return repr(value)
+
+        fields = ", ".join(f"{name}={describe(value)}" for name, value in self._fields.items())
+        return f"QuantBatch({fields}, nbytes={self.nbytes}, device={self.device})"

@@ -1,0 +1,246 @@
+r"""QuantClusterLoader: Cluster-GCN mini-batches as a bit adjacency plus low-bit features."""
+import operator
+import warnings
+from typing import Dict, List, Optional, Sequence
+
+import torch
+from torch_geometric.loader import ClusterData
+from torch_geometric.utils import narrow, select
+
+from ..adjacency import BitAdjacency
+from .batch import QuantBatch
+from .features import QuantizedFeatures, check_bits
+
+
+class ClusterCollater:
+    r"""Turns a list of part ids into a :class:`QuantBatch` (the loader's ``collate_fn``).
+
+    A plain picklable object (not a bound method of the loader), so that
+    ``DataLoader`` workers started with ``spawn`` receive only what they need.
+    """
+
+    def __init__(self, cluster_data: ClusterData, features: Optional[QuantizedFeatures], node_attrs: List[str],
+                 edge_attrs: List[str], self_loops: int, min_tile_nnz: int, return_edge_index: bool,
+                 pin_in_main_process: bool):
+        partition = cluster_data.partition
+        self.partptr, self.indptr, self.index = partition.partptr, partition.indptr, partition.index
+        self.node_perm = partition.node_perm
+        self.csr = getattr(partition, "sparse_format", "csr") == "csr"
+        self.data = cluster_data.data
+        self.features, self.node_attrs, self.edge_attrs = features, node_attrs, edge_attrs
+        self.self_loops, self.min_tile_nnz = self_loops, min_tile_nnz
+        self.return_edge_index = return_edge_index
+        self.pin_in_main_process = pin_in_main_process
+        sizes = self.partptr[1:] - self.partptr[:-1]
+        # The part of every (renumbered) node, to map edge endpoints to batch-local ids.
+        self.part_of = torch.repeat_interleave(torch.arange(sizes.numel(), dtype=torch.int32), sizes)
+
+    def edges(self, parts: torch.Tensor, starts: torch.Tensor, offsets: torch.Tensor):
+        r"""The batch's edges, exactly as PyG's ``ClusterLoader`` builds them.
+
+        Returns ``(edge_index, edge_ids, keep)``: int64 ``[2, E_b]`` in batch-local ids
+        (the edges between any two nodes of the batch, links between its
+        clusters included), in PyG's order; the positions of the batch's
+        candidate edges in the partition's edge order; and which of them were kept.
+        """
+        majors, edge_ids = [], []
+        for part, start, offset in zip(parts.tolist(), starts.tolist(), offsets.tolist()):
+            end = int(self.partptr[part + 1])
+            ptr = self.indptr[start:end + 1]
+            majors.append(torch.repeat_interleave(torch.arange(offset, offset + end - start), ptr[1:] - ptr[:-1]))
+            edge_ids.append(torch.arange(int(ptr[0]), int(ptr[-1])))
+        major, edge_id = torch.cat(majors), torch.cat(edge_ids)
+        minor = self.index[edge_id]
+        # A global (renumbered) node j of part p sits at local id j - partptr[p] + offset(p)
+        # when p is in the batch; shift[p] holds that difference, is_in[p] whether it is.
+        num_parts = self.partptr.numel() - 1
+        shift = torch.zeros(num_parts, dtype=torch.int64)
+        is_in = torch.zeros(num_parts, dtype=torch.bool)
+        shift[parts] = offsets - starts
+        is_in[parts] = True
+        part_of_minor = self.part_of[minor].long()
+        keep = is_in[part_of_minor]
+        major, minor = major[keep], (minor + shift[part_of_minor])[keep]
+        edge_index = torch.stack([major, minor] if self.csr else [minor, major])
+        return edge_index, edge_id, keep
+
+    def __call__(self, parts: Sequence[int]) -> QuantBatch:
+        parts = torch.as_tensor(parts, dtype=torch.int64).view(-1)
+        num_parts = self.partptr.numel() - 1
+        if parts.numel() and (int(parts.min()) < 0 or int(parts.max()) >= num_parts):
+            raise ValueError(f"part ids must be in [0, {num_parts}), got {parts.tolist()}")
+        if torch.unique(parts).numel() != parts.numel():
+            raise ValueError(f"a batch names a part twice: {parts.tolist()}")
+        # Empty parts (a custom sampler may name them) add nothing; a batch needs a node.
+        parts = parts[self.partptr[parts + 1] > self.partptr[parts]]
+        if parts.numel() == 0:
+            raise ValueError("the batch holds only empty parts; QuantClusterLoader needs at least one node")
+        starts, ends = self.partptr[parts], self.partptr[parts + 1]
+        sizes = ends - starts
+        offsets = torch.cumsum(sizes, 0) - sizes
+        num_nodes = int(sizes.sum())
+        ranges = list(zip(starts.tolist(), ends.tolist()))
+        edge_index, edge_id, keep = self.edges(parts, starts, offsets)
+
+        fields: Dict[str, object] = {
+            "adj": BitAdjacency.from_edge_index(edge_index, num_nodes, self_loops=self.self_loops,
+                                                min_tile_nnz=self.min_tile_nnz)}
+        if self.features is not None:
+            fields["x"] = self.features.pack(self.features.gather(ranges))
+        data = self.data
+        for key, value in data.items():
+            if key in ("edge_index", "num_nodes") or (key == "x" and self.features is not None):
+                continue
+            if key in self.node_attrs:
+                dim = data.__cat_dim__(key, value)
+                fields[key] = _cat([narrow(value, dim, start, end - start) for start, end in ranges], dim)
+            elif key in self.edge_attrs:
+                if self.return_edge_index:
+                    dim = data.__cat_dim__(key, value)
+                    fields[key] = select(select(value, edge_id, dim), keep, dim)
+            else:
+                fields[key] = value  # graph-level attribute, kept as PyG's copy.copy(data) keeps it
+        node = torch.cat([torch.arange(start, end) for start, end in ranges])
+        fields["n_id"] = self.node_perm[node]
+        fields["part"] = parts
+        if self.return_edge_index:
+            fields["edge_index"] = edge_index
+        fields["num_nodes"] = num_nodes
+        pin = self.pin_in_main_process and torch.utils.data.get_worker_info() is None
+        return QuantBatch.from_fields(fields, pin_memory=pin)
+
+
+class _PartIds(torch.utils.data.Dataset):
+    """The loader's dataset: index ``i`` is part ``i`` (as in PyG), checked."""
+
+    def __init__(self, num_parts: int):
+        self.num_parts = num_parts
+
+    def __len__(self) -> int:
+        return self.num_parts
+
+    def __getitem__(self, part) -> int:
+        try:
+            index = operator.index(part)  # ints, numpy ints, 0-d integer tensors
+        except TypeError:
+            index = None
+        if isinstance(part, bool) or index is None or not 0 <= index < self.num_parts:
+            raise ValueError(f"the sampler yielded {part!r}; part ids must be ints in [0, {self.num_parts})")
+        return index
+
+
+def _cat(values, dim: int):
+    if isinstance(values[0], torch.Tensor):
+        return torch.cat(values, dim=dim)
+    return [item for value in values for item in value]  # list-valued node attributes
+
+
+class QuantClusterLoader(torch.utils.data.DataLoader):
+    r"""Cluster-GCN batches (PyG's :class:`~torch_geometric.loader.ClusterLoader`) shipped as bits.
+
+    Each batch joins ``batch_size`` parts of ``cluster_data``: the same nodes, in
+    the same order, and the same edges as ``ClusterLoader`` (every edge between
+    two nodes of the batch, the links between its parts included).  It is a
+    :class:`~pyg_quant.loader.QuantBatch` with the fields
+
+    * ``adj`` (:class:`~pyg_quant.BitAdjacency`): the batch's adjacency
+      ``[num_nodes, num_nodes]`` plus ``self_loops·I``, rows = targets;
+    * ``x`` (:class:`~pyg_quant.BitTensor`): the features, ``bits`` bits, one range
+      per column (``dim=0``) taken once over the whole graph, ``layout="col"``
+      (what :func:`~pyg_quant.bit_spmm` reads); a float tensor when ``bits=None``;
+    * ``deg``: float32 ``[num_nodes]``, ``adj.degree()`` (GCN's degree, self-loop
+      term included), computed where the batch is;
+    * every other node-level attribute of the graph as is (``y``, ``train_mask``, ...);
+    * ``n_id`` (int64): the original id of every node; ``part`` (int64): the
+      batch's part ids in order; ``num_nodes``;
+    * with ``return_edge_index=True``, ``edge_index`` (int64, PyG's order) and the
+      edge-level attributes (otherwise they are left out: the bit adjacency is
+      unweighted, and a warning says so).
+
+    All tensors of a batch are views into one ``uint8`` buffer; ``batch.to(device)``
+    moves it in one (non-blocking) copy, and ``pin_memory=True`` pins it (the
+    buffer is allocated pinned directly when batches are built in the main process).
+
+    Parts that METIS left empty are skipped, so every batch has nodes.  As in PyG, a custom
+    ``sampler`` / ``batch_sampler`` yields part ids.
+
+    Args:
+        cluster_data (ClusterData): a :class:`~pyg_quant.loader.QuantClusterData`
+            (or a PyG ``ClusterData``), on the CPU.
+        batch_size (int): parts per batch.
+        shuffle (bool): reshuffle the parts every epoch.
+        bits (int or None): feature bits, 1..8; ``None`` keeps ``x`` as float.
+        self_loops (int): 0, 1 (``A + I``, GCN) or 2 (``A + 2I``); see
+            :meth:`~pyg_quant.BitAdjacency.from_edge_index`.  Use 0 for GIN.
+        min_tile_nnz (int): blocks with fewer entries go to the CSR residual.
+        return_edge_index (bool): also ship ``edge_index`` and edge attributes.
+        **kwargs: :class:`torch.utils.data.DataLoader` arguments (``num_workers``,
+            ``pin_memory``, ``drop_last``, ``persistent_workers``, ...).
+    """
+
+    def __init__(self, cluster_data: ClusterData, batch_size: int = 1, shuffle: bool = False,
+                 bits: Optional[int] = 4, self_loops: int = 1, min_tile_nnz: int = 16,
+                 return_edge_index: bool = False, **kwargs):
+        if not isinstance(cluster_data, ClusterData) or not hasattr(cluster_data, "partition"):
+            raise TypeError(f"cluster_data must be a partitioned ClusterData (e.g. QuantClusterData), "
+                            f"got {type(cluster_data).__name__}")
+        for name in ("collate_fn", "dataset"):
+            if name in kwargs:
+                raise TypeError(f"QuantClusterLoader sets {name} itself; do not pass it")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        if bits is not None:
+            bits = check_bits(bits)
+        if isinstance(self_loops, bool) or self_loops not in (0, 1, 2):
+            raise ValueError(f"self_loops must be 0, 1 or 2, got {self_loops!r}")
+        if isinstance(min_tile_nnz, bool) or not isinstance(min_tile_nnz, int) or min_tile_nnz < 1:
+            raise ValueError(f"min_tile_nnz must be a positive int, got {min_tile_nnz!r}")
+        if not isinstance(return_edge_index, bool):
+            raise TypeError(f"return_edge_index must be a bool, got {type(return_edge_index).__name__}")
+        data = cluster_data.data
+        for key, value in data.items():
+            if isinstance(value, torch.Tensor) and value.device.type != "cpu":
+                raise ValueError(f"cluster_data.data.{key} is on {value.device}; the loader builds batches "
+                                 "on the CPU (move the data there and the batches to the GPU)")
+
+        node_attrs = getattr(cluster_data, "node_attrs", None)
+        edge_attrs = getattr(cluster_data, "edge_attrs", None)
+        if node_attrs is None:  # a PyG ClusterData: decide from the permuted data
+            node_attrs = [k for k, v in data.items() if data.is_node_attr(k)]
+            edge_attrs = [k for k, v in data.items() if data.is_edge_attr(k) and k not in node_attrs]
+        clashes = [key for key in ("n_id", "part") if key in data]
+        if clashes:
+            warnings.warn(f"data attributes {clashes} are replaced in the batches by the loader's own "
+                          "(n_id: original node ids, part: the batch's part ids)", UserWarning, stacklevel=2)
+        if edge_attrs and not return_edge_index:
+            warnings.warn(f"edge attributes {edge_attrs} are not put into the batches (the bit adjacency is "
+                          "unweighted); pass return_edge_index=True to get them with edge_index",
+                          UserWarning, stacklevel=2)
+
+        features = None
+        x = getattr(data, "x", None)
+        if bits is not None and x is not None:
+            if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() != 2:
+                raise TypeError("cluster_data.data.x must be a floating-point [num_nodes, num_features] tensor "
+                                "to be quantized; pass bits=None to ship it as is")
+            if hasattr(cluster_data, "quantized_features"):
+                features = cluster_data.quantized_features(bits)  # once per graph and bit width
+            else:
+                features = QuantizedFeatures.from_tensor(x, bits)
+
+        self.cluster_data, self.bits, self.self_loops = cluster_data, bits, self_loops
+        self.collater = ClusterCollater(cluster_data, features, node_attrs, edge_attrs, self_loops, min_tile_nnz,
+                                        return_edge_index,
+                                        bool(kwargs.get("pin_memory")) and torch.cuda.is_available())
+        sizes = cluster_data.partition.partptr[1:] - cluster_data.partition.partptr[:-1]
+        self.parts = torch.nonzero(sizes).view(-1).tolist()
+        # As in PyG, the dataset index *is* the part id (a custom sampler yields part ids);
+        # the default samplers draw from the non-empty parts only.
+        if "sampler" not in kwargs and "batch_sampler" not in kwargs:
+            if shuffle:
+                kwargs["sampler"] = torch.utils.data.SubsetRandomSampler(self.parts, kwargs.get("generator"))
+            else:
+                kwargs["sampler"] = self.parts
+            shuffle = False
+        super().__init__(_PartIds(sizes.numel()), batch_size=batch_size, shuffle=shuffle, collate_fn=self.collater,
+                         **kwargs)

@@ -1,0 +1,611 @@
+"""pyg_quant.loader: QuantClusterData (pymetis, cache key) and QuantClusterLoader (bit-packed batches).
+
+Oracles:
+
+* PyG's own ``ClusterLoader`` run on our ``QuantClusterData`` (PyG's ClusterData cannot
+  partition here, but its loader only reads the partition): same parts in, same nodes,
+  node order, edges (order included) and attributes out.
+* An independent one, from the *original* graph: the batch's nodes are the original ids
+  of its parts in order, and its edges are ``torch_geometric.utils.subgraph`` over them;
+  the expected adjacency is built with ``index_put_(accumulate=True)``.
+* ``to_bit(x, bits, dim=0)`` on the whole feature matrix: a batch's codes, ``lo`` and
+  ``scale`` must be its rows exactly (features are quantized once per graph).
+"""
+import os
+import os.path as osp
+import pickle
+import shutil
+import warnings
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch_geometric.data import Data
+from torch_geometric.datasets import KarateClub
+from torch_geometric.loader import ClusterData, ClusterLoader
+from torch_geometric.utils import subgraph
+
+import pyg_quant as pq
+from pyg_quant.loader import QuantBatch, QuantClusterData, QuantClusterLoader
+from pyg_quant.loader import cluster_data as cluster_data_module
+
+from conftest import assert_fp32_close, deq64, dense_from_edges, gen, mag64, requires_cuda
+
+CORA_RAW = osp.join(osp.dirname(__file__), "..", "..", "shared", "datasets", "planetoid", "Cora", "raw")
+
+
+# --- graphs ---------------------------------------------------------------------------------
+def planted_graph(num_nodes=1200, cluster_size=150, avg_degree=12, p_in=0.8, features=20, seed=0,
+                  loops=True, duplicates=True) -> Data:
+    """A directed planted-partition graph, node order shuffled, with self-loops and repeated edges,
+    float features, labels, masks and an isolated tail of nodes."""
+    g = gen(seed)
+    num_edges = num_nodes * avg_degree
+    src = torch.randint(num_nodes - 5, (num_edges,), generator=g)  # the last 5 nodes stay isolated
+    block = src // cluster_size * cluster_size
+    inside = block + (torch.rand(num_edges, generator=g) * cluster_size).long()
+    dst = torch.where(torch.rand(num_edges, generator=g) < p_in, inside.clamp(max=num_nodes - 6),
+                      torch.randint(num_nodes - 5, (num_edges,), generator=g))
+    perm = torch.randperm(num_nodes - 5, generator=g)
+    edge_index = torch.stack([perm[src], perm[dst]])
+    if not loops:
+        edge_index = edge_index[:, edge_index[0] != edge_index[1]]
+    if duplicates:
+        edge_index = torch.cat([edge_index, edge_index[:, :num_edges // 20]], 1)
+    x = torch.randn(num_nodes, features, generator=g) * torch.linspace(0.1, 3.0, features) + 0.5
+    return Data(x=x, edge_index=edge_index, y=torch.randint(7, (num_nodes,), generator=g),
+                train_mask=torch.rand(num_nodes, generator=g) < 0.3,
+                val_mask=torch.rand(num_nodes, generator=g) < 0.2)
+
+
+@pytest.fixture(scope="module")
+def karate():
+    return KarateClub()[0]
+
+
+@pytest.fixture(scope="module")
+def planted():
+    return planted_graph()
+
+
+@pytest.fixture(scope="module")
+def planted_parts(planted):
+    return QuantClusterData(planted, 12, log=False)
+
+
+def cora_data(tmp_path):
+    if not osp.isdir(CORA_RAW):
+        pytest.skip(f"Cora raw files not found at {osp.normpath(CORA_RAW)} (../shared/datasets/planetoid/Cora/raw)")
+    pytest.importorskip("scipy", reason="Planetoid needs scipy to read the raw Cora files (pickled scipy matrices)")
+    from torch_geometric.datasets import Planetoid
+
+    shutil.copytree(CORA_RAW, tmp_path / "Cora" / "raw")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return Planetoid(str(tmp_path), "Cora")[0]
+
+
+# --- oracles -----------------------------------------------------------------------------------
+def original_ids(cd, parts):
+    """Original ids of the nodes of ``parts``, part by part (each part in original order)."""
+    ptr = cd.partition.partptr
+    return torch.cat([cd.partition.node_perm[ptr[p]:ptr[p + 1]] for p in parts])
+
+
+def expected_dense(edge_index, num_nodes, self_loops):
+    """(A + self_loops·I) as BitAdjacency documents it: A[i, j] = #edges j→i; with self_loops = k > 0
+    present loops become weight 1 and absent ones weight k."""
+    if self_loops == 0:
+        return dense_from_edges(edge_index, num_nodes, num_nodes)
+    loop = edge_index[0] == edge_index[1]
+    dense = dense_from_edges(edge_index[:, ~loop], num_nodes, num_nodes)
+    diag = torch.full((num_nodes,), float(self_loops), dtype=torch.float64)
+    diag[edge_index[0, loop]] = 1.0
+    return dense + torch.diag(diag)
+
+
+def sorted_edges(edge_index, num_nodes):
+    return torch.sort(edge_index[0] * num_nodes + edge_index[1]).values
+
+
+def check_against_original(batch, data, cd, bits, self_loops):
+    """The batch against the original graph: nodes, every attribute, edges and features."""
+    parts = batch.part.tolist()
+    n_id = original_ids(cd, parts)
+    n = n_id.numel()
+    assert batch.num_nodes == n and torch.equal(batch.n_id, n_id)
+    for key in ("y", "train_mask", "val_mask"):
+        if key in data:
+            assert torch.equal(batch[key], data[key][n_id]), key
+    ref_edges, _ = subgraph(n_id, data.edge_index, relabel_nodes=True, num_nodes=data.num_nodes)
+    if "edge_index" in batch:
+        assert torch.equal(sorted_edges(batch.edge_index, n), sorted_edges(ref_edges, n))
+    assert torch.equal(batch.adj.to_dense().double(), expected_dense(ref_edges, n, self_loops))
+    assert torch.equal(batch.deg, expected_dense(ref_edges, n, self_loops).sum(1).float())
+    # features: the rows of the global per-column quantization, exactly
+    whole = pq.to_bit(data.x, bits, dim=0, layout="col")
+    assert batch.x.layout == "col" and batch.x.dim == 0 and batch.x.bits == bits
+    assert torch.equal(batch.x.lo, whole.lo) and torch.equal(batch.x.scale, whole.scale)
+    assert torch.equal(batch.x.codes(), whole.codes()[n_id])
+
+
+def check_against_pyg(ours, theirs, bits):
+    """Our batch against PyG's ClusterLoader batch for the same parts."""
+    assert ours.num_nodes == theirs.num_nodes
+    assert torch.equal(ours.edge_index, theirs.edge_index)  # same edges, same order
+    for key in theirs.keys():
+        if key in ("x", "edge_index", "num_nodes"):
+            continue
+        assert torch.equal(ours[key], theirs[key]), key
+    # |to_val(x) - x| <= scale / 2 (one float32 rounding of lo + scale·q on top)
+    err = (pq.to_val(ours.x) - theirs.x).abs()
+    bound = ours.x.scale / 2 + 4e-7 * (ours.x.lo.abs() + ours.x.scale * (2**bits - 1))
+    assert bool((err <= bound).all()), float((err - bound).max())
+
+
+def loader_pairs(cd, batch_size, **kwargs):
+    ours = list(QuantClusterLoader(cd, batch_size=batch_size, return_edge_index=True, **kwargs))
+    theirs = [next(iter(ClusterLoader(cd, batch_size=len(b.part), sampler=b.part.tolist()))) for b in ours]
+    return ours, theirs
+
+
+# --- batches equal PyG's and the original graph's ------------------------------------------------
+@pytest.mark.parametrize("num_parts,batch_size,sparse_format,bits,self_loops", [
+    (4, 2, "csr", 4, 1), (3, 1, "csc", 8, 0), (6, 4, "csr", 2, 2)])
+def test_karate_matches_pyg_cluster_loader(karate, num_parts, batch_size, sparse_format, bits, self_loops):
+    cd = QuantClusterData(karate, num_parts, log=False, sparse_format=sparse_format)
+    ours, theirs = loader_pairs(cd, batch_size, bits=bits, self_loops=self_loops)
+    assert sum(b.num_nodes for b in ours) == karate.num_nodes
+    for o, t in zip(ours, theirs):
+        check_against_pyg(o, t, bits)
+        check_against_original(o, karate, cd, bits, self_loops)
+
+
+def test_planted_graph_shuffled_batches(planted, planted_parts):
+    """Directed graph with self-loops, repeated edges and isolated nodes; shuffled batches of 5 parts
+    with links between the parts of a batch."""
+    torch.manual_seed(3)
+    ours, theirs = loader_pairs(planted_parts, 5, shuffle=True, bits=3, self_loops=1)
+    assert sorted(p for b in ours for p in b.part.tolist()) == planted_parts.nonempty_parts()
+    inter = 0
+    for o, t in zip(ours, theirs):
+        check_against_pyg(o, t, 3)
+        check_against_original(o, planted, planted_parts, 3, 1)
+        part_of = torch.repeat_interleave(o.part, planted_parts.part_sizes[o.part])
+        inter += int((part_of[o.edge_index[0]] != part_of[o.edge_index[1]]).sum())
+    assert inter > 0  # the links between the clusters of a batch are there
+    assert max(b.adj.bits for b in ours) >= 2  # repeated edges made more bit planes
+
+
+def test_cora_matches_pyg_and_original(tmp_path):
+    data = cora_data(tmp_path)
+    cd = QuantClusterData(data, 16, log=False)
+    ours, theirs = loader_pairs(cd, 4, shuffle=False, bits=4, self_loops=1)
+    assert sum(b.num_nodes for b in ours) == data.num_nodes
+    for o, t in zip(ours, theirs):
+        check_against_pyg(o, t, 4)
+        check_against_original(o, data, cd, 4, 1)
+        for key in ("train_mask", "val_mask", "test_mask"):
+            assert torch.equal(o[key], t[key])
+
+
+def test_bit_spmm_on_batches(planted_parts):
+    """Batches plug straight into the kernels: bit_spmm(batch.adj, batch.x) = (A + I)·to_val(x)."""
+    for batch in QuantClusterLoader(planted_parts, batch_size=4, bits=4):
+        out = pq.bit_spmm(batch.adj, batch.x)
+        dense = batch.adj.to_dense().double()
+        assert_fp32_close(out, dense @ deq64(batch.x), dense.abs() @ mag64(batch.x) * 1e-6 + 1e-30)
+
+
+def test_cluster_data_getitem_is_the_induced_subgraph(planted, planted_parts):
+    """PyG's own ClusterData.__getitem__ works on our partition and gives each part's subgraph."""
+    for p in range(planted_parts.num_parts):
+        sub = planted_parts[p]
+        n_id = original_ids(planted_parts, [p])
+        ref_edges, _ = subgraph(n_id, planted.edge_index, relabel_nodes=True, num_nodes=planted.num_nodes)
+        assert sub.num_nodes == n_id.numel()
+        assert torch.equal(sorted_edges(sub.edge_index, n_id.numel()), sorted_edges(ref_edges, n_id.numel()))
+        assert torch.equal(sub.x, planted.x[n_id]) and torch.equal(sub.y, planted.y[n_id])
+
+
+def test_partition_is_pymetis_on_the_undirected_simple_graph(planted):
+    """Every node in exactly one part; METIS finds the 8 planted clusters of 150 nodes (80% of the
+    edges inside): the cut is near the planted 20% where a random assignment cuts 7/8."""
+    cd = QuantClusterData(planted, 8, log=False)
+    assert torch.equal(torch.sort(cd.partition.node_perm).values, torch.arange(planted.num_nodes))
+    assert int(cd.part_sizes.sum()) == planted.num_nodes
+    src, dst = planted.edge_index
+    cut = float((cd.cluster[src] != cd.cluster[dst]).float().mean())
+    assert cut < 0.3, cut
+
+
+def test_pymetis_gets_the_simple_undirected_graph_and_explicit_recursive(karate, monkeypatch):
+    """pymetis' own default is recursive=True for <= 8 parts: ours passes the flag explicitly, and hands
+    it a symmetric CSR without self-loops or repeats."""
+    import pymetis
+
+    seen = []
+    original = pymetis.part_graph
+
+    def spy(nparts, adjacency=None, xadj=None, adjncy=None, **kwargs):  # new and old pymetis APIs
+        csr = (adjacency.adj_starts, adjacency.adjacent) if adjacency is not None else (xadj, adjncy)
+        seen.append((nparts, csr, kwargs))
+        return original(nparts, adjacency, xadj=xadj, adjncy=adjncy, **kwargs)
+
+    monkeypatch.setattr(pymetis, "part_graph", spy)
+    graph = karate.clone()  # add a self-loop, a repeated edge and a one-way edge
+    graph.edge_index = torch.cat([karate.edge_index, torch.tensor([[5, 0, 3], [5, 1, 20]])], 1)
+    for recursive in (False, True):
+        QuantClusterData(graph, 4, recursive=recursive, log=False)
+        nparts, (ptr, adj), kwargs = seen[-1]
+        assert nparts == 4 and kwargs["recursive"] is recursive
+        ptr, adj = torch.as_tensor(ptr), torch.as_tensor(adj)
+        rows = torch.repeat_interleave(torch.arange(34), ptr[1:] - ptr[:-1])
+        pairs = set(zip(rows.tolist(), adj.tolist()))
+        expected = {(int(a), int(b)) for a, b in graph.edge_index.t() if a != b}
+        expected |= {(b, a) for a, b in expected}
+        assert pairs == expected and len(pairs) == adj.numel()
+
+
+def test_undirected_csr_is_simple_and_symmetric():
+    from pyg_quant.loader.metis import undirected_csr
+
+    edge_index = torch.tensor([[0, 0, 1, 2, 2, 3, 3], [1, 1, 0, 2, 3, 0, 0]])  # repeats, a loop, one-way edges
+    indptr, index = undirected_csr(edge_index, 5)
+    rows = torch.repeat_interleave(torch.arange(5), indptr[1:] - indptr[:-1])
+    assert sorted(zip(rows.tolist(), index.tolist())) == [(0, 1), (0, 3), (1, 0), (2, 3), (3, 0), (3, 2)]
+    assert indptr.tolist() == [0, 2, 3, 4, 6, 6]
+
+
+# --- features: quantized once per graph --------------------------------------------------------
+@pytest.mark.parametrize("bits", [1, 4, 8])
+def test_features_round_trip_within_half_a_step(planted, planted_parts, bits):
+    loader = QuantClusterLoader(planted_parts, batch_size=planted_parts.num_parts, bits=bits)
+    (batch,) = list(loader)
+    x = planted.x[batch.n_id]
+    err = (pq.to_val(batch.x) - x).abs()
+    bound = batch.x.scale / 2 + 4e-7 * (batch.x.lo.abs() + batch.x.scale * (2**bits - 1))
+    assert bool((err <= bound).all())
+    # the ranges are the whole graph's: lo = min, lo + scale·(2^bits - 1) = max (to float32 rounding)
+    assert torch.equal(batch.x.lo, planted.x.amin(0))
+    assert torch.allclose(batch.x.lo + batch.x.scale * (2**bits - 1), planted.x.amax(0), rtol=1e-6, atol=1e-6)
+    # and every batch of a smaller batch size shares them
+    for small in QuantClusterLoader(planted_parts, batch_size=3, bits=bits):
+        assert torch.equal(small.x.lo, batch.x.lo) and torch.equal(small.x.scale, batch.x.scale)
+
+
+def test_features_quantized_once(planted, monkeypatch):
+    cd = QuantClusterData(planted, 8, log=False)
+    calls = []
+    original = pq.loader.features.QuantizedFeatures.from_tensor.__func__
+
+    def counting(cls, *args, **kwargs):
+        calls.append(1)
+        return original(cls, *args, **kwargs)
+
+    monkeypatch.setattr(pq.loader.features.QuantizedFeatures, "from_tensor", classmethod(counting))
+    train = QuantClusterLoader(cd, batch_size=2, shuffle=True, bits=4)
+    evaluation = QuantClusterLoader(cd, batch_size=4, bits=4)
+    for _ in range(2):  # two epochs
+        first = [b.x.codes() for b in train]
+    list(evaluation)
+    assert len(calls) == 1 and len(first) == len(train)
+    assert train.collater.features is evaluation.collater.features
+    QuantClusterLoader(cd, batch_size=2, bits=2)
+    assert len(calls) == 2  # another bit width is another quantization
+
+
+# --- the single pinned buffer and its transfer --------------------------------------------------
+def all_tensors(batch):
+    for name in batch.keys():
+        value = batch[name]
+        if isinstance(value, pq.BitAdjacency):
+            yield from (getattr(value, a) for a in value._TENSORS if getattr(value, a) is not None)
+        elif isinstance(value, pq.BitTensor):
+            yield from (value.planes, value.lo, value.scale)
+        elif isinstance(value, torch.Tensor):
+            yield value
+
+
+def test_every_field_is_a_view_of_one_buffer(planted_parts):
+    batch = next(iter(QuantClusterLoader(planted_parts, batch_size=3, bits=4, return_edge_index=True)))
+    assert isinstance(batch, QuantBatch)
+    base = batch.buffer.untyped_storage().data_ptr()
+    tensors = list(all_tensors(batch))
+    assert len(tensors) >= 12
+    assert all(t.untyped_storage().data_ptr() == base for t in tensors)
+    assert batch.nbytes == batch.buffer.numel() >= sum(t.numel() * t.element_size() for t in tensors)
+
+
+class CountCopies(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.copies = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket in (torch.ops.aten._to_copy, torch.ops.aten.copy_, torch.ops.aten._copy_from):
+            self.copies.append(func)
+        return func(*args, **(kwargs or {}))
+
+
+def test_to_device_is_one_copy(planted_parts):
+    batch = next(iter(QuantClusterLoader(planted_parts, batch_size=3, bits=4)))
+    with CountCopies() as counter:
+        moved = batch.to("meta")
+    assert len(counter.copies) == 1, counter.copies
+    assert moved.device.type == "meta" and moved.adj.device.type == "meta" and moved.x.device.type == "meta"
+    for before, after in zip(all_tensors(batch), all_tensors(moved)):
+        assert after.device.type == "meta" and after.shape == before.shape and after.dtype == before.dtype
+    assert batch.to("cpu") is batch
+
+
+def test_pickle_and_workers(planted_parts):
+    """Batches built in DataLoader workers (shared memory) equal those built in the main process."""
+    kwargs = dict(batch_size=3, bits=4, return_edge_index=True)
+    main = list(QuantClusterLoader(planted_parts, **kwargs))
+    workers = list(QuantClusterLoader(planted_parts, num_workers=2, **kwargs))
+    assert len(main) == len(workers)
+    for a, b in zip(main, workers):
+        assert torch.equal(a.buffer, b.buffer) and a.keys() == b.keys()
+        c = pickle.loads(pickle.dumps(a))
+        assert torch.equal(c.buffer, a.buffer) and torch.equal(c.adj.to_dense(), a.adj.to_dense())
+
+
+def test_fields_added_later_travel_too(planted_parts):
+    batch = next(iter(QuantClusterLoader(planted_parts, batch_size=2, bits=4)))
+    batch.extra = torch.ones(3)
+    assert "extra" in batch.keys()
+    assert batch.to("meta").extra.device.type == "meta"
+    with pytest.raises(AttributeError, match="no field"):
+        batch.missing
+
+
+@requires_cuda
+@pytest.mark.cuda
+def test_cuda_transfer_from_pinned_buffer(planted_parts):
+    loader = QuantClusterLoader(planted_parts, batch_size=3, bits=4, pin_memory=True)
+    for batch in loader:
+        assert batch.is_pinned()
+        moved = batch.to("cuda", non_blocking=True)
+        assert moved.adj.device.type == "cuda" and moved.x.device.type == "cuda"
+        torch.testing.assert_close(pq.bit_spmm(moved.adj, moved.x).cpu(), pq.bit_spmm(batch.adj, batch.x),
+                                   rtol=1e-6, atol=1e-6)
+        assert torch.equal(moved.deg.cpu(), batch.deg)
+
+
+# --- the cache --------------------------------------------------------------------------------------
+def forbid_metis(monkeypatch):
+    def fail(*args, **kwargs):
+        raise AssertionError("METIS ran although the cache should have answered")
+
+    monkeypatch.setattr(cluster_data_module, "partition_nodes", fail)
+
+
+def test_cache_hit_for_the_same_graph(tmp_path, planted, monkeypatch):
+    first = QuantClusterData(planted, 8, save_dir=tmp_path, log=False)
+    assert not first.from_cache and osp.exists(first.cache_path)
+    forbid_metis(monkeypatch)
+    int32_graph = planted.clone()
+    int32_graph.edge_index = planted.edge_index.int()
+    again = QuantClusterData(int32_graph, 8, save_dir=str(tmp_path), log=False)
+    assert again.from_cache and again.cache_path == first.cache_path
+    for field in ("indptr", "index", "partptr", "node_perm", "edge_perm"):
+        assert torch.equal(getattr(again.partition, field), getattr(first.partition, field))
+
+
+def test_cache_key_separates_graphs_and_settings(tmp_path, planted):
+    base = QuantClusterData(planted, 8, save_dir=tmp_path, log=False)
+    other = planted.clone()  # same node and edge counts, one edge moved
+    other.edge_index = planted.edge_index.clone()
+    other.edge_index[1, 0] = (other.edge_index[1, 0] + 1) % planted.num_nodes
+    changed = QuantClusterData(other, 8, save_dir=tmp_path, log=False)
+    assert not changed.from_cache and changed.cache_path != base.cache_path
+    # the recomputed partition is the other graph's: its parts are its induced subgraphs
+    parts = changed.nonempty_parts()[:2]
+    batch = next(iter(QuantClusterLoader(changed, batch_size=2, sampler=parts, bits=4, return_edge_index=True)))
+    check_against_original(batch, other, changed, 4, 1)
+    paths = {base.cache_path, changed.cache_path}
+    for kwargs in (dict(num_parts=9), dict(num_parts=8, recursive=True)):
+        cd = QuantClusterData(planted, save_dir=tmp_path, log=False, **kwargs)
+        assert not cd.from_cache and cd.cache_path not in paths
+        paths.add(cd.cache_path)
+    assert len([f for f in os.listdir(tmp_path) if f.endswith(".pt")]) == 4
+    assert QuantClusterData(planted, 8, recursive=True, save_dir=tmp_path, log=False).from_cache
+
+
+def test_same_filename_other_graph_recomputes_with_warning(tmp_path, planted, karate):
+    QuantClusterData(planted, 4, save_dir=tmp_path, filename="metis.pt", log=False)
+    with pytest.warns(RuntimeWarning, match="another graph.*edge_sha256.*num_edges.*num_nodes"):
+        cd = QuantClusterData(karate, 4, save_dir=tmp_path, filename="metis.pt", log=False)
+    assert not cd.from_cache and int(cd.part_sizes.sum()) == karate.num_nodes
+    # PyG's ClusterLoader on it works too (PyG's own cache would give an IndexError here)
+    assert sum(b.num_nodes for b in ClusterLoader(cd, batch_size=2)) == karate.num_nodes
+    assert QuantClusterData(karate, 4, save_dir=tmp_path, filename="metis.pt", log=False).from_cache
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "wrong_content", "bad_ids"])
+def test_corrupt_cache_recomputes_with_warning(tmp_path, karate, damage):
+    cd = QuantClusterData(karate, 4, save_dir=tmp_path, log=False)
+    path = cd.cache_path
+    if damage == "garbage":
+        with open(path, "wb") as f:
+            f.write(b"not a torch file at all")
+    elif damage == "truncated":
+        with open(path, "rb") as f:
+            payload = f.read()
+        with open(path, "wb") as f:
+            f.write(payload[: len(payload) // 2])
+    elif damage == "wrong_content":
+        torch.save({"something": torch.zeros(3)}, path)
+    else:
+        stored = torch.load(path, weights_only=True)
+        stored["cluster"] = stored["cluster"] + 10
+        torch.save(stored, path)
+    with pytest.warns(RuntimeWarning, match="recomputing"):
+        again = QuantClusterData(karate, 4, save_dir=tmp_path, log=False)
+    assert not again.from_cache and torch.equal(again.cluster, cd.cluster)
+    assert QuantClusterData(karate, 4, save_dir=tmp_path, log=False).from_cache  # rewritten, valid
+
+
+# --- empty parts ---------------------------------------------------------------------------------------
+def test_metis_empty_parts_are_skipped():
+    # two triangles in 5 parts: METIS leaves parts empty
+    edge_index = torch.tensor([[0, 1, 2, 3, 4, 5], [1, 2, 0, 4, 5, 3]])
+    data = Data(x=torch.randn(6, 3), edge_index=edge_index, y=torch.arange(6))
+    cd = QuantClusterData(data, 5, log=False)
+    assert cd.num_empty_parts > 0 and len(cd) == 5
+    loader = QuantClusterLoader(cd, batch_size=1, bits=4, self_loops=0, return_edge_index=True)
+    assert len(loader) == 5 - cd.num_empty_parts
+    batches = list(loader)
+    assert all(b.num_nodes > 0 for b in batches)
+    assert sorted(torch.cat([b.n_id for b in batches]).tolist()) == list(range(6))
+    for b in batches:
+        check_against_original(b, data, cd, 4, 0)
+    empty = int(torch.nonzero(cd.part_sizes == 0)[0])
+    assert cd[empty].num_nodes == 0  # PyG's indexing of an empty part still works
+
+
+def test_injected_empty_parts_and_isolated_nodes(planted, monkeypatch):
+    """Parts 0, 3 and the last one empty, wherever METIS would put nodes."""
+    def fake(indptr, index, num_parts, recursive, backend):
+        n = indptr.numel() - 1
+        return torch.tensor([1, 2, 4, 5])[torch.arange(n) % 4]
+
+    monkeypatch.setattr(cluster_data_module, "partition_nodes", fake)
+    cd = QuantClusterData(planted, 7, log=False)
+    assert cd.part_sizes.tolist()[0] == 0 and cd.part_sizes.tolist()[3] == 0 and cd.part_sizes.tolist()[6] == 0
+    assert cd.nonempty_parts() == [1, 2, 4, 5]
+    ours, theirs = loader_pairs(cd, 3, bits=4, self_loops=1)
+    assert [b.part.tolist() for b in ours] == [[1, 2, 4], [5]]
+    for o, t in zip(ours, theirs):
+        check_against_pyg(o, t, 4)
+        check_against_original(o, planted, cd, 4, 1)
+
+
+def test_edgeless_graph_and_single_part():
+    data = Data(x=torch.randn(10, 4), edge_index=torch.zeros(2, 0, dtype=torch.long), y=torch.arange(10))
+    cd = QuantClusterData(data, 3, log=False)
+    batches = list(QuantClusterLoader(cd, batch_size=2, bits=4))
+    assert sum(b.num_nodes for b in batches) == 10
+    assert all(b.adj.nnz == 0 and torch.equal(b.deg, torch.ones(b.num_nodes)) for b in batches)
+    one = QuantClusterData(data, 1, log=False)
+    (batch,) = list(QuantClusterLoader(one, batch_size=1, bits=4))
+    assert torch.equal(batch.n_id, torch.arange(10))
+
+
+# --- other ClusterData, logging, backends ----------------------------------------------------------------
+def test_loader_accepts_a_pyg_cluster_data(planted_parts):
+    """A PyG ClusterData (here assembled from our partition, since PyG cannot partition here)."""
+    pyg = ClusterData.__new__(ClusterData)
+    pyg.num_parts, pyg.recursive = planted_parts.num_parts, False
+    pyg.keep_inter_cluster_edges, pyg.sparse_format = False, "csr"
+    pyg.partition = planted_parts.partition
+    pyg.data = planted_parts.data.clone()
+    del pyg.data.num_nodes  # as PyG leaves it
+    ours = list(QuantClusterLoader(planted_parts, batch_size=4, bits=4, return_edge_index=True))
+    theirs = list(QuantClusterLoader(pyg, batch_size=4, bits=4, return_edge_index=True))
+    for a, b in zip(ours, theirs):
+        assert a.keys() == b.keys() and torch.equal(a.buffer, b.buffer)
+
+
+def test_log_shows_progress(karate, capsys):
+    QuantClusterData(karate, 2, log=True)
+    assert "QuantClusterData" in capsys.readouterr().err
+    QuantClusterData(karate, 2, log=False)
+    assert capsys.readouterr().err == ""
+
+
+def test_missing_backends_raise_import_error(karate):
+    import importlib.util
+
+    if importlib.util.find_spec("pyg_lib") is None:
+        with pytest.raises(ImportError, match="pyg_lib"):
+            QuantClusterData(karate, 2, backend="pyg_lib", log=False)
+    if importlib.util.find_spec("torch_sparse") is None:
+        with pytest.raises(ImportError, match="torch_sparse"):
+            QuantClusterData(karate, 2, backend="torch_sparse", log=False)
+
+
+# --- bad inputs ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kwargs,error,match", [
+    (dict(num_parts=34), ValueError, "num_parts"),
+    (dict(num_parts=100), ValueError, "num_parts"),
+    (dict(num_parts=0), ValueError, "num_parts"),
+    (dict(num_parts=2.0), TypeError, "num_parts"),
+    (dict(num_parts=True), TypeError, "num_parts"),
+    (dict(num_parts=2, recursive="yes"), TypeError, "recursive"),
+    (dict(num_parts=2, log=1), TypeError, "log"),
+    (dict(num_parts=2, backend="kahip"), ValueError, "backend"),
+    (dict(num_parts=2, sparse_format="coo"), ValueError, "sparse_format"),
+    (dict(num_parts=2, filename="x.pt"), ValueError, "filename"),
+    (dict(num_parts=2, save_dir=3), TypeError, "save_dir"),
+    (dict(num_parts=2, keep_inter_cluster_edges=None), TypeError, "keep_inter_cluster_edges"),
+])
+def test_cluster_data_bad_arguments(karate, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        QuantClusterData(karate, **{"log": False, **kwargs})
+
+
+def test_cluster_data_bad_graphs(karate):
+    from torch_geometric.data import HeteroData
+
+    with pytest.raises(TypeError, match="data"):
+        QuantClusterData(HeteroData(), 2, log=False)
+    with pytest.raises(TypeError, match="data"):
+        QuantClusterData({"edge_index": karate.edge_index}, 2, log=False)
+    with pytest.raises(ValueError, match="edge_index"):
+        QuantClusterData(Data(x=karate.x), 2, log=False)
+    with pytest.raises(TypeError, match="edge_index"):
+        QuantClusterData(Data(x=karate.x, edge_index=karate.edge_index.float()), 2, log=False)
+    with pytest.raises(ValueError, match="edge_index"):
+        QuantClusterData(Data(x=karate.x, edge_index=karate.edge_index[:1]), 2, log=False)
+    with pytest.raises(ValueError, match="edge_index.*outside"):
+        QuantClusterData(Data(x=karate.x, edge_index=karate.edge_index + 30), 2, log=False)
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    (dict(bits=0), ValueError, "bits"),
+    (dict(bits=9), ValueError, "bits"),
+    (dict(bits="4"), TypeError, "bits"),
+    (dict(self_loops=3), ValueError, "self_loops"),
+    (dict(batch_size=0), ValueError, "batch_size"),
+    (dict(min_tile_nnz=0), ValueError, "min_tile_nnz"),
+    (dict(return_edge_index=1), TypeError, "return_edge_index"),
+    (dict(collate_fn=list), TypeError, "collate_fn"),
+])
+def test_loader_bad_arguments(planted_parts, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        QuantClusterLoader(planted_parts, **kwargs)
+
+
+def test_loader_bad_cluster_data_and_features(karate):
+    with pytest.raises(TypeError, match="cluster_data"):
+        QuantClusterLoader(karate, batch_size=2)
+    cd = QuantClusterData(Data(x=torch.arange(34).view(34, 1), edge_index=karate.edge_index), 2, log=False)
+    with pytest.raises(TypeError, match="x must be a floating-point"):
+        QuantClusterLoader(cd, bits=4)
+    (batch,) = list(QuantClusterLoader(cd, batch_size=2, bits=None))  # bits=None ships x as is
+    assert torch.equal(batch.x, torch.arange(34)[batch.n_id].view(34, 1))
+
+
+def test_custom_sampler_yields_part_ids(planted_parts):
+    """As in PyG, a sampler yields part ids; bad ids and repeated parts raise."""
+    parts = planted_parts.nonempty_parts()
+    loader = QuantClusterLoader(planted_parts, batch_size=2, sampler=[parts[3], parts[1]], bits=4)
+    (batch,) = list(loader)
+    assert batch.part.tolist() == [parts[3], parts[1]]
+    for bad, match in (([0, 0], "twice"), ([planted_parts.num_parts], "part ids")):
+        with pytest.raises(ValueError, match=match):
+            list(QuantClusterLoader(planted_parts, batch_size=2, sampler=bad, bits=4))
+
+
+def test_edge_attributes_need_edge_index(karate):
+    data = karate.clone()
+    data.edge_weight = torch.rand(data.num_edges, generator=gen(1))
+    cd = QuantClusterData(data, 3, log=False)
+    with pytest.warns(UserWarning, match="edge_weight"):
+        batch = next(iter(QuantClusterLoader(cd, batch_size=3, bits=4)))
+    assert "edge_weight" not in batch
+    ours, theirs = loader_pairs(cd, 2, bits=4)
+    for o, t in zip(ours, theirs):
+        assert torch.equal(o.edge_weight, t.edge_weight)
