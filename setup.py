@@ -72,7 +72,7 @@ setup(
     install_requires=["torch>=2.4", "torch_geometric>=2.6,<2.9", "pymetis>=2023.1", "numpy"],
     extras_require={
         "sparse": ["torch_sparse", "torch_scatter"],
-        "test": ["pytest>=7"],
+        "test": ["pytest>=7", "scipy"],  # scipy: Planetoid (Cora) reads its raw files with it
         "lightning": ["lightning>=2.0"],
     },
     ext_modules=ext_modules,

@@ -7,12 +7,17 @@ from ._extension import backends
 from .adjacency import BitAdjacency, bit_spmm
 from .bit_tensor import BitTensor, to_bit, to_val
 from .bitmm import bitmm, bitmm_int
+from . import loader  # noqa: E402  (pyg_quant.loader: QuantClusterData, QuantClusterLoader)
+from .nn import QGCNConv, QGINConv  # noqa: E402  (pyg_quant.nn: drop-in quantized PyG layers)
+from . import qat  # noqa: E402  (pyg_quant.qat: quantization-aware training, prepare/convert)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BitAdjacency",
     "BitTensor",
+    "QGCNConv",
+    "QGINConv",
     "backends",
     "bit_spmm",
     "bitmm",

@@ -1,0 +1,394 @@
+"""Accuracy of quantization-aware training (pyg_quant.qat): fp32 against 8/4/2/1 bits, stochastic vs nearest.
+
+Protocol (Kipf & Welling's, as in PyG's examples/gcn.py): Cora's public split
+(140/500/1000 nodes), row-normalised features, a 2-layer model with 16 hidden
+channels, dropout 0.5 on the input and hidden features, Adam (lr 0.01,
+weight decay 5e-4 on every parameter), 200 full-batch epochs; the reported
+number is the test accuracy at the epoch of best validation accuracy (the first
+such epoch), mean ± sample sd over ``--seeds`` seeds (seed s fixes the weights,
+the dropout masks and the rounding noise).
+
+Models: GCN (GCNConv 1433→16→7) and GIN (GINConv with MLPs 1433→16→16 and
+16→16→7).  Quantized runs come from ``pyg_quant.qat.prepare(model, bits=b,
+stochastic=...)`` with its defaults: every layer but the last (TANGO's rule:
+``skip_last=True``) quantized, weights per output channel, Linear inputs per
+node, aggregated features per channel with an EMA range; validation and test
+run the QAT model in ``eval()`` under ``no_grad``, i.e. on the bit kernels with
+round-to-nearest codes.  ``--all-layers`` adds rows with the last layer
+quantized too.  After training, the best-validation weights are loaded, the
+model is ``convert``-ed and its test accuracy must equal the QAT model's
+(checked; the script fails otherwise).
+
+Cluster-GCN: a synthetic graph with planted classes (``--cluster-nodes`` nodes
+in communities of 100, 10% of the edges leaving the community, class = community
+mod ``--classes``, features = a class signature + Gaussian noise of SNR low
+enough that neighbours matter), trained with pyg_quant.loader's
+QuantClusterData / QuantClusterLoader (METIS parts, ``--parts`` parts,
+``--batch-parts`` per batch, float features, edge_index shipped with each
+batch) for ``--cluster-epochs`` epochs; validation / test on the full graph.
+
+Writes a markdown table to stdout, the numbers to ``--json`` and a plot to
+``--png`` (needs matplotlib).
+
+Usage (from the repository root)::
+
+    python benchmarks/accuracy.py                      # full table, 10 seeds
+    python benchmarks/accuracy.py --seeds 2 --bits 8 2 --no-cluster    # quick look
+"""
+import argparse
+import copy
+import datetime
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+try:
+    import pyg_quant as pq
+except ImportError:  # run from a checkout without an install
+    sys.path.insert(0, os.path.dirname(HERE))
+    import pyg_quant as pq
+from torch.nn import Linear, ReLU, Sequential  # noqa: E402
+from torch_geometric.data import Data  # noqa: E402
+from torch_geometric.datasets import Planetoid  # noqa: E402
+from torch_geometric.nn import GCNConv, GINConv  # noqa: E402
+from torch_geometric.transforms import NormalizeFeatures  # noqa: E402
+
+from pyg_quant import qat  # noqa: E402
+
+CORA_RAW = "/work/shared/datasets/planetoid/Cora/raw"
+TARGETS = {8: 0.5, 4: 1.5, 2: 5.0}  # allowed drop vs fp32, accuracy points
+
+
+# --- data -------------------------------------------------------------------------------
+def load_cora(raw_dir: str) -> Data:
+    """Cora from its raw Planetoid files, offline: copied to a temporary ``<root>/Cora/raw``."""
+    root = tempfile.mkdtemp(prefix="cora_")
+    try:
+        shutil.copytree(raw_dir, os.path.join(root, "Cora", "raw"))
+        data = Planetoid(root, "Cora", transform=NormalizeFeatures())[0]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return data
+
+
+def planted_graph(nodes: int, classes: int, features: int = 64, community: int = 100, degree: int = 10,
+                  p_out: float = 0.1, snr: float = 0.35, seed: int = 0) -> Data:
+    """A graph with planted classes: communities of ``community`` nodes, ``degree`` undirected edges per
+    node on average, a share ``p_out`` of them to a uniformly random node; label = community mod
+    ``classes``; features = ``snr`` · (the class's random ±1 signature) + N(0, 1).  Node ids are shuffled
+    (METIS has to find the communities) and the split is 10% / 10% / 80%."""
+    g = torch.Generator().manual_seed(seed)
+    pairs = nodes * degree // 2
+    src = torch.randint(nodes, (pairs,), generator=g)
+    start = torch.div(src, community, rounding_mode="floor") * community
+    size = (nodes - start).clamp(max=community)
+    inside = start + (torch.rand(pairs, generator=g) * size).long()
+    dst = torch.where(torch.rand(pairs, generator=g) < p_out, torch.randint(nodes, (pairs,), generator=g), inside)
+    keep = src != dst
+    src, dst = src[keep], dst[keep]
+    edge_index = torch.unique(torch.stack([torch.cat([src, dst]), torch.cat([dst, src])]), dim=1)
+    perm = torch.randperm(nodes, generator=g)
+    edge_index = perm[edge_index]
+    y = torch.empty(nodes, dtype=torch.long)
+    y[perm] = (torch.arange(nodes) // community) % classes
+    signature = torch.randint(0, 2, (classes, features), generator=g).float() * 2 - 1
+    x = snr * signature[y] + torch.randn(nodes, features, generator=g)
+    split = torch.rand(nodes, generator=g)
+    return Data(x=x, edge_index=edge_index, y=y, train_mask=split < 0.1, val_mask=(split >= 0.1) & (split < 0.2),
+                test_mask=split >= 0.2)
+
+
+# --- models -----------------------------------------------------------------------------
+def dropout(x, p: float, training: bool):
+    """Inverted dropout, as F.dropout; drawn with torch.rand, which is ~5x faster than torch's CPU
+    bernoulli on Cora's dense 2708×1433 input (the bulk of an fp32 epoch otherwise)."""
+    if not training or p == 0.0:
+        return x
+    return x * (torch.rand_like(x) >= p).to(x.dtype) * (1.0 / (1.0 - p))
+
+
+class GCN(torch.nn.Module):
+    def __init__(self, in_channels: int, hidden: int, out_channels: int, dropout: float = 0.5):
+        super().__init__()
+        self.dropout = dropout
+        self.conv1 = GCNConv(in_channels, hidden, cached=True)
+        self.conv2 = GCNConv(hidden, out_channels, cached=True)
+
+    def forward(self, x, edge_index):
+        x = dropout(x, self.dropout, self.training)
+        x = F.relu(self.conv1(x, edge_index))
+        x = dropout(x, self.dropout, self.training)
+        return self.conv2(x, edge_index)
+
+
+class GIN(torch.nn.Module):
+    def __init__(self, in_channels: int, hidden: int, out_channels: int, dropout: float = 0.5):
+        super().__init__()
+        self.dropout = dropout
+        self.conv1 = GINConv(Sequential(Linear(in_channels, hidden), ReLU(), Linear(hidden, hidden)))
+        self.conv2 = GINConv(Sequential(Linear(hidden, hidden), ReLU(), Linear(hidden, out_channels)))
+
+    def forward(self, x, edge_index):
+        x = dropout(x, self.dropout, self.training)
+        x = F.relu(self.conv1(x, edge_index))
+        x = dropout(x, self.dropout, self.training)
+        return self.conv2(x, edge_index)
+
+
+MODELS = {"gcn": GCN, "gin": GIN}
+
+
+def build(kind: str, data: Data, seed: int, bits, stochastic: bool, all_layers: bool, device):
+    torch.manual_seed(seed)
+    model = MODELS[kind](data.num_features, 16, int(data.y.max()) + 1)
+    if bits is not None:
+        model = qat.prepare(model, bits=bits, stochastic=stochastic, skip_last=not all_layers)
+    return model.to(device)
+
+
+# --- training ---------------------------------------------------------------------------
+@torch.no_grad()
+def accuracies(model, data, edge_index):
+    model.eval()
+    pred = model(data.x, edge_index).argmax(-1)
+    return [float((pred[m] == data.y[m]).float().mean()) for m in (data.val_mask, data.test_mask)]
+
+
+def train_full_batch(model, data, epochs: int, lr: float = 0.01, weight_decay: float = 5e-4):
+    """200 epochs of full-batch Adam; returns (test acc at best val, best val, state at best val)."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
+    best = (-1.0, 0.0, None)
+    for _ in range(epochs):
+        model.train()
+        optimizer.zero_grad()
+        out = model(data.x, data.edge_index)
+        F.cross_entropy(out[data.train_mask], data.y[data.train_mask]).backward()
+        optimizer.step()
+        val, test = accuracies(model, data, data.edge_index)
+        if val > best[0]:
+            best = (val, test, copy.deepcopy(model.state_dict()))
+    return best[1], best[0], best[2]
+
+
+def check_convert(model, state, data, test_acc: float) -> None:
+    """The converted best-validation model must score exactly what the QAT model scored."""
+    model.load_state_dict(state)
+    inference = qat.convert(model)
+    with torch.no_grad():
+        pred = inference(data.x, data.edge_index).argmax(-1)
+    acc = float((pred[data.test_mask] == data.y[data.test_mask]).float().mean())
+    if acc != test_acc:
+        raise AssertionError(f"converted model scores {acc:.4f}, the QAT model {test_acc:.4f}")
+
+
+def train_cluster(model, data, loader, epochs: int, device, lr: float = 0.01, weight_decay: float = 5e-4):
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
+    full = data.to(device)
+    best = (-1.0, 0.0, None)
+    for _ in range(epochs):
+        model.train()
+        for batch in loader:
+            batch = batch.to(device)
+            mask = batch.train_mask
+            if not bool(mask.any()):
+                continue
+            optimizer.zero_grad()
+            out = model(batch.x, batch.edge_index)
+            F.cross_entropy(out[mask], batch.y[mask]).backward()
+            optimizer.step()
+        val, test = accuracies(model, full, full.edge_index)
+        if val > best[0]:
+            best = (val, test, copy.deepcopy(model.state_dict()))
+    return best[1], best[0], best[2]
+
+
+# --- report -----------------------------------------------------------------------------
+def summary(values):
+    mean = statistics.mean(values)
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return 100 * mean, 100 * sd
+
+
+def label(bits, stochastic, all_layers=False):
+    if bits is None:
+        return "fp32"
+    return f"{bits}-bit {'stochastic' if stochastic else 'nearest'}{' (all layers)' if all_layers else ''}"
+
+
+def table(rows, fp32) -> str:
+    lines = ["| model | setting | test acc % (mean ± sd) | drop vs fp32 (pt) | target | met | seeds | s/run |",
+             "|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        mean, sd = summary(row["test"])
+        base = summary(fp32[row["model"]]["test"])[0]
+        drop = base - mean
+        target = TARGETS.get(row["bits"]) if row["bits"] is not None and not row["all_layers"] else None
+        met = "" if target is None else ("yes" if drop <= target else "no")
+        lines.append(f"| {row['model']} | {label(row['bits'], row['stochastic'], row['all_layers'])} | "
+                     f"{mean:.2f} ± {sd:.2f} | {'' if row['bits'] is None else f'{drop:+.2f}'} | "
+                     f"{'' if target is None else f'≤ {target}'} | {met} | {len(row['test'])} | "
+                     f"{row['seconds'] / len(row['test']):.1f} |")
+    return "\n".join(lines)
+
+
+def plot(rows, fp32, path: str) -> bool:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot written", file=sys.stderr)
+        return False
+    models = list(dict.fromkeys(row["model"] for row in rows))
+    fig, axes = plt.subplots(1, len(models), figsize=(4.2 * len(models), 3.6), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        base_mean, base_sd = summary(fp32[model]["test"])
+        ax.axhspan(base_mean - base_sd, base_mean + base_sd, color="0.85")
+        ax.axhline(base_mean, color="k", lw=1, label="fp32")
+        for stochastic, all_layers, style in ((True, False, "o-"), (False, False, "s--"), (True, True, "^:"),
+                                              (False, True, "v:")):
+            points = [r for r in rows if r["model"] == model and r["bits"] is not None
+                      and r["stochastic"] == stochastic and r["all_layers"] == all_layers]
+            if not points:
+                continue
+            points.sort(key=lambda r: r["bits"])
+            stats = [summary(r["test"]) for r in points]
+            ax.errorbar([r["bits"] for r in points], [s[0] for s in stats], yerr=[s[1] for s in stats],
+                        fmt=style, capsize=3, label=label("b", stochastic, all_layers).replace("b-bit ", ""))
+        ax.set_xscale("log", base=2)
+        ax.set_xticks([1, 2, 4, 8], ["1", "2", "4", "8"])
+        ax.set_xlabel("bits (weights and activations)")
+        ax.set_ylabel("test accuracy %")
+        ax.set_title(model)
+        ax.legend(fontsize=7, loc="lower right")
+    fig.suptitle("pyg_quant.qat: accuracy vs bit width (mean ± sd over seeds)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+# --- main -------------------------------------------------------------------------------
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--bits", type=int, nargs="+", default=[8, 4, 2, 1])
+    parser.add_argument("--models", nargs="+", default=["gcn", "gin"], choices=sorted(MODELS))
+    parser.add_argument("--epochs", type=int, default=200)
+    parser.add_argument("--rounding", nargs="+", default=["stochastic", "nearest"],
+                        choices=["stochastic", "nearest"])
+    parser.add_argument("--all-layers", action="store_true", help="also quantize the last layer (extra rows)")
+    parser.add_argument("--no-cluster", action="store_true", help="skip the Cluster-GCN part")
+    parser.add_argument("--cluster-seeds", type=int, default=None, help="default: --seeds")
+    parser.add_argument("--cluster-nodes", type=int, default=20000)
+    parser.add_argument("--classes", type=int, default=8)
+    parser.add_argument("--parts", type=int, default=40)
+    parser.add_argument("--batch-parts", type=int, default=4)
+    parser.add_argument("--cluster-epochs", type=int, default=20)
+    parser.add_argument("--cluster-bits", type=int, nargs="+", default=None, help="default: --bits")
+    parser.add_argument("--cora-raw", default=CORA_RAW)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--json", default=os.path.join(HERE, "out", "accuracy.json"))
+    parser.add_argument("--png", default=os.path.join(HERE, "accuracy.png"))
+    args = parser.parse_args(argv)
+    if args.seeds < 1:
+        parser.error("--seeds must be >= 1")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    settings = [(None, True)] + [(b, r == "stochastic") for b in args.bits for r in args.rounding]
+    started = time.perf_counter()
+    rows, fp32 = [], {}
+
+    cora = load_cora(args.cora_raw).to(device)
+    for kind in args.models:
+        layer_options = [False] + ([True] if args.all_layers else [])
+        for bits, stochastic in settings:
+            for all_layers in layer_options:
+                if bits is None and all_layers:
+                    continue
+                row = {"model": f"Cora {kind.upper()}", "bits": bits, "stochastic": stochastic,
+                       "all_layers": all_layers, "test": [], "val": []}
+                t0 = time.perf_counter()
+                for seed in range(args.seeds):
+                    model = build(kind, cora, seed, bits, stochastic, all_layers, device)
+                    test, val, state = train_full_batch(model, cora, args.epochs)
+                    if bits is not None and seed == 0:
+                        check_convert(model, state, cora, test)
+                    row["test"].append(test)
+                    row["val"].append(val)
+                row["seconds"] = time.perf_counter() - t0
+                rows.append(row)
+                if bits is None:
+                    fp32[row["model"]] = row
+                print(f"[{time.perf_counter() - started:6.0f}s] {row['model']} {label(bits, stochastic, all_layers)}: "
+                      f"{summary(row['test'])[0]:.2f} ± {summary(row['test'])[1]:.2f}", file=sys.stderr, flush=True)
+
+    cluster_note = None
+    if not args.no_cluster:
+        from pyg_quant.loader import QuantClusterData, QuantClusterLoader
+
+        graph = planted_graph(args.cluster_nodes, args.classes)
+        cache = tempfile.mkdtemp(prefix="qat_cluster_")
+        try:
+            cluster_data = QuantClusterData(graph, args.parts, save_dir=cache, log=False)
+        finally:
+            shutil.rmtree(cache, ignore_errors=True)
+        loader = QuantClusterLoader(cluster_data, batch_size=args.batch_parts, shuffle=True, bits=None,
+                                    self_loops=1, return_edge_index=True)
+        cluster_note = (f"{args.cluster_nodes} nodes, {graph.num_edges} directed edges, {args.classes} classes, "
+                        f"{args.parts} METIS parts, {args.batch_parts} parts a batch, {args.cluster_epochs} epochs")
+        cluster_bits = args.cluster_bits or args.bits
+        cluster_settings = [(None, True)] + [(b, r == "stochastic") for b in cluster_bits for r in args.rounding]
+        for bits, stochastic in cluster_settings:
+            row = {"model": "Cluster-GCN planted", "bits": bits, "stochastic": stochastic, "all_layers": False,
+                   "test": [], "val": []}
+            t0 = time.perf_counter()
+            for seed in range(args.cluster_seeds or args.seeds):
+                torch.manual_seed(seed)
+                model = GCN(graph.num_features, 16, args.classes)
+                for conv in (model.conv1, model.conv2):
+                    conv.cached = False  # the graph changes from batch to batch
+                if bits is not None:
+                    model = qat.prepare(model, bits=bits, stochastic=stochastic)
+                model = model.to(device)
+                test, val, _ = train_cluster(model, graph, loader, args.cluster_epochs, device)
+                row["test"].append(test)
+                row["val"].append(val)
+            row["seconds"] = time.perf_counter() - t0
+            rows.append(row)
+            if bits is None:
+                fp32[row["model"]] = row
+            print(f"[{time.perf_counter() - started:6.0f}s] {row['model']} {label(bits, stochastic)}: "
+                  f"{summary(row['test'])[0]:.2f} ± {summary(row['test'])[1]:.2f}", file=sys.stderr, flush=True)
+
+    total = time.perf_counter() - started
+    print(table(rows, fp32))
+    if cluster_note:
+        print(f"\nCluster-GCN graph: {cluster_note}.")
+    print(f"\nTotal {total:.0f} s on {device} ({torch.get_num_threads()} threads), torch {torch.__version__}, "
+          f"seeds {args.seeds}, epochs {args.epochs}.")
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump({"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                       "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+                       "machine": platform.platform(), "torch": torch.__version__, "device": str(device),
+                       "threads": torch.get_num_threads(), "seconds": total, "cluster": cluster_note,
+                       "rows": rows}, f, indent=1)
+    if args.png and plot(rows, fp32, args.png):
+        print(f"plot: {args.png}")
+
+
+if __name__ == "__main__":
+    main()

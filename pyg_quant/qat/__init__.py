@@ -1,0 +1,37 @@
+r"""Quantization-aware training for pyg_quant's bit-plane GNN layers.
+
+* :class:`FakeQuantize` with range observers (:mod:`.observers`: dynamic, min/max,
+  EMA, percentile): stochastic rounding in training (unbiased, seeded), nearest in
+  evaluation, straight-through gradients zeroed outside the clipping range.
+* :class:`QConfig`: which quantizer each tensor of a layer gets.
+* :class:`QATLinear`, :class:`QATGCNConv`, :class:`QATGINConv`: the layers of
+  :mod:`pyg_quant.nn` driven by those quantizers; fp32 master weights.
+* :func:`prepare` (GCNConv/GINConv/Linear → QAT layers, last layer fp32 by default)
+  and :func:`convert` (frozen ranges, bit kernels, equal outputs).
+* :func:`quantization_error` / :func:`recommend_bits`: a relative-error metric and the
+  fewest bits that keep it under a threshold.
+
+Typical use::
+
+    model = pyg_quant.qat.prepare(float_model, bits=4)      # stochastic rounding, last layer fp32
+    ... train model as usual ...
+    inference = pyg_quant.qat.convert(model)
+    with torch.no_grad():
+        out = inference(x, edge_index)                      # bit kernels, frozen ranges
+"""
+from .conv import QATGCNConv, QATGINConv
+from .degree_quant import protect_mask, protection_probability
+from .fake_quantize import FakeQuantize
+from .linear import QATLinear
+from .metrics import quantization_error, quantization_errors, recommend_bits
+from .observers import (OBSERVERS, DynamicObserver, EMAMinMaxObserver, MinMaxObserver, Observer,
+                        PercentileObserver, make_observer)
+from .prepare import convert, fake_quantizers, prepare, quantizable_layers
+from .qconfig import QConfig
+
+__all__ = [
+    "OBSERVERS", "DynamicObserver", "EMAMinMaxObserver", "FakeQuantize", "MinMaxObserver", "Observer",
+    "PercentileObserver", "QATGCNConv", "QATGINConv", "QATLinear", "QConfig", "convert", "fake_quantizers",
+    "make_observer", "prepare", "protect_mask", "protection_probability", "quantizable_layers",
+    "quantization_error", "quantization_errors", "recommend_bits",
+]

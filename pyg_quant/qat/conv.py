@@ -1,0 +1,235 @@
+r"""QATGCNConv / QATGINConv: :class:`~pyg_quant.QGCNConv` / :class:`~pyg_quant.QGINConv` with FakeQuantize modules.
+
+The layers of :mod:`pyg_quant.nn` quantize every tensor over its own min/max at
+each call.  Their QAT subclasses here route the same three quantization points
+through :class:`~pyg_quant.qat.FakeQuantize` modules instead (see
+:class:`~pyg_quant.qat.QConfig`), so ranges can be observed (EMA, percentile),
+clipped with a zeroed straight-through gradient, frozen by
+:func:`~pyg_quant.qat.convert`, and rounded stochastically from a seeded
+generator:
+
+* GCN: ``H = fq_in(X)·fq_w(Θ)`` (:class:`QATLinear`), ``H' = D^{-1/2} H``,
+  ``out = D^{-1/2} Â fq_agg(H') + b``;
+* GIN: ``out = h_Θ(A·fq_agg(X) + (1 + ε) X)`` with every Linear of ``h_Θ`` a
+  :class:`QATLinear`.
+
+Evaluation without autograd runs the bit kernels (``bitmm``, the layers'
+bit-tile aggregation) on the quantizers' nearest-rounded codes; with autograd,
+the fake path computes its products in float64 and rounds once, so the two
+agree to float32 rounding.  The graph handling (adjacency formats, self-loops,
+degrees, edge-weight codes, caching) is the parent layers', unchanged.
+Node features are ``[N, F]`` (no leading batch dimensions); ``out_bits`` is
+not used (the next QAT layer quantizes with its own quantizers).
+"""
+from typing import Optional, Tuple, Union
+
+import torch
+from torch import Tensor
+from torch_geometric.nn.dense.linear import Linear as PyGLinear
+
+from ..bit_tensor import BitTensor, to_val
+from ..nn._adjacency_formats import to_edge_set
+from ..nn._graph import QuantGraph
+from ..nn._quantize import check_finite
+from ..nn.qgcn_conv import QGCNConv
+from ..nn.qgin_conv import QGINConv
+from ..nn.quant_linear import bit_kernels_apply
+from .degree_quant import protect_mask
+from .linear import QATLinear, _check_qconfig
+from .qconfig import QConfig
+
+
+def _float_features(x, name: str) -> Optional[Tensor]:
+    if x is None:
+        return None
+    if isinstance(x, BitTensor):
+        return to_val(x)  # re-quantized by this layer's own quantizers
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a Tensor or a BitTensor, got {type(x).__name__}")
+    if x.is_sparse:
+        x = x.to_dense()
+    if x.dim() != 2:
+        raise ValueError(f"{name} must be 2-D node features [num_nodes, channels] in a QAT layer, "
+                         f"got shape {tuple(x.shape)}")
+    return x
+
+
+def _aggregate_float(graph: QuantGraph, y: Tensor, training: bool) -> Tensor:
+    # In evaluation the sum runs in float64 and is rounded once, as the bit kernels do.
+    return graph.aggregate_float(y if training else y.double()).to(torch.float32)
+
+
+class _QATConvMixin:
+    """Degree-Quant masks and the quantizer switches shared by the two convolutions."""
+
+    def _protect(self, graph: QuantGraph, num_nodes: int) -> Optional[Tensor]:
+        p_range = self.qconfig.degree_quant
+        if p_range is None or not self.training or graph.num_src != graph.num_dst:
+            return None
+        noise = self.agg_quant.noise if self.agg_quant is not None else (
+            lambda shape, device: torch.rand(shape, device=device))
+        return protect_mask(graph.degree()[:num_nodes], p_range, noise)
+
+
+class QATGCNConv(_QATConvMixin, QGCNConv):
+    r"""Quantization-aware :class:`~pyg_quant.QGCNConv` (see the module docstring).
+
+    Args:
+        in_channels, out_channels, improved, cached, add_self_loops, normalize, bias:
+            as in :class:`torch_geometric.nn.GCNConv`.
+        qconfig (QConfig, optional): the quantizers (default ``QConfig()``).
+        adj_bits (int, optional): width of the edge-weight codes (as in QGCNConv).
+        **kwargs: :class:`~torch_geometric.nn.conv.MessagePassing` arguments.
+
+    Submodules: ``lin`` (:class:`QATLinear`) and ``agg_quant`` (:class:`FakeQuantize` or None).
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, improved: bool = False, cached: bool = False,
+                 add_self_loops: Optional[bool] = None, normalize: bool = True, bias: bool = True, *,
+                 qconfig: Optional[QConfig] = None, adj_bits: Optional[int] = 8, _counter: Optional[list] = None,
+                 **kwargs):
+        qconfig = _check_qconfig(qconfig)
+        super().__init__(in_channels, out_channels, improved, cached, add_self_loops, normalize, bias,
+                         weight_bits=qconfig.weight_bits, act_bits=qconfig.act_bits, adj_bits=adj_bits,
+                         stochastic=qconfig.stochastic, **kwargs)
+        self.qconfig = qconfig
+        self.lin = QATLinear.from_linear(self.lin, qconfig, _counter)
+        self.agg_quant = qconfig.agg_quantizer(_counter)
+
+    @classmethod
+    def from_float(cls, conv: torch.nn.Module, qconfig: Optional[QConfig] = None,
+                   _counter: Optional[list] = None) -> "QATGCNConv":
+        """From a :class:`torch_geometric.nn.GCNConv` (or a QGCNConv), sharing its weight and bias."""
+        lin = getattr(conv, "lin", None)
+        if lin is None or not hasattr(conv, "normalize"):
+            raise TypeError(f"conv must be a GCNConv or QGCNConv, got {type(conv).__name__}")
+        module = cls(conv.in_channels, conv.out_channels, conv.improved, conv.cached, conv.add_self_loops,
+                     conv.normalize, conv.bias is not None, qconfig=qconfig,
+                     adj_bits=getattr(conv, "adj_bits", 8), _counter=None,
+                     aggr=conv.aggr, flow=conv.flow, node_dim=conv.node_dim)
+        # The fresh Linear and quantizers made by __init__ give way to ones sharing conv's
+        # weight; they draw their seeds from the counter in the layer's order (lin, then agg).
+        module.lin = QATLinear.from_linear(lin, module.qconfig, _counter)
+        module.agg_quant = module.qconfig.agg_quantizer(_counter)
+        if conv.bias is not None:
+            module.bias = conv.bias
+        return module
+
+    def forward(self, x: Union[Tensor, BitTensor], edge_index, edge_weight: Optional[Tensor] = None) -> Tensor:
+        """Args:
+            x (Tensor or BitTensor): node features ``[N, F_in]``.
+            edge_index: edge indices, a sparse adjacency ``adj_t`` or a :class:`~pyg_quant.BitAdjacency`.
+            edge_weight (Tensor, optional): edge weights for ``edge_index``.
+        """
+        x = _float_features(x, "x")
+        bit_kernels = bit_kernels_apply(self, x, edge_weight, self.lin.weight, self.bias)
+        graph = self._graph(x, edge_index, edge_weight)
+        protect = self._protect(graph, x.size(0))
+
+        h = self.lin(x, protect=protect)
+        deg_inv_sqrt = graph.deg_inv_sqrt
+        if deg_inv_sqrt is not None:
+            h = h * deg_inv_sqrt.to(h.dtype).view(-1, 1)
+        fq = self.agg_quant
+        if fq is not None and graph.can_run_bits and bit_kernels:
+            out = graph.aggregate_bits(fq.quantize(h, "col"))
+        else:
+            if fq is not None:
+                h = fq(h, protect)
+            out = _aggregate_float(graph, h, self.training)
+        if deg_inv_sqrt is not None:
+            out = out * deg_inv_sqrt.to(out.dtype).view(-1, 1)
+        if self.bias is not None:
+            out = out + self.bias
+        return out
+
+
+def _swap_linears(module: torch.nn.Module, qconfig: QConfig, counter: Optional[list]) -> torch.nn.Module:
+    """Every Linear / QuantLinear inside ``module`` replaced, in place, by a :class:`QATLinear` sharing its weights."""
+    if isinstance(module, QATLinear):
+        return module
+    if isinstance(module, (torch.nn.Linear, PyGLinear)):  # QuantLinear is a PyG Linear
+        return QATLinear.from_linear(module, qconfig, counter)
+    for name, child in module.named_children():
+        swapped = _swap_linears(child, qconfig, counter)
+        if swapped is not child:
+            setattr(module, name, swapped)
+    return module
+
+
+class QATGINConv(_QATConvMixin, QGINConv):
+    r"""Quantization-aware :class:`~pyg_quant.QGINConv` (see the module docstring).
+
+    Args:
+        nn (torch.nn.Module): :math:`h_{\mathbf{\Theta}}`; its Linears become :class:`QATLinear` (in place).
+        eps (float), train_eps (bool): as in :class:`torch_geometric.nn.GINConv`.
+        qconfig (QConfig, optional): the quantizers (default ``QConfig()``).
+        adj_bits (int, optional): as in QGINConv.
+        **kwargs: :class:`~torch_geometric.nn.conv.MessagePassing` arguments.
+
+    Submodule ``agg_quant`` (:class:`FakeQuantize` or None) quantizes the source features.
+    """
+
+    def __init__(self, nn: torch.nn.Module, eps: float = 0., train_eps: bool = False, *,
+                 qconfig: Optional[QConfig] = None, adj_bits: Optional[int] = 8, _counter: Optional[list] = None,
+                 **kwargs):
+        qconfig = _check_qconfig(qconfig)
+        if not isinstance(nn, torch.nn.Module):
+            raise TypeError(f"nn must be a torch.nn.Module in a QAT layer, got {type(nn).__name__}")
+        super().__init__(nn, eps, train_eps, weight_bits=qconfig.weight_bits, act_bits=qconfig.act_bits,
+                         adj_bits=adj_bits, stochastic=qconfig.stochastic, **kwargs)
+        self.qconfig = qconfig
+        self.agg_quant = qconfig.agg_quantizer(_counter)
+        if qconfig.weight_bits is not None or qconfig.act_bits is not None:
+            self.nn = _swap_linears(self.nn, qconfig, _counter)
+
+    @classmethod
+    def from_float(cls, conv: torch.nn.Module, qconfig: Optional[QConfig] = None,
+                   _counter: Optional[list] = None) -> "QATGINConv":
+        """From a :class:`torch_geometric.nn.GINConv` (or a QGINConv), keeping its weights.
+
+        ``conv.nn`` is taken over (its Linears are swapped in place, sharing their parameters).
+        """
+        if not isinstance(getattr(conv, "nn", None), torch.nn.Module) or not hasattr(conv, "eps"):
+            raise TypeError(f"conv must be a GINConv or QGINConv with a Module nn, got {type(conv).__name__}")
+        # The parent constructor re-initializes nn (PyG's reset_parameters): keep the values to restore.
+        saved = {k: v.detach().clone() for k, v in conv.state_dict().items()}
+        module = cls(conv.nn, float(conv.initial_eps), isinstance(conv.eps, torch.nn.Parameter), qconfig=qconfig,
+                     adj_bits=getattr(conv, "adj_bits", 8), _counter=_counter,
+                     aggr=conv.aggr, flow=conv.flow, node_dim=conv.node_dim)
+        missing, unexpected = module.load_state_dict(saved, strict=False)
+        if unexpected:
+            raise RuntimeError(f"could not carry {unexpected} over to {cls.__name__}")
+        return module.to(conv.eps.device)
+
+    def forward(self, x, edge_index, size: Optional[Tuple[int, int]] = None) -> Tensor:
+        """Args:
+            x (Tensor, BitTensor or pair): node features ``[N, F]``, or ``(x_src, x_dst)``.
+            edge_index: edge indices, a sparse adjacency ``adj_t`` or a :class:`~pyg_quant.BitAdjacency`.
+            size ((int, int), optional): ``(num_src, num_dst)``.
+        """
+        if isinstance(x, (Tensor, BitTensor)):
+            x = (x, x)
+        if not isinstance(x, (tuple, list)) or len(x) != 2:
+            raise TypeError(f"x must be a Tensor, a BitTensor or a pair (x_src, x_dst), got {type(x).__name__}")
+        x_src, x_dst = _float_features(x[0], "x_src"), _float_features(x[1], "x_dst")
+        if x_src is None:
+            raise ValueError("x_src (the source node features) is required")
+        num_src, num_dst = self._node_counts(x_src, x_dst, edge_index, size)
+        edges = to_edge_set(edge_index, None, num_src, num_dst, self.flow, sparse_tensor_values=False)
+        graph = QuantGraph(edges, None, self.adj_bits if self.act_bits is not None else None)
+        bit_kernels = bit_kernels_apply(self, x_src, x_dst, self.eps)
+        fq = self.agg_quant
+        if fq is not None and not self.training:  # in training NaN/inf reach the loss anyway
+            check_finite(x_src, "x")
+        if fq is not None and graph.can_run_bits and bit_kernels:
+            out = graph.aggregate_bits(fq.quantize(x_src, "col"))
+        else:
+            source = fq(x_src, self._protect(graph, num_src)) if fq is not None else x_src
+            out = _aggregate_float(graph, source, self.training)
+        if x_dst is not None:
+            out = out + (1 + self.eps) * x_dst
+        return self.nn(out)
+
+
+__all__ = ["QATGCNConv", "QATGINConv"]

@@ -1,0 +1,233 @@
+r"""FakeQuantize: quantize-dequantize in float with a straight-through gradient, plus the bit-plane twin.
+
+For a range ``[lo, hi]`` (from an observer, see :mod:`.observers`) and ``b`` bits:
+
+.. math::
+    s = \frac{hi - lo}{2^b - 1}, \qquad
+    q = \mathrm{clamp}\big(\lfloor (x - lo)\cdot s^{-1} + u \rfloor,\ 0,\ 2^b - 1\big), \qquad
+    \tilde{x} = lo + s\,q,
+
+in float32 step by step exactly as :func:`pyg_quant.to_bit` (tensor-by-tensor
+division for ``s``, ``s^{-1} = 0`` where ``s = 0``), so the codes of the fake
+path and of the bit kernels agree bit for bit.  ``u = 1/2`` rounds to nearest
+(evaluation); ``u ~ U[0, 1)`` is stochastic rounding (training, when
+``stochastic``): with ``v = (x − lo)/s`` inside ``[0, 2^b − 1]``,
+``P(q = ⌊v⌋ + 1) = v − ⌊v⌋``, hence ``E[q] = v`` and ``E[x̃] = x`` (unbiased;
+``Var[x̃] = s²·f(1 − f)`` with ``f = v − ⌊v⌋``).
+
+Gradient (straight-through estimator, zeroed where the value was clipped):
+
+.. math::
+    \frac{\partial \tilde{x}}{\partial x} = \mathbb{1}[lo \le x \le hi].
+
+The noise ``u`` comes from the module's own ``torch.Generator`` seeded with
+``seed`` (one per device, so the same seed gives the same codes; on CUDA
+``torch.rand`` with a CUDA generator is Philox), or from torch's global
+generator when ``seed`` is None (then ``torch.manual_seed`` fixes it).
+"""
+from typing import Dict, Optional, Tuple, Union
+
+import torch
+
+from .. import ops
+from ..bit_tensor import BitTensor, _check_bits
+from .observers import OBSERVERS, Observer, check_dim, check_matrix, make_observer
+
+_VIEW = {None: (1, 1), 0: (1, -1), 1: (-1, 1)}
+
+
+def qparams_from_range(lo: torch.Tensor, hi: torch.Tensor, bits: int):
+    r"""``(scale, inv_scale)`` of a range, float32, with ``to_bit``'s exact float32 steps."""
+    lo, hi = lo.to(torch.float32), hi.to(torch.float32)
+    scale = (hi - lo) / torch.full_like(hi, float(2**bits - 1))
+    inv_scale = torch.where(scale > 0, torch.ones_like(scale) / scale, torch.zeros_like(scale))
+    return scale, inv_scale
+
+
+def _check_seed(seed) -> Optional[int]:
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise ValueError(f"seed must be None or a non-negative int, got {seed!r}")
+    return seed
+
+
+class FakeQuantize(torch.nn.Module):
+    r"""Fake quantization of 2-D tensors in the FakeQuantize style (observer, switches, buffers).
+
+    * ``forward(x)`` in ``train()``: the observer records ``x`` (if
+      ``observer_enabled``), then ``x̃`` with stochastic rounding (if
+      ``stochastic``) and the clipped straight-through gradient;
+    * ``forward(x)`` in ``eval()``: ``x̃`` with round-to-nearest from the frozen
+      range (the observer never moves in ``eval()``);
+    * :meth:`quantize`: the same nearest-rounded codes as a :class:`BitTensor`
+      for the bit kernels (``to_val(fq.quantize(x)) == fq.eval()(x)`` exactly).
+
+    Buffers: ``lo``, ``scale`` (the range in use, ``(1,)`` / ``(cols,)`` /
+    ``(rows,)``; empty for a dynamic observer, whose range is every input's
+    own), ``observer_enabled`` and ``fake_quant_enabled`` (uint8 switches, as
+    in ``torch.ao.quantization.FakeQuantize``).  Until a static observer has
+    seen data, inputs are quantized over their own range.
+
+    Args:
+        bits (int): 1..8.
+        observer (str or Observer): ``"dynamic"``, ``"minmax"``, ``"ema"``,
+            ``"percentile"`` (see :mod:`.observers`) or an observer instance
+            (whose ``dim`` is then used).
+        dim (int, optional): the reduction dimension of the ranges: ``None``
+            per tensor, ``0`` per column, ``1`` per row.
+        stochastic (bool): stochastic rounding in training (evaluation always rounds to nearest).
+        seed (int, optional): seed of the module's generator; None uses torch's global one.
+        momentum, percentile (float): observer settings (``"ema"``, ``"percentile"``).
+
+    Shapes:
+        - **input:** ``[rows, cols]`` floating point (returned as float32)
+        - **protect** (optional): bool ``[rows]``, rows passed through unquantized
+          (Degree-Quant's protective mask; training only)
+    """
+
+    def __init__(self, bits: int, observer: Union[str, Observer] = "dynamic", dim: Optional[int] = None,
+                 stochastic: bool = True, seed: Optional[int] = None, momentum: float = 0.1,
+                 percentile: float = 0.999):
+        super().__init__()
+        self.bits = _check_bits(bits)
+        if isinstance(observer, Observer):
+            if dim is not None and observer.dim != dim:
+                raise ValueError(f"dim={dim} disagrees with the observer's dim={observer.dim}")
+            dim = observer.dim
+        elif isinstance(observer, str):
+            observer = make_observer(observer, check_dim(dim), momentum, percentile)
+        else:
+            raise TypeError(f"observer must be one of {OBSERVERS} or an Observer, got {type(observer).__name__}")
+        if not isinstance(stochastic, bool):
+            raise TypeError(f"stochastic must be a bool, got {type(stochastic).__name__}")
+        self.observer = observer
+        self.dim = observer.dim
+        self.stochastic = stochastic
+        self.seed = _check_seed(seed)
+        self.register_buffer("lo", torch.empty(0))
+        self.register_buffer("scale", torch.empty(0))
+        self.register_buffer("observer_enabled", torch.ones(1, dtype=torch.uint8))
+        self.register_buffer("fake_quant_enabled", torch.ones(1, dtype=torch.uint8))
+        # Python mirrors of the two switches: reading a CUDA buffer in forward would sync the device.
+        self._observe, self._fake = True, True
+        self._generators: Dict[str, torch.Generator] = {}
+
+    # --- switches ----------------------------------------------------------------------
+    def enable_observer(self, enabled: bool = True) -> "FakeQuantize":
+        self.observer_enabled.fill_(int(enabled))
+        self._observe = bool(enabled)
+        return self
+
+    def disable_observer(self) -> "FakeQuantize":
+        return self.enable_observer(False)
+
+    def enable_fake_quant(self, enabled: bool = True) -> "FakeQuantize":
+        self.fake_quant_enabled.fill_(int(enabled))
+        self._fake = bool(enabled)
+        return self
+
+    def disable_fake_quant(self) -> "FakeQuantize":
+        return self.enable_fake_quant(False)
+
+    @property
+    def dynamic(self) -> bool:
+        return self.observer.dynamic
+
+    @property
+    def frozen(self) -> bool:
+        """Whether the range can no longer move (observer off, or dynamic by design)."""
+        return not self._observe
+
+    # --- noise -------------------------------------------------------------------------
+    def reset_rng(self) -> None:
+        """Restart the noise sequence from ``seed`` (drops the per-device generators)."""
+        self._generators = {}
+
+    def noise(self, shape, device: torch.device) -> torch.Tensor:
+        """``U[0, 1)`` float32 noise of ``shape`` on ``device``, from the module's generator."""
+        if self.seed is None:
+            return torch.rand(shape, device=device, dtype=torch.float32)
+        key = str(device)
+        generator = self._generators.get(key)
+        if generator is None:
+            generator = torch.Generator(device=device)
+            generator.manual_seed(self.seed)
+            self._generators[key] = generator
+        return torch.rand(shape, generator=generator, device=device, dtype=torch.float32)
+
+    # Generators are not copied or pickled (older torch cannot); a copy restarts from `seed`.
+    def __getstate__(self):
+        state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__.copy()
+        state = dict(state)
+        state["_generators"] = {}
+        return state
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self._generators = {}
+
+    # --- ranges ------------------------------------------------------------------------
+    def range(self, x: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``(lo, hi)`` in use for ``x`` (float32, 1-D)."""
+        return self.observer.range(x)
+
+    def qparams(self, x: Optional[torch.Tensor] = None):
+        """``(lo, hi, scale, inv_scale)`` for ``x``, float32, shaped to broadcast against ``x``."""
+        lo, hi = self.range(x)
+        scale, inv_scale = qparams_from_range(lo, hi, self.bits)
+        view = _VIEW[self.dim]
+        return lo.view(view), hi.view(view), scale.view(view), inv_scale.view(view)
+
+    # --- forward -----------------------------------------------------------------------
+    def forward(self, x: torch.Tensor, protect: Optional[torch.Tensor] = None) -> torch.Tensor:
+        check_matrix(x)
+        if self.training and self._observe:
+            self.observer(x)
+            if not self.dynamic:
+                lo, hi = self.observer.range()
+                self.lo, self.scale = lo.clone(), qparams_from_range(lo, hi, self.bits)[0]
+        if not self._fake:
+            return x
+        x32 = x.to(torch.float32)
+        detached = x32.detach()
+        lo, hi, scale, inv_scale = self.qparams(detached)
+        offset = self.noise(detached.shape, detached.device) if self.stochastic and self.training else 0.5
+        codes = torch.floor((detached - lo) * inv_scale + offset).clamp_(0, 2**self.bits - 1)
+        out = lo + scale * codes
+        if x32.requires_grad:
+            # (x − x) is exactly 0, so the value stays lo + s·q; its gradient is 1 inside the range,
+            # 0 where the value was clipped.
+            inside = (detached >= lo) & (detached <= hi)
+            out = out + (x32 - detached) * inside
+        if protect is not None and self.training:
+            if protect.dtype != torch.bool or protect.shape != (x.size(0),):
+                raise ValueError(f"protect must be a bool tensor of shape ({x.size(0)},), got "
+                                 f"{protect.dtype}{list(protect.shape)}")
+            out = torch.where(protect.view(-1, 1), x32, out)
+        return out
+
+    def quantize(self, x: torch.Tensor, layout: str = "row") -> BitTensor:
+        """The round-to-nearest codes of ``x`` as a :class:`BitTensor` (the bit kernels' operand).
+
+        ``to_val`` of it equals ``forward(x)`` in ``eval()`` bit for bit.
+        """
+        check_matrix(x)
+        x32 = x.detach().to(torch.float32).contiguous()
+        lo, _, scale, inv_scale = self.qparams(x32)
+        planes = ops.quantize_pack(x32, lo.contiguous(), inv_scale.contiguous(), self.bits, layout == "col", None)
+        return BitTensor(planes, (x32.size(0), x32.size(1)), self.bits, layout, lo.reshape(-1).contiguous(),
+                         scale.reshape(-1).contiguous(), self.dim)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        for name in ("lo", "scale"):  # shapes are set by the data
+            saved = state_dict.get(prefix + name)
+            if isinstance(saved, torch.Tensor):
+                setattr(self, name, torch.empty_like(saved, device=getattr(self, name).device))
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+        self._observe = bool(self.observer_enabled.item())
+        self._fake = bool(self.fake_quant_enabled.item())
+
+    def extra_repr(self) -> str:
+        return (f"bits={self.bits}, dim={self.dim}, stochastic={self.stochastic}, seed={self.seed}, "
+                f"observer_enabled={self._observe}, fake_quant_enabled={self._fake}")

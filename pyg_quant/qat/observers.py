@@ -1,0 +1,224 @@
+r"""Range observers: where the clipping range ``[lo, hi]`` of a quantizer comes from.
+
+An observer watches 2-D tensors ``x`` (``[rows, cols]``) and keeps a range per
+*granularity*, with :func:`pyg_quant.to_bit`'s convention for ``dim`` (the
+dimension reduced over):
+
+* ``dim=None``: one range for the tensor, shape ``(1,)``;
+* ``dim=0``: one range per column (per channel of node features), ``(cols,)``;
+* ``dim=1``: one range per row (per node, or per output channel of a weight ``[out, in]``), ``(rows,)``.
+
+Kinds (the names :func:`make_observer` accepts):
+
+* ``"dynamic"`` — no state: the range of every tensor is its own min/max, in
+  training and in evaluation alike (what ``to_bit`` does).  The only choice for
+  per-node ranges, whose rows change from graph to graph;
+* ``"minmax"`` — the running extremes of everything seen,
+  :math:`lo = \min_t \min x_t`, :math:`hi = \max_t \max x_t`;
+* ``"ema"`` — exponential moving averages of the batch extremes,
+  :math:`lo \leftarrow lo + m\,(\min x_t - lo)` (the first batch initialises);
+* ``"percentile"`` — the same moving average of the batch's ``1 − q`` and ``q``
+  quantiles (Degree-Quant's robust ranges): a fraction ``1 − q`` of outliers on
+  each side is clipped, buying resolution for the rest at low bit widths.
+
+A static observer (every kind but ``"dynamic"``) stores its range in the
+buffers ``min_val`` / ``max_val`` (empty until the first observation), so ranges
+travel with the state dict and freeze when the observer stops observing.
+"""
+import math
+from typing import Optional, Tuple
+
+import torch
+
+OBSERVERS = ("dynamic", "minmax", "ema", "percentile")
+
+
+def check_dim(dim) -> Optional[int]:
+    if dim is None:
+        return None
+    if isinstance(dim, bool) or not isinstance(dim, int) or dim not in (0, 1):
+        raise ValueError(f"dim must be None, 0 or 1, got {dim!r}")
+    return dim
+
+
+def check_matrix(x, name: str = "x") -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")
+    if x.dim() != 2:
+        raise ValueError(f"{name} must be 2-D [rows, cols], got shape {tuple(x.shape)}")
+    if x.numel() == 0:
+        raise ValueError(f"{name} must be non-empty, got shape {tuple(x.shape)}")
+    return x
+
+
+def tensor_range(x: torch.Tensor, dim: Optional[int]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(min, max)`` of ``x`` reduced over ``dim``, float32 1-D."""
+    x = x.detach().to(torch.float32)
+    if dim is None:
+        return x.min().view(1), x.max().view(1)
+    return x.amin(dim), x.amax(dim)
+
+
+def tensor_quantiles(x: torch.Tensor, dim: Optional[int], q: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    r"""The ``1 − q`` and ``q`` quantiles of ``x`` reduced over ``dim`` (order statistics, no interpolation).
+
+    With ``n`` values along ``dim``, ``hi`` is the ``⌈q·n⌉``-th smallest and ``lo``
+    the ``⌈q·n⌉``-th largest, so ``q = 1`` gives the min/max.  ``kthvalue`` (not
+    ``torch.quantile``, which refuses inputs of more than 2**24 elements).
+    """
+    x = x.detach().to(torch.float32)
+    if dim is None:
+        x, dim = x.reshape(1, -1), 1
+    n = x.size(dim)
+    k = min(n, max(1, math.ceil(q * n)))
+    hi = torch.kthvalue(x, k, dim).values
+    lo = torch.kthvalue(x, n + 1 - k, dim).values
+    return lo.reshape(-1), hi.reshape(-1)
+
+
+class Observer(torch.nn.Module):
+    r"""Base class: ``forward(x)`` records ``x``'s range (and returns ``x`` untouched).
+
+    Args:
+        dim (int, optional): the dimension the ranges are reduced over (see the module docstring).
+    """
+
+    dynamic = False
+
+    def __init__(self, dim: Optional[int] = None):
+        super().__init__()
+        self.dim = check_dim(dim)
+        self.register_buffer("min_val", torch.empty(0))
+        self.register_buffer("max_val", torch.empty(0))
+
+    @property
+    def initialized(self) -> bool:
+        return self.min_val.numel() > 0
+
+    def batch_range(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        return tensor_range(x, self.dim)
+
+    def combine(self, lo: torch.Tensor, hi: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The new stored range from the stored one and a batch's; subclasses define the rule."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_matrix(x)
+        lo, hi = self.batch_range(x)
+        if self.initialized:
+            if lo.shape != self.min_val.shape:
+                raise ValueError(f"{type(self).__name__}(dim={self.dim}) keeps {self.min_val.numel()} ranges but x "
+                                 f"of shape {tuple(x.shape)} has {lo.numel()}; per-row ranges of varying rows "
+                                 "need observer='dynamic'")
+            lo, hi = self.combine(lo.to(self.min_val.device), hi.to(self.min_val.device))
+        # Assigning a buffer keeps it registered; the shape is set by the first batch.
+        self.min_val, self.max_val = lo.clone(), hi.clone()
+        return x
+
+    def range(self, x: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The stored ``(lo, hi)``; before any observation, ``x``'s own range (or a ValueError without ``x``)."""
+        if self.initialized:
+            return self.min_val, self.max_val
+        if x is None:
+            raise ValueError(f"{type(self).__name__} has observed nothing yet")
+        return tensor_range(x, self.dim)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        # The buffers' shapes are set by the data; take the saved shapes instead of rejecting them.
+        for name in ("min_val", "max_val"):
+            saved = state_dict.get(prefix + name)
+            if isinstance(saved, torch.Tensor):
+                setattr(self, name, torch.empty_like(saved, device=getattr(self, name).device))
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}"
+
+
+class DynamicObserver(Observer):
+    """No state: every tensor is quantized over its own min/max (``pq.to_bit``'s ranges)."""
+
+    dynamic = True
+
+    @torch.no_grad()
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return check_matrix(x)
+
+    def range(self, x: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+        if x is None:
+            raise ValueError("a dynamic observer's range is that of the tensor being quantized; pass x")
+        return tensor_range(x, self.dim)
+
+
+class MinMaxObserver(Observer):
+    """The running extremes of everything observed."""
+
+    def combine(self, lo, hi):
+        return torch.minimum(self.min_val, lo), torch.maximum(self.max_val, hi)
+
+
+def _check_momentum(momentum) -> float:
+    if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0.0 < momentum <= 1.0:
+        raise ValueError(f"momentum must be a number in (0, 1], got {momentum!r}")
+    return float(momentum)
+
+
+class EMAMinMaxObserver(Observer):
+    r"""Moving averages of the batch extremes: :math:`lo \leftarrow (1 − m)\,lo + m \min x`.
+
+    Args:
+        dim (int, optional): the reduction dimension.
+        momentum (float): ``m`` in (0, 1]; 1 follows the last batch.
+    """
+
+    def __init__(self, dim: Optional[int] = None, momentum: float = 0.1):
+        super().__init__(dim)
+        self.momentum = _check_momentum(momentum)
+
+    def combine(self, lo, hi):
+        m = self.momentum
+        return self.min_val + m * (lo - self.min_val), self.max_val + m * (hi - self.max_val)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, momentum={self.momentum}"
+
+
+class PercentileObserver(EMAMinMaxObserver):
+    r"""Moving averages of the batch's ``1 − q`` and ``q`` quantiles (Degree-Quant's robust ranges).
+
+    Args:
+        dim (int, optional): the reduction dimension.
+        percentile (float): ``q`` in (0.5, 1]; ``1`` is the EMA min/max.
+        momentum (float): as in :class:`EMAMinMaxObserver`.
+    """
+
+    def __init__(self, dim: Optional[int] = None, percentile: float = 0.999, momentum: float = 0.1):
+        super().__init__(dim, momentum)
+        if isinstance(percentile, bool) or not isinstance(percentile, (int, float)) or not 0.5 < percentile <= 1.0:
+            raise ValueError(f"percentile must be a number in (0.5, 1], got {percentile!r}")
+        self.percentile = float(percentile)
+
+    def batch_range(self, x):
+        return tensor_quantiles(x, self.dim, self.percentile)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, percentile={self.percentile}, momentum={self.momentum}"
+
+
+def make_observer(kind: str, dim: Optional[int] = None, momentum: float = 0.1,
+                  percentile: float = 0.999) -> Observer:
+    """An observer by name (one of :data:`OBSERVERS`)."""
+    if kind == "dynamic":
+        return DynamicObserver(dim)
+    if kind == "minmax":
+        return MinMaxObserver(dim)
+    if kind == "ema":
+        return EMAMinMaxObserver(dim, momentum)
+    if kind == "percentile":
+        return PercentileObserver(dim, percentile, momentum)
+    raise ValueError(f"observer must be one of {OBSERVERS}, got {kind!r}")
