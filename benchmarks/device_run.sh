@@ -7,6 +7,10 @@
 set -uo pipefail
 export MAX_JOBS=16 PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-8.0;9.0a}"
 OUT="${OUT:-/tmp/pyg_quant_out}"; mkdir -p "$OUT"
+# The lent machine sets CXX=/opt/gcc/bin/g++; an extension built with it segfaults on
+# any C++ exception (a ValueError from an op's argument check), one built with the
+# system compiler raises it (both GCC 13.3; measured with the segv step below).
+if [ -x /usr/bin/g++ ] && [ -z "${KEEP_CXX:-}" ]; then export CXX=/usr/bin/g++ CC=/usr/bin/gcc; fi
 for step in "$@"; do
   echo "=== $step ($(date +%T))"
   case "$step" in
@@ -17,8 +21,9 @@ for step in "$@"; do
       echo "build: $(( $(date +%s) - start )) s"
       grep -E "bytes spill|Used [0-9]+ registers" "$OUT/build.log" | grep -v " 0 bytes spill" | sort | uniq -c | head -20
       python3 -c "import pyg_quant as pq; print('backends', pq.backends())" ;;
-    test)
+    cudatest|test)
       python3 -m pytest -q -m cuda -rs tests 2>&1 | tee "$OUT/pytest_cuda.log" | tail -25
+      [ "$step" = cudatest ] && continue
       python3 -m pytest -q -p no:cacheprovider tests > "$OUT/pytest_all.log" 2>&1; echo "full suite exit $?"; grep -E "passed|failed|Fatal|line [0-9]+ in test_" "$OUT/pytest_all.log" | head -12 ;;
     sanitize)
       export PYTORCH_NO_CUDA_MEMORY_CACHING=1
@@ -42,7 +47,22 @@ except ValueError as e:
     print("raised ValueError:", str(e).splitlines()[0])
 PY
       echo "throw exit $?"
+      ldd pyg_quant/_C*.so | grep -E "stdc|gcc_s|gomp"
       [ -x .carry/diag_throw.sh ] && bash .carry/diag_throw.sh 2>&1 | tail -30 ;;
+    segv)
+      # Why does a C++ exception from our ops segfault here? A backtrace, then the same
+      # throw from a CPU-only build and from a build with the system compiler.
+      THROW="import torch, pyg_quant, sys; print(pyg_quant.__file__, pyg_quant.backends())
+try: torch.ops.pyg_quant.quantize_pack(torch.randn(4, 5), torch.zeros(1, 1), torch.ones(1, 1), 9, False, None)
+except ValueError as e: print('raised ValueError')"
+      for v in cpuonly sysgcc; do
+        rm -rf /tmp/$v && mkdir /tmp/$v && cp -r csrc pyg_quant setup.py README.md /tmp/$v/
+        if [ $v = cpuonly ]; then (cd /tmp/$v && PYG_QUANT_NO_CUDA=1 python3 setup.py build_ext --inplace > build.log 2>&1) &
+        else (cd /tmp/$v && CXX=/usr/bin/g++ CC=/usr/bin/gcc python3 setup.py build_ext --inplace > build.log 2>&1) & fi
+      done
+      timeout 120 cuda-gdb -batch -ex run -ex bt --args python3 -c "$THROW" 2>&1 | grep -v -E "^\[(New|Thread|Detaching)" | tail -40
+      wait
+      for v in cpuonly sysgcc; do (cd /tmp/$v && tail -2 build.log && PYTHONPATH=/tmp/$v:/tmp/site python3 -c "$THROW"; echo "$v throw exit $?"); done ;;
     bench)
       python3 benchmarks/gpu_kernels.py ${BENCH_ARGS:-} --out "$OUT/gpu_kernels.json" 2>&1 | tee "$OUT/gpu_kernels.log" ;;
   esac

@@ -28,4 +28,18 @@ PYG_QUANT_HOST_DEVICE float affine_epilogue(double product, float lo, float scal
   return relu && !(f > 0.0f) ? 0.0f : f;
 }
 
+// bitmm's affine correction of the code product P_ij (A scaled per row, B per column):
+//   K·la·lb + la·rb·colsum_j + ra·lb·rowsum_i + (ra·rb)·P_ij
+// in float64, in exactly this order (pyg_quant/ops/reference.py evaluates the same
+// expression), rounded to float32 once; the bias is then added in float32, as an
+// unfused `out + bias` would.
+PYG_QUANT_HOST_DEVICE float bitmm_affine_epilogue(double product, double row_sum, double col_sum, float a_lo,
+                                                  float a_scale, float b_lo, float b_scale, double k, float bias,
+                                                  bool relu) {
+  const double la = a_lo, ra = a_scale, lb = b_lo, rb = b_scale;
+  const double v = k * la * lb + la * rb * col_sum + ra * lb * row_sum + (ra * rb) * product;
+  const float f = static_cast<float>(v) + bias;
+  return relu && !(f > 0.0f) ? 0.0f : f;
+}
+
 }  // namespace pyg_quant

@@ -10,6 +10,9 @@ TORCH_LIBRARY(pyg_quant, m) {
   m.def("packed_code_sums(Tensor planes) -> Tensor");
   m.def("bitmm_int(Tensor a_planes, Tensor b_planes, int rows, int cols, bool wide) -> Tensor");
   m.def(
+      "bitmm_affine(Tensor product, Tensor row_sums, Tensor col_sums, Tensor a_lo, Tensor a_scale, Tensor b_lo, "
+      "Tensor b_scale, int k, Tensor? bias, bool relu) -> Tensor");
+  m.def(
       "bit_spmm_int(Tensor window_ptr, Tensor tile_col, Tensor tile_bits, Tensor res_ptr, Tensor res_col, "
       "Tensor? res_val, Tensor x_planes, int rows, int cols, bool wide) -> Tensor");
   m.def(

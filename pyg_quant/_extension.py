@@ -20,7 +20,8 @@ except ImportError as error:  # not built, or built against another torch
         stacklevel=2,
     )
 
-_OPS = ("quantize_pack", "unpack_codes", "packed_code_sums", "bitmm_int", "bit_spmm_int", "bit_spmm_affine")
+_OPS = ("quantize_pack", "unpack_codes", "packed_code_sums", "bitmm_int", "bitmm_affine", "bit_spmm_int",
+        "bit_spmm_affine")
 _DISPATCH_KEYS = {"cpu": "CPU", "cuda": "CUDA"}
 # Filled once at import (the dispatcher query touches no device), so that
 # torch.compile traces has_kernel as a plain dict lookup.

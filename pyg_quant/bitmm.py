@@ -54,6 +54,22 @@ def bitmm_int(a: BitTensor, b: BitTensor) -> torch.Tensor:
     return ops.bitmm_int(a.as_layout("row").planes, b.as_layout("col").planes, a.rows, b.cols, False)
 
 
+def bitmm_float(a: BitTensor, b: BitTensor, bias: Optional[torch.Tensor] = None,
+                relu: bool = False) -> torch.Tensor:
+    r"""``relu?(to_val(a) @ to_val(b) + bias)``, float32; operands already checked by the caller.
+
+    The integer product, the code sums and one fused epilogue kernel
+    (``bitmm_affine``: the affine correction in float64, rounded once, then the
+    float32 bias) -- four launches whatever the widths.
+    """
+    a_row, b_col = a.as_layout("row"), b.as_layout("col")
+    wide = product_bound(a.cols, a.bits, b.bits) > INT32_MAX
+    product = ops.bitmm_int(a_row.planes, b_col.planes, a.rows, b.cols, wide)
+    return ops.bitmm_affine(product, a_row.code_sums(), b_col.code_sums(), a.lo.expand(a.rows).contiguous(),
+                            a.scale.expand(a.rows).contiguous(), b.lo.expand(b.cols).contiguous(),
+                            b.scale.expand(b.cols).contiguous(), a.cols, bias, relu)
+
+
 def bitmm(a: BitTensor, b: BitTensor, out_bits: Optional[int] = None, out_dim: Optional[int] = None,
           out_layout: str = "row", stochastic: bool = False,
           generator: Optional[torch.Generator] = None):
@@ -65,14 +81,7 @@ def bitmm(a: BitTensor, b: BitTensor, out_bits: Optional[int] = None, out_dim: O
     :class:`BitTensor` is returned (QGTC's bitMM2Bit).
     """
     _check_operands(a, b)
-    a_row, b_col = a.as_layout("row"), b.as_layout("col")
-    wide = product_bound(a.cols, a.bits, b.bits) > INT32_MAX
-    product = ops.bitmm_int(a_row.planes, b_col.planes, a.rows, b.cols, wide).double()
-    row_sums = a_row.code_sums().double().view(-1, 1)
-    col_sums = b_col.code_sums().double().view(1, -1)
-    la, ra = a.lo.double().view(-1, 1), a.scale.double().view(-1, 1)
-    lb, rb = b.lo.double().view(1, -1), b.scale.double().view(1, -1)
-    out = (a.cols * la * lb + la * rb * col_sums + ra * lb * row_sums + (ra * rb) * product).float()
+    out = bitmm_float(a, b)
     if out_bits is None:
         return out
     return to_bit(out, out_bits, dim=out_dim, stochastic=stochastic, generator=generator, layout=out_layout)

@@ -206,3 +206,56 @@ def test_compiled_bitmm_int_rejects_bad_planes():
         torch.ops.pyg_quant.bitmm_int(a, a, 65, 4, False)
     with pytest.raises(ValueError):  # not int32
         torch.ops.pyg_quant.bitmm_int(a.long(), a, 4, 4, False)
+
+
+def _affine_operands(rows, cols, k, seed, wide):
+    g = gen(seed)
+    product = torch.randint(-(2**40) if wide else -(2**30), 2**40 if wide else 2**30, (rows, cols), generator=g,
+                            dtype=torch.int64)
+    product = product if wide else product.to(torch.int32)
+    row_sums = torch.randint(0, 2**20, (rows,), generator=g)
+    col_sums = torch.randint(0, 2**20, (cols,), generator=g)
+    a_lo, a_scale = torch.randn(rows, generator=g), torch.rand(rows, generator=g)
+    b_lo, b_scale = torch.randn(cols, generator=g), torch.rand(cols, generator=g)
+    return product, row_sums, col_sums, a_lo, a_scale, b_lo, b_scale, k
+
+
+@requires_compiled
+@pytest.mark.parametrize("wide", [False, True])
+@pytest.mark.parametrize("use_bias,relu", [(False, False), (True, False), (False, True), (True, True)])
+def test_bitmm_affine_kernel_equals_reference(wide, use_bias, relu):
+    """The compiled epilogue evaluates the reference's float64 expression in its order: bit for bit."""
+    args = _affine_operands(67, 45, 1000, 3, wide)
+    bias = randn(1, 45, 9).view(-1) if use_bias else None
+    out = torch.ops.pyg_quant.bitmm_affine(*args, bias, relu)
+    expected = ref.bitmm_affine(*args, bias, relu)
+    assert out.dtype == torch.float32 and torch.equal(out, expected)
+    if relu:
+        assert (out >= 0).all() and (out == 0).any() and (out > 0).any()
+
+
+@requires_compiled
+def test_compiled_bitmm_affine_rejects_bad_operands():
+    product, row_sums, col_sums, a_lo, a_scale, b_lo, b_scale, k = _affine_operands(5, 4, 10, 1, False)
+    op = torch.ops.pyg_quant.bitmm_affine
+    with pytest.raises(ValueError, match="row_sums"):
+        op(product, row_sums[:4], col_sums, a_lo, a_scale, b_lo, b_scale, k, None, False)
+    with pytest.raises(ValueError, match="b_lo"):
+        op(product, row_sums, col_sums, a_lo, a_scale, b_lo.double(), b_scale, k, None, False)
+    with pytest.raises(ValueError, match="bias"):
+        op(product, row_sums, col_sums, a_lo, a_scale, b_lo, b_scale, k, torch.zeros(5), False)
+    with pytest.raises(ValueError, match="product"):
+        op(product.float(), row_sums, col_sums, a_lo, a_scale, b_lo, b_scale, k, None, False)
+
+
+@pytest.mark.parametrize("bits", [(1, 1), (4, 4), (8, 3)], ids=lambda b: f"{b[0]}x{b[1]}")
+def test_bitmm_float_bias_relu(bits, device):
+    """bitmm_float(a, b, bias, relu) is relu(bitmm(a, b) + bias), computed in the kernel's epilogue."""
+    from pyg_quant.bitmm import bitmm_float
+    a = pq.to_bit(randn(40, 300, 5, device=device), bits[0], dim=1)
+    b = pq.to_bit(randn(300, 21, 6, device=device), bits[1], dim=0, layout="col")
+    bias = randn(1, 21, 7, device=device).view(-1)
+    plain = pq.bitmm(a, b)
+    assert torch.equal(bitmm_float(a, b), plain)
+    assert torch.equal(bitmm_float(a, b, bias), plain + bias)
+    assert torch.equal(bitmm_float(a, b, bias, True), (plain + bias).clamp_min(0))

@@ -118,6 +118,11 @@ def _check_bitmm_float(dev, shape):
         # operands in the other layouts (repacked on the device)
         out2 = pq.bitmm(a.as_layout("col"), b.as_layout("row"))
         assert _equal_on_cpu(out2, out)
+        # the fused epilogue itself: bit for bit the CPU kernel's, bias and ReLU included
+        bias = randn(1, N, M + N).view(-1).to(dev)
+        from pyg_quant.bitmm import bitmm_float
+        assert _equal_on_cpu(bitmm_float(a, b, bias, True), bitmm_float(a.to("cpu"), b.to("cpu"), bias.cpu(), True))
+        assert _equal_on_cpu(bitmm_float(a, b), bitmm_float(a.to("cpu"), b.to("cpu")))
 
 
 def _check_bitmm_overflow_widening(dev):

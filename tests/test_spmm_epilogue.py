@@ -34,7 +34,7 @@ def _expected(adj, ei, x, self_weight, row_scale, bias, relu):
         A.fill_diagonal_(0)
         A += torch.diag(adj.diag.double().cpu())
     if self_weight is not None:
-        w = torch.as_tensor(self_weight, dtype=torch.float64).expand(n)
+        w = torch.as_tensor(self_weight, dtype=torch.float64).cpu().expand(n)
         A = A + torch.diag(w)
     X = deq64(x.to("cpu"))
     out = A @ X

@@ -10,6 +10,7 @@
 #include <ATen/Parallel.h>
 
 #include "popcount.h"
+#include "../epilogue.h"
 
 namespace pyg_quant {
 namespace {
@@ -84,6 +85,67 @@ at::Tensor bitmm_int_cpu(const at::Tensor& a_in, const at::Tensor& b_in, int64_t
             out32[r * cols + c] = static_cast<int32_t>(v);
           }
         }
+      }
+    }
+  });
+  return out;
+}
+
+void check_bitmm_affine_args(const at::Tensor& product, const at::Tensor& row_sums, const at::Tensor& col_sums,
+                             const at::Tensor& a_lo, const at::Tensor& a_scale, const at::Tensor& b_lo,
+                             const at::Tensor& b_scale, int64_t k, const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK_VALUE(product.dim() == 2 && (product.scalar_type() == at::kInt || product.scalar_type() == at::kLong),
+                    "product must be a 2-D int32 or int64 tensor");
+  const int64_t rows = product.size(0), cols = product.size(1);
+  TORCH_CHECK_VALUE(row_sums.dim() == 1 && row_sums.size(0) == rows && row_sums.scalar_type() == at::kLong,
+                    "row_sums must be int64 [", rows, "]");
+  TORCH_CHECK_VALUE(col_sums.dim() == 1 && col_sums.size(0) == cols && col_sums.scalar_type() == at::kLong,
+                    "col_sums must be int64 [", cols, "]");
+  for (const auto* t : {&a_lo, &a_scale}) {
+    TORCH_CHECK_VALUE(t->dim() == 1 && t->size(0) == rows && t->scalar_type() == at::kFloat,
+                      "a_lo and a_scale must be float32 [", rows, "]");
+  }
+  for (const auto* t : {&b_lo, &b_scale}) {
+    TORCH_CHECK_VALUE(t->dim() == 1 && t->size(0) == cols && t->scalar_type() == at::kFloat,
+                      "b_lo and b_scale must be float32 [", cols, "]");
+  }
+  if (bias.has_value()) {
+    TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == cols && bias->scalar_type() == at::kFloat,
+                      "bias must be float32 [", cols, "]");
+  }
+  TORCH_CHECK_VALUE(k >= 0, "k must be non-negative");
+  for (const auto* t : {&row_sums, &col_sums, &a_lo, &a_scale, &b_lo, &b_scale}) {
+    TORCH_CHECK_VALUE(t->device() == product.device(), "every operand must be on the product's device");
+  }
+  if (bias.has_value()) TORCH_CHECK_VALUE(bias->device() == product.device(), "bias must be on the product's device");
+}
+
+at::Tensor bitmm_affine_cpu(const at::Tensor& product_in, const at::Tensor& row_sums_in, const at::Tensor& col_sums_in,
+                            const at::Tensor& a_lo_in, const at::Tensor& a_scale_in, const at::Tensor& b_lo_in,
+                            const at::Tensor& b_scale_in, int64_t k, const std::optional<at::Tensor>& bias_in,
+                            bool relu) {
+  check_bitmm_affine_args(product_in, row_sums_in, col_sums_in, a_lo_in, a_scale_in, b_lo_in, b_scale_in, k, bias_in);
+  const int64_t rows = product_in.size(0), cols = product_in.size(1);
+  const auto product = product_in.to(at::kLong).contiguous();  // exact: |P| < 2^63, and < 2^53 after the bound check
+  const auto row_sums = row_sums_in.contiguous(), col_sums = col_sums_in.contiguous();
+  const auto a_lo = a_lo_in.contiguous(), a_scale = a_scale_in.contiguous();
+  const auto b_lo = b_lo_in.contiguous(), b_scale = b_scale_in.contiguous();
+  at::Tensor bias;
+  if (bias_in.has_value()) bias = bias_in->contiguous();
+  auto out = at::empty({rows, cols}, a_lo.options());
+  const int64_t* p = product.data_ptr<int64_t>();
+  const int64_t *rs = row_sums.data_ptr<int64_t>(), *cs = col_sums.data_ptr<int64_t>();
+  const float *la = a_lo.data_ptr<float>(), *ra = a_scale.data_ptr<float>();
+  const float *lb = b_lo.data_ptr<float>(), *rb = b_scale.data_ptr<float>();
+  const float* bp = bias.defined() ? bias.data_ptr<float>() : nullptr;
+  float* o = out.data_ptr<float>();
+  const double kd = static_cast<double>(k);
+  at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      for (int64_t j = 0; j < cols; ++j) {
+        o[i * cols + j] = bitmm_affine_epilogue(static_cast<double>(p[i * cols + j]), static_cast<double>(rs[i]),
+                                                static_cast<double>(cs[j]), la[i], ra[i], lb[j], rb[j], kd,
+                                                bp ? bp[j] : 0.0f, relu);
       }
     }
   });

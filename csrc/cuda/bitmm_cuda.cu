@@ -18,6 +18,8 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include "bmma.cuh"
+#include "../cpu/bitmm_cpu.h"
+#include "../epilogue.h"
 
 namespace pyg_quant {
 namespace {
@@ -208,6 +210,60 @@ at::Tensor bitmm_int_cuda(const at::Tensor& a_in, const at::Tensor& b_in, int64_
   } else {
     launch_bitmm<int32_t>(a, b, rows, cols, out);
   }
+  return out;
+}
+
+namespace {
+
+template <typename P>
+__global__ void bitmm_affine_kernel(const P* __restrict__ product, const int64_t* __restrict__ row_sums,
+                                    const int64_t* __restrict__ col_sums, const float* __restrict__ a_lo,
+                                    const float* __restrict__ a_scale, const float* __restrict__ b_lo,
+                                    const float* __restrict__ b_scale, const float* __restrict__ bias, double k,
+                                    bool relu, int64_t rows, int64_t cols, float* __restrict__ out) {
+  const int64_t total = rows * cols;
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t i = idx / cols, j = idx - i * cols;
+    out[idx] = bitmm_affine_epilogue(static_cast<double>(product[idx]), static_cast<double>(row_sums[i]),
+                                     static_cast<double>(col_sums[j]), a_lo[i], a_scale[i], b_lo[j], b_scale[j], k,
+                                     bias ? bias[j] : 0.0f, relu);
+  }
+}
+
+}  // namespace
+
+at::Tensor bitmm_affine_cuda(const at::Tensor& product_in, const at::Tensor& row_sums, const at::Tensor& col_sums,
+                             const at::Tensor& a_lo, const at::Tensor& a_scale, const at::Tensor& b_lo,
+                             const at::Tensor& b_scale, int64_t k, const std::optional<at::Tensor>& bias_in,
+                             bool relu) {
+  check_bitmm_affine_args(product_in, row_sums, col_sums, a_lo, a_scale, b_lo, b_scale, k, bias_in);
+  const c10::cuda::CUDAGuard guard(product_in.device());
+  const int64_t rows = product_in.size(0), cols = product_in.size(1);
+  const auto product = product_in.contiguous();
+  const auto rs = row_sums.contiguous(), cs = col_sums.contiguous();
+  const auto la = a_lo.contiguous(), ra = a_scale.contiguous(), lb = b_lo.contiguous(), rb = b_scale.contiguous();
+  at::Tensor bias;
+  if (bias_in.has_value()) bias = bias_in->contiguous();
+  auto out = at::empty({rows, cols}, la.options());
+  const int64_t total = rows * cols;
+  if (total == 0) return out;
+  const int threads = 256;
+  const int64_t blocks = std::min<int64_t>((total + threads - 1) / threads, 65535);
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  const float* bp = bias.defined() ? bias.data_ptr<float>() : nullptr;
+  if (product.scalar_type() == at::kLong) {
+    bitmm_affine_kernel<int64_t><<<blocks, threads, 0, stream>>>(
+        product.data_ptr<int64_t>(), rs.data_ptr<int64_t>(), cs.data_ptr<int64_t>(), la.data_ptr<float>(),
+        ra.data_ptr<float>(), lb.data_ptr<float>(), rb.data_ptr<float>(), bp, static_cast<double>(k), relu, rows,
+        cols, out.data_ptr<float>());
+  } else {
+    bitmm_affine_kernel<int32_t><<<blocks, threads, 0, stream>>>(
+        product.data_ptr<int32_t>(), rs.data_ptr<int64_t>(), cs.data_ptr<int64_t>(), la.data_ptr<float>(),
+        ra.data_ptr<float>(), lb.data_ptr<float>(), rb.data_ptr<float>(), bp, static_cast<double>(k), relu, rows,
+        cols, out.data_ptr<float>());
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
 }
 

@@ -21,6 +21,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from ..adjacency import bit_spmm
 from ..bit_tensor import BitTensor, to_val
 from ._adjacency_formats import EdgeSet, bit_spmm_codes, edge_spmm_int, pack_entries
 from ._quantize import check_finite, is_compiling
@@ -215,8 +216,12 @@ class QuantGraph:
         return (bit_spmm_codes(mask, y.planes, y.bits, y.cols),
                 bit_spmm_codes(coded, y.planes, y.bits, y.cols) if coded is not None else None)
 
-    def aggregate_bits(self, y: BitTensor) -> torch.Tensor:
-        r"""``Â · to_val(y)`` on the bit tiles, float32 ``[num_dst, y.cols]``; ``y`` scaled per column or tensor."""
+    def aggregate_bits(self, y: BitTensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        r"""``Â · to_val(y)`` on the bit tiles, ``[num_dst, y.cols]``; ``y`` scaled per column or tensor.
+
+        ``dtype=torch.float64`` returns the value before its float32 rounding, for
+        callers that finish it in float64 as :meth:`aggregate_bits_fused` does.
+        """
         if y.dim not in (None, 0):
             raise ValueError("aggregate_bits needs features scaled per column or per tensor")
         y = y.as_layout("col")
@@ -229,4 +234,25 @@ class QuantGraph:
             out = self.w_lo.double() * out + self.w_scale.double() * code_part
         if self.diag is not None:
             out = out + self.diag.double().view(-1, 1) * to_val(y)[:self.num_dst].double()
-        return out.to(torch.float32)
+        return out.to(dtype)
+
+    def aggregate_bits_fused(self, y: BitTensor, *, self_weight=None, row_scale: Optional[torch.Tensor] = None,
+                             bias: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
+        r"""``diag(row_scale) · (Â + diag(self_weight)) · to_val(y) + bias`` in one kernel, or None.
+
+        The integer product, the affine correction, the self terms, the row
+        scaling and the bias run in :func:`pyg_quant.bit_spmm`'s fused epilogue
+        (float64, one float32 rounding at the end), instead of the separate
+        float passes of :meth:`aggregate_bits`.  None where that epilogue cannot
+        express ``Â`` (quantized edge weights need two integer products) or
+        while ``torch.compile`` traces (it packs inside :func:`edge_spmm_int`).
+        """
+        if self.weighted or is_compiling() or y.dim not in (None, 0):
+            return None
+        if self.prebuilt is not None:
+            adj, extra = self.prebuilt, self_weight  # bit_spmm adds the adjacency's own diagonal
+        else:
+            adj, extra = self._pack()[0], self.diag
+            if self_weight is not None:
+                extra = self_weight if extra is None else extra + self_weight
+        return bit_spmm(adj, y, self_weight=extra, row_scale=row_scale, bias=bias)

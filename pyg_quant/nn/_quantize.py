@@ -31,7 +31,9 @@ def check_bits(bits, name: str) -> Optional[int]:
 def check_finite(x: torch.Tensor, name: str) -> None:
     # A NaN or inf turns a whole range into NaN and every code into garbage;
     # the float layers would propagate it instead, so say so rather than guess.
-    if not is_compiling() and not bool(torch.isfinite(x).all()):
+    if is_compiling() or (x.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return  # no host sync inside a traced or captured region (checked on eager calls)
+    if not bool(torch.isfinite(x).all()):
         raise ValueError(f"{name} holds NaN or inf; quantized layers need finite inputs")
 
 

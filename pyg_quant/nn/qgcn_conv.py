@@ -217,16 +217,31 @@ class QGCNConv(MessagePassing):
         act_bits = self.act_bits
         if act_bits is not None and graph.can_run_bits and bit_kernels:
             matrix, restore = node_matrix(h)
-            out = restore(graph.aggregate_bits(quantize(matrix, act_bits, 0, "col")))
-        else:
-            if act_bits is not None:
-                matrix, restore = node_matrix(h)
-                h = restore(fake_quantize(matrix, act_bits, 0, self.stochastic and self.training))
-            out = graph.aggregate_float(h)
+            codes = quantize(matrix, act_bits, 0, "col")
+            bias = self.bias.detach() if self.bias is not None else None
+            fused = (graph.aggregate_bits_fused(codes, row_scale=deg_inv_sqrt, bias=bias)
+                     if h.dim() == 2 and (bias is None or bias.dtype == torch.float32) else None)
+            if fused is not None:  # normalization and bias ran in the kernel's epilogue
+                return self._finish(fused, x, bit_kernels)
+            # the same float64 epilogue, in torch: every format gives the same bits
+            out = restore(graph.aggregate_bits(codes, dtype=torch.float64))
+            if deg_inv_sqrt is not None:
+                out = out * deg_inv_sqrt.double().view(-1, 1)
+            if bias is not None:
+                out = out + bias.double()
+            return self._finish(out.to(torch.float32), x, bit_kernels)
+
+        if act_bits is not None:
+            matrix, restore = node_matrix(h)
+            h = restore(fake_quantize(matrix, act_bits, 0, self.stochastic and self.training))
+        out = graph.aggregate_float(h)
         if deg_inv_sqrt is not None:
             out = out * deg_inv_sqrt.to(out.dtype).view(-1, 1)
         if self.bias is not None:
             out = out + self.bias
+        return self._finish(out, x, bit_kernels)
+
+    def _finish(self, out: Tensor, x, bit_kernels: bool):
         if isinstance(x, Tensor) and x.is_floating_point():
             out = out.to(x.dtype)
         return requantize_output(out, self.out_bits, self.out_dim, bit_kernels)

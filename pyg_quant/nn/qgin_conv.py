@@ -178,7 +178,13 @@ class QGINConv(MessagePassing):
         # x_src as the aggregation's operand: codes that fit are used as they are.
         already_quantized = isinstance(x_src, BitTensor) and fits(x_src, act_bits, (None, 0))
         if act_bits is not None and graph.can_run_bits and bit_kernels:
-            if already_quantized:
+            if already_quantized and x_dst is x_src and x_src.dim in (None, 0):
+                # (A + (1+eps)·I)·X on the same codes: the self term runs in the kernel's epilogue
+                fused = graph.aggregate_bits_fused(x_src, self_weight=(1 + self.eps.detach()).reshape(()))
+                if fused is not None:
+                    return requantize_output(self.nn(fused), self.out_bits, self.out_dim, bit_kernels)
+                out = graph.aggregate_bits(x_src)
+            elif already_quantized:
                 out = graph.aggregate_bits(x_src)
             else:
                 source = dequantize(x_src) if isinstance(x_src, BitTensor) else x_src

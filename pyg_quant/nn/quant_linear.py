@@ -7,9 +7,9 @@ from torch import Tensor
 from torch_geometric.nn.dense.linear import Linear
 
 from ..bit_tensor import BitTensor
-from ..bitmm import bitmm
+from ..bitmm import bitmm_float
 from ._common import quant_options_repr
-from ._quantize import check_bits, check_finite, dequantize, fake_quantize, fits, quantize
+from ._quantize import check_bits, check_finite, dequantize, fake_quantize, fits, is_compiling, quantize
 
 
 def bit_kernels_apply(module: torch.nn.Module, *tensors) -> bool:
@@ -114,8 +114,28 @@ class QuantLinear(Linear):
         ``W`` is ``[out, in]``, so its per-row row-layout planes are exactly the
         per-column column-layout planes of ``Wᵀ``: no transpose is made.
         """
-        w = quantize(self.weight, self.weight_bits, 1, "row")
+        weight = self.weight
+        if is_compiling():  # traced graphs quantize in-graph (no cache to guard on)
+            return self._pack_weight(weight)
+        # The codes are reused until the weight changes: every in-place update (an
+        # optimizer step, load_state_dict) bumps the tensor's version counter.
+        key = (weight.data_ptr(), weight._version, weight.device, self.weight_bits)
+        cached = getattr(self, "_weight_codes", None)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        codes = self._pack_weight(weight)
+        self._weight_codes = (key, codes)
+        return codes
+
+    def _pack_weight(self, weight: Tensor) -> BitTensor:
+        w = quantize(weight, self.weight_bits, 1, "row")
         return BitTensor(w.planes, (w.cols, w.rows), w.bits, "col", w.lo, w.scale, 0)
+
+    def _bit_linear(self, x: BitTensor) -> Tensor:
+        bias = self.bias
+        if bias is None or bias.dtype == torch.float32:
+            return bitmm_float(x, self.quantized_weight(), bias.detach() if bias is not None else None)
+        return bitmm_float(x, self.quantized_weight()) + bias
 
     def forward(self, x: Union[Tensor, BitTensor]) -> Tensor:
         """Args:
@@ -129,8 +149,7 @@ class QuantLinear(Linear):
             # quantized input as they stand; anything else is read as the floats it holds.
             already_quantized = fits(x, act_bits, (None, 1))
             if already_quantized and weight_bits is not None and bit_kernels_apply(self, self.weight, self.bias):
-                out = bitmm(x, self.quantized_weight())
-                return out + self.bias if self.bias is not None else out
+                return self._bit_linear(x)
             x = dequantize(x)
             if already_quantized:
                 act_bits = None
@@ -144,8 +163,7 @@ class QuantLinear(Linear):
             check_finite(x, "x")
         lead, x2 = x.shape[:-1], x.reshape(-1, x.size(-1))
         if weight_bits is not None and act_bits is not None and bit_kernels_apply(self, x, self.weight, self.bias):
-            out = bitmm(quantize(x2, act_bits, 1, "row"), self.quantized_weight())
-            out = out + self.bias if self.bias is not None else out
+            out = self._bit_linear(quantize(x2, act_bits, 1, "row"))
         else:
             stochastic = self.stochastic and self.training
             xq = fake_quantize(x2, act_bits, 1, stochastic) if act_bits is not None else x2

@@ -38,6 +38,13 @@ def bitmm_int(a_planes, b_planes, rows: int, cols: int, wide: bool):
     return reference.bitmm_int(a_planes, b_planes, rows, cols, wide)
 
 
+def bitmm_affine(product, row_sums, col_sums, a_lo, a_scale, b_lo, b_scale, k: int, bias, relu: bool):
+    args = (product, row_sums, col_sums, a_lo, a_scale, b_lo, b_scale, k, bias, relu)
+    if use_compiled("bitmm_affine", product.device):
+        return torch.ops.pyg_quant.bitmm_affine(*args)
+    return reference.bitmm_affine(*args)
+
+
 def bit_spmm_int(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x_planes, rows: int, cols: int,
                  wide: bool):
     args = (window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x_planes, rows, cols, wide)
@@ -73,6 +80,10 @@ if LOADED:
     @torch.library.register_fake("pyg_quant::bitmm_int")
     def _(a_planes, b_planes, rows, cols, wide):
         return a_planes.new_empty((rows, cols), dtype=torch.int64 if wide else torch.int32)
+
+    @torch.library.register_fake("pyg_quant::bitmm_affine")
+    def _(product, row_sums, col_sums, a_lo, a_scale, b_lo, b_scale, k, bias, relu):
+        return product.new_empty(product.shape, dtype=torch.float32)
 
     @torch.library.register_fake("pyg_quant::bit_spmm_int")
     def _(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x_planes, rows, cols, wide):

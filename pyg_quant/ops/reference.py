@@ -85,6 +85,17 @@ def bitmm_int(a_planes, b_planes, rows: int, cols: int, wide: bool):
     return _finish(out[:rows, :cols], wide)
 
 
+def bitmm_affine(product, row_sums, col_sums, a_lo, a_scale, b_lo, b_scale, k: int, bias, relu: bool):
+    """bitmm's affine correction in float64, the order of csrc/epilogue.h; bias in float32 after rounding."""
+    la, ra = a_lo.double().view(-1, 1), a_scale.double().view(-1, 1)
+    lb, rb = b_lo.double().view(1, -1), b_scale.double().view(1, -1)
+    out = (float(k) * la * lb + la * rb * col_sums.double().view(1, -1) + ra * lb * row_sums.double().view(-1, 1)
+           + (ra * rb) * product.double()).float()
+    if bias is not None:
+        out = out + bias.view(1, -1)
+    return torch.where(out > 0, out, torch.zeros_like(out)) if relu else out
+
+
 def bit_spmm_int(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x_planes, rows: int, cols: int,
                  wide: bool):
     """out[i, k] = Σ_j A_ij · Q_jk over the stored tiles plus the CSR residual, in float64."""
