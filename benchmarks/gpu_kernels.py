@@ -24,7 +24,7 @@ import torch
 
 import pyg_quant as pq
 from pyg_quant import ops
-from pyg_quant.demo import planted_partition_graph
+from pyg_quant.synthetic import planted_partition_graph
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

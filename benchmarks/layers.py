@@ -50,7 +50,7 @@ import torch_geometric  # noqa: E402
 from torch_geometric.nn import GCNConv, GINConv  # noqa: E402
 from torch_geometric.utils import coalesce, remove_self_loops, to_torch_csr_tensor  # noqa: E402
 
-from pyg_quant.demo import planted_partition_graph  # noqa: E402
+from pyg_quant.synthetic import planted_partition_graph  # noqa: E402
 
 BITS = [1, 2, 4, 8]
 
