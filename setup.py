@@ -72,8 +72,10 @@ setup(
     install_requires=["torch>=2.4", "torch_geometric>=2.6,<2.9", "pymetis>=2023.1", "numpy"],
     extras_require={
         "sparse": ["torch_sparse", "torch_scatter"],
-        "test": ["pytest>=7", "scipy"],  # scipy: Planetoid (Cora) reads its raw files with it
-        "lightning": ["lightning>=2.0"],
+        # scipy: Planetoid (Cora) reads its raw files with it; nbclient, nbformat, ipykernel and
+        # matplotlib: tests/test_examples.py executes notebooks/replace_gcnconv.ipynb (plots inline)
+        "test": ["pytest>=7", "scipy", "nbclient>=0.7", "nbformat>=5", "ipykernel>=6", "matplotlib>=3.5"],
+        "lightning": ["lightning>=2.0"],  # examples/lightning_cluster_gcn.py and its test
     },
     ext_modules=ext_modules,
     cmdclass=cmdclass,

@@ -82,6 +82,52 @@ def test_percentile_observer_clips_outliers():
     assert obs.max_val.item() < 10
 
 
+@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+def test_mse_ranges_minimise_the_quantization_error(bits):
+    """Never worse than min/max (a = 1 is a candidate); for N(0, 1) data, the known optimal uniform ranges."""
+    from pyg_quant.qat.observers import mse_ranges
+
+    def error(x, lo, hi):
+        fq = qat.FakeQuantize(bits, "minmax", dim=0, stochastic=False)
+        fq.observer.min_val, fq.observer.max_val = lo.clone(), hi.clone()
+        return float((fq.eval()(x) - x).square().sum())
+
+    heavy = randn(4000, 4, bits) ** 3  # heavy tails: min/max wastes levels on a few values
+    lo, hi = mse_ranges(heavy, 0, bits)
+    assert error(heavy, lo, hi) <= error(heavy, heavy.amin(0), heavy.amax(0))
+    if bits <= 4:
+        assert error(heavy, lo, hi) < 0.7 * error(heavy, heavy.amin(0), heavy.amax(0))
+    gauss = randn(40000, 2, 10 + bits)
+    lo, hi = mse_ranges(gauss, 0, bits)
+    # Lloyd-Max-like optimal uniform half-ranges for N(0, 1): 1 bit ±0.80, 2 bits ±1.49, 4 bits ±2.51;
+    # the grid steps by 20%, so allow that much.
+    expected = {1: 0.80, 2: 1.49, 4: 2.51}
+    if bits in expected:
+        half = (hi - lo) / 2
+        assert ((half / expected[bits] - 1).abs() < 0.2).all(), half
+    else:  # 8 bits: the min/max
+        assert torch.equal(lo, gauss.amin(0)) and torch.equal(hi, gauss.amax(0))
+    # nonnegative data keep lo = 0 (zeros stay exact); per tensor and per row work too
+    relu = heavy.clamp(min=0)
+    assert (mse_ranges(relu, 0, bits)[0] == 0).all()
+    assert mse_ranges(heavy, None, bits)[0].shape == (1,) and mse_ranges(heavy, 1, bits)[0].shape == (4000,)
+
+
+def test_mse_observer_takes_the_quantizer_bits_and_averages():
+    fq = qat.FakeQuantize(2, "mse", dim=0, momentum=0.5)
+    assert isinstance(fq.observer, qat.MSEObserver) and fq.observer.bits == 2
+    from pyg_quant.qat.observers import mse_ranges
+
+    a, b = randn(500, 3, 0), randn(500, 3, 1) * 2
+    fq(a)
+    fq(b)
+    (lo_a, hi_a), (lo_b, hi_b) = mse_ranges(a, 0, 2), mse_ranges(b, 0, 2)
+    assert torch.allclose(fq.observer.min_val, lo_a + 0.5 * (lo_b - lo_a))
+    assert torch.allclose(fq.observer.max_val, hi_a + 0.5 * (hi_b - hi_a))
+    with pytest.raises(ValueError, match="bits"):
+        qat.MSEObserver(0, bits=9)
+
+
 def test_observer_rejects_changing_granularity():
     obs = qat.EMAMinMaxObserver(dim=1)
     obs(randn(5, 3, 0))
@@ -251,6 +297,42 @@ def test_protect_rows_pass_through_in_training_only():
         fq.train()(x, protect[:3])
 
 
+def test_quantize_reuses_codes_only_for_the_same_unchanged_input():
+    x = randn(40, 12, 9)
+    fq = qat.FakeQuantize(4, "ema", dim=0)
+    fq(x)
+    fq.eval()
+    first = fq.quantize(x, "col")
+    assert fq.quantize(x, "col") is first  # same object, same version, same range: reused
+    with torch.no_grad():
+        x[3, 2] += 5.0  # in place: the version counter moves
+    changed = fq.quantize(x, "col")
+    assert changed is not first and torch.equal(pq.to_val(changed), fq(x))
+    fq.train()(x * 3)  # the observer moves the range
+    fq.eval()
+    moved = fq.quantize(x, "col")
+    assert moved is not changed and torch.equal(pq.to_val(moved), fq(x))
+    assert fq.quantize(x, "row") is not moved  # another layout
+    again = fq.quantize(x, "col")
+    assert fq.quantize(x.clone(), "col") is not again  # equal values, another tensor: recomputed
+    with torch.inference_mode():  # no version counter: never cached, still right
+        frozen = x.clone()
+        assert torch.equal(pq.to_val(fq.quantize(frozen, "col")), fq(frozen))
+
+
+def test_quantize_cache_does_not_keep_inputs_alive():
+    import gc
+    import weakref
+
+    fq = qat.FakeQuantize(2, "dynamic", dim=1).eval()
+    x = randn(8, 8, 1)
+    fq.quantize(x)
+    ref = weakref.ref(x)
+    del x
+    gc.collect()
+    assert ref() is None
+
+
 @pytest.mark.parametrize("kwargs,exc", [
     (dict(bits=0), ValueError), (dict(bits=9), ValueError), (dict(bits=2.0), TypeError),
     (dict(bits=4, observer="nope"), ValueError), (dict(bits=4, observer=3), TypeError),
@@ -291,6 +373,22 @@ def test_qat_linear_paths_agree_and_train():
     assert torch.allclose(bits_path, (xq.double() @ wq.double().t()).float() + lin.bias.detach(), atol=1e-5)
 
 
+def test_master_weights_stay_fp32_while_training():
+    """The optimizer updates fp32 masters; only the forward pass sees their codes."""
+    torch.manual_seed(0)
+    lin = qat.QATLinear(16, 6, qconfig=qat.QConfig(weight_bits=1, act_bits=2, seed=0))
+    optimizer = torch.optim.SGD(lin.parameters(), lr=0.05)
+    x = randn(64, 16, 2)
+    for _ in range(5):
+        optimizer.zero_grad()
+        lin(x).square().mean().backward()
+        optimizer.step()
+    assert lin.weight.dtype == torch.float32
+    assert all(row.unique().numel() > 2 for row in lin.weight.detach())  # not snapped to a 1-bit grid
+    codes = lin.weight_quant.eval()(lin.weight.detach())
+    assert all(row.unique().numel() <= 2 for row in codes)  # what the forward pass uses
+
+
 def test_qat_linear_float_operands_and_errors():
     lin = qat.QATLinear(8, 4, qconfig=qat.QConfig(weight_bits=2, act_bits=None))
     assert lin.input_quant is None and lin.weight_quant is not None
@@ -304,6 +402,36 @@ def test_qat_linear_float_operands_and_errors():
         lin(randn(5, 7, 0))
     with pytest.raises(TypeError, match="qconfig"):
         qat.QATLinear(8, 4, qconfig="8bit")
+
+
+# --- float aggregation -----------------------------------------------------------------------
+@pytest.mark.parametrize("weighted", [False, True])
+def test_sparse_float_aggregation_matches_edge_wise(weighted):
+    """The QAT layers' float aggregation (one sparse product) gives QuantGraph.aggregate_float's values."""
+    from pyg_quant.nn._adjacency_formats import to_edge_set
+    from pyg_quant.nn._graph import QuantGraph
+    from pyg_quant.qat.conv import _aggregate_float
+
+    g, n = gen(3), 30
+    edge_index = torch.randint(n, (2, 120), generator=g)
+    # repeated edges and a repeated self-loop (GCN's loop rule keeps one loop's weight)
+    edge_index = torch.cat([edge_index, edge_index[:, :10], torch.tensor([[4, 4], [4, 4]])], 1)
+    weight = torch.rand(edge_index.size(1), generator=g) + 0.5 if weighted else None
+    graph = QuantGraph(to_edge_set(edge_index, weight, n, n, "source_to_target"), 1.0, 8)
+    y = randn(n, 5, 4).requires_grad_()
+    for training in (True, False):
+        ours = _aggregate_float(graph, y, training)
+        edge_wise = graph.aggregate_float(y if training else y.double()).to(torch.float32)
+        assert torch.allclose(ours, edge_wise, rtol=1e-6, atol=1e-6)
+    upstream = randn(n, 5, 5)
+    (ours_grad,) = torch.autograd.grad((_aggregate_float(graph, y, True) * upstream).sum(), y)
+    (edge_grad,) = torch.autograd.grad((graph.aggregate_float(y) * upstream).sum(), y)
+    assert torch.allclose(ours_grad, edge_grad, rtol=1e-6, atol=1e-6)
+    if weighted:  # weights that ask for a gradient get one (edge-wise path)
+        trainable = weight.clone().requires_grad_()
+        graph = QuantGraph(to_edge_set(edge_index, trainable, n, n, "source_to_target"), 1.0, 8)
+        _aggregate_float(graph, y, True).sum().backward()
+        assert trainable.grad is not None and trainable.grad.abs().sum() > 0
 
 
 # --- models -----------------------------------------------------------------------------------
@@ -391,6 +519,13 @@ def test_prepare_swaps_layers_and_keeps_weights():
     gcn = qat.prepare(GCN(16, 8, 3), bits=8, skip_last=False)
     assert isinstance(gcn.conv2, qat.QATGCNConv) and isinstance(gcn.conv2, pq.QGCNConv)
     assert [name for name, _ in qat.quantizable_layers(gcn)] == ["conv1", "conv2"]
+
+
+def test_prepare_warns_when_nothing_is_quantized():
+    with pytest.warns(UserWarning, match="every layer in float"):
+        single = qat.prepare(GCNConv(8, 4), bits=4)  # skip_last: the only layer stays fp32
+    assert type(single) is GCNConv
+    assert isinstance(qat.prepare(GCNConv(8, 4), bits=4, skip_last=False), qat.QATGCNConv)
 
 
 def test_prepare_seeds_quantizers_in_order():

@@ -1,8 +1,9 @@
 r"""Quantization-aware training for pyg_quant's bit-plane GNN layers.
 
 * :class:`FakeQuantize` with range observers (:mod:`.observers`: dynamic, min/max,
-  EMA, percentile): stochastic rounding in training (unbiased, seeded), nearest in
-  evaluation, straight-through gradients zeroed outside the clipping range.
+  EMA, percentile, MSE-optimal clipping): stochastic rounding in training (unbiased,
+  seeded), nearest in evaluation, straight-through gradients zeroed outside the
+  clipping range.
 * :class:`QConfig`: which quantizer each tensor of a layer gets.
 * :class:`QATLinear`, :class:`QATGCNConv`, :class:`QATGINConv`: the layers of
   :mod:`pyg_quant.nn` driven by those quantizers; fp32 master weights.
@@ -24,13 +25,13 @@ from .degree_quant import protect_mask, protection_probability
 from .fake_quantize import FakeQuantize
 from .linear import QATLinear
 from .metrics import quantization_error, quantization_errors, recommend_bits
-from .observers import (OBSERVERS, DynamicObserver, EMAMinMaxObserver, MinMaxObserver, Observer,
+from .observers import (OBSERVERS, DynamicObserver, EMAMinMaxObserver, MinMaxObserver, MSEObserver, Observer,
                         PercentileObserver, make_observer)
 from .prepare import convert, fake_quantizers, prepare, quantizable_layers
 from .qconfig import QConfig
 
 __all__ = [
-    "OBSERVERS", "DynamicObserver", "EMAMinMaxObserver", "FakeQuantize", "MinMaxObserver", "Observer",
+    "OBSERVERS", "DynamicObserver", "EMAMinMaxObserver", "FakeQuantize", "MinMaxObserver", "MSEObserver", "Observer",
     "PercentileObserver", "QATGCNConv", "QATGINConv", "QATLinear", "QConfig", "convert", "fake_quantizers",
     "make_observer", "prepare", "protect_mask", "protection_probability", "quantizable_layers",
     "quantization_error", "quantization_errors", "recommend_bits",

@@ -25,6 +25,7 @@ The noise ``u`` comes from the module's own ``torch.Generator`` seeded with
 ``torch.rand`` with a CUDA generator is Philox), or from torch's global
 generator when ``seed`` is None (then ``torch.manual_seed`` fixes it).
 """
+import weakref
 from typing import Dict, Optional, Tuple, Union
 
 import torch
@@ -50,6 +51,41 @@ def _check_seed(seed) -> Optional[int]:
     return seed
 
 
+def _fake_quantize_values(x: torch.Tensor, lo, scale, inv_scale, bits: int,
+                          noise: Optional[torch.Tensor]) -> torch.Tensor:
+    r"""``lo + s·clamp(⌊(x − lo)·s^{-1} + u⌋)`` in float32, in one buffer (``u = noise`` or ``1/2``).
+
+    The same float32 operations, in the same order, as :func:`pyg_quant.to_bit` and
+    :func:`pyg_quant.to_val` (in-place ops round exactly as their out-of-place twins), so
+    the values equal ``to_val`` of the bit kernels' codes; one temporary instead of six.
+    """
+    out = x - lo
+    out.mul_(inv_scale)
+    if noise is None:
+        out.add_(0.5)
+    else:
+        out.add_(noise)
+    out.floor_().clamp_(0, 2**bits - 1)
+    return out.mul_(scale).add_(lo)
+
+
+class _StraightThrough(torch.autograd.Function):
+    """Forward: the quantized values.  Backward: the incoming gradient, zeroed where ``inside`` is False."""
+
+    @staticmethod
+    def forward(ctx, x, quantized, inside):
+        ctx.save_for_backward(inside)
+        ctx.has_mask = inside is not None
+        return quantized
+
+    @staticmethod
+    def backward(ctx, grad):
+        if not ctx.has_mask:
+            return grad, None, None
+        (inside,) = ctx.saved_tensors
+        return grad * inside, None, None
+
+
 class FakeQuantize(torch.nn.Module):
     r"""Fake quantization of 2-D tensors in the FakeQuantize style (observer, switches, buffers).
 
@@ -70,13 +106,13 @@ class FakeQuantize(torch.nn.Module):
     Args:
         bits (int): 1..8.
         observer (str or Observer): ``"dynamic"``, ``"minmax"``, ``"ema"``,
-            ``"percentile"`` (see :mod:`.observers`) or an observer instance
-            (whose ``dim`` is then used).
+            ``"percentile"``, ``"mse"`` (see :mod:`.observers`; ``"mse"`` is given
+            ``bits``) or an observer instance (whose ``dim`` is then used).
         dim (int, optional): the reduction dimension of the ranges: ``None``
             per tensor, ``0`` per column, ``1`` per row.
         stochastic (bool): stochastic rounding in training (evaluation always rounds to nearest).
         seed (int, optional): seed of the module's generator; None uses torch's global one.
-        momentum, percentile (float): observer settings (``"ema"``, ``"percentile"``).
+        momentum, percentile (float): observer settings (``"ema"``, ``"percentile"``, ``"mse"``).
 
     Shapes:
         - **input:** ``[rows, cols]`` floating point (returned as float32)
@@ -94,7 +130,7 @@ class FakeQuantize(torch.nn.Module):
                 raise ValueError(f"dim={dim} disagrees with the observer's dim={observer.dim}")
             dim = observer.dim
         elif isinstance(observer, str):
-            observer = make_observer(observer, check_dim(dim), momentum, percentile)
+            observer = make_observer(observer, check_dim(dim), momentum, percentile, self.bits)
         else:
             raise TypeError(f"observer must be one of {OBSERVERS} or an Observer, got {type(observer).__name__}")
         if not isinstance(stochastic, bool):
@@ -110,6 +146,7 @@ class FakeQuantize(torch.nn.Module):
         # Python mirrors of the two switches: reading a CUDA buffer in forward would sync the device.
         self._observe, self._fake = True, True
         self._generators: Dict[str, torch.Generator] = {}
+        self._codes = None  # the last quantize() result and what it depends on (see quantize)
 
     # --- switches ----------------------------------------------------------------------
     def enable_observer(self, enabled: bool = True) -> "FakeQuantize":
@@ -159,11 +196,13 @@ class FakeQuantize(torch.nn.Module):
         state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__.copy()
         state = dict(state)
         state["_generators"] = {}
+        state["_codes"] = None
         return state
 
     def __setstate__(self, state):
         super().__setstate__(state)
         self._generators = {}
+        self._codes = None
 
     # --- ranges ------------------------------------------------------------------------
     def range(self, x: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -187,35 +226,62 @@ class FakeQuantize(torch.nn.Module):
                 self.lo, self.scale = lo.clone(), qparams_from_range(lo, hi, self.bits)[0]
         if not self._fake:
             return x
+        if protect is not None and self.training and (protect.dtype != torch.bool or protect.shape != (x.size(0),)):
+            raise ValueError(f"protect must be a bool tensor of shape ({x.size(0)},), got "
+                             f"{protect.dtype}{list(protect.shape)}")
         x32 = x.to(torch.float32)
         detached = x32.detach()
         lo, hi, scale, inv_scale = self.qparams(detached)
-        offset = self.noise(detached.shape, detached.device) if self.stochastic and self.training else 0.5
-        codes = torch.floor((detached - lo) * inv_scale + offset).clamp_(0, 2**self.bits - 1)
-        out = lo + scale * codes
+        noise = self.noise(detached.shape, detached.device) if self.stochastic and self.training else None
+        out = _fake_quantize_values(detached, lo, scale, inv_scale, self.bits, noise)
         if x32.requires_grad:
-            # (x − x) is exactly 0, so the value stays lo + s·q; its gradient is 1 inside the range,
-            # 0 where the value was clipped.
-            inside = (detached >= lo) & (detached <= hi)
-            out = out + (x32 - detached) * inside
+            # A dynamic range holds every value; a static one may clip, and clipped values get no gradient.
+            inside = None if self.dynamic else (detached >= lo) & (detached <= hi)
+            out = _StraightThrough.apply(x32, out, inside)
         if protect is not None and self.training:
-            if protect.dtype != torch.bool or protect.shape != (x.size(0),):
-                raise ValueError(f"protect must be a bool tensor of shape ({x.size(0)},), got "
-                                 f"{protect.dtype}{list(protect.shape)}")
             out = torch.where(protect.view(-1, 1), x32, out)
         return out
 
     def quantize(self, x: torch.Tensor, layout: str = "row") -> BitTensor:
         """The round-to-nearest codes of ``x`` as a :class:`BitTensor` (the bit kernels' operand).
 
-        ``to_val`` of it equals ``forward(x)`` in ``eval()`` bit for bit.
+        ``to_val`` of it equals ``forward(x)`` in ``eval()`` bit for bit.  The last result is
+        kept and returned again while the same tensor object comes back unchanged (same
+        version counter) and the range has not moved, as a full-batch model's input does at
+        every evaluation; the tensor itself is only weakly referenced.
         """
         check_matrix(x)
+        key = self._codes_key(x, layout)
+        cached = self._codes
+        if key is not None and cached is not None and cached[0]() is x and cached[1] == key \
+                and all(a is b for a, b in zip(cached[2], self._range_tensors())):
+            return cached[3]
         x32 = x.detach().to(torch.float32).contiguous()
         lo, _, scale, inv_scale = self.qparams(x32)
         planes = ops.quantize_pack(x32, lo.contiguous(), inv_scale.contiguous(), self.bits, layout == "col", None)
-        return BitTensor(planes, (x32.size(0), x32.size(1)), self.bits, layout, lo.reshape(-1).contiguous(),
-                         scale.reshape(-1).contiguous(), self.dim)
+        codes = BitTensor(planes, (x32.size(0), x32.size(1)), self.bits, layout, lo.reshape(-1).contiguous(),
+                          scale.reshape(-1).contiguous(), self.dim)
+        # x weakly (a dead input is never matched), the range tensors strongly (so their ids stay theirs).
+        self._codes = None if key is None else (weakref.ref(x), key, self._range_tensors(), codes)
+        return codes
+
+    def _range_tensors(self) -> tuple:
+        return () if self.dynamic else (self.observer.min_val, self.observer.max_val)
+
+    def _codes_key(self, x: torch.Tensor, layout: str):
+        """What the codes of ``x`` depend on besides its identity and the range tensors', or None if unknown."""
+        try:
+            version = x._version  # inference-mode tensors keep no version counter
+        except RuntimeError:
+            return None
+        range_versions = ()
+        if not self.dynamic:
+            obs = self.observer
+            if not obs.initialized:
+                return None
+            # The observer assigns fresh range tensors when it moves; in-place edits bump their versions.
+            range_versions = (obs.min_val._version, obs.max_val._version)
+        return (version, x.data_ptr(), tuple(x.shape), x.stride(), x.dtype, layout, self.bits, range_versions)
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):

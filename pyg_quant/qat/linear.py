@@ -25,8 +25,8 @@ from torch import Tensor
 
 from ..bit_tensor import BitTensor, to_val
 from ..bitmm import bitmm
-from ..nn._quantize import check_finite
 from ..nn.quant_linear import QuantLinear, bit_kernels_apply
+from .observers import check_finite
 from .qconfig import QConfig
 
 
@@ -112,7 +112,8 @@ class QATLinear(QuantLinear):
             return F.linear(x, self.weight, self.bias)
         if protect is not None and x.dim() != 2:
             raise ValueError(f"protect needs 2-D node features, got x of shape {tuple(x.shape)}")
-        lead, x2 = x.shape[:-1], x.reshape(-1, x.size(-1))
+        # A 2-D input is passed on as the same object, so that its codes can be reused (FakeQuantize.quantize).
+        lead, x2 = x.shape[:-1], (x if x.dim() == 2 else x.reshape(-1, x.size(-1)))
         if fq_in is not None and not self.training:
             # NaN/inf would give silent garbage codes in evaluation; in training they reach the loss.
             check_finite(x2, "x")

@@ -98,7 +98,7 @@ def prepare(model: torch.nn.Module, bits: Optional[int] = None, *, weight_bits=_
             ``weight_bits``, ``act_bits``, ``stochastic`` and ``qconfig_kwargs`` must be left out).
         **qconfig_kwargs: more :class:`QConfig` fields: ``weight_observer``,
             ``input_observer``, ``agg_observer`` (``"dynamic"``, ``"minmax"``, ``"ema"``,
-            ``"percentile"``), ``momentum``, ``percentile``, ``seed``, ``degree_quant``.
+            ``"percentile"``, ``"mse"``), ``momentum``, ``percentile``, ``seed``, ``degree_quant``.
 
     Returns the prepared model, in the training mode ``model`` was in.
     """
@@ -128,6 +128,9 @@ def prepare(model: torch.nn.Module, bits: Optional[int] = None, *, weight_bits=_
     if skip_last and layers:
         skip.add(layers[-1][0])
 
+    if not any(name not in skip or _layer_kind(layer) == "qat" for name, layer in layers):
+        warnings.warn(f"prepare leaves every layer in float: layers {[name for name, _ in layers]}, skipped "
+                      f"{sorted(skip)} (skip_last={skip_last} keeps the last one fp32)", UserWarning, stacklevel=2)
     counter = [0]
     for name, layer in layers:
         kind = _layer_kind(layer)
