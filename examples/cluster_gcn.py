@@ -22,7 +22,7 @@ import os
 import sys
 import tempfile
 import time
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict
 
 import torch
 import torch.nn.functional as F
@@ -63,8 +63,9 @@ class GCN(torch.nn.Module):
 def pyg_batch_nbytes(batch) -> int:
     """Bytes the same batch takes as PyG ships it: float32 ``x``, int64 ``edge_index``, the other fields alike."""
     x, adj = batch.x, batch.adj
+    num_nodes, num_features = (x.rows, x.cols) if isinstance(x, pq.BitTensor) else x.shape
     # adj.nnz counts the distinct edges; the self-loop term lives in adj.diag (PyG's GCNConv adds it itself).
-    return batch.nbytes - x.nbytes - adj.nbytes + x.rows * x.cols * 4 + 2 * adj.nnz * 8
+    return batch.nbytes - x.nbytes - adj.nbytes + num_nodes * num_features * 4 + 2 * adj.nnz * 8
 
 
 def train_epoch(model, loader, optimizer, device) -> Dict[str, float]:
@@ -153,7 +154,8 @@ def parser(description: str = __doc__.splitlines()[0], **defaults) -> argparse.A
     p.add_argument("--weight-decay", type=float, default=5e-4)
     p.add_argument("--workers", type=int, default=0, help="DataLoader workers building the batches")
     p.add_argument("--cache", default=None, help="directory to cache the METIS partition in (default: none)")
-    p.add_argument("--baseline", action="store_true", help="also train the fp32 model on the same batches")
+    p.add_argument("--baseline", action="store_true",
+                   help="also train the fp32 model on the same batches (float features)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--no-progress", action="store_true")
@@ -194,12 +196,14 @@ def run(args, build_model: Callable[[int, int, argparse.Namespace], torch.nn.Mod
     results: Dict[str, object] = {"data": source}
 
     model = build_model(data.num_features, num_classes, args).to(device)
-    if args.baseline:
+    if args.baseline:  # the fp32 model, from the same initial weights, on the same batches with float features
         baseline = build_model(data.num_features, num_classes, args).to(device)
-        baseline.load_state_dict(model.state_dict())  # the same initial weights
-        best = fit(baseline, train_loader, eval_loader, args.epochs, device, args.lr, args.weight_decay,
-                   progress, f"fp32 {name}")
-        results["fp32"] = evaluate(baseline, eval_loader, device, timing=True)
+        baseline.load_state_dict(model.state_dict())
+        float_kwargs = dict(loader_kwargs, bits=None)
+        float_eval = QuantClusterLoader(cluster_data, shuffle=False, **float_kwargs)
+        best = fit(baseline, QuantClusterLoader(cluster_data, shuffle=True, **float_kwargs), float_eval,
+                   args.epochs, device, args.lr, args.weight_decay, progress, f"fp32 {name}")
+        results["fp32"] = evaluate(baseline, float_eval, device, timing=True)
         results["fp32"]["best_epoch"] = best["epoch"]
 
     model = qat.prepare(model, bits=args.bits, seed=args.seed)

@@ -1,6 +1,6 @@
 """Cluster-GCN with PyTorch Lightning: a LightningDataModule around QuantClusterLoader, a LightningModule with QGCNConv.
 
-    pip install "pyg_quant[lightning]"            # lightning>=2.0
+    pip install -e ".[lightning]"                 # lightning>=2.0, from the repository root
     python examples/lightning_cluster_gcn.py                        # synthetic graph, 4-bit QAT, 20 epochs
     python examples/lightning_cluster_gcn.py --root ../shared/datasets/planetoid --parts 16
     python examples/lightning_cluster_gcn.py --fast-dev-run         # one batch of each loop (tests)
@@ -10,10 +10,10 @@
   features as ``--bits``-bit planes, one buffer per batch. ``transfer_batch_to_device`` moves
   that buffer in one copy (``QuantBatch.to``).
 * :class:`QuantGCNModule` holds a GCN written with ``pyg_quant.QGCNConv`` and made ``--bits``
-  wide by ``pyg_quant.qat.prepare`` (QAT; last layer fp32). Every ``self.log`` gets
+  wide by ``pyg_quant.qat.prepare`` (QAT; last layer fp32). Every per-batch ``self.log`` gets
   ``batch_size`` = the number of nodes the value averages over (Lightning cannot infer it from
   a QuantBatch). A cluster batch without training nodes returns ``None`` from
-  ``training_step``: Lightning skips that optimizer step; the count is logged.
+  ``training_step``: no loss, no backward, no weight change; the count is logged per epoch.
   ``on_test_start`` swaps in ``pyg_quant.qat.convert``-ed weights: testing runs on the bit kernels.
 
 Uses the GPU when there is one (``accelerator="auto"``).
@@ -102,8 +102,15 @@ class QuantGCNModule(L.LightningModule):
         super().__init__()
         self.save_hyperparameters()
         self.model = qat.prepare(GCN(in_channels, hidden_channels, num_classes, num_layers), bits=bits, seed=seed)
-        self.skipped_batches = 0
+        self.skipped_batches = 0  # batches without training nodes, over the whole run
+        self._epoch_skipped = 0
         self._qat_model = None
+
+    def on_train_epoch_start(self) -> None:
+        self._epoch_skipped = 0
+
+    def on_train_epoch_end(self) -> None:
+        self.log("skipped_batches", float(self._epoch_skipped))  # this epoch's
 
     def forward(self, x, adj):
         return self.model(x, adj)
@@ -112,10 +119,11 @@ class QuantGCNModule(L.LightningModule):
         mask = batch.train_mask
         num_train = int(mask.sum())
         if num_train == 0:
-            # A cluster batch without training nodes: no loss. Returning None makes Lightning skip
-            # the optimizer step (automatic optimization) instead of failing on an empty mean.
+            # A cluster batch without training nodes has no loss (an empty mean would be NaN).
+            # Returning None makes Lightning skip the backward pass; with no gradient, the
+            # optimizer step that follows changes no weight.
             self.skipped_batches += 1
-            self.log("skipped_batches", float(self.skipped_batches), batch_size=1, on_step=False, on_epoch=True)
+            self._epoch_skipped += 1
             return None
         out = self(batch.x, batch.adj)
         loss = F.cross_entropy(out[mask], batch.y[mask])

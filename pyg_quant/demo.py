@@ -319,8 +319,9 @@ def main(argv=None) -> Dict[str, object]:
 
 def _run(args, device: torch.device, bits: int, progress: bool) -> Dict[str, object]:
     backends = pq.backends()
-    print(f"pyg_quant {pq.__version__} | torch {torch.__version__} | device {device} ({torch.get_num_threads()} CPU "
-          f"threads) | compiled kernels: cpu={'yes' if backends['cpu'] else 'no'}, "
+    threads = torch.get_num_threads()
+    print(f"pyg_quant {pq.__version__} | torch {torch.__version__} | device {device} ({threads} CPU "
+          f"thread{'s' if threads != 1 else ''}) | compiled kernels: cpu={'yes' if backends['cpu'] else 'no'}, "
           f"cuda={'yes' if backends['cuda'] else 'no'}")
 
     data, source = load_data(args.root, args.synthetic, num_nodes=args.nodes, seed=args.seed)

@@ -122,7 +122,7 @@ def test_gin_example_small_with_fp32_baseline():
     fp32, quant = result["fp32"], result["quant"]
     assert fp32["test"] >= ACCURACY_BAR, fp32
     assert quant["test"] >= ACCURACY_BAR, quant
-    # 15 epochs of 4-bit GIN on 4 batches an epoch: seeds 0-2 gave gaps of 5.7, 1.2 and 0.6 points
+    # 15 epochs of 4-bit GIN on 4 batches an epoch (seed 0: fp32 93.6 %, 4-bit 88.8 % here): a noisy gap
     assert quant["test"] >= fp32["test"] - 0.08, (fp32, quant)
     assert quant["batch_bytes"] * 3 <= quant["pyg_batch_bytes"], quant
 
@@ -149,7 +149,7 @@ def test_lightning_example_fast_dev_run():
 
 def test_lightning_skips_cluster_batches_without_training_nodes():
     example = _lightning_example()
-    import lightning as L  # noqa: F811  (the example imported one of the two packages already)
+    L = example.L  # lightning, or the standalone pytorch_lightning the example fell back to
 
     data = demo.planted_class_graph(num_nodes=800, num_features=64, seed=1)
     datamodule = example.QuantClusterDataModule(data, num_parts=8, batch_size=1, bits=4)
@@ -178,6 +178,7 @@ def test_lightning_skips_cluster_batches_without_training_nodes():
         train_mask[a:a + 5] = True
     module, trainer, changed = fit(train_mask)
     assert module.skipped_batches == len(parts) - 3 > 0
+    assert trainer.callback_metrics["skipped_batches"] == len(parts) - 3  # logged at the epoch's end
     assert changed and trainer.callback_metrics["train_loss"] > 0
 
 
