@@ -24,13 +24,11 @@ from torch_geometric.typing import SparseTensor
 from torch_geometric.utils import is_torch_sparse_tensor, to_edge_index
 
 from .. import ops
-from ..adjacency import BitAdjacency
+from ..adjacency import BitAdjacency, pack_distinct_entries
 from ..bitmm import INT32_MAX
-from ..layout import TILE_COLS, TILE_ROWS, TILE_WORDS
-from ..ops.reference import _to_int32_words
+from ..layout import TILE_COLS, TILE_ROWS
 from ._quantize import is_compiling
 
-MAX_ADJ_PLANES = 8  # what the bit_spmm kernels accept per operand
 
 
 @dataclass
@@ -151,11 +149,11 @@ def pack_entries(dst: torch.Tensor, src: torch.Tensor, values: Optional[torch.Te
                  num_cols: int, min_tile_nnz: int = 16) -> BitAdjacency:
     r"""Packs ``A[dst[e], src[e]] += values[e]`` (ones when None) into a :class:`BitAdjacency`.
 
-    The layout and the tile/residual split are those of
-    :meth:`BitAdjacency.from_edge_index` (for unweighted edges the result is
-    the same, field for field), with two generalisations: entries may be any non-negative
-    integer (an entry too large for 8 bit planes goes to the CSR residual, whose
-    ``res_val`` is int32), and zero entries are not stored.
+    Sums repeated entries and drops zeros, then packs with
+    :func:`pyg_quant.adjacency.pack_distinct_entries`, the packer of
+    :meth:`BitAdjacency.from_edge_index` (for unweighted edges the result is the
+    same, field for field); any non-negative integer entry is allowed (one too
+    large for 8 bit planes goes to the CSR residual).
     """
     device = dst.device
     keys = dst.long() * num_cols + src.long()
@@ -168,46 +166,7 @@ def pack_entries(dst: torch.Tensor, src: torch.Tensor, values: Optional[torch.Te
         keys, sums = keys[stored], sums[stored]
     if sums.numel() and int(sums.min()) < 0:
         raise ValueError("pack_entries: entries must be non-negative")
-    rows, cols = keys // num_cols, keys % num_cols
-    largest = int(sums.max()) if sums.numel() else 1
-    planes = min(MAX_ADJ_PLANES, max(1, largest.bit_length()))
-
-    num_windows = (num_rows + TILE_ROWS - 1) // TILE_ROWS
-    col_tiles = (num_cols + TILE_COLS - 1) // TILE_COLS
-    block_keys, block_of_entry = torch.unique((rows // TILE_ROWS) * col_tiles + cols // TILE_COLS,
-                                              return_inverse=True)
-    is_tile = torch.bincount(block_of_entry, minlength=block_keys.numel()) >= min_tile_nnz
-    in_tile = is_tile[block_of_entry] & (sums < 2**planes)
-    is_tile = torch.zeros_like(is_tile).index_fill_(0, block_of_entry[in_tile], True)
-    tile_keys = block_keys[is_tile]
-    tile_of_entry = (torch.cumsum(is_tile, 0) - 1)[block_of_entry[in_tile]]
-    num_tiles = tile_keys.numel()
-    window_ptr = torch.zeros(num_windows + 1, dtype=torch.int64, device=device)
-    window_ptr[1:] = torch.cumsum(torch.bincount(tile_keys // col_tiles, minlength=num_windows), 0)
-    tile_col = (tile_keys % col_tiles).to(torch.int32)
-
-    t_rows, t_cols, t_sums = rows[in_tile], cols[in_tile], sums[in_tile]
-    word = (tile_of_entry * TILE_ROWS + t_rows % TILE_ROWS) * TILE_WORDS + (t_cols % TILE_COLS) // 32
-    bit = t_cols % 32
-    tile_planes = []
-    for p in range(planes):
-        words = torch.zeros(num_tiles * TILE_ROWS * TILE_WORDS, dtype=torch.int64, device=device)
-        words.index_add_(0, word, ((t_sums >> p) & 1) << bit)
-        tile_planes.append(_to_int32_words(words).view(num_tiles, TILE_ROWS, TILE_WORDS))
-    tile_bits = torch.stack(tile_planes)
-
-    is_res = ~in_tile
-    res_ptr = torch.zeros(num_rows + 1, dtype=torch.int64, device=device)
-    res_ptr[1:] = torch.cumsum(torch.bincount(rows[is_res], minlength=num_rows), 0)
-    res_col = cols[is_res].to(torch.int32)
-    res_sums = sums[is_res]
-    multi_bit = planes > 1 or bool((res_sums != 1).any())
-    res_val = res_sums.to(torch.int32) if multi_bit else None
-
-    row_sums = torch.zeros(num_rows, dtype=torch.int64, device=device).index_add_(0, rows, sums)
-    max_row_sum = int(row_sums.max()) if num_rows else 0
-    return BitAdjacency(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, num_rows, num_cols, None,
-                        row_sums, keys.numel(), max_row_sum)
+    return pack_distinct_entries(keys, sums, num_rows, num_cols, min_tile_nnz)
 
 
 def decode_bit_adjacency(adj: BitAdjacency) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
