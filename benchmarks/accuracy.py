@@ -69,6 +69,7 @@ from torch_geometric.nn import GCNConv, GINConv  # noqa: E402
 from torch_geometric.transforms import NormalizeFeatures  # noqa: E402
 
 from pyg_quant import qat  # noqa: E402
+from pyg_quant.synthetic import planted_class_graph  # noqa: E402
 
 CORA_RAW = "/work/shared/datasets/planetoid/Cora/raw"
 TARGETS = {8: 0.5, 4: 1.5, 2: 5.0}  # allowed drop vs fp32, accuracy points
@@ -84,33 +85,6 @@ def load_cora(raw_dir: str) -> Data:
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return data
-
-
-def planted_graph(nodes: int, classes: int, features: int = 64, community: int = 100, degree: int = 10,
-                  p_out: float = 0.3, snr: float = 0.1, seed: int = 0) -> Data:
-    """A graph with planted classes: communities of ``community`` nodes, ``degree`` undirected edges per
-    node on average, a share ``p_out`` of them to a uniformly random node; label = community mod
-    ``classes``; features = ``snr`` · (the class's random ±1 signature) + N(0, 1).  Node ids are shuffled
-    (METIS has to find the communities) and the split is 10% / 10% / 80%."""
-    g = torch.Generator().manual_seed(seed)
-    pairs = nodes * degree // 2
-    src = torch.randint(nodes, (pairs,), generator=g)
-    start = torch.div(src, community, rounding_mode="floor") * community
-    size = (nodes - start).clamp(max=community)
-    inside = start + (torch.rand(pairs, generator=g) * size).long()
-    dst = torch.where(torch.rand(pairs, generator=g) < p_out, torch.randint(nodes, (pairs,), generator=g), inside)
-    keep = src != dst
-    src, dst = src[keep], dst[keep]
-    edge_index = torch.unique(torch.stack([torch.cat([src, dst]), torch.cat([dst, src])]), dim=1)
-    perm = torch.randperm(nodes, generator=g)
-    edge_index = perm[edge_index]
-    y = torch.empty(nodes, dtype=torch.long)
-    y[perm] = (torch.arange(nodes) // community) % classes
-    signature = torch.randint(0, 2, (classes, features), generator=g).float() * 2 - 1
-    x = snr * signature[y] + torch.randn(nodes, features, generator=g)
-    split = torch.rand(nodes, generator=g)
-    return Data(x=x, edge_index=edge_index, y=y, train_mask=split < 0.1, val_mask=(split >= 0.1) & (split < 0.2),
-                test_mask=split >= 0.2)
 
 
 # --- models -----------------------------------------------------------------------------
@@ -386,7 +360,8 @@ def main(argv=None):
     if not args.no_cluster:
         from pyg_quant.loader import QuantClusterData, QuantClusterLoader
 
-        graph = planted_graph(args.cluster_nodes, args.classes, p_out=args.p_out, snr=args.snr)
+        graph = planted_class_graph(args.cluster_nodes, args.classes, num_features=64, community=100, degree=10,
+                                    p_out=args.p_out, snr=args.snr)
         cache = tempfile.mkdtemp(prefix="qat_cluster_")
         try:
             cluster_data = QuantClusterData(graph, args.parts, save_dir=cache, log=False)
