@@ -515,7 +515,9 @@ def test_prepare_swaps_layers_and_keeps_weights():
     everything = qat.prepare(model, bits=2, skip_last=False)
     assert isinstance(everything.head, qat.QATLinear)
     some = qat.prepare(model, weight_bits=4, act_bits=None, skip=["conv2"])
-    assert type(some.conv2) is GINConv and some.conv1.agg_quant is None
+    # a skipped GINConv is kept fp32 as QGINConv(bits=None) (it reads a BitAdjacency), on the same weights
+    assert type(some.conv2) is pq.QGINConv and some.conv2.act_bits is None and some.conv1.agg_quant is None
+    assert type(some.conv2.nn[0]) is Linear
     gcn = qat.prepare(GCN(16, 8, 3), bits=8, skip_last=False)
     assert isinstance(gcn.conv2, qat.QATGCNConv) and isinstance(gcn.conv2, pq.QGCNConv)
     assert [name for name, _ in qat.quantizable_layers(gcn)] == ["conv1", "conv2"]
@@ -524,7 +526,7 @@ def test_prepare_swaps_layers_and_keeps_weights():
 def test_prepare_warns_when_nothing_is_quantized():
     with pytest.warns(UserWarning, match="every layer in float"):
         single = qat.prepare(GCNConv(8, 4), bits=4)  # skip_last: the only layer stays fp32
-    assert type(single) is GCNConv
+    assert type(single) is pq.QGCNConv and single.weight_bits is None and single.act_bits is None
     assert isinstance(qat.prepare(GCNConv(8, 4), bits=4, skip_last=False), qat.QATGCNConv)
 
 

@@ -118,8 +118,13 @@ class QuantLinear(Linear):
         if is_compiling():  # traced graphs quantize in-graph (no cache to guard on)
             return self._pack_weight(weight)
         # The codes are reused until the weight changes: every in-place update (an
-        # optimizer step, load_state_dict) bumps the tensor's version counter.
-        key = (weight.data_ptr(), weight._version, weight.device, self.weight_bits)
+        # optimizer step, load_state_dict) bumps the tensor's version counter.  An inference
+        # tensor (made under torch.inference_mode) keeps none: its codes are packed every call.
+        try:
+            version = weight._version
+        except RuntimeError:
+            return self._pack_weight(weight)
+        key = (weight.data_ptr(), version, weight.device, self.weight_bits)
         cached = getattr(self, "_weight_codes", None)
         if cached is not None and cached[0] == key:
             return cached[1]

@@ -7,8 +7,12 @@ r"""Quantization-aware training for pyg_quant's bit-plane GNN layers.
 * :class:`QConfig`: which quantizer each tensor of a layer gets.
 * :class:`QATLinear`, :class:`QATGCNConv`, :class:`QATGINConv`: the layers of
   :mod:`pyg_quant.nn` driven by those quantizers; fp32 master weights.
-* :func:`prepare` (GCNConv/GINConv/Linear → QAT layers, last layer fp32 by default)
-  and :func:`convert` (frozen ranges, bit kernels, equal outputs).
+* :func:`prepare` (GCNConv/GINConv/Linear → QAT layers, last layer fp32 by default: a
+  skipped convolution becomes ``QGCNConv`` / ``QGINConv`` with ``bits=None``, which reads a
+  ``BitAdjacency`` too) and :func:`convert` (frozen ranges, bit kernels, equal outputs; also
+  under ``torch.inference_mode()``).
+* Inputs that are quantized already (a BitTensor that fits a layer's quantizer) are used
+  as they are, not quantized again (see :mod:`.linear`).
 * :func:`quantization_error` / :func:`recommend_bits`: a relative-error metric and the
   fewest bits that keep it under a threshold.
 

@@ -20,6 +20,14 @@ agree to float32 rounding.  The graph handling (adjacency formats, self-loops,
 degrees, edge-weight codes, caching) is the parent layers', unchanged.
 Node features are ``[N, F]`` (no leading batch dimensions); ``out_bits`` is
 not used (the next QAT layer quantizes with its own quantizers).
+
+Node features that are quantized already are used as they are, as
+:class:`QATLinear` does with its input: a :class:`~pyg_quant.BitTensor` that fits
+``lin``'s input quantizer goes to QATGCNConv's ``lin`` untouched, and one of at
+most ``act_bits`` bits with ranges per channel (or per tensor) is QATGINConv's
+aggregation operand itself (its codes on the bit tiles in evaluation, its
+values unrounded in training, where the static ``agg_quant`` still observes
+them).  Other BitTensors are read as the floats they hold.
 """
 from typing import Optional, Tuple, Union
 
@@ -34,7 +42,7 @@ from ..nn.qgcn_conv import QGCNConv
 from ..nn.qgin_conv import QGINConv
 from ..nn.quant_linear import bit_kernels_apply
 from .degree_quant import protect_mask
-from .linear import QATLinear, _check_qconfig
+from .linear import QATLinear, _check_qconfig, observe_only, quantized_already
 from .observers import check_finite
 from .qconfig import QConfig
 
@@ -43,7 +51,7 @@ def _float_features(x, name: str) -> Optional[Tensor]:
     if x is None:
         return None
     if isinstance(x, BitTensor):
-        return to_val(x)  # re-quantized by this layer's own quantizers
+        return to_val(x)  # the values it holds (quantized again only where it does not fit)
     if not isinstance(x, Tensor):
         raise TypeError(f"{name} must be a Tensor or a BitTensor, got {type(x).__name__}")
     if x.is_sparse:
@@ -153,10 +161,14 @@ class QATGCNConv(_QATConvMixin, QGCNConv):
             edge_index: edge indices, a sparse adjacency ``adj_t`` or a :class:`~pyg_quant.BitAdjacency`.
             edge_weight (Tensor, optional): edge weights for ``edge_index``.
         """
-        x = _float_features(x, "x")
+        if isinstance(x, BitTensor):
+            num_nodes = x.rows  # lin takes it as its quantized input, or reads its values (QATLinear)
+        else:
+            x = _float_features(x, "x")
+            num_nodes = x.size(0)
         bit_kernels = bit_kernels_apply(self, x, edge_weight, self.lin.weight, self.bias)
         graph = self._graph(x, edge_index, edge_weight)
-        protect = self._protect(graph, x.size(0))
+        protect = self._protect(graph, num_nodes)
 
         h = self.lin(x, protect=protect)
         deg_inv_sqrt = graph.deg_inv_sqrt
@@ -244,21 +256,34 @@ class QATGINConv(_QATConvMixin, QGINConv):
             x = (x, x)
         if not isinstance(x, (tuple, list)) or len(x) != 2:
             raise TypeError(f"x must be a Tensor, a BitTensor or a pair (x_src, x_dst), got {type(x).__name__}")
-        x_src, x_dst = _float_features(x[0], "x_src"), _float_features(x[1], "x_dst")
-        if x_src is None:
+        if x[0] is None:
             raise ValueError("x_src (the source node features) is required")
-        num_src, num_dst = self._node_counts(x_src, x_dst, edge_index, size)
+        fq = self.agg_quant
+        # Source codes that fit agg_quant are the aggregation's operand as they are.
+        codes = x[0] if isinstance(x[0], BitTensor) and quantized_already(x[0], fq, (None, 0)) else None
+        x_dst = _float_features(x[1], "x_dst")
+        if x[0] is x[1]:
+            x_src = x_dst  # the floats of one input, made once
+        else:  # codes that fit are decoded only if the float path needs their values
+            x_src = _float_features(x[0], "x_src") if codes is None else None
+        num_src, num_dst = self._node_counts(x[0], x_dst, edge_index, size)
         edges = to_edge_set(edge_index, None, num_src, num_dst, self.flow, sparse_tensor_values=False)
         graph = QuantGraph(edges, None, self.adj_bits if self.act_bits is not None else None)
-        bit_kernels = bit_kernels_apply(self, x_src, x_dst, self.eps)
-        fq = self.agg_quant
-        if fq is not None and not self.training:  # in training NaN/inf reach the loss anyway
-            check_finite(x_src, "x")
-        if fq is not None and graph.can_run_bits and bit_kernels:
-            out = graph.aggregate_bits(fq.quantize(x_src, "col"))
+        bit_kernels = bit_kernels_apply(self, x[0], x[1], self.eps)
+        if fq is not None and graph.can_run_bits and bit_kernels and codes is not None:
+            out = graph.aggregate_bits(codes)
         else:
-            source = fq(x_src, self._protect(graph, num_src)) if fq is not None else x_src
-            out = _aggregate_float(graph, source, self.training)
+            x_src = x_src if x_src is not None else _float_features(x[0], "x_src")
+            if fq is not None and codes is None and not self.training:  # in training NaN/inf reach the loss
+                check_finite(x_src, "x")
+            if codes is not None:  # values used as they are; a static range still learns from them
+                observe_only(fq, x_src)
+                out = _aggregate_float(graph, x_src, self.training)
+            elif fq is not None and graph.can_run_bits and bit_kernels:
+                out = graph.aggregate_bits(fq.quantize(x_src, "col"))
+            else:
+                source = fq(x_src, self._protect(graph, num_src)) if fq is not None else x_src
+                out = _aggregate_float(graph, source, self.training)
         if x_dst is not None:
             out = torch.addcmul(out, 1 + self.eps, x_dst)  # out + (1 + eps)·x_dst in one pass
         return self.nn(out)

@@ -16,6 +16,26 @@ GEMM (:func:`pyg_quant.bitmm`).
 * ``eval()`` with autograd on: the fake path, with the product in float64 and
   rounded once (what ``bitmm`` does), so both eval paths agree to float32
   rounding.
+
+An input that is quantized already, a :class:`~pyg_quant.BitTensor` of at most
+``fq_in.bits`` bits with a granularity of ``fq_in``'s (per node or per tensor for
+the dynamic per-node quantizer, per tensor for a static one), is taken as
+:math:`\tilde{\mathbf{x}}` itself, in every mode: the bit GEMM reads its codes as
+they are in evaluation (no dequantize / requantize round trip), and training
+computes with its values ``to_val(x)`` without rounding them again (no
+stochastic noise either: that rounding has happened where the codes were
+made).  A static ``fq_in`` still observes those values in training, so its
+range is learned for float inputs too.  Re-quantizing such an input could
+only add error (a row that does not span all its codes is stretched onto a
+new grid) and costs a pack of the whole input per call.  For the default
+dynamic ``fq_in``, ``to_bit(x, fq_in.bits, dim=1)`` holds exactly the codes
+``fq_in`` makes of ``x``, so the layer gives the same output from it as from
+``x``, bit for bit.  Any other BitTensor is read as the floats it holds and
+quantized by ``fq_in``.
+
+Works under ``torch.no_grad()`` and ``torch.inference_mode()`` alike; the
+packed weight is cached only for weights with a version counter (an
+inference tensor has none, so its codes are packed at every call).
 """
 from typing import Optional, Union
 
@@ -26,8 +46,38 @@ from torch import Tensor
 from ..bit_tensor import BitTensor, to_val
 from ..bitmm import bitmm
 from ..nn.quant_linear import QuantLinear, bit_kernels_apply
+from .fake_quantize import FakeQuantize
 from .observers import check_finite
 from .qconfig import QConfig
+
+
+def tensor_version(t: Tensor) -> Optional[int]:
+    """``t._version``, or None for an inference tensor (it keeps no version counter)."""
+    try:
+        return t._version
+    except RuntimeError:
+        return None
+
+
+def quantized_already(x: BitTensor, fq: Optional[FakeQuantize], dims) -> bool:
+    r"""Whether ``x`` is an operand ``fq`` would make (or a coarser one): at most ``fq.bits`` bits, ranges over ``dims``.
+
+    ``dims`` are the granularities that are ``fq``'s own or special cases of it (one range
+    for the tensor is one range per node, or per channel, with every range equal).
+    """
+    return fq is not None and x.bits <= fq.bits and x.dim in dims
+
+
+def observe_only(fq: FakeQuantize, x: Tensor) -> None:
+    """Let a static ``fq`` record ``x``'s range in training, as ``fq(x)`` does; ``x``'s values are not changed.
+
+    The observer has to see the inputs it will quantize at evaluation time, even when a training
+    input arrives quantized already (the layer uses it as it is).  ``fq(x)`` is called for its
+    side effects (the observer and the ``lo`` / ``scale`` buffers) so that they follow
+    FakeQuantize's own rules; its output is dropped.
+    """
+    if fq.training and not fq.frozen and not fq.dynamic:
+        fq(x.detach())
 
 
 def _check_qconfig(qconfig) -> QConfig:
@@ -53,7 +103,9 @@ class QATLinear(QuantLinear):
     of PyG's Linear.
 
     Shapes:
-        - **input:** :math:`(*, F_{in})`; a :class:`BitTensor` is read as the floats it holds
+        - **input:** :math:`(*, F_{in})`, or a 2-D :class:`BitTensor`: used as the quantized
+          input as it is when it fits ``input_quant`` (see the module docstring), else read as
+          the floats it holds
         - **protect** (optional): bool ``[N]`` for 2-D inputs, rows left unquantized in training
         - **output:** :math:`(*, F_{out})` float32
     """
@@ -85,14 +137,22 @@ class QATLinear(QuantLinear):
         unchanged (after :func:`~pyg_quant.qat.convert`, the codes are packed once).
         """
         fq = self.weight_quant
-        key = (self.weight.data_ptr(), self.weight._version, self.weight.device)
-        if self._packed is not None and self._packed[0] == key and fq.frozen:
+        version = tensor_version(self.weight)  # None: an inference tensor, whose in-place edits are not tracked
+        key = (self.weight.data_ptr(), version, self.weight.device)
+        if self._packed is not None and self._packed[0] == key and fq.frozen and version is not None:
             return self._packed[1]
         w = fq.quantize(self.weight, "row")
         packed = BitTensor(w.planes, (w.cols, w.rows), w.bits, "col", w.lo, w.scale,
                            None if w.dim is None else 0)
-        self._packed = (key, packed) if fq.frozen else None
+        self._packed = (key, packed) if fq.frozen and version is not None else None
         return packed
+
+    def takes_as_quantized(self, x) -> bool:
+        """Whether ``x`` is used as this layer's quantized input as it is (see the module docstring)."""
+        fq = self.input_quant
+        if not isinstance(x, BitTensor) or fq is None:
+            return False
+        return quantized_already(x, fq, (None, 1) if fq.dynamic else (None,))
 
     def forward(self, x: Union[Tensor, BitTensor], protect: Optional[Tensor] = None) -> Tensor:
         """Args:
@@ -100,7 +160,11 @@ class QATLinear(QuantLinear):
             protect (Tensor, optional): bool ``[N]``, nodes kept in float in training (Degree-Quant).
         """
         if isinstance(x, BitTensor):
-            x = to_val(x)  # re-quantized below with this layer's own quantizers
+            if x.cols != self.weight.size(-1):
+                raise ValueError(f"x has {x.cols} features but the layer expects {self.weight.size(-1)}")
+            if self.takes_as_quantized(x):
+                return self._forward_quantized(x)
+            x = to_val(x)  # read as floats, quantized below with this layer's own quantizers
         if not isinstance(x, Tensor):
             raise TypeError(f"x must be a Tensor or a BitTensor, got {type(x).__name__}")
         if x.is_sparse:
@@ -129,6 +193,23 @@ class QATLinear(QuantLinear):
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(lead + (out.size(-1),))
+
+    def _forward_quantized(self, x: BitTensor) -> Tensor:
+        r""":math:`\tilde{\mathbf{x}}\,\tilde{\mathbf{W}}^{\top} + \mathbf{b}` with :math:`\tilde{\mathbf{x}}` = ``x`` as it is."""
+        fq_w = self.weight_quant
+        if fq_w is not None and bit_kernels_apply(self, self.weight, self.bias):
+            out = bitmm(x, self.packed_weight())  # x's own codes: nothing is repacked but a layout change
+        else:
+            xq = to_val(x)
+            observe_only(self.input_quant, xq)
+            wq = fq_w(self.weight) if fq_w is not None else self.weight.to(torch.float32)
+            if self.training:
+                out = F.linear(xq, wq)
+            else:  # bitmm's semantics: the float64 product of the dequantized operands, rounded once
+                out = F.linear(xq.double(), wq.double()).to(torch.float32)
+        if self.bias is not None:
+            out = out + self.bias
+        return out
 
     def __repr__(self) -> str:
         return (f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, bias={self.bias is not None}, "

@@ -10,11 +10,18 @@ r"""prepare / convert: float model → quantization-aware model → frozen infer
 Layers are the outermost such modules, in registration order (``model.named_modules()``);
 the Linears inside a convolution belong to it.  With ``skip_last`` the last layer stays
 fp32 (TANGO's rule: the layer before the softmax is the most sensitive); ``skip`` names
-more modules to leave alone.
+more layers to keep fp32.  A skipped PyG ``GCNConv`` / ``GINConv`` becomes
+``QGCNConv(..., bits=None)`` / ``QGINConv(..., bits=None)`` sharing its parameters: the
+same fp32 computation (PyG's, up to float32 rounding) and the same state dict keys, but a
+layer that reads every adjacency the quantized ones read, a :class:`~pyg_quant.BitAdjacency`
+(``QuantClusterLoader``'s ``batch.adj``) included, and BitTensor features (as the floats
+they hold), so the prepared model runs on the inputs its quantized layers take.  Skipped
+Linears and pyg_quant layers are left as they are.
 
-``convert`` freezes every quantizer's range (observers off), packs the weight codes once,
-turns gradients off and puts the model in ``eval()``; its outputs equal those of the QAT
-model in ``eval()``.
+``convert`` freezes every quantizer's range (observers off), turns gradients off and puts
+the model in ``eval()``; each weight's codes are then packed once, on first use.  Its outputs
+equal those of the QAT model in ``eval()``.  It works under ``torch.no_grad()`` and
+``torch.inference_mode()`` alike.
 """
 import copy
 import warnings
@@ -24,7 +31,7 @@ import torch
 from torch_geometric.nn import GCNConv, GINConv
 from torch_geometric.nn.dense.linear import Linear as PyGLinear
 
-from ..nn import QGCNConv, QGINConv
+from ..nn import QGCNConv, QGINConv, QuantLinear
 from .conv import QATGCNConv, QATGINConv
 from .fake_quantize import FakeQuantize
 from .linear import QATLinear
@@ -64,6 +71,34 @@ def quantizable_layers(model: torch.nn.Module) -> List[Tuple[str, torch.nn.Modul
     return found
 
 
+def _float_twin(layer: torch.nn.Module) -> torch.nn.Module:
+    """A skipped PyG GCNConv / GINConv as ``QGCNConv`` / ``QGINConv`` with ``bits=None``, sharing its parameters.
+
+    Anything else (a Linear, a pyg_quant layer, a convolution with an aggregation other
+    than a sum, which the pyg_quant layers do not implement) is returned as it is.
+    """
+    if isinstance(layer, (QGCNConv, QGINConv)) or getattr(layer, "aggr", None) not in ("add", "sum"):
+        return layer
+    if isinstance(layer, GCNConv):
+        twin = QGCNConv(layer.in_channels, layer.out_channels, layer.improved, layer.cached, layer.add_self_loops,
+                        layer.normalize, layer.bias is not None, bits=None, aggr=layer.aggr, flow=layer.flow,
+                        node_dim=layer.node_dim)
+        twin.lin = QuantLinear.from_linear(layer.lin)  # the same weight Parameter (float: bits=None)
+        if layer.bias is not None:
+            twin.bias = layer.bias
+    elif isinstance(layer, GINConv):
+        # Built around a placeholder so that the constructor's reset_parameters cannot reach
+        # layer.nn; then nn and eps (a Parameter with train_eps, else a buffer) are the layer's own.
+        train_eps = isinstance(layer.eps, torch.nn.Parameter)
+        twin = QGINConv(torch.nn.Identity(), float(layer.initial_eps), train_eps, bits=None, aggr=layer.aggr,
+                        flow=layer.flow, node_dim=layer.node_dim)
+        twin.nn = layer.nn
+        twin.eps = layer.eps
+    else:
+        return layer
+    return twin.train(layer.training)
+
+
 def _set_submodule(model: torch.nn.Module, name: str, module: torch.nn.Module) -> None:
     parent_name, _, child = name.rpartition(".")
     parent = model.get_submodule(parent_name) if parent_name else model
@@ -93,6 +128,8 @@ def prepare(model: torch.nn.Module, bits: Optional[int] = None, *, weight_bits=_
         stochastic (bool): stochastic rounding in training (TANGO); nearest in evaluation.
         skip_last (bool): keep the last layer fp32 (TANGO's rule before the softmax).
         skip (iterable of str): names (as in ``named_modules``) of more layers to keep fp32.
+            Skipped PyG ``GCNConv`` / ``GINConv`` layers become ``QGCNConv`` / ``QGINConv``
+            with ``bits=None`` (fp32, and they read a ``BitAdjacency``), keeping their weights.
         inplace (bool): swap inside ``model`` instead of a deep copy.
         qconfig (QConfig, optional): all quantizer settings at once (then ``bits``,
             ``weight_bits``, ``act_bits``, ``stochastic`` and ``qconfig_kwargs`` must be left out).
@@ -134,7 +171,14 @@ def prepare(model: torch.nn.Module, bits: Optional[int] = None, *, weight_bits=_
     counter = [0]
     for name, layer in layers:
         kind = _layer_kind(layer)
-        if name in skip or kind == "qat":
+        if kind == "qat":
+            continue
+        if name in skip:
+            twin = _float_twin(layer)
+            if twin is not layer:
+                if name == "":
+                    return twin
+                _set_submodule(model, name, twin)
             continue
         if kind == "gcn":
             new = QATGCNConv.from_float(layer, qconfig, counter)
@@ -157,15 +201,39 @@ def fake_quantizers(model: torch.nn.Module) -> List[Tuple[str, FakeQuantize]]:
     return [(name, m) for name, m in model.named_modules() if isinstance(m, FakeQuantize)]
 
 
+def _drop_inference_tensors(model: torch.nn.Module) -> None:
+    """Replaces every parameter or buffer of ``model`` that is an inference tensor by an ordinary copy.
+
+    To be called outside inference mode (where ``clone`` makes ordinary tensors).
+    """
+    copies = {}  # a tensor shared by several modules stays shared
+    for module in model.modules():
+        for name, param in list(module._parameters.items()):
+            if param is not None and param.is_inference():
+                if id(param) not in copies:
+                    copies[id(param)] = torch.nn.Parameter(param.clone(), requires_grad=False)
+                module._parameters[name] = copies[id(param)]
+        for name, buf in list(module._buffers.items()):
+            if buf is not None and buf.is_inference():
+                module._buffers[name] = copies.setdefault(id(buf), buf.clone())
+        if isinstance(module, QATLinear):
+            module._packed = None  # its codes may have been keyed on a replaced weight
+
+
 def convert(model: torch.nn.Module, inplace: bool = False) -> torch.nn.Module:
     r"""The inference model of a QAT model: ranges frozen, bit kernels, no gradients.
 
     Every :class:`FakeQuantize` stops observing (its range, and so its scale, is frozen;
     dynamic per-node ranges stay per input by design), every :class:`QATLinear` packs its
     weight codes once on first use, parameters stop requiring gradients, and the model is
-    put in ``eval()``.  Called under ``torch.no_grad()`` (or not: no tensor asks for a
-    gradient any more) the QAT layers run their bit kernels; the outputs equal those of
-    the QAT model in ``eval()``.
+    put in ``eval()``.  Called under ``torch.no_grad()`` or ``torch.inference_mode()`` (or
+    neither: no tensor asks for a gradient any more) the QAT layers run their bit kernels;
+    the outputs equal those of the QAT model in ``eval()``.
+
+    ``convert`` may itself run under ``torch.inference_mode()`` (as Lightning's test and
+    predict hooks do): the copy is made outside it, and parameters or buffers that are
+    inference tensors are replaced by ordinary copies, so the converted model's weight
+    codes and ranges keep the version counters their caches check.
 
     Args:
         model (torch.nn.Module): a model returned by :func:`prepare` (and trained).
@@ -176,9 +244,13 @@ def convert(model: torch.nn.Module, inplace: bool = False) -> torch.nn.Module:
     quantizers = fake_quantizers(model)
     if not quantizers:
         raise ValueError("model holds no FakeQuantize modules; call pyg_quant.qat.prepare (and train) first")
-    if not inplace:
-        model = copy.deepcopy(model)
-        quantizers = fake_quantizers(model)
+    # Tensors made under inference mode keep no version counter, which the caches of the
+    # packed weights and input codes check: copy (and repair) outside it.
+    with torch.inference_mode(False):
+        if not inplace:
+            model = copy.deepcopy(model)
+            quantizers = fake_quantizers(model)
+        _drop_inference_tensors(model)
     unobserved = [name for name, fq in quantizers if not fq.dynamic and not fq.observer.initialized]
     if unobserved:
         warnings.warn(f"quantizers {unobserved} have observed no data (train the prepared model first); "
