@@ -10,8 +10,10 @@
    each batch as one buffer: the adjacency ``A + I`` as bit tiles (``batch.adj``) and the
    features as ``--bits``-bit planes (``batch.x``), quantized once for the whole graph;
 3. the model is written with ``pyg_quant.QGCNConv`` (``bits=None`` is PyG's GCNConv exactly,
-   and it reads the loader's ``BitAdjacency``); ``pyg_quant.qat.prepare`` makes it
-   ``--bits`` wide (the last layer stays fp32) for quantization-aware training;
+   and it reads the loader's ``BitAdjacency``, which the fp32 ``--baseline`` model needs);
+   ``pyg_quant.qat.prepare`` makes it ``--bits`` wide for quantization-aware training (the
+   last layer stays fp32; for a model of PyG ``GCNConv`` layers, as a ``QGCNConv(bits=None)``
+   too, so a plain PyG model would do for the QAT run alone);
 4. ``pyg_quant.qat.convert`` freezes it, and inference runs on the bit kernels, batch by batch.
 
 Runs on the GPU when there is one (``--device``). ``examples/gin.py`` reuses this file's

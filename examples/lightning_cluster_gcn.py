@@ -151,11 +151,7 @@ class QuantGCNModule(L.LightningModule):
     def on_test_start(self) -> None:
         # Test the deployable model: frozen ranges, no gradients, the bit kernels.
         object.__setattr__(self, "_qat_model", self.model)  # kept aside, not registered as a submodule
-        # Lightning runs this hook under torch.inference_mode; convert() deep-copies the model, and
-        # copies made there would be inference tensors, which QATLinear's packed-weight cache cannot
-        # key on (no version counter). So the copy is made outside inference mode.
-        with torch.inference_mode(False):
-            self.model = qat.convert(self.model)
+        self.model = qat.convert(self.model)  # a frozen copy (Lightning runs this hook under inference_mode)
 
     def on_test_end(self) -> None:
         self.model = self._qat_model  # the QAT model again, should training resume

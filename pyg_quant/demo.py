@@ -7,9 +7,10 @@ Run with ``python -m pyg_quant.demo`` (``--help`` for the options). It
    next to the repository or the working directory), else builds a synthetic
    planted-class graph (:func:`planted_class_graph`): no network needed;
 2. trains a 2-layer GCN (``torch_geometric.nn.GCNConv``) in fp32;
-3. trains the same model, from the same initial weights, built with
-   :class:`pyg_quant.QGCNConv` and made 4-bit by :func:`pyg_quant.qat.prepare`
-   (quantization-aware training, stochastic rounding, last layer fp32), then
+3. trains the same model, from the same initial weights, made 4-bit by
+   :func:`pyg_quant.qat.prepare` (quantization-aware training, stochastic
+   rounding; the last layer stays fp32 as a ``QGCNConv(bits=None)``, so the
+   whole model reads the graph as a :class:`pyg_quant.BitAdjacency`), then
    :func:`pyg_quant.qat.convert`-s it to the bit kernels;
 4. prints accuracy, model bytes, batch bytes and inference time of both, and
    checks the bit kernels against float64 on the side.
@@ -296,20 +297,18 @@ def _run(args, device: torch.device, bits: int, progress: bool) -> Dict[str, obj
 
     torch.manual_seed(args.seed)
     gcn = GCN(data.num_features, args.hidden, num_classes, cached=True).to(device)
-    init = copy.deepcopy(gcn.state_dict())
+    # The quantized model is a copy of the same GCN, made before training (the same initial weights):
+    # prepare() makes every layer but the last one `bits` wide and keeps the last one fp32 as a
+    # QGCNConv(bits=None), which, like the QAT layers, also reads a BitAdjacency.
+    qgcn = qat.prepare(gcn, bits=bits, seed=args.seed)
     print(f"\n[2/4] fp32 GCN (torch_geometric.nn.GCNConv {data.num_features}→{args.hidden}→{num_classes}), "
           f"{args.epochs} epochs")
     fp32 = train(gcn, data, data.edge_index, args.epochs, progress=progress, desc="fp32 GCN")
 
-    # The same model with QGCNConv (bits=None: exactly GCNConv, and it also reads a BitAdjacency),
-    # from the same initial weights; prepare() makes every layer but the last one `bits` wide.
-    qgcn = GCN(data.num_features, args.hidden, num_classes, conv=pq.QGCNConv, cached=True).to(device)
-    qgcn.load_state_dict(init)
-    qgcn = qat.prepare(qgcn, bits=bits, seed=args.seed)
     # The graph as the quantized model reads it: A + I on 16 x 256 bit tiles, packed once.
     adj = pq.BitAdjacency.from_edge_index(data.edge_index, data.num_nodes, self_loops=1)
-    print(f"\n[3/4] {bits}-bit QGCN: pyg_quant.QGCNConv + qat.prepare(bits={bits}) (stochastic rounding, "
-          f"last layer fp32), {args.epochs} epochs of QAT, then qat.convert")
+    print(f"\n[3/4] {bits}-bit QGCN: qat.prepare(gcn, bits={bits}) (stochastic rounding, last layer fp32), "
+          f"{args.epochs} epochs of QAT, then qat.convert")
     quant = train(qgcn, data, adj, args.epochs, progress=progress, desc=f"{bits}-bit QGCN (QAT)")
     inference = qat.convert(qgcn)
 
