@@ -1,0 +1,97 @@
+r"""README.md against the files it cites: links resolve, and its result tables equal the recorded benchmark JSON.
+
+* every relative link and image target exists in the repository;
+* the QAT accuracy table equals ``benchmarks/accuracy.json`` (mean ± sample sd over the seeds, drop = fp32 mean
+  − quantized mean, in points, two decimals) and its "target met" column follows from the drops;
+* the end-to-end headline equals ``benchmarks/results/e2e_h100.json`` (graph-replay resident medians to 0.1 ms,
+  H2D MB per epoch to 1 MB).
+"""
+import json
+import os
+import re
+import statistics
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TARGETS = {8: 0.5, 4: 1.5, 2: 5.0}  # allowed drop in points (benchmarks/RESULTS.md)
+
+
+@pytest.fixture(scope="module")
+def readme():
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        return f.read()
+
+
+def table_rows(text: str, header_start: str):
+    """The cells of the Markdown table whose header row starts with ``header_start``."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header_start))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+    return rows
+
+
+def test_relative_links_and_images_exist(readme):
+    targets = re.findall(r"\]\(([^)\s]+)\)", readme)
+    local = [t.split("#")[0] for t in targets if not re.match(r"[a-z]+://", t) and not t.startswith("#")]
+    assert "benchmarks/accuracy.png" in local and "benchmarks/results/e2e_h100.png" in local
+    missing = [t for t in local if t and not os.path.exists(os.path.join(ROOT, t))]
+    assert not missing, missing
+    for image in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", readme):
+        assert image.endswith(".png") and os.path.getsize(os.path.join(ROOT, image)) > 0
+
+
+def test_qat_accuracy_table_matches_accuracy_json(readme):
+    with open(os.path.join(ROOT, "benchmarks", "accuracy.json")) as f:
+        rows = json.load(f)["rows"]
+    stats = {}
+    for row in rows:
+        if row["all_layers"]:
+            continue
+        test = [100 * v for v in row["test"]]
+        stats[(row["model"], row["bits"], row["stochastic"] if row["bits"] is not None else None)] = (
+            statistics.mean(test), statistics.stdev(test))
+
+    def cell(model, bits, stochastic):
+        mean, sd = stats[(model, bits, stochastic)]
+        text = f"{mean:.2f} ± {sd:.2f}"
+        if bits is None:
+            return text, None
+        drop = stats[(model, None, None)][0] - mean
+        return f"{text} ({drop:+.2f})".replace("(-", "(−"), drop
+
+    table = table_rows(readme, "| model | bits | target")
+    assert len(table) == 15
+    for model, bits, target, stochastic, nearest, met in table:
+        if bits == "fp32":
+            assert stochastic == cell(model, None, None)[0] and not nearest and not target
+            continue
+        bits = int(bits)
+        (s_text, s_drop), (n_text, n_drop) = cell(model, bits, True), cell(model, bits, False)
+        assert (stochastic, nearest) == (s_text, n_text), (model, bits)
+        if bits in TARGETS:
+            assert float(target) == TARGETS[bits]
+            ok = max(s_drop, n_drop) <= TARGETS[bits]
+            assert met == ("yes" if ok else "**no (missed)**"), (model, bits)
+        else:
+            assert target == "–" and met == "(no target)"
+
+
+def test_e2e_headline_matches_e2e_json(readme):
+    with open(os.path.join(ROOT, "benchmarks", "results", "e2e_h100.json")) as f:
+        inference = json.load(f)["inference"]
+    by_label = {(row["model"], row["label"]): row for row in inference}
+    table = table_rows(readme, "| model | PyG fp32 CSR (fastest)")
+    labels = ["PyG fp32 CSR", "pyg_quant 8-bit", "pyg_quant 4-bit", "pyg_quant 1-bit"]
+    assert [row[0] for row in table] == ["GIN 3×64", "GCN 3×16"]
+    for row in table:
+        model = row[0].split()[0]
+        for label, text in zip(labels, row[1:5]):
+            assert float(text) == round(by_label[(model, label)]["graph_resident"]["median_ms"], 1), (model, label)
+        before, after = (int(v) for v in row[5].split(" → "))
+        assert before == round(by_label[(model, "PyG fp32 CSR")]["h2d_mb_per_epoch"])
+        assert after == round(by_label[(model, "pyg_quant 4-bit")]["h2d_mb_per_epoch"])
