@@ -19,6 +19,9 @@ TORCH_LIBRARY(pyg_quant, m) {
       "bit_spmm_affine(Tensor window_ptr, Tensor tile_col, Tensor tile_bits, Tensor res_ptr, Tensor res_col, "
       "Tensor? res_val, Tensor x_planes, Tensor lo, Tensor scale, Tensor row_sums, Tensor? self_weight, "
       "Tensor? row_scale, Tensor? bias, bool relu, int rows, int cols, bool wide) -> Tensor");
+  m.def(
+      "tile_plan(Tensor keys, Tensor sums, int num_rows, int num_cols, int min_tile_nnz, int planes) -> (Tensor, "
+      "Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
 }
 
 // Importing pyg_quant._C loads this library, which runs the registrations above.

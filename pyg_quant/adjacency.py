@@ -12,8 +12,8 @@ import torch
 from . import ops
 from .bit_tensor import BitTensor
 from .bitmm import INT32_MAX
-from .layout import TILE_COLS, TILE_ROWS, TILE_WORDS
-from .ops.reference import _to_int32_words
+from .compact_adjacency import CompactAdjacency, distinct_entries
+from .layout import TILE_COLS, TILE_ROWS
 
 
 def _check_edge_index(edge_index, num_src: int, num_dst: int) -> torch.Tensor:
@@ -85,6 +85,15 @@ class BitAdjacency:
                 becomes a bit tile; sparser blocks go to the CSR residual.  ``1``
                 stores every non-empty block as a tile.
         """
+        return cls.compact_from_edge_index(edge_index, num_nodes, self_loops, min_tile_nnz).expand()
+
+    @staticmethod
+    def compact_from_edge_index(edge_index: torch.Tensor,
+                                num_nodes: Optional[Union[int, Tuple[int, int]]] = None,
+                                self_loops: int = 0, min_tile_nnz: int = 16) -> CompactAdjacency:
+        r"""The :class:`~pyg_quant.compact_adjacency.CompactAdjacency` of :meth:`from_edge_index`
+        (same arguments): the tile plan with one byte per edge, before any tile is written.
+        ``.expand()`` gives the BitAdjacency, on the device the plan is on."""
         if isinstance(min_tile_nnz, bool) or not isinstance(min_tile_nnz, int) or min_tile_nnz < 1:
             raise ValueError(f"min_tile_nnz must be a positive int, got {min_tile_nnz!r}")
         if isinstance(self_loops, bool) or self_loops not in (0, 1, 2):
@@ -111,14 +120,15 @@ class BitAdjacency:
         if self_loops:
             is_loop = src == dst
             diag = torch.full((num_dst,), float(self_loops), device=device)
-            diag[dst[is_loop]] = 1.0
-            src, dst = src[~is_loop], dst[~is_loop]
+            if device.type != "cpu" or bool(is_loop.any()):  # on the CPU, skip two selects in the usual case
+                diag[dst[is_loop]] = 1.0
+                src, dst = src[~is_loop], dst[~is_loop]
 
-        keys, counts = torch.unique(dst * num_src + src, return_counts=True)
+        keys, counts = distinct_entries(dst * num_src + src)
         max_count = int(counts.max()) if counts.numel() else 1
         if max_count > 255:
             raise ValueError(f"edge_index repeats an edge {max_count} times; at most 255 fit the 8-bit adjacency")
-        return pack_distinct_entries(keys, counts, num_dst, num_src, min_tile_nnz, diag)
+        return CompactAdjacency.from_entries(keys, counts, num_dst, num_src, min_tile_nnz, diag)
 
     # --- reporting --------------------------------------------------------------------
     @property
@@ -201,61 +211,11 @@ class BitAdjacency:
                 f"self_loops={self.diag is not None})")
 
 
-MAX_ADJ_PLANES = 8  # bit planes per entry that the bit_spmm kernels accept
-
-
 def pack_distinct_entries(keys: torch.Tensor, sums: torch.Tensor, num_rows: int, num_cols: int,
                           min_tile_nnz: int = 16, diag: Optional[torch.Tensor] = None) -> BitAdjacency:
     r"""The one packer of the bit-tile layout: ``A[k // num_cols, k % num_cols] = sums`` for sorted, distinct
-    ``keys`` and positive integer ``sums``.
-
-    A 16 × 256 block with at least ``min_tile_nnz`` entries becomes a tile of
-    ``bit_length(max sum)`` planes (at most 8); sparser blocks, and entries too
-    large for 8 planes, go to the CSR residual (``res_val`` int32, None when
-    every stored entry is 1).
-    """
-    device = keys.device
-    rows, cols = keys // num_cols, keys % num_cols
-    largest = int(sums.max()) if sums.numel() else 1
-    planes = min(MAX_ADJ_PLANES, max(1, largest.bit_length()))
-
-    num_windows = (num_rows + TILE_ROWS - 1) // TILE_ROWS
-    col_tiles = (num_cols + TILE_COLS - 1) // TILE_COLS
-    block_keys, block_of_entry = torch.unique((rows // TILE_ROWS) * col_tiles + cols // TILE_COLS,
-                                              return_inverse=True)
-    is_tile = torch.bincount(block_of_entry, minlength=block_keys.numel()) >= min_tile_nnz
-    in_tile = is_tile[block_of_entry] & (sums < 2**planes)
-    is_tile = torch.zeros_like(is_tile).index_fill_(0, block_of_entry[in_tile], True)
-    tile_keys = block_keys[is_tile]
-    tile_of_entry = (torch.cumsum(is_tile, 0) - 1)[block_of_entry[in_tile]]
-    num_tiles = tile_keys.numel()
-    window_ptr = torch.zeros(num_windows + 1, dtype=torch.int64, device=device)
-    window_ptr[1:] = torch.cumsum(torch.bincount(tile_keys // col_tiles, minlength=num_windows), 0)
-    tile_col = (tile_keys % col_tiles).to(torch.int32)
-
-    # Entries are distinct, so adding their bits is an OR.
-    t_rows, t_cols, t_sums = rows[in_tile], cols[in_tile], sums[in_tile]
-    word = (tile_of_entry * TILE_ROWS + t_rows % TILE_ROWS) * TILE_WORDS + (t_cols % TILE_COLS) // 32
-    bit = t_cols % 32
-    tile_planes = []
-    for p in range(planes):
-        words = torch.zeros(num_tiles * TILE_ROWS * TILE_WORDS, dtype=torch.int64, device=device)
-        words.index_add_(0, word, ((t_sums >> p) & 1) << bit)
-        tile_planes.append(_to_int32_words(words).view(num_tiles, TILE_ROWS, TILE_WORDS))
-    tile_bits = torch.stack(tile_planes)
-
-    is_res = ~in_tile
-    res_ptr = torch.zeros(num_rows + 1, dtype=torch.int64, device=device)
-    res_ptr[1:] = torch.cumsum(torch.bincount(rows[is_res], minlength=num_rows), 0)
-    res_col = cols[is_res].to(torch.int32)
-    res_sums = sums[is_res]
-    multi_bit = planes > 1 or bool((res_sums != 1).any())
-    res_val = res_sums.to(torch.int32) if multi_bit else None
-
-    row_sums = torch.zeros(num_rows, dtype=torch.int64, device=device).index_add_(0, rows, sums)
-    max_row_sum = int(row_sums.max()) if num_rows else 0
-    return BitAdjacency(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, num_rows, num_cols, diag,
-                        row_sums, keys.numel(), max_row_sum)
+    ``keys`` and positive integer ``sums`` (see :meth:`CompactAdjacency.from_entries` for the tiling rule)."""
+    return CompactAdjacency.from_entries(keys, sums, num_rows, num_cols, min_tile_nnz, diag).expand()
 
 
 def _float_vector(value, length: int, device: torch.device, name: str) -> Optional[torch.Tensor]:

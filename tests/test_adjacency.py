@@ -406,3 +406,58 @@ def test_bit_spmm_widens_when_row_sums_could_overflow(monkeypatch):
     adj.max_row_sum = (2**31 - 1) // 255  # exactly at the bound: still int32
     pq.bit_spmm(adj, x)
     assert seen[-1] is False
+
+
+# --- the compact form (tile plan + a byte an edge) -----------------------------------------------
+@pytest.mark.parametrize("shape,edges,min_tile_nnz,repeat", [
+    ((300, 300), 5000, 16, 1), ((17, 1000), 3000, 1, 3), ((4000, 700), 20000, 40, 1), ((40, 300), 12000, 1, 1),
+    ((1, 1), 0, 16, 1), ((5000, 5000), 300, 4, 300)])
+@requires_compiled
+def test_tile_plan_compiled_equals_reference(shape, edges, min_tile_nnz, repeat):
+    """The C++ planner and the torch reference emit the same plan (tiles, row counts, entries, residual)."""
+    g = gen(edges + repeat)
+    rows, cols = shape
+    keys = torch.randint(rows * cols, (edges,), generator=g)
+    if edges and shape == (40, 300):  # dense: some tile rows hold all 256 columns
+        keys = torch.cat([keys, torch.arange(3 * cols, 3 * cols + 256)])
+    keys = torch.cat([keys] + [keys[: max(1, edges // 50)]] * (repeat - 1))  # repeats -> multi-bit / residual
+    keys, sums = torch.unique(keys, return_counts=True)
+    planes = min(8, max(1, int(sums.max()).bit_length())) if sums.numel() else 1
+    expected = ref.tile_plan(keys, sums, rows, cols, min_tile_nnz, planes)
+    got = pq.ops.tile_plan(keys, sums, rows, cols, min_tile_nnz, planes)
+    for name, a, b in zip(("tile_key", "row_count", "entry_col", "entry_val", "res_row", "res_col", "res_sum",
+                           "row_sums"), got, expected):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("graph", ["planted", "random"])
+@pytest.mark.parametrize("self_loops", [0, 1, 2])
+def test_compact_expands_to_from_edge_index(graph, self_loops):
+    """CompactAdjacency.expand() is BitAdjacency.from_edge_index field for field, and costs about a byte an edge."""
+    g = gen(3)
+    n = 3000
+    if graph == "planted":
+        src = torch.randint(n, (60000,), generator=g)
+        dst = (src // 300) * 300 + torch.randint(300, (60000,), generator=g)
+    else:
+        src, dst = torch.randint(n, (2, 30000), generator=g)
+    edge_index = torch.stack([src, dst])
+    compact = pq.BitAdjacency.compact_from_edge_index(edge_index, n, self_loops=self_loops)
+    adj = compact.expand()
+    expected = pq.BitAdjacency.from_edge_index(edge_index, n, self_loops=self_loops)
+    for name in pq.BitAdjacency._TENSORS:
+        a, b = getattr(adj, name), getattr(expected, name)
+        assert (a is None) == (b is None), name
+        assert a is None or (a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)), name
+    assert (adj.nnz, adj.max_row_sum) == (expected.nnz, expected.max_row_sum)
+    per_entry = 2 if compact.planes > 1 else 1
+    assert compact.nbytes <= per_entry * adj.tile_nnz + 20 * adj.num_tiles + 12 * adj.res_nnz + n
+    if graph == "planted":
+        assert compact.nbytes < adj.nbytes / 3
+
+
+def test_compact_rejects_non_integer_diag():
+    from pyg_quant.compact_adjacency import CompactAdjacency
+    keys, sums = torch.tensor([0, 5]), torch.tensor([1, 1])
+    with pytest.raises(ValueError, match="diag"):
+        CompactAdjacency.from_entries(keys, sums, 3, 3, 1, diag=torch.tensor([0.5, 1.0, 1.0]))

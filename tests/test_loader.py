@@ -307,14 +307,74 @@ def all_tensors(batch):
             yield value
 
 
-def test_every_field_is_a_view_of_one_buffer(planted_parts):
+def test_every_wire_tensor_is_a_view_of_one_buffer(planted_parts):
     batch = next(iter(QuantClusterLoader(planted_parts, batch_size=3, bits=4, return_edge_index=True)))
     assert isinstance(batch, QuantBatch)
     base = batch.buffer.untyped_storage().data_ptr()
-    tensors = list(all_tensors(batch))
-    assert len(tensors) >= 12
-    assert all(t.untyped_storage().data_ptr() == base for t in tensors)
-    assert batch.nbytes == batch.buffer.numel() >= sum(t.numel() * t.element_size() for t in tensors)
+    wire = batch.wire_tensors()
+    assert len(wire) >= 12
+    assert all(t.untyped_storage().data_ptr() == base for t in wire.values())
+    assert batch.nbytes == batch.buffer.numel() >= sum(t.numel() * t.element_size() for t in wire.values())
+
+
+def assert_same_adjacency(a, b):
+    for name in pq.BitAdjacency._TENSORS:
+        x, y = getattr(a, name), getattr(b, name)
+        assert (x is None) == (y is None), name
+        if x is not None:
+            assert x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y), name
+    for name in ("num_rows", "num_cols", "nnz", "max_row_sum"):
+        assert getattr(a, name) == getattr(b, name), name
+
+
+@pytest.mark.parametrize("self_loops", [0, 1, 2])
+def test_wire_format_decodes_to_the_direct_build(planted_parts, self_loops):
+    """The adjacency travels as its tile plan (about a byte an edge), features without padding, integers
+    narrowed; reading the fields gives exactly what a direct build gives, in the original dtypes."""
+    loader = QuantClusterLoader(planted_parts, batch_size=4, bits=4, self_loops=self_loops, min_tile_nnz=64,
+                                return_edge_index=True)
+    tiles = residual = 0
+    for batch in loader:
+        wire = batch.wire_tensors()
+        assert wire["adj.entry_col"].dtype == torch.uint8 and wire["y"].dtype == torch.int8
+        assert wire["edge_index"].dtype == torch.int16 and wire["n_id"].dtype == torch.int16
+        adj = batch.adj
+        assert_same_adjacency(adj, pq.BitAdjacency.from_edge_index(batch.edge_index, batch.num_nodes,
+                                                                     self_loops=self_loops, min_tile_nnz=64))
+        tiles, residual = tiles + adj.num_tiles, residual + adj.res_nnz
+        adj_wire = sum(t.numel() * t.element_size() for k, t in wire.items() if k.startswith("adj."))
+        per_entry = 2 if adj.bits > 1 else 1  # column byte (+ multiplicity byte)
+        assert adj_wire <= per_entry * adj.tile_nnz + 20 * adj.num_tiles + 12 * adj.res_nnz + batch.num_nodes
+        assert adj_wire < adj.nbytes
+        assert batch.y.dtype == batch.n_id.dtype == batch.edge_index.dtype == torch.int64
+        assert torch.equal(batch.n_id, planted_parts.partition.node_perm[batch.n_id.new_tensor(
+            [i for p in batch.part.tolist() for i in range(int(planted_parts.partition.partptr[p]),
+                                                             int(planted_parts.partition.partptr[p + 1]))])])
+        x = batch.x
+        assert wire["x.planes"].shape[1] == x.cols < x.planes.size(1)  # col layout, 20 features padded to 64
+        assert torch.equal(x.planes[:, x.cols:], torch.zeros_like(x.planes[:, x.cols:]))
+        assert torch.equal(x.planes[:, :x.cols], wire["x.planes"])
+        assert batch.adj is adj and batch["x"] is x  # decoded once
+    assert tiles > 0 and residual > 0  # both halves of the format are exercised
+
+
+def test_wire_integers_outside_narrow_ranges_are_kept():
+    big = torch.tensor([0, 2**40])
+    fields = {"big": big, "i32": torch.tensor([-70000, 5]), "f": torch.ones(3), "b": torch.tensor([True]),
+              "empty": torch.empty(0, dtype=torch.int64), "i8": torch.tensor([-128, 127], dtype=torch.int16)}
+    batch = QuantBatch.from_fields(fields)
+    wire = batch.wire_tensors()
+    assert wire["big"].dtype == torch.int64 and wire["i32"].dtype == torch.int32 and wire["i8"].dtype == torch.int8
+    assert wire["empty"].dtype == torch.int64 and wire["f"].dtype == torch.float32
+    for name, value in fields.items():
+        assert batch[name].dtype == value.dtype and torch.equal(batch[name], value), name
+
+
+def test_plain_bit_adjacency_travels_as_is(planted):
+    adj = pq.BitAdjacency.from_edge_index(planted.edge_index, planted.num_nodes, self_loops=1)
+    batch = QuantBatch.from_fields({"adj": adj})
+    assert_same_adjacency(batch.adj, adj)
+    assert batch.nbytes >= adj.nbytes
 
 
 class CountCopies(TorchDispatchMode):
@@ -371,6 +431,52 @@ def test_cuda_transfer_from_pinned_buffer(planted_parts):
         torch.testing.assert_close(pq.bit_spmm(moved.adj, moved.x).cpu(), pq.bit_spmm(batch.adj, batch.x),
                                    rtol=1e-6, atol=1e-6)
         assert torch.equal(moved.deg.cpu(), batch.deg)
+
+
+@requires_cuda
+@pytest.mark.cuda
+def test_cuda_decode_is_sync_free_and_capturable(planted_parts):
+    """The wire form is decoded on the GPU without a host round trip, equal to the CPU decode field for field,
+    and the decode can be captured in a CUDA graph (replayed after refilling the buffer)."""
+    batches = list(QuantClusterLoader(planted_parts, batch_size=3, bits=4, pin_memory=True))
+    moved = batches[0].to("cuda")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        adj, x, y = moved.adj, moved.x, moved.y
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert_same_adjacency(adj.to("cpu"), batches[0].adj)
+    assert torch.equal(x.planes.cpu(), batches[0].x.planes) and torch.equal(y.cpu(), batches[0].y)
+
+    # Two batches with equal wire shapes and different contents: columns mirrored inside the one
+    # 256-column block (same tiles, same row counts), other features.
+    g = gen(7)
+    src, dst = torch.randint(256, (2, 3000), generator=g)
+    hosts = [QuantBatch.from_fields({"adj": pq.BitAdjacency.compact_from_edge_index(
+        torch.stack([s_, dst]), 256, self_loops=1, min_tile_nnz=1),
+        "x": pq.to_bit(torch.randn(256, 5, generator=g), 4, dim=0, layout="col")}, pin_memory=True)
+        for s_ in (src, 255 - src)]
+    assert [t.shape for t in hosts[0].wire_tensors().values()] == [t.shape for t in hosts[1].wire_tensors().values()]
+    first = hosts[0].to("cuda")
+    buffer = first.buffer.clone()
+
+    def decode_and_aggregate():
+        batch = QuantBatch(buffer, first._specs, first._meta)
+        return pq.bit_spmm(batch.adj, batch.x)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        decode_and_aggregate()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = decode_and_aggregate()
+    for host in hosts[::-1] + hosts:
+        buffer.copy_(host.buffer, non_blocking=True)
+        graph.replay()
+        torch.testing.assert_close(out.cpu(), pq.bit_spmm(host.adj, host.x), rtol=1e-6, atol=1e-6)
 
 
 # --- the cache --------------------------------------------------------------------------------------

@@ -1,54 +1,98 @@
-r"""QuantBatch: every tensor of a batch as a view into one ``uint8`` buffer.
+r"""QuantBatch: a batch as one ``uint8`` buffer in a compact wire format.
 
-A batch holds a :class:`~pyg_quant.BitAdjacency` (eight index/bit tensors), a
-:class:`~pyg_quant.BitTensor` (planes and ranges), labels, masks and node ids:
-a dozen small tensors.  Copied one by one, each is its own host-to-device
-transfer (and its own pinned staging copy).  Here they are laid out once, at
-64-byte aligned offsets, in a single buffer::
+A batch holds an adjacency, low-bit features, labels, masks and node ids: a
+dozen small tensors.  Copied one by one, each is its own host-to-device transfer
+(and its own pinned staging copy).  Here they are laid out once, at 64-byte
+aligned offsets, in a single buffer, each in its *wire* form::
 
     buffer: uint8[nbytes]
-    ┌──────────────┬──────────┬─────┬────────────┬──────────┬────┬───────┬─────┐
-    │adj.window_ptr│adj.tile_…│ ... │x.planes    │x.lo,scale│ y  │ masks │n_id │
-    └──────────────┴──────────┴─────┴────────────┴──────────┴────┴───────┴─────┘
+    ┌───────────────────────────┬──────────────┬──────────┬────┬───────┬─────┐
+    │adj: tile plan + 1 B/edge  │x.planes      │x.lo,scale│ y  │ masks │n_id │
+    └───────────────────────────┴──────────────┴──────────┴────┴───────┴─────┘
 
-and every field is a ``view`` of it.  :meth:`QuantBatch.pin_memory` pins that one
-buffer (one copy; none when the loader allocated it pinned), and
-:meth:`QuantBatch.to` moves it with one ``non_blocking`` copy and re-creates the
-same views on the device: no per-field copies, no conversions.
+* a :class:`~pyg_quant.compact_adjacency.CompactAdjacency` travels as its plan
+  (one byte per edge instead of a 512-byte bit tile per 16 × 256 block) and
+  becomes a :class:`~pyg_quant.BitAdjacency` where the batch is, on first access;
+* a :class:`~pyg_quant.BitTensor` travels without the padding of its outer
+  dimension (re-added on access);
+* an integer tensor travels in the narrowest integer type that holds its values
+  (``y`` with 47 classes as ``int8``, node ids as ``int32``) and is widened back
+  to its dtype on access;
+* a :class:`~pyg_quant.BitAdjacency` and any other tensor travel as they are.
+
+:meth:`QuantBatch.pin_memory` pins that one buffer (one copy; none when the
+loader allocated it pinned), and :meth:`QuantBatch.to` moves it with one
+``non_blocking`` copy; the decoding then runs on the device, as a few kernels
+queued on the current stream, without synchronising with the host.
 """
 import math
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
+import torch.nn.functional as F
 
 from ..adjacency import BitAdjacency
 from ..bit_tensor import BitTensor
+from ..compact_adjacency import CompactAdjacency
 
 ALIGN = 64  # bytes: a cache line, and a multiple of every element size
 
-_Spec = Tuple[str, torch.dtype, Tuple[int, ...], int]  # name, dtype, shape, byte offset
+_Spec = Tuple[str, torch.dtype, Tuple[int, ...], int]  # name, wire dtype, shape, byte offset
 
 _ADJ_SCALARS = ("num_rows", "num_cols", "nnz", "max_row_sum")
 _BIT_TENSORS = ("planes", "lo", "scale")
+_NARROW_INTS = (torch.int8, torch.int16, torch.int32)
+_WIDE_INTS = (torch.int16, torch.int32, torch.int64)
+
+
+def _narrowed(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` in the narrowest signed integer type holding its values (itself if none is narrower)."""
+    if tensor.dtype not in _WIDE_INTS or tensor.numel() == 0:
+        return tensor
+    low, high = int(tensor.min()), int(tensor.max())
+    for dtype in _NARROW_INTS:
+        info = torch.iinfo(dtype)
+        if dtype.itemsize >= tensor.element_size():
+            return tensor
+        if info.min <= low and high <= info.max:
+            return tensor.to(dtype)
+    return tensor
+
+
+def _widened(view: torch.Tensor, dtype: Optional[torch.dtype]) -> torch.Tensor:
+    return view if dtype is None else view.to(dtype)
+
+
+def _outer_rows(value: BitTensor) -> int:
+    return value.rows if value.layout == "row" else value.cols
 
 
 def _flatten(fields: Dict[str, object]) -> Tuple[Dict[str, torch.Tensor], Dict[str, object]]:
-    """Splits fields into the tensors that go into the buffer and a picklable description of the rest."""
+    """Splits fields into the wire tensors that go into the buffer and a picklable description of the rest."""
     tensors: Dict[str, torch.Tensor] = {}
-    meta: Dict[str, object] = {"objects": {}, "values": {}, "order": list(fields)}
+    meta: Dict[str, object] = {"objects": {}, "values": {}, "dtypes": {}, "order": list(fields)}
     for name, value in fields.items():
-        if isinstance(value, BitAdjacency):
+        if isinstance(value, CompactAdjacency):
+            for attr, tensor in value.tensors().items():
+                tensors[f"{name}.{attr}"] = _narrowed(tensor)
+                if tensors[f"{name}.{attr}"].dtype != tensor.dtype:
+                    meta["dtypes"][f"{name}.{attr}"] = tensor.dtype
+            meta["objects"][name] = ("CompactAdjacency", value.scalars())
+        elif isinstance(value, BitAdjacency):
             for attr in BitAdjacency._TENSORS:
                 if getattr(value, attr) is not None:
                     tensors[f"{name}.{attr}"] = getattr(value, attr)
             meta["objects"][name] = ("BitAdjacency", {attr: getattr(value, attr) for attr in _ADJ_SCALARS})
         elif isinstance(value, BitTensor):
-            for attr in _BIT_TENSORS:
-                tensors[f"{name}.{attr}"] = getattr(value, attr)
+            tensors[f"{name}.planes"] = value.planes[:, :_outer_rows(value)]
+            tensors[f"{name}.lo"], tensors[f"{name}.scale"] = value.lo, value.scale
             meta["objects"][name] = ("BitTensor", {"shape": value.shape, "bits": value.bits,
-                                                   "layout": value.layout, "dim": value.dim})
+                                                   "layout": value.layout, "dim": value.dim,
+                                                   "outer_pad": value.planes.size(1)})
         elif isinstance(value, torch.Tensor):
-            tensors[name] = value
+            tensors[name] = _narrowed(value)
+            if tensors[name].dtype != value.dtype:
+                meta["dtypes"][name] = value.dtype
         else:
             meta["values"][name] = value
     return tensors, meta
@@ -59,12 +103,31 @@ def _view(buffer: torch.Tensor, dtype: torch.dtype, shape: Tuple[int, ...], offs
     return buffer[offset:offset + size].view(dtype).view(shape)
 
 
+class _Decode:
+    """A field still in wire form: ``decode()`` builds it (once; the batch caches the result)."""
+
+    __slots__ = ("decode", "kind")
+
+    def __init__(self, decode: Callable[[], object], kind: str):
+        self.decode, self.kind = decode, kind
+
+
+def _padded_bit_tensor(parts: Dict[str, torch.Tensor], scalars: Dict[str, object]) -> BitTensor:
+    scalars = dict(scalars)
+    planes = parts["planes"]
+    planes = F.pad(planes, (0, 0, 0, scalars.pop("outer_pad") - planes.size(1)))
+    return BitTensor(planes, lo=parts["lo"], scale=parts["scale"], **scalars)
+
+
 class QuantBatch:
-    r"""A mini-batch whose tensors all live in one contiguous ``uint8`` buffer.
+    r"""A mini-batch whose tensors all travel in one contiguous ``uint8`` buffer.
 
     Fields are read as attributes (``batch.adj``, ``batch.x``, ``batch.y``,
-    ``batch.train_mask``, ``batch.n_id``, ...) or by name (``batch["y"]``).
-    Built by :class:`pyg_quant.loader.QuantClusterLoader`; see there for the fields.
+    ``batch.train_mask``, ``batch.n_id``, ...) or by name (``batch["y"]``); a
+    field in wire form (see the module docstring) is decoded on the batch's
+    device the first time it is read, and kept.  :meth:`wire_tensors` gives the
+    buffer's views as they travel.  Built by
+    :class:`pyg_quant.loader.QuantClusterLoader`; see there for the fields.
 
     Attributes:
         num_nodes (int): nodes in the batch.
@@ -83,8 +146,8 @@ class QuantBatch:
 
     @classmethod
     def from_fields(cls, fields: Dict[str, object], pin_memory: bool = False) -> "QuantBatch":
-        r"""Copies the tensors of ``fields`` (Tensors, BitAdjacency, BitTensor; other values are
-        kept as they are) into one new buffer, pinned when ``pin_memory``."""
+        r"""Copies the tensors of ``fields`` (Tensors, CompactAdjacency, BitAdjacency, BitTensor; other
+        values are kept as they are) in wire form into one new buffer, pinned when ``pin_memory``."""
         tensors, meta = _flatten(fields)
         specs: List[_Spec] = []
         offset = 0
@@ -101,30 +164,49 @@ class QuantBatch:
         buffer[end:].zero_()
         return cls(buffer, tuple(specs), meta)
 
+    def wire_tensors(self) -> Dict[str, torch.Tensor]:
+        """The buffer's views, by name (``"adj.entry_col"``, ``"x.planes"``, ``"y"``, ...), as they travel."""
+        return {name: _view(self._buffer, dtype, shape, offset) for name, dtype, shape, offset in self._specs}
+
     def _materialize(self) -> Dict[str, object]:
-        views = {name: _view(self._buffer, dtype, shape, offset) for name, dtype, shape, offset in self._specs}
+        views = self.wire_tensors()
         fields: Dict[str, object] = {}
         for name in self._meta["order"]:
             if name in self._meta["objects"]:
                 kind, scalars = self._meta["objects"][name]
+                parts = {attr: view for key, view in views.items()
+                         for field, _, attr in [key.partition(".")] if field == name}
                 if kind == "BitAdjacency":
-                    parts = {attr: views.get(f"{name}.{attr}") for attr in BitAdjacency._TENSORS}
-                    fields[name] = BitAdjacency(**parts, **scalars)
+                    fields[name] = BitAdjacency(**{attr: parts.get(attr) for attr in BitAdjacency._TENSORS},
+                                                **scalars)
+                elif kind == "CompactAdjacency":
+                    wide = {attr: self._meta["dtypes"].get(f"{name}.{attr}") for attr in parts}
+                    fields[name] = _Decode(lambda parts=parts, scalars=scalars, wide=wide: CompactAdjacency.from_tensors(
+                        {attr: _widened(view, wide[attr]) for attr, view in parts.items()}, scalars).expand(),
+                        "BitAdjacency")
                 else:
-                    parts = {attr: views[f"{name}.{attr}"] for attr in _BIT_TENSORS}
-                    fields[name] = BitTensor(**parts, **scalars)
+                    fields[name] = _Decode(lambda parts=parts, scalars=scalars: _padded_bit_tensor(parts, scalars),
+                                           "BitTensor")
             elif name in views:
-                fields[name] = views[name]
+                wide = self._meta["dtypes"].get(name)
+                fields[name] = views[name] if wide is None else _Decode(
+                    lambda view=views[name], wide=wide: view.to(wide), "Tensor")
             else:
                 fields[name] = self._meta["values"][name]
         return fields
+
+    def _field(self, name: str):
+        value = self._fields[name]
+        if isinstance(value, _Decode):
+            value = self._fields[name] = value.decode()
+        return value
 
     # --- field access -----------------------------------------------------------------
     def __getattr__(self, name: str):
         # Only called when normal lookup fails, i.e. for fields.
         fields = self.__dict__.get("_fields")
         if fields is not None and name in fields:
-            return fields[name]
+            return self._field(name)
         raise AttributeError(f"'{type(self).__name__}' has no field {name!r}")
 
     def __setattr__(self, name: str, value) -> None:
@@ -135,7 +217,7 @@ class QuantBatch:
         self._added[name] = value
 
     def __getitem__(self, name: str):
-        return self._fields[name]
+        return self._field(name)
 
     def __contains__(self, name: str) -> bool:
         return name in self._fields
@@ -144,7 +226,7 @@ class QuantBatch:
         return list(self._fields)
 
     def items(self) -> Iterator[Tuple[str, object]]:
-        return iter(self._fields.items())
+        return ((name, self._field(name)) for name in list(self._fields))
 
     @property
     def nbytes(self) -> int:
@@ -162,7 +244,7 @@ class QuantBatch:
     @property
     def deg(self) -> torch.Tensor:
         if self._deg is None:
-            self.__dict__["_deg"] = self._fields["adj"].degree()
+            self.__dict__["_deg"] = self._field("adj").degree()
         return self._deg
 
     def is_pinned(self) -> bool:
@@ -231,6 +313,8 @@ class QuantBatch:
 
     def __repr__(self) -> str:
         def describe(value):
+            if isinstance(value, _Decode):
+                return f"{value.kind}(wire)"
             if isinstance(value, torch.Tensor):
                 return f"{list(value.shape)}"
             if isinstance(value, (BitAdjacency, BitTensor)):

@@ -12,6 +12,9 @@ from .batch import QuantBatch
 from .features import QuantizedFeatures, check_bits
 
 
+_OUTSIDE = -(2**62)  # shift of a part that is not in the batch
+
+
 class ClusterCollater:
     r"""Turns a list of part ids into a :class:`QuantBatch` (the loader's ``collate_fn``).
 
@@ -38,31 +41,30 @@ class ClusterCollater:
     def edges(self, parts: torch.Tensor, starts: torch.Tensor, offsets: torch.Tensor):
         r"""The batch's edges, exactly as PyG's ``ClusterLoader`` builds them.
 
-        Returns ``(edge_index, edge_ids, keep)``: int64 ``[2, E_b]`` in batch-local ids
+        Returns ``(edge_index, edge_ranges, keep)``: int64 ``[2, E_b]`` in batch-local ids
         (the edges between any two nodes of the batch, links between its
-        clusters included), in PyG's order; the positions of the batch's
-        candidate edges in the partition's edge order; and which of them were kept.
+        clusters included), in PyG's order; the ranges of the partition's edge
+        order that hold the batch's candidate edges; and which candidates were kept.
         """
-        majors, edge_ids = [], []
+        majors, minors, edge_ranges = [], [], []
         for part, start, offset in zip(parts.tolist(), starts.tolist(), offsets.tolist()):
             end = int(self.partptr[part + 1])
             ptr = self.indptr[start:end + 1]
-            majors.append(torch.repeat_interleave(torch.arange(offset, offset + end - start), ptr[1:] - ptr[:-1]))
-            edge_ids.append(torch.arange(int(ptr[0]), int(ptr[-1])))
-        major, edge_id = torch.cat(majors), torch.cat(edge_ids)
-        minor = self.index[edge_id]
-        # A global (renumbered) node j of part p sits at local id j - partptr[p] + offset(p)
-        # when p is in the batch; shift[p] holds that difference, is_in[p] whether it is.
-        num_parts = self.partptr.numel() - 1
-        shift = torch.zeros(num_parts, dtype=torch.int64)
-        is_in = torch.zeros(num_parts, dtype=torch.bool)
+            first, last = int(ptr[0]), int(ptr[-1])
+            majors.append(torch.repeat_interleave(torch.arange(offset, offset + end - start), ptr[1:] - ptr[:-1],
+                                                  output_size=last - first))
+            minors.append(self.index[first:last])
+            edge_ranges.append((first, last))
+        major, minor = torch.cat(majors), torch.cat(minors)
+        # A global (renumbered) node j of part p sits at local id j - partptr[p] + offset(p) when p is
+        # in the batch: shift[p] holds that difference, and _OUTSIDE marks the parts not in the batch.
+        shift = torch.full((self.partptr.numel() - 1,), _OUTSIDE, dtype=torch.int64)
         shift[parts] = offsets - starts
-        is_in[parts] = True
-        part_of_minor = self.part_of[minor].long()
-        keep = is_in[part_of_minor]
-        major, minor = major[keep], (minor + shift[part_of_minor])[keep]
+        minor_shift = shift[self.part_of[minor]]
+        keep = minor_shift != _OUTSIDE
+        major, minor = major[keep], (minor + minor_shift)[keep]
         edge_index = torch.stack([major, minor] if self.csr else [minor, major])
-        return edge_index, edge_id, keep
+        return edge_index, edge_ranges, keep
 
     def __call__(self, parts: Sequence[int]) -> QuantBatch:
         parts = torch.as_tensor(parts, dtype=torch.int64).view(-1)
@@ -80,11 +82,11 @@ class ClusterCollater:
         offsets = torch.cumsum(sizes, 0) - sizes
         num_nodes = int(sizes.sum())
         ranges = list(zip(starts.tolist(), ends.tolist()))
-        edge_index, edge_id, keep = self.edges(parts, starts, offsets)
+        edge_index, edge_ranges, keep = self.edges(parts, starts, offsets)
 
         fields: Dict[str, object] = {
-            "adj": BitAdjacency.from_edge_index(edge_index, num_nodes, self_loops=self.self_loops,
-                                                min_tile_nnz=self.min_tile_nnz)}
+            "adj": BitAdjacency.compact_from_edge_index(edge_index, num_nodes, self_loops=self.self_loops,
+                                                        min_tile_nnz=self.min_tile_nnz)}
         if self.features is not None:
             fields["x"] = self.features.pack(self.features.gather(ranges))
         data = self.data
@@ -97,6 +99,7 @@ class ClusterCollater:
             elif key in self.edge_attrs:
                 if self.return_edge_index:
                     dim = data.__cat_dim__(key, value)
+                    edge_id = torch.cat([torch.arange(first, last) for first, last in edge_ranges])
                     fields[key] = select(select(value, edge_id, dim), keep, dim)
             else:
                 fields[key] = value  # graph-level attribute, kept as PyG's copy.copy(data) keeps it

@@ -62,6 +62,12 @@ def bit_spmm_affine(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, 
     return reference.bit_spmm_affine(*args)
 
 
+def tile_plan(keys, sums, num_rows: int, num_cols: int, min_tile_nnz: int, planes: int):
+    if use_compiled("tile_plan", keys.device):
+        return torch.ops.pyg_quant.tile_plan(keys, sums, num_rows, num_cols, min_tile_nnz, planes)
+    return reference.tile_plan(keys, sums, num_rows, num_cols, min_tile_nnz, planes)
+
+
 if LOADED:
 
     @torch.library.register_fake("pyg_quant::quantize_pack")
@@ -93,3 +99,12 @@ if LOADED:
     def _(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x_planes, lo, scale, row_sums, self_weight,
           row_scale, bias, relu, rows, cols, wide):
         return x_planes.new_empty((rows, cols), dtype=torch.float32)
+
+    @torch.library.register_fake("pyg_quant::tile_plan")
+    def _(keys, sums, num_rows, num_cols, min_tile_nnz, planes):
+        ctx = torch.library.get_ctx()
+        tiles, in_tiles, residual = ctx.new_dynamic_size(), ctx.new_dynamic_size(), ctx.new_dynamic_size()
+        return (keys.new_empty((tiles,), dtype=torch.int32), keys.new_empty((tiles, 16), dtype=torch.int16),
+                keys.new_empty((in_tiles,), dtype=torch.uint8), keys.new_empty((in_tiles,), dtype=torch.uint8),
+                keys.new_empty((residual,), dtype=torch.int32), keys.new_empty((residual,), dtype=torch.int32),
+                keys.new_empty((residual,), dtype=torch.int64), keys.new_empty((num_rows,), dtype=torch.int64))

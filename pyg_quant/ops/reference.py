@@ -144,3 +144,38 @@ def bit_spmm_affine(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, 
 
 
 assert PACK_ALIGN_BITS % TILE_COLS == 0
+
+
+_DENSE_BLOCK_INDEX = 1 << 22  # count blocks with bincount below this many, with unique above
+
+
+def tile_plan(keys, sums, num_rows: int, num_cols: int, min_tile_nnz: int, planes: int):
+    """The tile plan of sorted distinct entries (see :mod:`pyg_quant.compact_adjacency`): ``(tile_key int32,
+    row_count int16 [T, 16], entry_col uint8, entry_val uint8, res_row int32, res_col int32, res_sum int64,
+    row_sums int64 [num_rows])``, entries in key (row-major) order."""
+    device = keys.device
+    rows = torch.div(keys, num_cols, rounding_mode="floor")
+    cols = keys - rows * num_cols
+    col_tiles = -(-num_cols // TILE_COLS)
+    num_blocks = -(-num_rows // TILE_ROWS) * col_tiles
+    block = torch.div(rows, TILE_ROWS, rounding_mode="floor") * col_tiles + torch.div(
+        cols, TILE_COLS, rounding_mode="floor")
+    if num_blocks <= max(_DENSE_BLOCK_INDEX, 4 * keys.numel()):
+        block_keys, block_of_entry = None, block  # blocks indexed directly
+    else:
+        block_keys, block_of_entry = torch.unique(block, return_inverse=True)
+    entries_per_block = torch.bincount(block_of_entry, minlength=num_blocks if block_keys is None else 0)
+    in_tile = (entries_per_block >= min_tile_nnz)[block_of_entry] & (sums < 2**planes)
+    # A block is a tile when it keeps an entry (blocks are ordered window-major, as tiles are).
+    is_tile = torch.bincount(block_of_entry[in_tile], minlength=entries_per_block.numel()) > 0
+    tile_key = torch.nonzero(is_tile).view(-1)
+    if block_keys is not None:
+        tile_key = block_keys[tile_key]
+    tile_of_block = torch.cumsum(is_tile, 0) - 1
+    segment = tile_of_block[block_of_entry[in_tile]] * TILE_ROWS + rows[in_tile] % TILE_ROWS
+    row_count = torch.bincount(segment, minlength=tile_key.numel() * TILE_ROWS).view(-1, TILE_ROWS)
+    is_res = ~in_tile
+    row_sums = torch.zeros(num_rows, dtype=torch.int64, device=device).index_add_(0, rows, sums)
+    return (tile_key.to(torch.int32), row_count.to(torch.int16), (cols[in_tile] % TILE_COLS).to(torch.uint8),
+            sums[in_tile].to(torch.uint8), rows[is_res].to(torch.int32), cols[is_res].to(torch.int32), sums[is_res],
+            row_sums)

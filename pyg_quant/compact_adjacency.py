@@ -1,0 +1,177 @@
+r"""The bit adjacency before its tiles are written: one byte per edge.
+
+A :class:`~pyg_quant.BitAdjacency` tile spends 4,096 bits on a 16 × 256 block
+whatever it holds; on METIS cluster batches tiles are ~2% full, ~45 bits per
+edge.  :class:`CompactAdjacency` keeps the same matrix as the *plan* of those
+tiles plus, for every entry in a tile, the one byte that says its column inside
+the tile::
+
+    tile_key   int32[T]        window · col_tiles + col_tile of each tile, sorted
+    row_count  uint8[T, 16]    entries in each of the tile's 16 rows (int16 if one holds 256)
+    entry_col  uint8[E_t]      column inside the tile of each tile entry, row-major order
+    entry_val  uint8[E_t]      its multiplicity (absent when every tile entry is 1)
+    res_row, res_col  int32    the CSR residual as coordinates, row-major
+    res_val    int32           residual multiplicities (absent when all are 1)
+    diag       uint8[R]        the self-loop term (absent without self loops)
+
+about 8–10 bits per edge on cluster batches.  It is the form a loader batch
+travels in; :meth:`CompactAdjacency.expand` writes the tiles on whatever device
+the plan is on with a fixed sequence of torch ops (every size is known on the
+host: no synchronisation), and returns exactly the :class:`BitAdjacency` that
+:meth:`BitAdjacency.from_edge_index` builds, field for field.
+
+Row-major entry order is the order of the sorted keys the plan is made from, so
+planning needs no sort beyond the one that made the keys distinct.
+"""
+from typing import Dict, Optional
+
+import numpy as np
+import torch
+
+from . import ops
+from .layout import TILE_COLS, TILE_ROWS, TILE_WORDS
+from .ops.reference import _to_int32_words
+
+MAX_ADJ_PLANES = 8  # bit planes per entry that the bit_spmm kernels accept
+
+
+def distinct_entries(keys: torch.Tensor):
+    """Sorted distinct ``keys`` and how often each occurs (numpy's vectorised sort on the CPU:
+    ~4x faster than ``torch.unique`` there)."""
+    if keys.device.type != "cpu" or keys.numel() == 0:
+        return torch.unique(keys, return_counts=True)
+    ordered = np.sort(keys.numpy())
+    first = np.empty(ordered.size, dtype=bool)
+    first[0] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=first[1:])
+    starts = np.flatnonzero(first)
+    counts = np.diff(np.append(starts, ordered.size))
+    return torch.from_numpy(ordered[starts]), torch.from_numpy(counts)
+
+
+class CompactAdjacency:
+    r"""A :class:`~pyg_quant.BitAdjacency` as a tile plan plus one byte per tile entry.
+
+    Build with :meth:`from_entries`; :meth:`expand` gives the BitAdjacency.
+    ``tensors()`` / ``from_tensors`` convert to and from a dict of tensors plus
+    host scalars (how :class:`~pyg_quant.loader.QuantBatch` ships it).
+    """
+
+    TENSORS = ("tile_key", "row_count", "entry_col", "entry_val", "res_row", "res_col", "res_val", "diag")
+    SCALARS = ("num_rows", "num_cols", "planes", "nnz", "max_row_sum")
+    __slots__ = TENSORS + SCALARS
+
+    def __init__(self, **fields):
+        for name in self.TENSORS:
+            setattr(self, name, fields.get(name))
+        for name in self.SCALARS:
+            setattr(self, name, int(fields[name]))
+
+    @classmethod
+    def from_entries(cls, keys: torch.Tensor, sums: torch.Tensor, num_rows: int, num_cols: int,
+                     min_tile_nnz: int = 16, diag: Optional[torch.Tensor] = None) -> "CompactAdjacency":
+        r"""The plan for ``A[k // num_cols, k % num_cols] = sums`` (sorted distinct ``keys``, positive
+        integer ``sums``).
+
+        A 16 × 256 block with at least ``min_tile_nnz`` entries becomes a tile of
+        ``bit_length(max sum)`` planes (at most 8); sparser blocks, and entries too
+        large for 8 planes, go to the CSR residual.  ``diag``: the self-loop term,
+        small non-negative integers (``[num_rows]``) or None.
+        """
+        largest = int(sums.max()) if sums.numel() else 1
+        planes = min(MAX_ADJ_PLANES, max(1, largest.bit_length()))
+        tile_key, row_count, entry_col, entry_val, res_row, res_col, res_sum, row_sums = ops.tile_plan(
+            keys, sums, num_rows, num_cols, min_tile_nnz, planes)
+        if row_count.numel() and int(row_count.max()) < TILE_COLS:  # a full tile row (256) needs int16
+            row_count = row_count.to(torch.uint8)
+        multi_bit = planes > 1 or bool((res_sum != 1).any())
+        if diag is not None:
+            diag_code = diag.to(torch.uint8)
+            if not torch.equal(diag_code.to(diag.dtype), diag):
+                raise ValueError("diag must hold integers in [0, 255] (self-loop weights)")
+            diag = diag_code
+        return cls(tile_key=tile_key, row_count=row_count, entry_col=entry_col,
+                   entry_val=entry_val if planes > 1 else None, res_row=res_row, res_col=res_col,
+                   res_val=res_sum.to(torch.int32) if multi_bit else None, diag=diag, num_rows=num_rows,
+                   num_cols=num_cols, planes=planes, nnz=keys.numel(),
+                   max_row_sum=int(row_sums.max()) if num_rows else 0)
+
+    # --- shipping ---------------------------------------------------------------------------
+    def tensors(self) -> Dict[str, torch.Tensor]:
+        return {name: getattr(self, name) for name in self.TENSORS if getattr(self, name) is not None}
+
+    def scalars(self) -> Dict[str, int]:
+        return {name: getattr(self, name) for name in self.SCALARS}
+
+    @classmethod
+    def from_tensors(cls, tensors: Dict[str, torch.Tensor], scalars: Dict[str, int]) -> "CompactAdjacency":
+        return cls(**tensors, **scalars)
+
+    @property
+    def device(self) -> torch.device:
+        return self.tile_key.device
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors().values())
+
+    @property
+    def num_tiles(self) -> int:
+        return self.tile_key.numel()
+
+    # --- writing the tiles --------------------------------------------------------------------
+    def expand(self):
+        r"""The :class:`~pyg_quant.BitAdjacency`, built where the plan is: torch ops only,
+        every output size known on the host (no device-to-host synchronisation)."""
+        from .adjacency import BitAdjacency  # adjacency imports this module
+
+        device, num_rows = self.device, self.num_rows
+        num_tiles, tile_nnz = self.num_tiles, self.entry_col.numel()
+        col_tiles = -(-self.num_cols // TILE_COLS)
+        num_windows = -(-num_rows // TILE_ROWS)
+        tile_key = self.tile_key.long()
+        tile_window = torch.div(tile_key, col_tiles, rounding_mode="floor")
+        window_ptr = torch.searchsorted(tile_window, torch.arange(num_windows + 1, device=device))
+        tile_col = (tile_key - tile_window * col_tiles).to(torch.int32)
+
+        # Segment (t, r) = row r of tile t.  Entries arrive row-major: window, row, tile.
+        # Position of segment (t, r) in that order: 16·first(w) + r·tiles(w) + (t − first(w)).
+        first = window_ptr[tile_window]
+        tiles_in_window = window_ptr[tile_window + 1] - first
+        r = torch.arange(TILE_ROWS, device=device)
+        position = (TILE_ROWS * first + (torch.arange(num_tiles, device=device) - first)).unsqueeze(1) \
+            + r * tiles_in_window.unsqueeze(1)
+        position = position.view(-1)
+        segments = num_tiles * TILE_ROWS
+        segment_at = torch.empty(segments, dtype=torch.int64, device=device).scatter_(
+            0, position, torch.arange(segments, device=device))
+        count_at = torch.empty(segments, dtype=torch.int64, device=device).scatter_(
+            0, position, self.row_count.view(-1).long())
+        segment = segment_at[torch.repeat_interleave(torch.arange(segments, device=device), count_at,
+                                                     output_size=tile_nnz)]
+
+        col = self.entry_col.long()
+        word = segment * TILE_WORDS + torch.div(col, 32, rounding_mode="floor")
+        bit = torch.bitwise_left_shift(torch.ones_like(col), col % 32)
+        value = None if self.entry_val is None else self.entry_val.long()
+        tile_planes = []
+        for p in range(self.planes):
+            words = torch.zeros(segments * TILE_WORDS, dtype=torch.int64, device=device)
+            words.index_add_(0, word, bit if value is None else ((value >> p) & 1) * bit)  # distinct bits: OR
+            tile_planes.append(_to_int32_words(words).view(num_tiles, TILE_ROWS, TILE_WORDS))
+        tile_bits = torch.stack(tile_planes)
+
+        entry_row = tile_window[torch.div(segment, TILE_ROWS, rounding_mode="floor")] * TILE_ROWS \
+            + segment % TILE_ROWS
+        res_row = self.res_row.long()
+        res_ptr = torch.searchsorted(res_row, torch.arange(num_rows + 1, device=device))
+        row_sums = torch.zeros(num_rows, dtype=torch.int64, device=device)
+        row_sums.index_add_(0, entry_row, torch.ones_like(entry_row) if value is None else value)
+        row_sums.index_add_(0, res_row, torch.ones_like(res_row) if self.res_val is None else self.res_val.long())
+        diag = None if self.diag is None else self.diag.to(torch.float32)
+        return BitAdjacency(window_ptr, tile_col, tile_bits, res_ptr, self.res_col, self.res_val, num_rows,
+                            self.num_cols, diag, row_sums, self.nnz, self.max_row_sum)
+
+    def __repr__(self) -> str:
+        return (f"CompactAdjacency(shape=({self.num_rows}, {self.num_cols}), nnz={self.nnz}, planes={self.planes}, "
+                f"tiles={self.num_tiles}, residual={self.res_col.numel()}, nbytes={self.nbytes})")
