@@ -28,8 +28,9 @@ Workload
   PyG's Cluster-GCN example) and with a torch CSR ``adj_t`` (GCN: pre-normalized ``D^-1/2 (A+I) D^-1/2``
   built once per batch, ``normalize=False``: PyG's fastest path).
 * pyg_quant: ``QGCNConv`` / ``QGINConv`` at 8/4/2/1 bits in ``eval()`` under ``inference_mode``, fed
-  what ``QuantClusterLoader`` hands over: a ``QuantBatch`` (one buffer) holding a ``BitAdjacency``
-  (``self_loops=1`` for GCN) and ``BitTensor`` features (``dim=0``, ``layout="col"``, one range per column
+  what ``QuantClusterLoader`` hands over: a ``QuantBatch`` (one wire buffer) holding the adjacency's tile
+  plan (``CompactAdjacency``, a byte an edge, decoded into a ``BitAdjacency`` on the device;
+  ``self_loops=1`` for GCN) and ``BitTensor`` features (``dim=0``, ``layout="col"``, one range per column
   over all 2.4M nodes, as ``QuantizedFeatures``).  GIN hidden layers pass ``out_bits=bits``; GCN cannot
   (no activation before the requantization: ReLU runs on floats between its layers).
 * ``pq-kernels``: not a layer of the package, a diagnostic: the same models written directly on
@@ -38,11 +39,13 @@ Workload
 * Transfer: every batch sits in pinned host memory and is copied per batch with ``non_blocking`` copies
   on the compute stream (no prefetch overlap, for every variant alike): PyG fp32 ships float32 ``x`` +
   int64 ``edge_index`` or CSR (int64 ``crow``/``col``, fp32 values); bf16 ships bf16 ``x`` / values;
-  pyg_quant ships the ``QuantBatch`` buffer (one copy).  "Resident" means the batches were copied before.
+  pyg_quant ships the ``QuantBatch`` buffer (one copy) and decodes it on the device.  "Resident" means the
+  batches were copied (and decoded) before.
 * Timing: CUDA events around a whole epoch (75 batches, no host sync inside the loop from the script),
   one warm-up epoch, median of ``--reps`` (3) epochs.  Ratios are taken within this run.  The CUDA-graph
   variant captures one graph per batch (shared memory pool, replayed in capture order); for "+H2D" the
-  batch is copied into the captured input buffers before its replay.  Kernel launches per batch come from
+  batch is copied into the captured input buffers before its replay (pyg_quant: into the wire buffer, and
+  the decode is captured with the forward).  Kernel launches per batch come from
   ``torch.profiler`` (device kernels in one eager forward of batch 0), host syncs per batch from
   ``torch.cuda.set_sync_debug_mode``.  Each configuration is wrapped: an error is recorded and the run
   goes on; ``--time-budget`` (s) skips what would start after it.
@@ -374,6 +377,11 @@ def build_formats(args, device, data: Data, rec: Recorder, runner: Runner) -> No
     runner.sync()
     pack_s = time.perf_counter() - t
     data.adj_gcn = [pq.BitAdjacency.from_edge_index(ei, n, self_loops=1) for ei in data.edge_index]
+    # What QuantClusterLoader ships: the adjacency's tile plan (a byte an edge), built on the host.
+    t = time.perf_counter()
+    data.plan_gin = [pq.BitAdjacency.compact_from_edge_index(ei.cpu(), n) for ei in data.edge_index]
+    plan_s = time.perf_counter() - t
+    data.plan_gcn = [pq.BitAdjacency.compact_from_edge_index(ei.cpu(), n, self_loops=1) for ei in data.edge_index]
     data.feats = {}
     t = time.perf_counter()
     for bits in args.bits:
@@ -392,6 +400,8 @@ def build_formats(args, device, data: Data, rec: Recorder, runner: Runner) -> No
     tiles = [adj.num_tiles for adj in data.adj_gin]
     rec.data["batches"] = dict(
         csr_build_ms_per_batch=1e3 * csr_s / nb, bit_adjacency_pack_ms_per_batch=1e3 * pack_s / nb,
+        compact_plan_host_ms_per_batch=1e3 * plan_s / nb, compact_bytes_gin=data.plan_gin[0].nbytes,
+        compact_bytes_gcn=data.plan_gcn[0].nbytes,
         feature_pack_ms_per_batch_all_bits=1e3 * feat_s / nb,
         tiles_mean=sum(tiles) / nb, tiles_min=min(tiles), tiles_max=max(tiles),
         batch0=dict(tiles=a.num_tiles, fill=a.fill_ratio, residual_entries=a.res_nnz, nnz=a.nnz,
@@ -645,23 +655,29 @@ class Inputs:
     def __init__(self, resident, host, load, copies, bytes_of):
         self.resident, self.host, self.load, self.copies = resident, host, load, copies
         self.bytes_per_batch = [bytes_of(h) for h in host]
+        self.wire = None  # pyg_quant: (device buffer, specs, meta) per batch, decoded inside the graph
 
 
 def pq_host_batches(data: Data, kind: str, bits: int, pinned: bool):
-    adjs = data.adj_gcn if kind == "GCN" else data.adj_gin
-    return [QuantBatch.from_fields({"adj": adjs[b], "x": data.feats[bits][b]}, pin_memory=pinned)
+    """The loader's batches: the adjacency's tile plan and the bit features in one (pinned) wire buffer."""
+    plans = data.plan_gcn if kind == "GCN" else data.plan_gin
+    return [QuantBatch.from_fields({"adj": plans[b], "x": data.feats[bits][b].to("cpu")}, pin_memory=pinned)
             for b in range(data.nb)]
 
 
 def pq_inputs(data: Data, kind: str, bits: int, device, pinned: bool) -> Inputs:
     host = pq_host_batches(data, kind, bits, pinned)
     batches = [h.to(device) for h in host]  # what QuantClusterLoader + .to(device) hands over
+    resident = [(b.x, b.adj) for b in batches]  # decoded on the device once, kept
 
     def load(hb):
-        b = hb.to(device)  # one copy of the batch's buffer, then views
+        b = hb.to(device)  # one copy of the batch's buffer, then the decode kernels
         return b.x, b.adj
     copies = [[(b.buffer, h.buffer)] for b, h in zip(batches, host)]
-    return Inputs([(b.x, b.adj) for b in batches], host, load, copies, lambda h: h.nbytes)
+    inputs = Inputs(resident, host, load, copies, lambda h: h.nbytes)
+    # For a CUDA graph fed by copies: the decode is captured with the forward (it reads the buffer).
+    inputs.wire = [(b.buffer, b._specs, b._meta) for b in batches]
+    return inputs
 
 
 def pyg_inputs(data: Data, kind: str, adjacency: str, precision: str, device) -> Inputs:
@@ -812,12 +828,22 @@ def run_variant(args, device, rec, runner: Runner, kind, row, make, inputs, ref,
                     for graph in gs.graphs:
                         graph.replay()
 
+                row["graph_resident"] = runner.measure(graph_resident)
+                if inp.wire is not None:  # H2D graphs decode the refilled buffer, then run the forward
+                    del gs
+                    def forward_from_wire(buffer, specs, meta):
+                        batch = QuantBatch(buffer, specs, meta)
+                        return model(batch.x, batch.adj)
+                    with no_finite_checks():
+                        gs = GraphSet(runner, forward_from_wire, inp.wire)
+                    gs.graphs[0].replay()
+                    row["graph_decode_rel_err_vs_eager"] = rel_err(gs.outputs[0], model(*resident[0]).float())
+
                 def graph_h2d():
                     for copies, graph in zip(inp.copies, gs.graphs):
                         for dst, src in copies:
                             dst.copy_(src, non_blocking=True)
                         graph.replay()
-                row["graph_resident"] = runner.measure(graph_resident)
                 row["graph_h2d"] = runner.measure(graph_h2d)
                 log(f"  {kind} {row['label']:22s} graph    {row['graph_resident']['median_ms']:9.2f} ms/epoch, "
                     f"+H2D {row['graph_h2d']['median_ms']:.2f} (capture {row['graph_capture_s']:.1f} s, "
