@@ -22,6 +22,9 @@ TORCH_LIBRARY(pyg_quant, m) {
   m.def(
       "tile_plan(Tensor keys, Tensor sums, int num_rows, int num_cols, int min_tile_nnz, int planes) -> (Tensor, "
       "Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "expand_tiles(Tensor tile_key, Tensor row_count, Tensor entry_col, Tensor? entry_val, Tensor res_row, "
+      "Tensor? res_val, int num_rows, int num_cols, int planes) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
 }
 
 // Importing pyg_quant._C loads this library, which runs the registrations above.

@@ -29,8 +29,7 @@ import numpy as np
 import torch
 
 from . import ops
-from .layout import TILE_COLS, TILE_ROWS, TILE_WORDS
-from .ops.reference import _to_int32_words
+from .layout import TILE_COLS
 
 MAX_ADJ_PLANES = 8  # bit planes per entry that the bit_spmm kernels accept
 
@@ -125,51 +124,11 @@ class CompactAdjacency:
         every output size known on the host (no device-to-host synchronisation)."""
         from .adjacency import BitAdjacency  # adjacency imports this module
 
-        device, num_rows = self.device, self.num_rows
-        num_tiles, tile_nnz = self.num_tiles, self.entry_col.numel()
-        col_tiles = -(-self.num_cols // TILE_COLS)
-        num_windows = -(-num_rows // TILE_ROWS)
-        tile_key = self.tile_key.long()
-        tile_window = torch.div(tile_key, col_tiles, rounding_mode="floor")
-        window_ptr = torch.searchsorted(tile_window, torch.arange(num_windows + 1, device=device))
-        tile_col = (tile_key - tile_window * col_tiles).to(torch.int32)
-
-        # Segment (t, r) = row r of tile t.  Entries arrive row-major: window, row, tile.
-        # Position of segment (t, r) in that order: 16·first(w) + r·tiles(w) + (t − first(w)).
-        first = window_ptr[tile_window]
-        tiles_in_window = window_ptr[tile_window + 1] - first
-        r = torch.arange(TILE_ROWS, device=device)
-        position = (TILE_ROWS * first + (torch.arange(num_tiles, device=device) - first)).unsqueeze(1) \
-            + r * tiles_in_window.unsqueeze(1)
-        position = position.view(-1)
-        segments = num_tiles * TILE_ROWS
-        segment_at = torch.empty(segments, dtype=torch.int64, device=device).scatter_(
-            0, position, torch.arange(segments, device=device))
-        count_at = torch.empty(segments, dtype=torch.int64, device=device).scatter_(
-            0, position, self.row_count.view(-1).long())
-        segment = segment_at[torch.repeat_interleave(torch.arange(segments, device=device), count_at,
-                                                     output_size=tile_nnz)]
-
-        col = self.entry_col.long()
-        word = segment * TILE_WORDS + torch.div(col, 32, rounding_mode="floor")
-        bit = torch.bitwise_left_shift(torch.ones_like(col), col % 32)
-        value = None if self.entry_val is None else self.entry_val.long()
-        tile_planes = []
-        for p in range(self.planes):
-            words = torch.zeros(segments * TILE_WORDS, dtype=torch.int64, device=device)
-            words.index_add_(0, word, bit if value is None else ((value >> p) & 1) * bit)  # distinct bits: OR
-            tile_planes.append(_to_int32_words(words).view(num_tiles, TILE_ROWS, TILE_WORDS))
-        tile_bits = torch.stack(tile_planes)
-
-        entry_row = tile_window[torch.div(segment, TILE_ROWS, rounding_mode="floor")] * TILE_ROWS \
-            + segment % TILE_ROWS
-        res_row = self.res_row.long()
-        res_ptr = torch.searchsorted(res_row, torch.arange(num_rows + 1, device=device))
-        row_sums = torch.zeros(num_rows, dtype=torch.int64, device=device)
-        row_sums.index_add_(0, entry_row, torch.ones_like(entry_row) if value is None else value)
-        row_sums.index_add_(0, res_row, torch.ones_like(res_row) if self.res_val is None else self.res_val.long())
+        window_ptr, tile_col, tile_bits, res_ptr, row_sums = ops.expand_tiles(
+            self.tile_key, self.row_count, self.entry_col, self.entry_val, self.res_row, self.res_val, self.num_rows,
+            self.num_cols, self.planes)
         diag = None if self.diag is None else self.diag.to(torch.float32)
-        return BitAdjacency(window_ptr, tile_col, tile_bits, res_ptr, self.res_col, self.res_val, num_rows,
+        return BitAdjacency(window_ptr, tile_col, tile_bits, res_ptr, self.res_col, self.res_val, self.num_rows,
                             self.num_cols, diag, row_sums, self.nnz, self.max_row_sum)
 
     def __repr__(self) -> str:

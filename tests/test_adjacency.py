@@ -17,7 +17,7 @@ import pyg_quant as pq
 from pyg_quant.ops import reference as ref
 
 from conftest import (assert_fp32_close, deq64, dense_from_edges, gen, mag64, randn, random_edges,
-                      ref_codes, requires_compiled)
+                      ref_codes, requires_compiled, requires_cuda)
 
 TILE_R, TILE_C = 16, 256
 
@@ -461,3 +461,46 @@ def test_compact_rejects_non_integer_diag():
     keys, sums = torch.tensor([0, 5]), torch.tensor([1, 1])
     with pytest.raises(ValueError, match="diag"):
         CompactAdjacency.from_entries(keys, sums, 3, 3, 1, diag=torch.tensor([0.5, 1.0, 1.0]))
+
+
+@requires_compiled
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[requires_cuda, pytest.mark.cuda])])
+@pytest.mark.parametrize("shape,edges,min_tile_nnz,repeat", [
+    ((300, 300), 5000, 16, 1), ((17, 1000), 3000, 1, 3), ((4000, 700), 20000, 40, 1), ((40, 300), 12000, 1, 1),
+    ((1, 1), 0, 16, 1), ((5000, 5000), 300, 4, 300), ((33, 70000), 40000, 2, 2)])
+def test_expand_tiles_compiled_equals_reference(device, shape, edges, min_tile_nnz, repeat):
+    """The compiled tile writer (CPU, and CUDA on a GPU) equals the torch reference, every output, on plans with
+    one and several planes, int16 row counts (full tile rows), residual entries and empty windows."""
+    g = gen(edges + repeat + 1)
+    rows, cols = shape
+    keys = torch.randint(rows * cols, (edges,), generator=g)
+    if edges and shape == (40, 300):
+        keys = torch.cat([keys, torch.arange(3 * cols, 3 * cols + 256)])
+    keys = torch.cat([keys] + [keys[: max(1, edges // 50)]] * (repeat - 1))
+    keys, sums = torch.unique(keys, return_counts=True)
+    compact = pq.compact_adjacency.CompactAdjacency.from_entries(keys, sums, rows, cols, min_tile_nnz)
+    if shape == (40, 300):
+        assert compact.row_count.dtype == torch.int16
+    args = [t.to(device) if isinstance(t, torch.Tensor) else t for t in (
+        compact.tile_key, compact.row_count, compact.entry_col, compact.entry_val, compact.res_row, compact.res_val,
+        rows, cols, compact.planes)]
+    expected = ref.expand_tiles(*[a.cpu() if isinstance(a, torch.Tensor) else a for a in args])
+    got = pq.ops.expand_tiles(*args)
+    for name, a, b in zip(("window_ptr", "tile_col", "tile_bits", "res_ptr", "row_sums"), got, expected):
+        assert a.device.type == device
+        a = a.cpu()
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), name
+
+
+@requires_compiled
+def test_expand_tiles_rejects_inconsistent_plans():
+    keys, sums = torch.tensor([0, 1, 2, 700, 20 * 800 + 3]), torch.tensor([1, 1, 1, 1, 1])
+    plan = pq.compact_adjacency.CompactAdjacency.from_entries(keys, sums, 40, 800, 1)
+    args = dict(tile_key=plan.tile_key, row_count=plan.row_count, entry_col=plan.entry_col, entry_val=None,
+                res_row=plan.res_row, res_val=None, num_rows=40, num_cols=800, planes=1)
+    with pytest.raises(RuntimeError, match="disagree|more entries"):
+        torch.ops.pyg_quant.expand_tiles(**{**args, "entry_col": plan.entry_col[:-1]})
+    with pytest.raises(RuntimeError, match="sorted"):
+        torch.ops.pyg_quant.expand_tiles(**{**args, "tile_key": plan.tile_key.flip(0)})
+    with pytest.raises(RuntimeError, match="entry_val"):
+        torch.ops.pyg_quant.expand_tiles(**{**args, "planes": 2})

@@ -68,6 +68,14 @@ def tile_plan(keys, sums, num_rows: int, num_cols: int, min_tile_nnz: int, plane
     return reference.tile_plan(keys, sums, num_rows, num_cols, min_tile_nnz, planes)
 
 
+def expand_tiles(tile_key, row_count, entry_col, entry_val, res_row, res_val, num_rows: int, num_cols: int,
+                 planes: int):
+    args = (tile_key, row_count, entry_col, entry_val, res_row, res_val, num_rows, num_cols, planes)
+    if use_compiled("expand_tiles", tile_key.device):
+        return torch.ops.pyg_quant.expand_tiles(*args)
+    return reference.expand_tiles(*args)
+
+
 if LOADED:
 
     @torch.library.register_fake("pyg_quant::quantize_pack")
@@ -108,3 +116,10 @@ if LOADED:
                 keys.new_empty((in_tiles,), dtype=torch.uint8), keys.new_empty((in_tiles,), dtype=torch.uint8),
                 keys.new_empty((residual,), dtype=torch.int32), keys.new_empty((residual,), dtype=torch.int32),
                 keys.new_empty((residual,), dtype=torch.int64), keys.new_empty((num_rows,), dtype=torch.int64))
+
+    @torch.library.register_fake("pyg_quant::expand_tiles")
+    def _(tile_key, row_count, entry_col, entry_val, res_row, res_val, num_rows, num_cols, planes):
+        windows, tiles = -(-num_rows // 16), tile_key.shape[0]
+        return (tile_key.new_empty((windows + 1,), dtype=torch.int64), tile_key.new_empty((tiles,)),
+                tile_key.new_empty((planes, tiles, 16, 8)), tile_key.new_empty((num_rows + 1,), dtype=torch.int64),
+                tile_key.new_empty((num_rows,), dtype=torch.int64))

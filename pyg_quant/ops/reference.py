@@ -179,3 +179,51 @@ def tile_plan(keys, sums, num_rows: int, num_cols: int, min_tile_nnz: int, plane
     return (tile_key.to(torch.int32), row_count.to(torch.int16), (cols[in_tile] % TILE_COLS).to(torch.uint8),
             sums[in_tile].to(torch.uint8), rows[is_res].to(torch.int32), cols[is_res].to(torch.int32), sums[is_res],
             row_sums)
+
+
+def expand_tiles(tile_key, row_count, entry_col, entry_val, res_row, res_val, num_rows: int, num_cols: int,
+                 planes: int):
+    """The BitAdjacency tensors ``(window_ptr, tile_col, tile_bits, res_ptr, row_sums)`` of a tile plan (the
+    inverse of :func:`tile_plan`); torch ops only, every size known on the host."""
+    device = tile_key.device
+    num_tiles, tile_nnz = tile_key.numel(), entry_col.numel()
+    col_tiles = -(-num_cols // TILE_COLS)
+    num_windows = -(-num_rows // TILE_ROWS)
+    tile_key = tile_key.long()
+    tile_window = torch.div(tile_key, col_tiles, rounding_mode="floor")
+    window_ptr = torch.searchsorted(tile_window, torch.arange(num_windows + 1, device=device))
+    tile_col = (tile_key - tile_window * col_tiles).to(torch.int32)
+
+    # Segment (t, r) = row r of tile t.  Entries arrive row-major: window, row, tile.
+    # Position of segment (t, r) in that order: 16·first(w) + r·tiles(w) + (t − first(w)).
+    first = window_ptr[tile_window]
+    tiles_in_window = window_ptr[tile_window + 1] - first
+    r = torch.arange(TILE_ROWS, device=device)
+    position = (TILE_ROWS * first + (torch.arange(num_tiles, device=device) - first)).unsqueeze(1) \
+        + r * tiles_in_window.unsqueeze(1)
+    position = position.view(-1)
+    segments = num_tiles * TILE_ROWS
+    segment_at = torch.empty(segments, dtype=torch.int64, device=device).scatter_(
+        0, position, torch.arange(segments, device=device))
+    count_at = torch.empty(segments, dtype=torch.int64, device=device).scatter_(0, position, row_count.view(-1).long())
+    segment = segment_at[torch.repeat_interleave(torch.arange(segments, device=device), count_at,
+                                                 output_size=tile_nnz)]
+
+    col = entry_col.long()
+    word = segment * (TILE_COLS // 32) + torch.div(col, 32, rounding_mode="floor")
+    bit = torch.bitwise_left_shift(torch.ones_like(col), col % 32)
+    value = None if entry_val is None else entry_val.long()
+    tile_planes = []
+    for p in range(planes):
+        words = torch.zeros(segments * (TILE_COLS // 32), dtype=torch.int64, device=device)
+        words.index_add_(0, word, bit if value is None else ((value >> p) & 1) * bit)  # distinct bits: OR
+        tile_planes.append(_to_int32_words(words).view(num_tiles, TILE_ROWS, TILE_COLS // 32))
+    tile_bits = torch.stack(tile_planes)
+
+    entry_row = tile_window[torch.div(segment, TILE_ROWS, rounding_mode="floor")] * TILE_ROWS + segment % TILE_ROWS
+    res_row = res_row.long()
+    res_ptr = torch.searchsorted(res_row, torch.arange(num_rows + 1, device=device))
+    row_sums = torch.zeros(num_rows, dtype=torch.int64, device=device)
+    row_sums.index_add_(0, entry_row, torch.ones_like(entry_row) if value is None else value)
+    row_sums.index_add_(0, res_row, torch.ones_like(res_row) if res_val is None else res_val.long())
+    return window_ptr, tile_col, tile_bits, res_ptr, row_sums

@@ -1,0 +1,123 @@
+// Writes the bit tiles of a CompactAdjacency (pyg_quant/compact_adjacency.py): the inverse of tile_plan.
+//
+// Entries arrive row-major (window, row in window, tile, column); the entries of row r of a window are the
+// row's segments of the window's tiles in tile order, so walking windows, then rows, then tiles visits the
+// entry stream in order with one running offset.
+#include "cpu/expand_cpu.h"
+
+#include <ATen/ATen.h>
+
+#include <cstring>
+
+namespace pyg_quant {
+namespace {
+constexpr int64_t kTileRows = 16, kTileWords = 8;  // pyg_quant/layout.py: 16 x 256 bit tiles
+
+int64_t count_at(const at::Tensor& row_count, const void* data, int64_t index) {
+  return row_count.scalar_type() == at::kByte ? static_cast<const uint8_t*>(data)[index]
+                                              : static_cast<const int16_t*>(data)[index];
+}
+}  // namespace
+
+void check_expand_args(const at::Tensor& tile_key, const at::Tensor& row_count, const at::Tensor& entry_col,
+                       const std::optional<at::Tensor>& entry_val, const at::Tensor& res_row,
+                       const std::optional<at::Tensor>& res_val, int64_t num_rows, int64_t num_cols, int64_t planes) {
+  TORCH_CHECK(num_rows > 0 && num_cols > 0, "expand_tiles: num_rows and num_cols must be positive");
+  TORCH_CHECK(planes >= 1 && planes <= 8, "expand_tiles: planes must be in 1..8, got ", planes);
+  TORCH_CHECK(tile_key.scalar_type() == at::kInt && tile_key.dim() == 1, "expand_tiles: tile_key must be int32 [T]");
+  TORCH_CHECK((row_count.scalar_type() == at::kByte || row_count.scalar_type() == at::kShort) &&
+                  row_count.dim() == 2 && row_count.size(0) == tile_key.size(0) && row_count.size(1) == kTileRows,
+              "expand_tiles: row_count must be uint8/int16 [T, 16]");
+  TORCH_CHECK(entry_col.scalar_type() == at::kByte && entry_col.dim() == 1, "expand_tiles: entry_col must be uint8");
+  TORCH_CHECK(!entry_val || (entry_val->scalar_type() == at::kByte && entry_val->sizes() == entry_col.sizes()),
+              "expand_tiles: entry_val must be uint8 like entry_col");
+  TORCH_CHECK(planes == 1 || entry_val, "expand_tiles: more than one plane needs entry_val");
+  TORCH_CHECK(res_row.scalar_type() == at::kInt && res_row.dim() == 1, "expand_tiles: res_row must be int32");
+  TORCH_CHECK(!res_val || (res_val->scalar_type() == at::kInt && res_val->sizes() == res_row.sizes()),
+              "expand_tiles: res_val must be int32 like res_row");
+  const auto device = tile_key.device();
+  for (const at::Tensor* t : {&row_count, &entry_col, &res_row}) {
+    TORCH_CHECK(t->device() == device, "expand_tiles: all tensors must be on one device");
+  }
+  TORCH_CHECK((!entry_val || entry_val->device() == device) && (!res_val || res_val->device() == device),
+              "expand_tiles: all tensors must be on one device");
+}
+
+ExpandedTiles expand_tiles_cpu(const at::Tensor& tile_key_in, const at::Tensor& row_count_in,
+                               const at::Tensor& entry_col_in, const std::optional<at::Tensor>& entry_val_in,
+                               const at::Tensor& res_row_in, const std::optional<at::Tensor>& res_val_in,
+                               int64_t num_rows, int64_t num_cols, int64_t planes) {
+  check_expand_args(tile_key_in, row_count_in, entry_col_in, entry_val_in, res_row_in, res_val_in, num_rows, num_cols,
+                    planes);
+  const at::Tensor tile_key = tile_key_in.contiguous(), row_count = row_count_in.contiguous();
+  const at::Tensor entry_col = entry_col_in.contiguous(), res_row = res_row_in.contiguous();
+  const at::Tensor entry_val = entry_val_in ? entry_val_in->contiguous() : at::Tensor();
+  const at::Tensor res_val = res_val_in ? res_val_in->contiguous() : at::Tensor();
+  const int64_t num_tiles = tile_key.size(0), num_entries = entry_col.size(0), num_res = res_row.size(0);
+  const int64_t col_tiles = (num_cols + 255) / 256, num_windows = (num_rows + kTileRows - 1) / kTileRows;
+  const auto i64 = tile_key.options().dtype(at::kLong);
+
+  const int32_t* key = tile_key.data_ptr<int32_t>();
+  at::Tensor window_ptr = at::empty({num_windows + 1}, i64);
+  at::Tensor tile_col = at::empty({num_tiles}, tile_key.options());
+  int64_t* wptr = window_ptr.data_ptr<int64_t>();
+  int32_t* tcol = tile_col.data_ptr<int32_t>();
+  int64_t t = 0;
+  for (int64_t w = 0; w <= num_windows; ++w) {
+    while (t < num_tiles && key[t] / col_tiles < w) ++t;
+    wptr[w] = t;
+  }
+  TORCH_CHECK(num_tiles == 0 || (key[0] >= 0 && key[num_tiles - 1] < num_windows * col_tiles && wptr[num_windows] == num_tiles),
+              "expand_tiles: tile_key must be sorted and in range");
+  for (int64_t i = 0; i < num_tiles; ++i) {
+    TORCH_CHECK(i == 0 || key[i] > key[i - 1], "expand_tiles: tile_key must be sorted and in range");
+    tcol[i] = key[i] % col_tiles;
+  }
+
+  const int32_t* rrow = res_row.data_ptr<int32_t>();
+  at::Tensor res_ptr = at::empty({num_rows + 1}, i64);
+  int64_t* rptr = res_ptr.data_ptr<int64_t>();
+  int64_t j = 0;
+  for (int64_t r = 0; r <= num_rows; ++r) {
+    while (j < num_res && rrow[j] < r) ++j;
+    rptr[r] = j;
+  }
+  TORCH_CHECK(rptr[num_rows] == num_res, "expand_tiles: res_row must be sorted and in range");
+
+  at::Tensor tile_bits = at::zeros({planes, num_tiles, kTileRows, kTileWords}, tile_key.options());
+  uint32_t* bits = reinterpret_cast<uint32_t*>(tile_bits.data_ptr<int32_t>());
+  const int64_t plane_words = num_tiles * kTileRows * kTileWords;
+  at::Tensor row_sums = at::empty({num_rows}, i64);
+  int64_t* sums = row_sums.data_ptr<int64_t>();
+  const void* counts = row_count.data_ptr();
+  const uint8_t* col = entry_col.data_ptr<uint8_t>();
+  const uint8_t* val = entry_val.defined() ? entry_val.data_ptr<uint8_t>() : nullptr;
+  const int32_t* rval = res_val.defined() ? res_val.data_ptr<int32_t>() : nullptr;
+  int64_t e = 0;
+  for (int64_t w = 0; w < num_windows; ++w) {
+    for (int64_t r = 0; r < kTileRows; ++r) {
+      const int64_t row = w * kTileRows + r;
+      int64_t sum = 0;
+      for (int64_t tile = wptr[w]; tile < wptr[w + 1]; ++tile) {
+        const int64_t end = e + count_at(row_count, counts, tile * kTileRows + r);
+        TORCH_CHECK(end <= num_entries, "expand_tiles: row_count holds more entries than entry_col");
+        for (; e < end; ++e) {
+          const int64_t v = val ? val[e] : 1;
+          sum += v;
+          const int64_t word = (tile * kTileRows + r) * kTileWords + col[e] / 32;
+          for (int64_t p = 0; p < planes; ++p) {
+            if ((v >> p) & 1) bits[p * plane_words + word] |= uint32_t{1} << (col[e] % 32);
+          }
+        }
+      }
+      if (row < num_rows) {
+        for (int64_t k = rptr[row]; k < rptr[row + 1]; ++k) sum += rval ? rval[k] : 1;
+        sums[row] = sum;
+      }
+    }
+  }
+  TORCH_CHECK(e == num_entries, "expand_tiles: row_count and entry_col disagree on the number of entries");
+  return {window_ptr, tile_col, tile_bits, res_ptr, row_sums};
+}
+
+}  // namespace pyg_quant

@@ -1,0 +1,21 @@
+#pragma once
+#include <ATen/core/Tensor.h>
+#include <optional>
+#include <tuple>
+
+namespace pyg_quant {
+
+// (window_ptr, tile_col, tile_bits, res_ptr, row_sums) of a CompactAdjacency (pyg_quant/compact_adjacency.py).
+using ExpandedTiles = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+// Shapes, dtypes and devices of expand_tiles' arguments (shared by the CPU and CUDA kernels).
+void check_expand_args(const at::Tensor& tile_key, const at::Tensor& row_count, const at::Tensor& entry_col,
+                       const std::optional<at::Tensor>& entry_val, const at::Tensor& res_row,
+                       const std::optional<at::Tensor>& res_val, int64_t num_rows, int64_t num_cols, int64_t planes);
+
+ExpandedTiles expand_tiles_cpu(const at::Tensor& tile_key, const at::Tensor& row_count, const at::Tensor& entry_col,
+                               const std::optional<at::Tensor>& entry_val, const at::Tensor& res_row,
+                               const std::optional<at::Tensor>& res_val, int64_t num_rows, int64_t num_cols,
+                               int64_t planes);
+
+}  // namespace pyg_quant

@@ -1,0 +1,11 @@
+#pragma once
+#include "cpu/expand_cpu.h"
+
+namespace pyg_quant {
+
+ExpandedTiles expand_tiles_cuda(const at::Tensor& tile_key, const at::Tensor& row_count, const at::Tensor& entry_col,
+                                const std::optional<at::Tensor>& entry_val, const at::Tensor& res_row,
+                                const std::optional<at::Tensor>& res_val, int64_t num_rows, int64_t num_cols,
+                                int64_t planes);
+
+}  // namespace pyg_quant
