@@ -37,7 +37,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from ..nn._quantize import check_finite as _full_finite_check, is_compiling
+from ..nn._quantize import check_finite as _check_finite
 
 OBSERVERS = ("dynamic", "minmax", "ema", "percentile", "mse")
 
@@ -65,13 +65,10 @@ def check_matrix(x, name: str = "x") -> torch.Tensor:
 def check_finite(x: torch.Tensor, name: str = "x") -> None:
     """Raise a ValueError if ``x`` holds NaN or inf (the codes of such a tensor would be garbage).
 
-    A finite sum proves every element finite (a NaN or an inf makes any sum NaN or
-    infinite), at a fraction of the cost of ``isfinite(x).all()``; only when the sum is not
-    finite (a NaN or inf, or finite values overflowing float32) is every element tested.
+    :func:`pyg_quant.nn._quantize.check_finite` (a sum first, every element only when the
+    sum is not finite), with ``name`` defaulting to ``"x"``.
     """
-    if is_compiling() or bool(torch.isfinite(x.detach().sum())):
-        return
-    _full_finite_check(x, name)
+    _check_finite(x, name)
 
 
 def tensor_range(x: torch.Tensor, dim: Optional[int]) -> Tuple[torch.Tensor, torch.Tensor]:
