@@ -111,3 +111,29 @@ def test_compiled_quantize_ops_validate():
         op.unpack_codes(planes.long(), 4, 5, False)
     with pytest.raises(ValueError):
         op.packed_code_sums(planes[..., :7])  # odd number of words
+
+
+# --- check_finite: a sum first, every element only when the sum is not finite -------------
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+def test_check_finite_raises_for_nan_and_inf(bad, dtype):
+    from pyg_quant.nn._quantize import check_finite
+    from pyg_quant.qat.observers import check_finite as qat_check_finite
+    x = torch.randn(37, 19).to(dtype)
+    x[20, 3] = bad
+    for fn in (check_finite, qat_check_finite):
+        with pytest.raises(ValueError, match="features holds NaN or inf"):
+            fn(x, "features")
+    x.requires_grad_(True)  # a leaf asking for a gradient is checked the same way
+    with pytest.raises(ValueError, match="NaN or inf"):
+        check_finite(x, "features")
+
+
+def test_check_finite_accepts_finite_values_whose_sum_overflows():
+    from pyg_quant.nn._quantize import check_finite
+    x = torch.full((64, 64), 3.0e38)  # every element finite, the float32 sum is inf
+    assert not torch.isfinite(x.sum())
+    check_finite(x, "x")
+    check_finite(torch.full((4, 4), 6.0e4, dtype=torch.float16), "x")  # fp16 sum overflows too
+    check_finite(torch.arange(10), "x")  # integers are always finite
+    check_finite(torch.empty(0, 3), "x")

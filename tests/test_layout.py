@@ -151,6 +151,37 @@ def test_quantize_pack_compiled_equals_reference(shape, dim, layout, stochastic)
 
 @requires_compiled
 @pytest.mark.parametrize("col", [False, True])
+@pytest.mark.parametrize("lo_shape", ["tensor", "row", "col", "full", "strided"])
+@pytest.mark.parametrize("shape", [(70, 530), (33, 1), (1, 17), (96, 272)])
+def test_quantize_pack_tiles_and_specials_like_reference(shape, lo_shape, col):
+    """The word-at-a-time CPU packer (SSE2 codes, 32x256 column tiles, 16x16 byte transposes) against the
+    reference: several column tiles with ragged edges, every lo / inv_scale broadcast (a full matrix, a
+    strided float64 one), NaN and ±inf inputs (a NaN code is 0, as the bit-at-a-time packer gave)."""
+    rows, cols = shape
+    g = gen(rows * 7 + cols)
+    x = torch.randn(rows, cols, generator=g) * 2
+    u = torch.rand(rows, cols, generator=g)
+    x[u < 0.03] = float("nan")
+    x[(u >= 0.03) & (u < 0.06)] = float("inf")
+    x[(u >= 0.06) & (u < 0.09)] = -float("inf")
+    if lo_shape == "strided":  # a transposed view in float64: made float32 and contiguous inside
+        lo = torch.randn(cols, 1, generator=g, dtype=torch.float64).t()
+        inv = torch.rand(cols, 1, generator=g, dtype=torch.float64).t() * 3
+    else:
+        size = {"tensor": (1, 1), "row": (rows, 1), "col": (1, cols), "full": (rows, cols)}[lo_shape]
+        lo, inv = torch.randn(size, generator=g), torch.rand(size, generator=g) * 3
+    noise = torch.rand(rows, cols, generator=g)
+    for bits in (1, 2, 3, 6, 8):
+        for nz in (None, noise):
+            got = torch.ops.pyg_quant.quantize_pack(x, lo, inv, bits, col, nz)
+            want = ref.quantize_pack(x, lo.float(), inv.float(), bits, col, nz)
+            assert torch.equal(got, want), (bits, nz is None)
+    codes = ref.unpack_codes(torch.ops.pyg_quant.quantize_pack(x, lo, inv, 3, col, None), rows, cols, col)
+    assert (codes[x.isnan()] == 0).all()
+
+
+@requires_compiled
+@pytest.mark.parametrize("col", [False, True])
 @pytest.mark.parametrize("lo_shape", ["tensor", "row", "col"])
 def test_quantize_pack_clamps_like_reference(col, lo_shape):
     """Arbitrary lo / inv_scale push codes below 0 and above 2**bits-1: both clamp alike."""

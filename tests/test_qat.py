@@ -128,6 +128,52 @@ def test_mse_observer_takes_the_quantizer_bits_and_averages():
         qat.MSEObserver(0, bits=9)
 
 
+@pytest.mark.parametrize("dim", [None, 0, 1])
+def test_dynamic_mse_observer_is_each_tensors_mse_range(dim):
+    from pyg_quant.qat.observers import mse_ranges
+    fq = qat.FakeQuantize(2, "dynamic_mse", dim=dim, stochastic=False)
+    assert isinstance(fq.observer, qat.DynamicMSEObserver) and fq.dynamic and fq.observer.bits == 2
+    x = randn(64, 48, 21)
+    fq.train()(x)
+    assert not fq.observer.initialized and fq.lo.numel() == 0  # nothing stored, nothing to freeze
+    for t in (x, 0.25 * x + 1.0):  # a differently distributed tensor gets a range of its own
+        lo, hi = fq.range(t)
+        want_lo, want_hi = mse_ranges(t, dim, 2)
+        assert torch.equal(lo, want_lo) and torch.equal(hi, want_hi)
+        assert torch.equal(pq.to_val(fq.quantize(t)), fq.eval()(t))  # bit-kernel codes == fake path
+    with pytest.raises(ValueError, match="pass x"):
+        fq.range()
+
+
+def test_dynamic_mse_beats_min_max_on_noisy_rows_at_2_bits():
+    """Per node, 2-bit min/max ranges of Gaussian rows spend two of four levels on the extremes."""
+    x = randn(500, 64, 22)
+    errors = {}
+    for kind in ("dynamic", "dynamic_mse"):
+        fq = qat.FakeQuantize(2, kind, dim=1, stochastic=False).eval()
+        errors[kind] = float((fq(x) - x).square().mean())
+    assert errors["dynamic_mse"] < 0.75 * errors["dynamic"], errors
+
+
+def test_dynamic_mse_keeps_straight_through_gradients():
+    x = randn(20, 30, 23).requires_grad_()
+    fq = qat.FakeQuantize(2, "dynamic_mse", dim=1)
+    lo, hi = fq.range(x.detach())
+    assert ((x.detach() < lo.view(-1, 1)) | (x.detach() > hi.view(-1, 1))).any()  # some values are clipped
+    fq(x).sum().backward()
+    assert torch.equal(x.grad, torch.ones_like(x))
+
+
+def test_qconfig_dynamic_mse_granularities():
+    config = qat.QConfig(weight_bits=2, act_bits=2, **qat.CLUSTER_GCN_OBSERVERS)
+    assert config.input_quantizer().dim == 1 and config.input_quantizer().dynamic  # per node
+    assert config.weight_quantizer().dim == 1 and config.agg_quantizer().dim == 0
+    assert all(isinstance(q.observer, qat.DynamicMSEObserver)
+               for q in (config.input_quantizer(), config.weight_quantizer(), config.agg_quantizer()))
+    assert qat.QConfig(input_observer="mse").input_quantizer().dim is None  # static: per tensor
+    assert set(qat.DYNAMIC_OBSERVERS) <= set(qat.OBSERVERS)
+
+
 def test_observer_rejects_changing_granularity():
     obs = qat.EMAMinMaxObserver(dim=1)
     obs(randn(5, 3, 0))
@@ -582,6 +628,27 @@ def test_convert_round_trip(kind, bits):
     inference.train()(data.x, data.edge_index)
     after = inference.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+@pytest.mark.parametrize("kind", ["gcn", "gin"])
+def test_convert_round_trip_with_dynamic_mse_observers(kind):
+    data = planted_graph(nodes=300, seed=4)
+    torch.manual_seed(0)
+    model = GCN(16, 16, 4) if kind == "gcn" else GIN(16, 16, 4)
+    prepared = train(qat.prepare(model, bits=2, skip_last=False, seed=5, **qat.CLUSTER_GCN_OBSERVERS), data, 5)
+    prepared.eval()
+    float_path = prepared(data.x, data.edge_index)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # dynamic quantizers need no observed data
+        inference = qat.convert(prepared)
+    with torch.no_grad():
+        converted = inference(data.x, data.edge_index)
+        assert torch.equal(converted, prepared(data.x, data.edge_index))
+    scale = float(converted.abs().max())
+    diff = (float_path.detach() - converted).abs()
+    assert (diff <= 1e-5 * (converted.abs() + 1e-2 * scale)).all(), float(diff.max())
+    assert all(fq.dynamic for _, fq in qat.fake_quantizers(inference))  # ranges stay per input after convert
 
 
 def test_convert_uses_bit_kernels(monkeypatch):

@@ -9,7 +9,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "popcount.h"
 
@@ -22,25 +27,97 @@ constexpr int64_t kPackAlignWords = 8;
 int64_t round_up(int64_t n, int64_t m) { return (std::max<int64_t>(n, 1) + m - 1) / m * m; }
 int64_t packed_words(int64_t n) { return round_up(n, kPackAlignWords * 32) / 32; }
 
-// Reads x, lo, inv_scale and noise (lo/inv_scale broadcast to x's shape through
-// zero strides) and returns codes in [0, max_code].
-struct CodeReader {
-  const float* x;
-  const float* lo;
-  const float* inv;
-  const float* noise;
-  int64_t cols, lo_rs, lo_cs, inv_rs, inv_cs;
-  float max_code;
+// The code of one element, as layout.py writes it: q = clamp(floor((x - lo) * inv + u), 0, max_code).
+// For t = (x - lo) * inv + u, clamping t to [0, max_code] first and truncating after gives the
+// same integer as floor-then-clamp (truncation is floor on t >= 0), and a NaN t gives 0 (as the
+// bit-at-a-time kernel this replaced did).  The SSE2 path below computes exactly these float32
+// operations (subps, mulps, addps; maxps returns its second operand 0 for a NaN), so both agree.
+inline uint8_t code_of(float x, float lo, float inv, float u, float max_code) {
+  float t = (x - lo) * inv;
+  t = t + u;
+  t = t > 0.0f ? t : 0.0f;
+  t = t < max_code ? t : max_code;
+  return static_cast<uint8_t>(static_cast<int32_t>(t));
+}
 
-  inline uint32_t operator()(int64_t r, int64_t c) const {
-    const float v = (x[r * cols + c] - lo[r * lo_rs + c * lo_cs]) * inv[r * inv_rs + c * inv_cs];
-    const float u = noise ? noise[r * cols + c] : 0.5f;
-    const float t = std::floor(v + u);
-    return static_cast<uint32_t>(std::min(std::max(t, 0.0f), max_code));
+// n consecutive codes of one row: x[0..n), noise[0..n) (nullptr: u = 0.5), lo/inv either
+// per element (LoB/InvB false: lo[0..n)) or one value broadcast (true: lo[0]).
+template <bool LoB, bool InvB>
+void encode_run(const float* x, const float* lo, const float* inv, const float* noise, int64_t n, float max_code,
+                uint8_t* q) {
+  int64_t i = 0;
+#if defined(__SSE2__)
+  const __m128 zero = _mm_setzero_ps(), maxv = _mm_set1_ps(max_code), half = _mm_set1_ps(0.5f);
+  const __m128 lo_b = _mm_set1_ps(lo[0]), inv_b = _mm_set1_ps(inv[0]);
+  auto four = [&](int64_t j) {
+    const __m128 l = LoB ? lo_b : _mm_loadu_ps(lo + j);
+    const __m128 s = InvB ? inv_b : _mm_loadu_ps(inv + j);
+    const __m128 u = noise ? _mm_loadu_ps(noise + j) : half;
+    __m128 t = _mm_mul_ps(_mm_sub_ps(_mm_loadu_ps(x + j), l), s);
+    t = _mm_add_ps(t, u);
+    t = _mm_min_ps(_mm_max_ps(t, zero), maxv);
+    return _mm_cvttps_epi32(t);
+  };
+  for (; i + 16 <= n; i += 16) {
+    const __m128i a = _mm_packs_epi32(four(i), four(i + 4));
+    const __m128i b = _mm_packs_epi32(four(i + 8), four(i + 12));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm_packus_epi16(a, b));
   }
-};
+#endif
+  for (; i < n; ++i)
+    q[i] = code_of(x[i], LoB ? lo[0] : lo[i], InvB ? inv[0] : inv[i], noise ? noise[i] : 0.5f, max_code);
+}
+
+using EncodeFn = void (*)(const float*, const float*, const float*, const float*, int64_t, float, uint8_t*);
+
+EncodeFn encode_fn(bool lo_broadcast, bool inv_broadcast) {
+  if (lo_broadcast) return inv_broadcast ? &encode_run<true, true> : &encode_run<true, false>;
+  return inv_broadcast ? &encode_run<false, true> : &encode_run<false, false>;
+}
+
+#if defined(__SSE2__)
+// Plane words of 32 codes (a: codes 0..15, b: codes 16..31): word p holds bit p of code k at bit k.
+inline void planes_of_32(__m128i a, __m128i b, int64_t bits, uint32_t* out, int64_t plane_stride) {
+  for (int64_t p = 0; p < bits; ++p) {
+    // Shifting each 16-bit lane left by 7 - p moves bit p of both its bytes to their bit 7.
+    const __m128i shift = _mm_cvtsi32_si128(static_cast<int>(7 - p));
+    const uint32_t lo16 = static_cast<uint32_t>(_mm_movemask_epi8(_mm_sll_epi16(a, shift)));
+    const uint32_t hi16 = static_cast<uint32_t>(_mm_movemask_epi8(_mm_sll_epi16(b, shift)));
+    out[p * plane_stride] = lo16 | (hi16 << 16);
+  }
+}
+
+inline void planes_of_32(const uint8_t* q, int64_t bits, uint32_t* out, int64_t plane_stride) {
+  planes_of_32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)),
+               _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16)), bits, out, plane_stride);
+}
+
+// Transpose of a 16x16 byte matrix held as 16 rows: four rounds of pairing rows j and j + 8 byte by
+// byte; each round rotates the 8-bit (row, byte) index left by one, so four swap row and byte.
+inline void transpose_16x16(__m128i r[16]) {
+  for (int round = 0; round < 4; ++round) {
+    __m128i t[16];
+    for (int j = 0; j < 8; ++j) {
+      t[2 * j] = _mm_unpacklo_epi8(r[j], r[j + 8]);
+      t[2 * j + 1] = _mm_unpackhi_epi8(r[j], r[j + 8]);
+    }
+    for (int j = 0; j < 16; ++j) r[j] = t[j];
+  }
+}
+#else
+inline void planes_of_32(const uint8_t* q, int64_t bits, uint32_t* out, int64_t plane_stride) {
+  for (int64_t p = 0; p < bits; ++p) {
+    uint32_t word = 0;
+    for (int k = 0; k < 32; ++k) word |= ((static_cast<uint32_t>(q[k]) >> p) & 1u) << k;
+    out[p * plane_stride] = word;
+  }
+}
+#endif
 
 int64_t broadcast_stride(const at::Tensor& t, int64_t dim) { return t.size(dim) == 1 ? 0 : t.stride(dim); }
+
+// Columns per tile of the column layout: a tile is 32 rows (one word) by kColTile columns.
+constexpr int64_t kColTile = 256;
 
 }  // namespace
 
@@ -50,8 +127,8 @@ at::Tensor quantize_pack_cpu(const at::Tensor& x_in, const at::Tensor& lo_in, co
   TORCH_CHECK_VALUE(bits >= 1 && bits <= 8, "bits must be in 1..8, got ", bits);
   TORCH_CHECK_VALUE(lo_in.dim() == 2 && inv_in.dim() == 2, "lo and inv_scale must be 2-D (broadcastable to x)");
   const auto x = x_in.contiguous();
-  const auto lo = lo_in.to(at::kFloat);
-  const auto inv = inv_in.to(at::kFloat);
+  const auto lo = lo_in.to(at::kFloat).contiguous();
+  const auto inv = inv_in.to(at::kFloat).contiguous();
   const int64_t rows = x.size(0), cols = x.size(1);
   for (const auto* t : {&lo, &inv}) {
     TORCH_CHECK_VALUE((t->size(0) == 1 || t->size(0) == rows) && (t->size(1) == 1 || t->size(1) == cols),
@@ -63,11 +140,15 @@ at::Tensor quantize_pack_cpu(const at::Tensor& x_in, const at::Tensor& lo_in, co
     TORCH_CHECK_VALUE(noise.sizes() == x.sizes() && noise.scalar_type() == at::kFloat,
                       "noise must be float32 with x's shape");
   }
-  const CodeReader code{x.data_ptr<float>(), lo.data_ptr<float>(), inv.data_ptr<float>(),
-                        noise.defined() ? noise.data_ptr<float>() : nullptr,
-                        cols, broadcast_stride(lo, 0), broadcast_stride(lo, 1),
-                        broadcast_stride(inv, 0), broadcast_stride(inv, 1),
-                        static_cast<float>((1 << bits) - 1)};
+  const float* xp = x.data_ptr<float>();
+  const float* np = noise.defined() ? noise.data_ptr<float>() : nullptr;
+  const float* lop = lo.data_ptr<float>();
+  const float* invp = inv.data_ptr<float>();
+  // Contiguous lo/inv broadcast to [rows, cols]: along a row the stride is 1, or 0 (one value).
+  const int64_t lo_rs = broadcast_stride(lo, 0), lo_cs = broadcast_stride(lo, 1);
+  const int64_t inv_rs = broadcast_stride(inv, 0), inv_cs = broadcast_stride(inv, 1);
+  const EncodeFn encode = encode_fn(lo_cs == 0, inv_cs == 0);
+  const float max_code = static_cast<float>((1 << bits) - 1);
 
   const int64_t outer = col_layout ? cols : rows;
   const int64_t packed = col_layout ? rows : cols;
@@ -75,37 +156,56 @@ at::Tensor quantize_pack_cpu(const at::Tensor& x_in, const at::Tensor& lo_in, co
   auto planes = at::zeros({bits, round_up(outer, kOuterAlign), words}, x.options().dtype(at::kInt));
   uint32_t* out = reinterpret_cast<uint32_t*>(planes.data_ptr<int32_t>());
   const int64_t plane_stride = planes.stride(0);
+  if (rows == 0 || cols == 0) return planes;
 
   if (!col_layout) {
-    // One row at a time: its codes become one bit vector per plane.
+    // A row's codes (zero-padded to whole words), then 32 codes at a time into one word per plane.
+    const int64_t row_words = (cols + 31) / 32;
     at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+      std::vector<uint8_t> q(row_words * 32, 0);
       for (int64_t r = begin; r < end; ++r) {
-        for (int64_t w = 0; w * 32 < cols; ++w) {
-          uint32_t acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-          const int64_t n = std::min<int64_t>(32, cols - w * 32);
-          for (int64_t k = 0; k < n; ++k) {
-            const uint32_t q = code(r, w * 32 + k);
-            for (int64_t p = 0; p < bits; ++p) acc[p] |= ((q >> p) & 1u) << k;
-          }
-          for (int64_t p = 0; p < bits; ++p) out[p * plane_stride + r * words + w] = acc[p];
-        }
+        encode(xp + r * cols, lop + r * lo_rs, invp + r * inv_rs, np ? np + r * cols : nullptr, cols, max_code,
+               q.data());
+        for (int64_t w = 0; w < row_words; ++w) planes_of_32(q.data() + w * 32, bits, out + r * words + w, plane_stride);
       }
     });
   } else {
-    // 32 rows at a time (one word of every column), reading x row-major.
-    at::parallel_for(0, (rows + 31) / 32, 1, [&](int64_t begin, int64_t end) {
-      std::vector<uint32_t> acc(bits * cols);
-      for (int64_t w = begin; w < end; ++w) {
-        std::fill(acc.begin(), acc.end(), 0u);
-        const int64_t n = std::min<int64_t>(32, rows - w * 32);
+    // Tiles of 32 rows (one word) by kColTile columns: codes row by row (reading x row-major),
+    // transposed to 32 codes per column, then one word per plane and column.
+    const int64_t row_words = (rows + 31) / 32, col_tiles = (cols + kColTile - 1) / kColTile;
+    at::parallel_for(0, row_words * col_tiles, 1, [&](int64_t begin, int64_t end) {
+      alignas(16) uint8_t tile[32][kColTile];
+      std::memset(tile, 0, sizeof(tile));  // codes past the last row / column stay 0
+      for (int64_t task = begin; task < end; ++task) {
+        // Column tile major: consecutive tasks fill consecutive words of the same output lines.
+        const int64_t w = task % row_words, c0 = (task / row_words) * kColTile;
+        const int64_t n = std::min<int64_t>(32, rows - w * 32), nc = std::min<int64_t>(kColTile, cols - c0);
         for (int64_t k = 0; k < n; ++k) {
-          for (int64_t c = 0; c < cols; ++c) {
-            const uint32_t q = code(w * 32 + k, c);
-            for (int64_t p = 0; p < bits; ++p) acc[p * cols + c] |= ((q >> p) & 1u) << k;
-          }
+          const int64_t r = w * 32 + k;
+          encode(xp + r * cols + c0, lop + r * lo_rs + c0 * lo_cs, invp + r * inv_rs + c0 * inv_cs,
+                 np ? np + r * cols + c0 : nullptr, nc, max_code, tile[k]);
         }
-        for (int64_t p = 0; p < bits; ++p)
-          for (int64_t c = 0; c < cols; ++c) out[p * plane_stride + c * words + w] = acc[p * cols + c];
+        if (n < 32) std::memset(tile[n], 0, (32 - n) * sizeof(tile[0]));
+#if defined(__SSE2__)
+        for (int64_t g = 0; g < nc; g += 16) {
+          __m128i top[16], bottom[16];
+          for (int k = 0; k < 16; ++k) {
+            top[k] = _mm_load_si128(reinterpret_cast<const __m128i*>(tile[k] + g));
+            bottom[k] = _mm_load_si128(reinterpret_cast<const __m128i*>(tile[k + 16] + g));
+          }
+          transpose_16x16(top);
+          transpose_16x16(bottom);
+          const int64_t m = std::min<int64_t>(16, nc - g);
+          for (int64_t c = 0; c < m; ++c)
+            planes_of_32(top[c], bottom[c], bits, out + (c0 + g + c) * words + w, plane_stride);
+        }
+#else
+        alignas(16) uint8_t column[32];
+        for (int64_t c = 0; c < nc; ++c) {
+          for (int64_t k = 0; k < 32; ++k) column[k] = tile[k][c];
+          planes_of_32(column, bits, out + (c0 + c) * words + w, plane_stride);
+        }
+#endif
       }
     });
   }

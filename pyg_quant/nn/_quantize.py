@@ -29,10 +29,20 @@ def check_bits(bits, name: str) -> Optional[int]:
 
 
 def check_finite(x: torch.Tensor, name: str) -> None:
-    # A NaN or inf turns a whole range into NaN and every code into garbage;
-    # the float layers would propagate it instead, so say so rather than guess.
+    """Raise a ValueError naming ``name`` if ``x`` holds NaN or inf.
+
+    A NaN or inf turns a whole range into NaN and every code into garbage; the float
+    layers would propagate it instead, so say so rather than guess.  A finite sum proves
+    every element finite (a NaN or an inf makes any sum NaN or infinite), at a fraction of
+    the cost of ``isfinite(x).all()`` (one reduction, no boolean temporary); only when the
+    sum is not finite (a NaN or inf, or finite values whose sum overflows) is every element
+    tested, so large finite inputs are never rejected.
+    """
     if is_compiling() or (x.is_cuda and torch.cuda.is_current_stream_capturing()):
         return  # no host sync inside a traced or captured region (checked on eager calls)
+    x = x.detach()
+    if not x.is_floating_point() or bool(torch.isfinite(x.sum())):
+        return
     if not bool(torch.isfinite(x).all()):
         raise ValueError(f"{name} holds NaN or inf; quantized layers need finite inputs")
 

@@ -11,8 +11,16 @@ dimension reduced over):
 Kinds (the names :func:`make_observer` accepts):
 
 * ``"dynamic"`` — no state: the range of every tensor is its own min/max, in
-  training and in evaluation alike (what ``to_bit`` does).  The only choice for
-  per-node ranges, whose rows change from graph to graph;
+  training and in evaluation alike (what ``to_bit`` does).  Per-node ranges,
+  whose rows change from graph to graph, must be dynamic;
+* ``"dynamic_mse"`` — no state either: every tensor's own *MSE-optimal* clipping
+  range for the bit width (:func:`mse_ranges`, below), in training and in
+  evaluation alike.  Per node it spends 2-bit codes on the bulk of a noisy row
+  instead of its two extremes; per channel it follows the tensor at hand, so a
+  range is never carried from the graphs it was trained on to a differently
+  distributed one (Cluster-GCN: trained on METIS batches, whose cut edges lower
+  the degrees and so raise ``D^{-1/2}``-scaled features, evaluated on the full
+  graph);
 * ``"minmax"`` — the running extremes of everything seen,
   :math:`lo = \min_t \min x_t`, :math:`hi = \max_t \max x_t`;
 * ``"ema"`` — exponential moving averages of the batch extremes,
@@ -37,9 +45,9 @@ from typing import Optional, Tuple
 
 import torch
 
-from ..nn._quantize import check_finite as _full_finite_check, is_compiling
+from ..nn._quantize import check_finite as _check_finite
 
-OBSERVERS = ("dynamic", "minmax", "ema", "percentile", "mse")
+OBSERVERS = ("dynamic", "minmax", "ema", "percentile", "mse", "dynamic_mse")
 
 
 def check_dim(dim) -> Optional[int]:
@@ -65,13 +73,10 @@ def check_matrix(x, name: str = "x") -> torch.Tensor:
 def check_finite(x: torch.Tensor, name: str = "x") -> None:
     """Raise a ValueError if ``x`` holds NaN or inf (the codes of such a tensor would be garbage).
 
-    A finite sum proves every element finite (a NaN or an inf makes any sum NaN or
-    infinite), at a fraction of the cost of ``isfinite(x).all()``; only when the sum is not
-    finite (a NaN or inf, or finite values overflowing float32) is every element tested.
+    :func:`pyg_quant.nn._quantize.check_finite` (a sum first, every element only when the
+    sum is not finite), with ``name`` defaulting to ``"x"``.
     """
-    if is_compiling() or bool(torch.isfinite(x.detach().sum())):
-        return
-    _full_finite_check(x, name)
+    _check_finite(x, name)
 
 
 def tensor_range(x: torch.Tensor, dim: Optional[int]) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -106,6 +111,7 @@ class Observer(torch.nn.Module):
 
     Args:
         dim (int, optional): the dimension the ranges are reduced over (see the module docstring).
+    Class attribute ``dynamic``: no stored range, every tensor is quantized over a range of its own.
     """
 
     dynamic = False
@@ -289,9 +295,36 @@ class MSEObserver(EMAMinMaxObserver):
         return f"dim={self.dim}, bits={self.bits}, momentum={self.momentum}"
 
 
+class DynamicMSEObserver(DynamicObserver):
+    r"""No state: every tensor is quantized over its own MSE-optimal clipping range for ``bits`` (:func:`mse_ranges`).
+
+    Values outside the range are clipped but, as with every dynamic range, keep their
+    straight-through gradient (:class:`~pyg_quant.qat.FakeQuantize`).  Costs ``len(MSE_GRID)``
+    fake quantizations of the tensor per call.
+
+    Args:
+        dim (int, optional): the reduction dimension.
+        bits (int): the width of the codes the range is for (set by :class:`FakeQuantize`).
+    """
+
+    def __init__(self, dim: Optional[int] = None, bits: int = 8):
+        super().__init__(dim)
+        if isinstance(bits, bool) or not isinstance(bits, int) or not 1 <= bits <= 8:
+            raise ValueError(f"bits must be an int in 1..8, got {bits!r}")
+        self.bits = bits
+
+    def range(self, x: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+        if x is None:
+            raise ValueError("a dynamic observer's range is that of the tensor being quantized; pass x")
+        return mse_ranges(x, self.dim, self.bits)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, bits={self.bits}"
+
+
 def make_observer(kind: str, dim: Optional[int] = None, momentum: float = 0.1,
                   percentile: float = 0.999, bits: int = 8) -> Observer:
-    """An observer by name (one of :data:`OBSERVERS`); ``bits`` is used by ``"mse"``."""
+    """An observer by name (one of :data:`OBSERVERS`); ``bits`` is used by ``"mse"`` and ``"dynamic_mse"``."""
     if kind == "dynamic":
         return DynamicObserver(dim)
     if kind == "minmax":
@@ -302,4 +335,6 @@ def make_observer(kind: str, dim: Optional[int] = None, momentum: float = 0.1,
         return PercentileObserver(dim, percentile, momentum)
     if kind == "mse":
         return MSEObserver(dim, bits, momentum)
+    if kind == "dynamic_mse":
+        return DynamicMSEObserver(dim, bits)
     raise ValueError(f"observer must be one of {OBSERVERS}, got {kind!r}")

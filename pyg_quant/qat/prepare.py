@@ -135,7 +135,7 @@ def prepare(model: torch.nn.Module, bits: Optional[int] = None, *, weight_bits=_
             ``weight_bits``, ``act_bits``, ``stochastic`` and ``qconfig_kwargs`` must be left out).
         **qconfig_kwargs: more :class:`QConfig` fields: ``weight_observer``,
             ``input_observer``, ``agg_observer`` (``"dynamic"``, ``"minmax"``, ``"ema"``,
-            ``"percentile"``, ``"mse"``), ``momentum``, ``percentile``, ``seed``, ``degree_quant``.
+            ``"percentile"``, ``"mse"``, ``"dynamic_mse"``), ``momentum``, ``percentile``, ``seed``, ``degree_quant``.
 
     Returns the prepared model, in the training mode ``model`` was in.
     """
@@ -224,7 +224,7 @@ def convert(model: torch.nn.Module, inplace: bool = False) -> torch.nn.Module:
     r"""The inference model of a QAT model: ranges frozen, bit kernels, no gradients.
 
     Every :class:`FakeQuantize` stops observing (its range, and so its scale, is frozen;
-    dynamic per-node ranges stay per input by design), every :class:`QATLinear` packs its
+    dynamic ranges, such as per-node ones, stay per input by design), every :class:`QATLinear` packs its
     weight codes once on first use, parameters stop requiring gradients, and the model is
     put in ``eval()``.  Called under ``torch.no_grad()`` or ``torch.inference_mode()`` (or
     neither: no tensor asks for a gradient any more) the QAT layers run their bit kernels;

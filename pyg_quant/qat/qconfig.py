@@ -10,15 +10,25 @@ role            tensor                   ranges
 ==============  =======================  ==========================================
 ``weight``      ``W`` ``[out, in]``      per output channel (``dim=1``)
 ``input``       a Linear's input ``X``   per node (``dim=1``) when ``input_observer``
-                ``[N, in]``              is ``"dynamic"``, else per tensor (static)
+                ``[N, in]``              is dynamic (``"dynamic"``, ``"dynamic_mse"``), else per
+                                         tensor (static)
 ``agg``         the aggregated features  per channel (``dim=0``)
                 ``[N, F]``
 ==============  =======================  ==========================================
 
 Per-node ranges cannot be observed once and frozen (the nodes change from graph
 to graph), so they are always dynamic; per-channel and per-tensor ranges may be
-static (``"minmax"``, ``"ema"``, ``"percentile"``, ``"mse"``) and are frozen by
-:func:`pyg_quant.qat.convert`.
+static (``"minmax"``, ``"ema"``, ``"percentile"``, ``"mse"``, frozen by
+:func:`pyg_quant.qat.convert`) or dynamic too.
+
+Cluster-GCN (training on METIS batches, evaluating on the full graph) at 2 bits:
+``QConfig(..., input_observer="dynamic_mse", weight_observer="dynamic_mse",
+agg_observer="dynamic_mse")`` (:data:`CLUSTER_GCN_OBSERVERS`).  A static
+aggregation range learnt on batches is too wide for the full graph, whose
+higher degrees shrink the ``D^{-1/2}``-scaled features; per-node min/max input
+ranges spend two of four levels on each noisy row's extremes.  On the planted
+graph of ``benchmarks/accuracy.py`` these defaults lost 10.4 pt at 2 bits, the
+``"dynamic_mse"`` observers about 5 (see ``benchmarks/RESULTS.md``).
 """
 from dataclasses import dataclass, replace
 from typing import Optional, Tuple
@@ -26,6 +36,14 @@ from typing import Optional, Tuple
 from ..bit_tensor import _check_bits
 from .fake_quantize import FakeQuantize, _check_seed
 from .observers import OBSERVERS
+
+#: Observer kinds without stored ranges (every tensor quantized over a range of its own).
+DYNAMIC_OBSERVERS = ("dynamic", "dynamic_mse")
+
+#: The observers for Cluster-GCN-style training (see the module docstring): ``QConfig(**CLUSTER_GCN_OBSERVERS)``
+#: or ``prepare(model, bits, **CLUSTER_GCN_OBSERVERS)``.
+CLUSTER_GCN_OBSERVERS = {"input_observer": "dynamic_mse", "weight_observer": "dynamic_mse",
+                         "agg_observer": "dynamic_mse"}
 
 
 @dataclass(frozen=True)
@@ -36,13 +54,16 @@ class QConfig:
         weight_bits, act_bits (int, optional): 1..8, or None to keep that kind of tensor in float.
         stochastic (bool): stochastic rounding in training (TANGO); evaluation rounds to nearest.
         weight_observer (str): observer of the weights (per output channel).  ``"dynamic"``
-            (default) is the current fp32 master weight's own range.
-        input_observer (str): observer of Linear inputs: ``"dynamic"`` (per node, default) or a
-            static observer (then per tensor).
+            (default) is the current fp32 master weight's own range, ``"dynamic_mse"`` its
+            MSE-optimal clipping range.
+        input_observer (str): observer of Linear inputs: ``"dynamic"`` (per node min/max, default),
+            ``"dynamic_mse"`` (per node, MSE-optimal clipping) or a static observer (then per tensor).
         agg_observer (str): observer of the aggregated features (per channel).  ``"mse"``
             (default): a moving average of the MSE-optimal clipping range for ``act_bits``;
             on Cora at 2 bits it keeps a 2-layer GCN within ~0.5 pt of fp32 where EMA
-            min/max ranges lose ~8 pt (``benchmarks/accuracy.py``).
+            min/max ranges lose ~8 pt (``benchmarks/accuracy.py``).  ``"dynamic_mse"``: the
+            MSE-optimal range of each tensor itself, nothing stored (for inference graphs
+            distributed unlike the training batches, e.g. Cluster-GCN).
         momentum (float): EMA momentum of ``"ema"`` / ``"percentile"`` observers.
         percentile (float): quantile ``q`` of ``"percentile"`` observers.
         seed (int, optional): base seed of the rounding noise; quantizer ``k`` of a model gets
@@ -101,7 +122,7 @@ class QConfig:
     def input_quantizer(self, counter: Optional[list] = None) -> Optional[FakeQuantize]:
         if self.act_bits is None:
             return None
-        dim = 1 if self.input_observer == "dynamic" else None
+        dim = 1 if self.input_observer in DYNAMIC_OBSERVERS else None
         return FakeQuantize(self.act_bits, self.input_observer, dim, self.stochastic, self._seed(counter),
                             self.momentum, self.percentile)
 
