@@ -32,6 +32,12 @@ and neighbours matter), trained with the GCN above through pyg_quant.loader's
 QuantClusterData / QuantClusterLoader (METIS parts, ``--parts`` parts,
 ``--batch-parts`` per batch, float features, edge_index shipped with each
 batch) for ``--cluster-epochs`` epochs; validation / test on the full graph.
+Its quantized runs use ``pyg_quant.qat.CLUSTER_GCN_OBSERVERS`` (``"dynamic_mse"``
+ranges for Linear inputs per node, weights per output channel and aggregated
+features per channel; ``--cluster-observers default`` gives prepare's defaults):
+a static aggregation range learnt on the batches is too wide for the full graph.
+``--only-cluster`` runs this part alone and replaces its rows in an existing
+``--json`` (the Cora rows are kept).
 
 Writes a markdown table to stdout, the numbers to ``--json`` and a plot to
 ``--png`` (needs matplotlib).
@@ -40,6 +46,7 @@ Usage (from the repository root)::
 
     python benchmarks/accuracy.py                      # full table, 10 seeds
     python benchmarks/accuracy.py --seeds 2 --bits 8 2 --no-cluster    # quick look
+    python benchmarks/accuracy.py --only-cluster       # Cluster-GCN rows only, merged into --json
 """
 import argparse
 import copy
@@ -304,6 +311,10 @@ def main(argv=None):
                         choices=["stochastic", "nearest"])
     parser.add_argument("--all-layers", action="store_true", help="also quantize the last layer (extra rows)")
     parser.add_argument("--no-cluster", action="store_true", help="skip the Cluster-GCN part")
+    parser.add_argument("--only-cluster", action="store_true",
+                        help="run only the Cluster-GCN part; its rows replace those of an existing --json")
+    parser.add_argument("--cluster-observers", choices=["cluster", "default"], default="cluster",
+                        help="Cluster-GCN quantizers: qat.CLUSTER_GCN_OBSERVERS (default) or prepare's defaults")
     parser.add_argument("--cluster-seeds", type=int, default=None, help="default: --seeds")
     parser.add_argument("--cluster-nodes", type=int, default=20000)
     parser.add_argument("--classes", type=int, default=8)
@@ -325,6 +336,8 @@ def main(argv=None):
         return replot(args.replot, args.png)
     if args.seeds < 1:
         parser.error("--seeds must be >= 1")
+    if args.only_cluster and args.no_cluster:
+        parser.error("--only-cluster and --no-cluster exclude each other")
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -332,8 +345,8 @@ def main(argv=None):
     started = time.perf_counter()
     rows, fp32 = [], {}
 
-    cora = load_cora(args.cora_raw).to(device)
-    for kind in args.models:
+    cora = None if args.only_cluster else load_cora(args.cora_raw).to(device)
+    for kind in ([] if args.only_cluster else args.models):
         layer_options = [False] + ([True] if args.all_layers else [])
         for bits, stochastic in settings:
             for all_layers in layer_options:
@@ -373,6 +386,8 @@ def main(argv=None):
                         f"SNR {args.snr}, {args.p_out:.0%} of edges leaving their community, "
                         f"{args.parts} METIS parts, {args.batch_parts} parts a batch, {args.cluster_epochs} epochs")
         cluster_bits = args.cluster_bits or args.bits
+        observers = qat.CLUSTER_GCN_OBSERVERS if args.cluster_observers == "cluster" else {}
+        cluster_note += f", observers {observers or 'prepare defaults'}"
         cluster_settings = [(None, True)] + [(b, r == "stochastic") for b in cluster_bits for r in args.rounding]
         for bits, stochastic in cluster_settings:
             row = {"model": "Cluster-GCN planted", "bits": bits, "stochastic": stochastic, "all_layers": False,
@@ -384,7 +399,7 @@ def main(argv=None):
                 for conv in (model.conv1, model.conv2):
                     conv.cached = False  # the graph changes from batch to batch
                 if bits is not None:
-                    model = qat.prepare(model, bits=bits, stochastic=stochastic)
+                    model = qat.prepare(model, bits=bits, stochastic=stochastic, **observers)
                 model = model.to(device)
                 test, val, state = train_cluster(model, graph, loader, args.cluster_epochs, device)
                 if bits is not None:
@@ -399,6 +414,19 @@ def main(argv=None):
                   f"{summary(row['test'])[0]:.2f} ± {summary(row['test'])[1]:.2f}", file=sys.stderr, flush=True)
 
     total = time.perf_counter() - started
+    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+            "machine": platform.platform(), "torch": torch.__version__, "device": str(device),
+            "threads": torch.get_num_threads(), "seconds": total, "cluster": cluster_note,
+            "loadavg_at_end": os.getloadavg()}
+    if args.only_cluster and args.json and os.path.exists(args.json):
+        # Keep the other rows (and the metadata of the run that made them); this run's go under "cluster_run".
+        with open(args.json) as f:
+            saved = json.load(f)
+        ours = {row["model"] for row in rows}
+        rows = [row for row in saved["rows"] if row["model"] not in ours] + rows
+        fp32 = {row["model"]: row for row in rows if row["bits"] is None}
+        meta = {**{k: v for k, v in saved.items() if k != "rows"}, "cluster": cluster_note, "cluster_run": meta}
     print(table(rows, fp32))
     if cluster_note:
         print(f"\nCluster-GCN graph: {cluster_note}.")
@@ -407,12 +435,7 @@ def main(argv=None):
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
-            json.dump({"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                       "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
-                       "machine": platform.platform(), "torch": torch.__version__, "device": str(device),
-                       "threads": torch.get_num_threads(), "seconds": total, "cluster": cluster_note,
-                       "loadavg_at_end": os.getloadavg(),
-                       "rows": rows}, f, indent=1)
+            json.dump({**meta, "rows": rows}, f, indent=1)
     if args.png and plot(rows, fp32, args.png):
         print(f"plot: {args.png}")
 

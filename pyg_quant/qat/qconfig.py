@@ -27,8 +27,9 @@ agg_observer="dynamic_mse")`` (:data:`CLUSTER_GCN_OBSERVERS`).  A static
 aggregation range learnt on batches is too wide for the full graph, whose
 higher degrees shrink the ``D^{-1/2}``-scaled features; per-node min/max input
 ranges spend two of four levels on each noisy row's extremes.  On the planted
-graph of ``benchmarks/accuracy.py`` these defaults lost 10.4 pt at 2 bits, the
-``"dynamic_mse"`` observers about 5 (see ``benchmarks/RESULTS.md``).
+graph of ``benchmarks/accuracy.py`` the defaults lost 10.4 / 8.9 pt at 2 bits
+(stochastic / nearest), the ``"dynamic_mse"`` observers 5.2 / 4.9 (``benchmarks/RESULTS.md``).
+On Cora they are no better than the defaults and cost ~2x training time, so they are opt-in.
 """
 from dataclasses import dataclass, replace
 from typing import Optional, Tuple
