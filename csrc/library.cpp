@@ -6,6 +6,9 @@
 
 TORCH_LIBRARY(pyg_quant, m) {
   m.def("quantize_pack(Tensor x, Tensor lo, Tensor inv_scale, int bits, bool col_layout, Tensor? noise) -> Tensor");
+  m.def(
+      "quantize_pack_ranges(Tensor x, int bits, int dim, bool col_layout, Tensor? noise) -> (Tensor, Tensor, Tensor, "
+      "Tensor)");
   m.def("unpack_codes(Tensor planes, int rows, int cols, bool col_layout) -> Tensor");
   m.def("packed_code_sums(Tensor planes) -> Tensor");
   m.def("bitmm_int(Tensor a_planes, Tensor b_planes, int rows, int cols, bool wide) -> Tensor");

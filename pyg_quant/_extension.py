@@ -20,7 +20,7 @@ except ImportError as error:  # not built, or built against another torch
         stacklevel=2,
     )
 
-_OPS = ("quantize_pack", "unpack_codes", "packed_code_sums", "bitmm_int", "bitmm_affine", "bit_spmm_int",
+_OPS = ("quantize_pack", "quantize_pack_ranges", "unpack_codes", "packed_code_sums", "bitmm_int", "bitmm_affine", "bit_spmm_int",
         "bit_spmm_affine", "tile_plan", "expand_tiles")
 _DISPATCH_KEYS = {"cpu": "CPU", "cuda": "CUDA"}
 # Filled once at import (the dispatcher query touches no device), so that

@@ -47,7 +47,7 @@ class BitTensor:
     Build one with :func:`pyg_quant.to_bit`; get floats back with :func:`pyg_quant.to_val`.
     """
 
-    __slots__ = ("planes", "shape", "bits", "layout", "lo", "scale", "dim", "_other_layout")
+    __slots__ = ("planes", "shape", "bits", "layout", "lo", "scale", "dim", "_other_layout", "_code_sums")
 
     def __init__(self, planes: torch.Tensor, shape: Tuple[int, int], bits: int, layout: str,
                  lo: torch.Tensor, scale: torch.Tensor, dim: Optional[int]):
@@ -59,6 +59,7 @@ class BitTensor:
         self.scale = scale
         self.dim = _check_dim(dim)
         self._other_layout: Optional["BitTensor"] = None
+        self._code_sums: Optional[torch.Tensor] = None  # packed_code_sums(planes), when the quantizer made them
         expected = {None: 1, 0: self.shape[1], 1: self.shape[0]}[self.dim]
         if lo.shape != (expected,) or scale.shape != (expected,):
             raise ValueError(f"lo and scale must have shape ({expected},) for dim={self.dim}, "
@@ -92,7 +93,8 @@ class BitTensor:
     def code_sums(self) -> torch.Tensor:
         """Sums of the codes along the packed dimension (row sums for ``"row"``, column sums for ``"col"``)."""
         outer = self.rows if self.layout == "row" else self.cols
-        return ops.packed_code_sums(self.planes)[:outer]
+        sums = self._code_sums if self._code_sums is not None else ops.packed_code_sums(self.planes)
+        return sums[:outer]
 
     def _replace(self, **fields) -> "BitTensor":
         state = {k: getattr(self, k) for k in ("planes", "shape", "bits", "layout", "lo", "scale", "dim")}

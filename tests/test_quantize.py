@@ -7,7 +7,7 @@ import torch
 import pyg_quant as pq
 from pyg_quant.ops import reference as ref
 
-from conftest import deq64, gen, randn, ref_codes, round_up, scale_view
+from conftest import deq64, gen, randn, ref_codes, requires_cuda, round_up, scale_view
 
 SHAPES = [(1, 1), (1, 7), (9, 1), (31, 33), (100, 257)]
 
@@ -295,3 +295,52 @@ def test_finite_input_with_float32_overflowing_range_is_rejected():
     with pytest.raises(ValueError, match="overflows float32"):
         pq.to_bit(x, 8, dim=1)  # row 0's own range overflows too
     assert torch.equal(pq.to_val(pq.to_bit(x, 8, dim=0)), x)  # per column: every range is finite
+
+
+# --- ranges + quantize + pack in one op (the layers' quantizer) ------------------------------------------
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[requires_cuda, pytest.mark.cuda])])
+@pytest.mark.parametrize("shape", [(1, 1), (37, 300), (300, 37), (64, 64), (129, 1433), (2000, 16)])
+@pytest.mark.parametrize("dim,layout", [(1, "row"), (0, "col"), (1, "col"), (0, "row")])
+@pytest.mark.parametrize("noise", [False, True])
+def test_quantize_pack_ranges_equals_reference(device, shape, dim, layout, noise):
+    """ops.quantize_pack_ranges (one fused kernel for per-row ranges in row layout on the GPU) returns the same
+    planes, ranges and code sums as the torch reference, bit for bit, for every bit width; constant rows and
+    columns (scale 0) and a NaN-free extreme range included."""
+    g = gen(shape[0] * 7 + shape[1])
+    x = randn(*shape, seed=shape[0] * 7 + shape[1], spread=3)
+    x[0] = 1.5  # a constant row (scale 0 along dim=1)
+    if shape[0] > 3:
+        x[:, 0] = -2.0  # a constant column
+        x[2, 1] = 3e38
+    u = torch.rand(shape, generator=g) if noise else None
+    for bits in range(1, 9):
+        expected = ref.quantize_pack_ranges(x, bits, dim, layout == "col", u)
+        got = pq.ops.quantize_pack_ranges(x.to(device), bits, dim, layout == "col", None if u is None else u.to(device))
+        for name, a, b in zip(("planes", "lo", "scale", "code_sums"), got, expected):
+            assert a.device.type == device
+            a = a.cpu()
+            assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), (name, bits)
+
+
+def test_layer_quantizer_attaches_code_sums():
+    from pyg_quant.nn._quantize import quantize
+    x = randn(100, 70, seed=5)
+    for dim, layout in ((1, "row"), (0, "col"), (None, "row")):
+        bt = quantize(x, 4, dim, layout)
+        expected = pq.to_bit(x, 4, dim=dim, layout=layout)
+        assert torch.equal(bt.planes, expected.planes) and torch.equal(bt.lo, expected.lo)
+        assert torch.equal(bt.scale, expected.scale)
+        assert torch.equal(bt.code_sums(), expected.code_sums())
+        assert (bt._code_sums is not None) == (dim is not None)
+
+
+def test_quantize_pack_ranges_bad_arguments():
+    x = torch.randn(4, 5)
+    with pytest.raises(ValueError, match="bits"):
+        pq.ops.quantize_pack_ranges(x, 9, 1, False)
+    with pytest.raises(ValueError, match="dim"):
+        torch.ops.pyg_quant.quantize_pack_ranges(x, 4, 2, False, None)
+    with pytest.raises(ValueError, match="float32"):
+        torch.ops.pyg_quant.quantize_pack_ranges(x.double(), 4, 1, False, None)
+    with pytest.raises(ValueError, match="noise"):
+        torch.ops.pyg_quant.quantize_pack_ranges(x, 4, 1, False, torch.rand(3, 5))

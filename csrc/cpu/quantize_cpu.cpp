@@ -3,6 +3,7 @@
 // step (no FMA contraction: setup.py passes -ffp-contract=off) so that every
 // backend produces the same codes.
 #include "quantize_cpu.h"
+#include "quantize_ranges.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -257,6 +258,11 @@ at::Tensor packed_code_sums_cpu(const at::Tensor& planes_in) {
     }
   });
   return sums;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_pack_ranges_cpu(
+    const at::Tensor& x, int64_t bits, int64_t dim, bool col_layout, const std::optional<at::Tensor>& noise) {
+  return quantize_pack_ranges_composed(x, bits, dim, col_layout, noise, quantize_pack_cpu, packed_code_sums_cpu);
 }
 
 }  // namespace pyg_quant

@@ -10,3 +10,10 @@ at::Tensor unpack_codes_cpu(const at::Tensor& planes, int64_t rows, int64_t cols
 at::Tensor packed_code_sums_cpu(const at::Tensor& planes);
 
 }  // namespace pyg_quant
+
+#include <tuple>
+namespace pyg_quant {
+// planes, lo, scale (one range per row for dim=1, per column for dim=0) and the planes' code sums.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_pack_ranges_cpu(
+    const at::Tensor& x, int64_t bits, int64_t dim, bool col_layout, const std::optional<at::Tensor>& noise);
+}  // namespace pyg_quant

@@ -4,6 +4,8 @@
 // Bits are gathered into words with warp ballots: lane k holds element 32w+k.
 #include "quantize_cuda.h"
 
+#include "quantize_ranges.h"
+
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAStream.h>
@@ -129,6 +131,65 @@ __global__ void code_sums_kernel(const uint32_t* planes, int64_t* sums, int64_t 
   }
 }
 
+// Per-row ranges, quantize and pack (row layout) in one pass per row: a warp owns a row; it takes the row's min and
+// max (two coalesced reads of 32 floats per step), computes the range with the float32 steps of to_bit, then
+// quantizes 32 columns at a time into one word per plane (ballots) and sums the codes.  Rows past the logical
+// shape are written as zeros, so every word is written once.
+__global__ void quantize_pack_row_ranges_kernel(const float* __restrict__ x, const float* __restrict__ noise,
+                                                int64_t rows, int64_t cols, int64_t outer_pad, int64_t words, int bits,
+                                                float max_code, uint32_t* __restrict__ out, int64_t plane_stride,
+                                                float* __restrict__ lo_out, float* __restrict__ scale_out,
+                                                int64_t* __restrict__ sums_out) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  for (int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; r < outer_pad; r += warps) {
+    if (r >= rows) {
+      for (int64_t i = lane; i < words * bits; i += 32) out[(i / words) * plane_stride + r * words + i % words] = 0;
+      if (lane == 0) sums_out[r] = 0;
+      continue;
+    }
+    const float* row = x + r * cols;
+    float mn = INFINITY, mx = -INFINITY;
+    bool has_nan = false;
+    for (int64_t c = lane; c < cols; c += 32) {
+      const float v = row[c];
+      has_nan |= v != v;
+      mn = fminf(mn, v);
+      mx = fmaxf(mx, v);
+    }
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      mn = fminf(mn, __shfl_xor_sync(kFullMask, mn, offset));
+      mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, offset));
+    }
+    if (__any_sync(kFullMask, has_nan)) mn = mx = NAN;  // amin/amax propagate NaN
+    const float scale = __fdiv_rn(__fsub_rn(mx, mn), max_code);
+    const float inv = scale > 0.0f ? __fdiv_rn(1.0f, scale) : 0.0f;
+    if (lane == 0) {
+      lo_out[r] = mn;
+      scale_out[r] = scale;
+    }
+    int64_t sum = 0;
+    for (int64_t w = 0; w < words; ++w) {
+      const int64_t c = w * 32 + lane;
+      uint32_t q = 0;
+      if (c < cols) {
+        const float v = __fmul_rn(__fsub_rn(row[c], mn), inv);
+        const float t = floorf(__fadd_rn(v, noise ? noise[r * cols + c] : 0.5f));
+        q = static_cast<uint32_t>(fminf(fmaxf(t, 0.0f), max_code));
+      }
+      sum += q;
+      uint32_t mine = 0;
+      for (int p = 0; p < bits; ++p) {
+        const uint32_t ballot = __ballot_sync(kFullMask, (q >> p) & 1u);
+        if (lane == p) mine = ballot;
+      }
+      if (lane < bits) out[lane * plane_stride + r * words + w] = mine;
+    }
+    for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(kFullMask, sum, offset);
+    if (lane == 0) sums_out[r] = sum;
+  }
+}
+
 }  // namespace
 
 at::Tensor quantize_pack_cuda(const at::Tensor& x_in, const at::Tensor& lo_in, const at::Tensor& inv_in, int64_t bits,
@@ -207,6 +268,29 @@ at::Tensor packed_code_sums_cuda(const at::Tensor& planes_in) {
       reinterpret_cast<const uint32_t*>(planes.data_ptr<int32_t>()), sums.data_ptr<int64_t>(), outer, words, bits);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return sums;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_pack_ranges_cuda(
+    const at::Tensor& x_in, int64_t bits, int64_t dim, bool col_layout, const std::optional<at::Tensor>& noise_in) {
+  if (dim != 1 || col_layout) {
+    return quantize_pack_ranges_composed(x_in, bits, dim, col_layout, noise_in, quantize_pack_cuda,
+                                         packed_code_sums_cuda);
+  }
+  check_quantize_ranges_args(x_in, bits, dim, noise_in);
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  const auto x = x_in.contiguous();
+  const auto noise = noise_in ? noise_in->contiguous() : at::Tensor();
+  const int64_t rows = x.size(0), cols = x.size(1);
+  const int64_t outer_pad = round_up(rows, kOuterAlign), words = packed_words(cols);
+  auto planes = at::empty({bits, outer_pad, words}, x.options().dtype(at::kInt));
+  auto lo = at::empty({rows}, x.options()), scale = at::empty({rows}, x.options());
+  auto sums = at::empty({outer_pad}, x.options().dtype(at::kLong));
+  quantize_pack_row_ranges_kernel<<<blocks_for(outer_pad * 32, 256), 256, 0, c10::cuda::getCurrentCUDAStream()>>>(
+      x.data_ptr<float>(), noise.defined() ? noise.data_ptr<float>() : nullptr, rows, cols, outer_pad, words,
+      static_cast<int>(bits), static_cast<float>((1 << bits) - 1), reinterpret_cast<uint32_t*>(planes.data_ptr<int32_t>()),
+      outer_pad * words, lo.data_ptr<float>(), scale.data_ptr<float>(), sums.data_ptr<int64_t>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {planes, lo, scale, sums};
 }
 
 }  // namespace pyg_quant

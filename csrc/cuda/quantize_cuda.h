@@ -1,6 +1,7 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <optional>
+#include <tuple>
 
 namespace pyg_quant {
 
@@ -8,5 +9,7 @@ at::Tensor quantize_pack_cuda(const at::Tensor& x, const at::Tensor& lo, const a
                               int64_t bits, bool col_layout, const std::optional<at::Tensor>& noise);
 at::Tensor unpack_codes_cuda(const at::Tensor& planes, int64_t rows, int64_t cols, bool col_layout);
 at::Tensor packed_code_sums_cuda(const at::Tensor& planes);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_pack_ranges_cuda(
+    const at::Tensor& x, int64_t bits, int64_t dim, bool col_layout, const std::optional<at::Tensor>& noise);
 
 }  // namespace pyg_quant

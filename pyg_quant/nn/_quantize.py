@@ -60,9 +60,15 @@ def _ranges(x32: torch.Tensor, bits: int, dim: Optional[int]):
 def quantize(x: torch.Tensor, bits: int, dim: Optional[int], layout: str) -> BitTensor:
     """Round-to-nearest :class:`BitTensor` of a 2-D tensor, codes identical to ``pq.to_bit``."""
     x32 = x.detach().to(torch.float32).contiguous()
-    lo, scale, inv_scale = _ranges(x32, bits, dim)
-    planes = ops.quantize_pack(x32, lo, inv_scale, bits, layout == "col", None)
-    return BitTensor(planes, (x32.size(0), x32.size(1)), bits, layout, lo.reshape(-1), scale.reshape(-1), dim)
+    if dim is None or x32.numel() == 0:
+        lo, scale, inv_scale = _ranges(x32, bits, dim)
+        planes = ops.quantize_pack(x32, lo, inv_scale, bits, layout == "col", None)
+        return BitTensor(planes, (x32.size(0), x32.size(1)), bits, layout, lo.reshape(-1), scale.reshape(-1), dim)
+    # Ranges, codes and code sums in one op (one kernel for per-row ranges in row layout on the GPU).
+    planes, lo, scale, code_sums = ops.quantize_pack_ranges(x32, bits, dim, layout == "col", None)
+    out = BitTensor(planes, (x32.size(0), x32.size(1)), bits, layout, lo, scale, dim)
+    out._code_sums = code_sums
+    return out
 
 
 def fake_quantize(x: torch.Tensor, bits: int, dim: Optional[int], stochastic: bool = False) -> torch.Tensor:

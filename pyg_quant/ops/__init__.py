@@ -20,6 +20,12 @@ def quantize_pack(x, lo, inv_scale, bits: int, col_layout: bool, noise: Optional
     return reference.quantize_pack(x, lo, inv_scale, bits, col_layout, noise)
 
 
+def quantize_pack_ranges(x, bits: int, dim: int, col_layout: bool, noise: Optional[torch.Tensor] = None):
+    if use_compiled("quantize_pack_ranges", x.device):
+        return torch.ops.pyg_quant.quantize_pack_ranges(x, bits, dim, col_layout, noise)
+    return reference.quantize_pack_ranges(x, bits, dim, col_layout, noise)
+
+
 def unpack_codes(planes, rows: int, cols: int, col_layout: bool):
     if use_compiled("unpack_codes", planes.device):
         return torch.ops.pyg_quant.unpack_codes(planes, rows, cols, col_layout)
@@ -82,6 +88,13 @@ if LOADED:
     def _(x, lo, inv_scale, bits, col_layout, noise):
         outer, packed = (x.shape[1], x.shape[0]) if col_layout else (x.shape[0], x.shape[1])
         return x.new_empty((bits, padded_outer(outer), packed_words(packed)), dtype=torch.int32)
+
+    @torch.library.register_fake("pyg_quant::quantize_pack_ranges")
+    def _(x, bits, dim, col_layout, noise):
+        outer, packed = (x.shape[1], x.shape[0]) if col_layout else (x.shape[0], x.shape[1])
+        ranges = x.shape[0] if dim == 1 else x.shape[1]
+        return (x.new_empty((bits, padded_outer(outer), packed_words(packed)), dtype=torch.int32),
+                x.new_empty((ranges,)), x.new_empty((ranges,)), x.new_empty((padded_outer(outer),), dtype=torch.int64))
 
     @torch.library.register_fake("pyg_quant::unpack_codes")
     def _(planes, rows, cols, col_layout):

@@ -227,3 +227,13 @@ def expand_tiles(tile_key, row_count, entry_col, entry_val, res_row, res_val, nu
     row_sums.index_add_(0, entry_row, torch.ones_like(entry_row) if value is None else value)
     row_sums.index_add_(0, res_row, torch.ones_like(res_row) if res_val is None else res_val.long())
     return window_ptr, tile_col, tile_bits, res_ptr, row_sums
+
+
+def quantize_pack_ranges(x, bits: int, dim: int, col_layout: bool, noise: Optional[torch.Tensor] = None):
+    """``to_bit``'s ranges along ``dim`` (one per row for 1, per column for 0), the packed codes and their sums:
+    ``(planes, lo, scale, code_sums)``."""
+    lo, hi = x.amin(dim, keepdim=True), x.amax(dim, keepdim=True)
+    scale = (hi - lo) / torch.full_like(hi, float(2**bits - 1))
+    inv_scale = torch.where(scale > 0, torch.ones_like(scale) / scale, torch.zeros_like(scale))
+    planes = quantize_pack(x, lo, inv_scale, bits, col_layout, noise)
+    return planes, lo.reshape(-1), scale.reshape(-1), packed_code_sums(planes)

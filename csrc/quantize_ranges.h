@@ -1,0 +1,37 @@
+#pragma once
+// quantize_pack_ranges composed from ATen ops and a backend's quantize_pack / packed_code_sums: the ranges are
+// computed with exactly the float32 steps of pyg_quant.to_bit (amin, amax, (hi - lo) / (2^bits - 1),
+// where(scale > 0, 1 / scale, 0)), so every backend's codes, ranges and sums agree bit for bit.
+#include <ATen/ATen.h>
+
+#include <optional>
+#include <tuple>
+
+namespace pyg_quant {
+
+using QuantizedRanges = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;  // planes, lo, scale, code_sums
+
+inline void check_quantize_ranges_args(const at::Tensor& x, int64_t bits, int64_t dim,
+                                       const std::optional<at::Tensor>& noise) {
+  TORCH_CHECK_VALUE(x.dim() == 2 && x.scalar_type() == at::kFloat, "x must be a 2-D float32 tensor");
+  TORCH_CHECK_VALUE(x.size(0) > 0 && x.size(1) > 0, "x must not be empty");
+  TORCH_CHECK_VALUE(bits >= 1 && bits <= 8, "bits must be in 1..8, got ", bits);
+  TORCH_CHECK_VALUE(dim == 0 || dim == 1, "dim must be 0 (per column) or 1 (per row), got ", dim);
+  TORCH_CHECK_VALUE(!noise || (noise->sizes() == x.sizes() && noise->scalar_type() == at::kFloat &&
+                               noise->device() == x.device()),
+                    "noise must be float32 with x's shape and device");
+}
+
+template <typename Pack, typename Sums>
+QuantizedRanges quantize_pack_ranges_composed(const at::Tensor& x_in, int64_t bits, int64_t dim, bool col_layout,
+                                              const std::optional<at::Tensor>& noise, Pack pack, Sums sums) {
+  check_quantize_ranges_args(x_in, bits, dim, noise);
+  const at::Tensor x = x_in.contiguous();
+  const at::Tensor lo = x.amin(dim, /*keepdim=*/true), hi = x.amax(dim, /*keepdim=*/true);
+  const at::Tensor scale = (hi - lo) / at::full_like(hi, static_cast<double>((1 << bits) - 1));
+  const at::Tensor inv = at::where(scale > 0, at::ones_like(scale) / scale, at::zeros_like(scale));
+  at::Tensor planes = pack(x, lo, inv, bits, col_layout, noise);
+  return {planes, lo.reshape(-1), scale.reshape(-1), sums(planes)};
+}
+
+}  // namespace pyg_quant
