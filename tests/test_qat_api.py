@@ -134,6 +134,22 @@ def test_qat_model_evaluates_under_inference_mode(kind):
     model(data.x, data.edge_index).sum().backward()
 
 
+def test_unconverted_qat_model_with_inference_tensors_evaluates():
+    """A QAT model (not converted) whose observers hold inference tensors, e.g. loaded under inference mode,
+    evaluates under inference mode like the same model outside it (the code cache is skipped, not crashed on)."""
+    model, data = trained("gcn", input_observer="ema")
+    model.eval()
+    with torch.no_grad():
+        expected = model(data.x, data.edge_index)
+    state = model.state_dict()
+    with torch.inference_mode():
+        fresh = qat.prepare(GCN(16, 8, 4), bits=4, seed=1, skip_last=False, input_observer="ema").eval()
+        fresh.load_state_dict(state)
+        assert any(b.is_inference() for b in fresh.buffers())
+        out = fresh(data.x, data.edge_index)
+    assert torch.equal(out, expected)
+
+
 def test_weights_made_under_inference_mode_are_packed_every_call():
     """An inference tensor keeps no version counter: its codes are never cached (a stale cache could not be told)."""
     with torch.inference_mode():

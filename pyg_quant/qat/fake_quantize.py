@@ -272,17 +272,17 @@ class FakeQuantize(torch.nn.Module):
 
     def _codes_key(self, x: torch.Tensor, layout: str):
         """What the codes of ``x`` depend on besides its identity and the range tensors', or None if unknown."""
+        range_versions = ()
         try:
             version = x._version  # inference-mode tensors keep no version counter
-        except RuntimeError:
+            if not self.dynamic:
+                obs = self.observer
+                if not obs.initialized:
+                    return None
+                # The observer assigns fresh range tensors when it moves; in-place edits bump their versions.
+                range_versions = (obs.min_val._version, obs.max_val._version)
+        except RuntimeError:  # the input or the observer's ranges are inference tensors: no caching
             return None
-        range_versions = ()
-        if not self.dynamic:
-            obs = self.observer
-            if not obs.initialized:
-                return None
-            # The observer assigns fresh range tensors when it moves; in-place edits bump their versions.
-            range_versions = (obs.min_val._version, obs.max_val._version)
         return (version, x.data_ptr(), tuple(x.shape), x.stride(), x.dtype, layout, self.bits, range_versions)
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
