@@ -351,3 +351,22 @@ def test_prepared_model_runs_on_loader_batches():
         for batch in QuantClusterLoader(cluster_data, batch_size=2, bits=4):
             out = inference(batch.x, batch.adj)
             assert out.shape == (batch.y.numel(), 4) and bool(torch.isfinite(out).all())
+
+
+@pytest.mark.parametrize("kind", ["gcn", "gin"])
+def test_disabled_fake_quant_is_not_quantized_in_eval(kind):
+    """disable_fake_quant() turns a quantization point off in evaluation too: no bit kernel runs for it (before,
+    the eval bit path quantized anyway).  With every point off, the eval output under no_grad (bit path when a
+    point quantizes) equals the float path's (autograd on, parameters requiring grad), which passes inputs through."""
+    model, data = trained(kind)
+    model.eval()
+    with torch.no_grad():
+        quantized = model(data.x, data.edge_index)
+    for _, fq in qat.fake_quantizers(model):
+        fq.disable_fake_quant()
+    with torch.no_grad():
+        out = model(data.x, data.edge_index)
+    with torch.enable_grad():  # parameters require grad: the float path everywhere
+        expected = model(data.x, data.edge_index).detach()
+    assert close(out, expected)
+    assert not close(out, quantized)  # the points really were quantized before

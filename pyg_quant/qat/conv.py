@@ -175,7 +175,7 @@ class QATGCNConv(_QATConvMixin, QGCNConv):
         if deg_inv_sqrt is not None:
             h = h * deg_inv_sqrt.to(h.dtype).view(-1, 1)
         fq = self.agg_quant
-        if fq is not None and graph.can_run_bits and bit_kernels:
+        if fq is not None and fq.quantizes and graph.can_run_bits and bit_kernels:
             out = graph.aggregate_bits(fq.quantize(h, "col"))
         else:
             if fq is not None:
@@ -279,7 +279,7 @@ class QATGINConv(_QATConvMixin, QGINConv):
             if codes is not None:  # values used as they are; a static range still learns from them
                 observe_only(fq, x_src)
                 out = _aggregate_float(graph, x_src, self.training)
-            elif fq is not None and graph.can_run_bits and bit_kernels:
+            elif fq is not None and fq.quantizes and graph.can_run_bits and bit_kernels:
                 out = graph.aggregate_bits(fq.quantize(x_src, "col"))
             else:
                 source = fq(x_src, self._protect(graph, num_src)) if fq is not None else x_src

@@ -166,6 +166,12 @@ class FakeQuantize(torch.nn.Module):
         return self.enable_fake_quant(False)
 
     @property
+    def quantizes(self) -> bool:
+        """Whether fake quantization is on (``disable_fake_quant`` turns it off: inputs pass through, in training
+        and in evaluation alike, and the layers use no bit kernel for this point)."""
+        return self._fake
+
+    @property
     def dynamic(self) -> bool:
         return self.observer.dynamic
 

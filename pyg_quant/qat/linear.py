@@ -181,7 +181,8 @@ class QATLinear(QuantLinear):
         if fq_in is not None and not self.training:
             # NaN/inf would give silent garbage codes in evaluation; in training they reach the loss.
             check_finite(x2, "x")
-        if fq_w is not None and fq_in is not None and bit_kernels_apply(self, x2, self.weight, self.bias):
+        if (fq_w is not None and fq_in is not None and fq_w.quantizes and fq_in.quantizes
+                and bit_kernels_apply(self, x2, self.weight, self.bias)):
             out = bitmm(fq_in.quantize(x2, "row"), self.packed_weight())
         else:
             xq = fq_in(x2, protect) if fq_in is not None else x2.to(torch.float32)
@@ -197,7 +198,7 @@ class QATLinear(QuantLinear):
     def _forward_quantized(self, x: BitTensor) -> Tensor:
         r""":math:`\tilde{\mathbf{x}}\,\tilde{\mathbf{W}}^{\top} + \mathbf{b}` with :math:`\tilde{\mathbf{x}}` = ``x`` as it is."""
         fq_w = self.weight_quant
-        if fq_w is not None and bit_kernels_apply(self, self.weight, self.bias):
+        if fq_w is not None and fq_w.quantizes and bit_kernels_apply(self, self.weight, self.bias):
             out = bitmm(x, self.packed_weight())  # x's own codes: nothing is repacked but a layout change
         else:
             xq = to_val(x)
