@@ -131,20 +131,26 @@ __global__ void code_sums_kernel(const uint32_t* planes, int64_t* sums, int64_t 
   }
 }
 
-// Per-row ranges, quantize and pack (row layout) in one pass per row: a warp owns a row; it takes the row's min and
-// max (two coalesced reads of 32 floats per step), computes the range with the float32 steps of to_bit, then
-// quantizes 32 columns at a time into one word per plane (ballots) and sums the codes.  Rows past the logical
-// shape are written as zeros, so every word is written once.
+// Per-row ranges, quantize and pack (row layout): a warp owns a row.  It takes the row's min and max (coalesced
+// reads, shuffle reductions) and computes the range with the float32 steps of to_bit; then lane w builds word w of
+// every plane in registers from the 32 codes of columns 32w..32w+31 (no ballots; Bits is a template parameter so
+// the plane words stay in registers) and the lanes store consecutive words of each plane.  Code sums come from the
+// same codes.  Rows past the logical shape are written as zeros, so every word is written once.
+template <int Bits>
 __global__ void quantize_pack_row_ranges_kernel(const float* __restrict__ x, const float* __restrict__ noise,
-                                                int64_t rows, int64_t cols, int64_t outer_pad, int64_t words, int bits,
-                                                float max_code, uint32_t* __restrict__ out, int64_t plane_stride,
+                                                int64_t rows, int64_t cols, int64_t outer_pad, int64_t words,
+                                                uint32_t* __restrict__ out, int64_t plane_stride,
                                                 float* __restrict__ lo_out, float* __restrict__ scale_out,
                                                 int64_t* __restrict__ sums_out) {
+  constexpr float kMaxCode = static_cast<float>((1 << Bits) - 1);
   const int lane = threadIdx.x & 31;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
   for (int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; r < outer_pad; r += warps) {
     if (r >= rows) {
-      for (int64_t i = lane; i < words * bits; i += 32) out[(i / words) * plane_stride + r * words + i % words] = 0;
+      for (int64_t w = lane; w < words; w += 32) {
+#pragma unroll
+        for (int p = 0; p < Bits; ++p) out[p * plane_stride + r * words + w] = 0;
+      }
       if (lane == 0) sums_out[r] = 0;
       continue;
     }
@@ -162,28 +168,35 @@ __global__ void quantize_pack_row_ranges_kernel(const float* __restrict__ x, con
       mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, offset));
     }
     if (__any_sync(kFullMask, has_nan)) mn = mx = NAN;  // amin/amax propagate NaN
-    const float scale = __fdiv_rn(__fsub_rn(mx, mn), max_code);
+    const float scale = __fdiv_rn(__fsub_rn(mx, mn), kMaxCode);
     const float inv = scale > 0.0f ? __fdiv_rn(1.0f, scale) : 0.0f;
     if (lane == 0) {
       lo_out[r] = mn;
       scale_out[r] = scale;
     }
+    const float* row_noise = noise ? noise + r * cols : nullptr;
     int64_t sum = 0;
-    for (int64_t w = 0; w < words; ++w) {
-      const int64_t c = w * 32 + lane;
-      uint32_t q = 0;
-      if (c < cols) {
-        const float v = __fmul_rn(__fsub_rn(row[c], mn), inv);
-        const float t = floorf(__fadd_rn(v, noise ? noise[r * cols + c] : 0.5f));
-        q = static_cast<uint32_t>(fminf(fmaxf(t, 0.0f), max_code));
+    for (int64_t w = lane; w < words; w += 32) {
+      uint32_t plane[Bits];
+#pragma unroll
+      for (int p = 0; p < Bits; ++p) plane[p] = 0;
+      const int64_t c0 = w * 32;
+      if (c0 < cols) {
+        const int valid = static_cast<int>(min(cols - c0, int64_t{32}));
+#pragma unroll
+        for (int k = 0; k < 32; ++k) {
+          if (k < valid) {
+            const float v = __fmul_rn(__fsub_rn(row[c0 + k], mn), inv);
+            const float t = floorf(__fadd_rn(v, row_noise ? row_noise[c0 + k] : 0.5f));
+            const uint32_t q = static_cast<uint32_t>(fminf(fmaxf(t, 0.0f), kMaxCode));
+            sum += q;
+#pragma unroll
+            for (int p = 0; p < Bits; ++p) plane[p] |= ((q >> p) & 1u) << k;
+          }
+        }
       }
-      sum += q;
-      uint32_t mine = 0;
-      for (int p = 0; p < bits; ++p) {
-        const uint32_t ballot = __ballot_sync(kFullMask, (q >> p) & 1u);
-        if (lane == p) mine = ballot;
-      }
-      if (lane < bits) out[lane * plane_stride + r * words + w] = mine;
+#pragma unroll
+      for (int p = 0; p < Bits; ++p) out[p * plane_stride + r * words + w] = plane[p];
     }
     for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(kFullMask, sum, offset);
     if (lane == 0) sums_out[r] = sum;
@@ -285,10 +298,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_pack_ranges_
   auto planes = at::empty({bits, outer_pad, words}, x.options().dtype(at::kInt));
   auto lo = at::empty({rows}, x.options()), scale = at::empty({rows}, x.options());
   auto sums = at::empty({outer_pad}, x.options().dtype(at::kLong));
-  quantize_pack_row_ranges_kernel<<<blocks_for(outer_pad * 32, 256), 256, 0, c10::cuda::getCurrentCUDAStream()>>>(
-      x.data_ptr<float>(), noise.defined() ? noise.data_ptr<float>() : nullptr, rows, cols, outer_pad, words,
-      static_cast<int>(bits), static_cast<float>((1 << bits) - 1), reinterpret_cast<uint32_t*>(planes.data_ptr<int32_t>()),
-      outer_pad * words, lo.data_ptr<float>(), scale.data_ptr<float>(), sums.data_ptr<int64_t>());
+  const auto launch = [&](auto kernel) {
+    kernel<<<blocks_for(outer_pad * 32, 256), 256, 0, c10::cuda::getCurrentCUDAStream()>>>(
+        x.data_ptr<float>(), noise.defined() ? noise.data_ptr<float>() : nullptr, rows, cols, outer_pad, words,
+        reinterpret_cast<uint32_t*>(planes.data_ptr<int32_t>()), outer_pad * words, lo.data_ptr<float>(),
+        scale.data_ptr<float>(), sums.data_ptr<int64_t>());
+  };
+  switch (bits) {
+    case 1: launch(quantize_pack_row_ranges_kernel<1>); break;
+    case 2: launch(quantize_pack_row_ranges_kernel<2>); break;
+    case 3: launch(quantize_pack_row_ranges_kernel<3>); break;
+    case 4: launch(quantize_pack_row_ranges_kernel<4>); break;
+    case 5: launch(quantize_pack_row_ranges_kernel<5>); break;
+    case 6: launch(quantize_pack_row_ranges_kernel<6>); break;
+    case 7: launch(quantize_pack_row_ranges_kernel<7>); break;
+    default: launch(quantize_pack_row_ranges_kernel<8>); break;
+  }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {planes, lo, scale, sums};
 }

@@ -1,0 +1,72 @@
+"""Per-row quantization on the GPU: the fused ``quantize_pack_ranges`` kernel against the composed path it replaced
+(torch ``amin``/``amax`` + the range arithmetic + ``quantize_pack`` + ``packed_code_sums``) and against a plain copy
+of the input (the bandwidth floor: the kernel reads the matrix and writes bits/32 of it).
+
+Usage (from the repository root, on a GPU): ``python benchmarks/quantize_gpu.py --out quantize_gpu.json``
+"""
+import argparse
+import datetime
+import json
+import os
+import sys
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+from pyg_quant import ops  # noqa: E402
+from pyg_quant.ops import reference  # noqa: E402
+
+
+def median_us(fn, reps=50, warmup=5):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(1e3 * start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def composed(x, bits):
+    lo, hi = x.amin(1, keepdim=True), x.amax(1, keepdim=True)
+    scale = (hi - lo) / torch.full_like(hi, float(2**bits - 1))
+    inv = torch.where(scale > 0, torch.ones_like(scale) / scale, torch.zeros_like(scale))
+    planes = ops.quantize_pack(x, lo, inv, bits, False, None)
+    return planes, lo, scale, ops.packed_code_sums(planes)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    device = torch.device("cuda")
+    rows = []
+    for shape in ((32000, 64), (32000, 100), (32000, 16), (2708, 1433)):
+        x = torch.randn(shape, device=device)
+        copy_us = median_us(lambda: x.clone())
+        for bits in (1, 4, 8):
+            fused = ops.quantize_pack_ranges(x, bits, 1, False)
+            ref = reference.quantize_pack_ranges(x, bits, 1, False)
+            assert all(torch.equal(a, b) for a, b in zip(fused, ref)), (shape, bits)
+            row = dict(shape=shape, bits=bits, copy_us=copy_us,
+                       fused_us=median_us(lambda: ops.quantize_pack_ranges(x, bits, 1, False)),
+                       composed_us=median_us(lambda: composed(x, bits)))
+            row["fused_vs_composed"] = row["composed_us"] / row["fused_us"]
+            rows.append(row)
+            print(f"{str(shape):14s} {bits} bits: fused {row['fused_us']:7.1f} us, composed {row['composed_us']:7.1f} "
+                  f"us ({row['fused_vs_composed']:.1f}x), copy of x {copy_us:6.1f} us", flush=True)
+    result = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                  device=torch.cuda.get_device_name(), torch=torch.__version__, rows=rows)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+    return result
+
+
+if __name__ == "__main__":
+    main()
