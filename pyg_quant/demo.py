@@ -95,9 +95,24 @@ def load_data(root: Optional[str] = None, synthetic: bool = False, **synthetic_k
             raise FileNotFoundError(f"no Cora raw files under {os.path.join(root, 'Cora', 'raw')} "
                                     f"(expected {', '.join(CORA_RAW_FILES)})")
         if found is not None:
-            return load_cora(found), f"Cora (Planetoid raw files in {found})"
+            if _has_scipy():
+                return load_cora(found), f"Cora (Planetoid raw files in {found})"
+            if root is not None:
+                raise ImportError("reading Cora's raw Planetoid files needs scipy (pip install scipy), "
+                                  "which pyg_quant itself does not require")
+            data = planted_class_graph(**synthetic_kwargs)
+            return data, (f"synthetic planted-class graph (Cora's raw files were found in {found}, but reading "
+                          "them needs scipy: pip install scipy)")
     data = planted_class_graph(**synthetic_kwargs)
     return data, "synthetic planted-class graph (no Planetoid root given or found)"
+
+
+def _has_scipy() -> bool:
+    try:
+        import scipy  # noqa: F401  (Planetoid unpickles scipy sparse matrices)
+    except ImportError:
+        return False
+    return True
 
 
 def describe(data: Data) -> str:

@@ -100,6 +100,20 @@ def test_demo_data_fallbacks(tmp_path):
     assert torch.equal(data.edge_index, again.edge_index) and torch.equal(data.x, again.x)  # seeded
 
 
+def test_demo_without_scipy_falls_back_or_says_why(tmp_path, monkeypatch):
+    """A plain install has no scipy (Planetoid needs it to read Cora's raw files): the main job must still run."""
+    raw = tmp_path / "Cora" / "raw"
+    raw.mkdir(parents=True)
+    for name in demo.CORA_RAW_FILES:
+        (raw / name).write_bytes(b"")
+    monkeypatch.setattr(demo, "_has_scipy", lambda: False)
+    monkeypatch.setattr(demo, "find_planetoid_root", lambda root: str(tmp_path))
+    data, source = demo.load_data(None, num_nodes=300)
+    assert data.num_nodes == 300 and "needs scipy" in source
+    with pytest.raises(ImportError, match="scipy"):
+        demo.load_data(str(tmp_path))
+
+
 def test_demo_command_line_help():
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run([sys.executable, "-m", "pyg_quant.demo", "--help"], cwd=ROOT, env=env,
