@@ -16,12 +16,14 @@ the tile::
 
 about 8–10 bits per edge on cluster batches.  It is the form a loader batch
 travels in; :meth:`CompactAdjacency.expand` writes the tiles on whatever device
-the plan is on with a fixed sequence of torch ops (every size is known on the
-host: no synchronisation), and returns exactly the :class:`BitAdjacency` that
+the plan is on (the ``expand_tiles`` op: one pass on the CPU, three kernels on
+the GPU, a torch reference elsewhere; every size is known on the host, so no
+synchronisation), and returns exactly the :class:`BitAdjacency` that
 :meth:`BitAdjacency.from_edge_index` builds, field for field.
 
 Row-major entry order is the order of the sorted keys the plan is made from, so
-planning needs no sort beyond the one that made the keys distinct.
+planning (the ``tile_plan`` op) needs no sort beyond the one that made the keys
+distinct.
 """
 from typing import Dict, Optional
 
@@ -120,8 +122,8 @@ class CompactAdjacency:
 
     # --- writing the tiles --------------------------------------------------------------------
     def expand(self):
-        r"""The :class:`~pyg_quant.BitAdjacency`, built where the plan is: torch ops only,
-        every output size known on the host (no device-to-host synchronisation)."""
+        r"""The :class:`~pyg_quant.BitAdjacency`, built where the plan is (``expand_tiles``), every output
+        size known on the host (no device-to-host synchronisation)."""
         from .adjacency import BitAdjacency  # adjacency imports this module
 
         window_ptr, tile_col, tile_bits, res_ptr, row_sums = ops.expand_tiles(
