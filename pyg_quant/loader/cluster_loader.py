@@ -160,9 +160,12 @@ class QuantClusterLoader(torch.utils.data.DataLoader):
       edge-level attributes (otherwise they are left out: the bit adjacency is
       unweighted, and a warning says so).
 
-    All tensors of a batch are views into one ``uint8`` buffer; ``batch.to(device)``
-    moves it in one (non-blocking) copy, and ``pin_memory=True`` pins it (the
-    buffer is allocated pinned directly when batches are built in the main process).
+    A batch travels as one ``uint8`` buffer in a compact wire form (the adjacency as
+    its tile plan, one byte per edge; features without padding; integers narrowed:
+    see :mod:`pyg_quant.loader.batch`); ``batch.to(device)`` moves it in one
+    (non-blocking) copy and the fields are decoded on the device when first read
+    (no host synchronisation). ``pin_memory=True`` pins the buffer (it is allocated
+    pinned directly when batches are built in the main process).
 
     Parts that METIS left empty are skipped, so every batch has nodes.  As in PyG, a custom
     ``sampler`` / ``batch_sampler`` yields part ids.
