@@ -18,12 +18,15 @@ Measured:
   single-threaded too): time per batch and total; with ``--workers W`` also the
   epoch's wall time with ``W`` workers.  "pack/part" = (quantize once + serial
   epoch) / partition time;
-* bytes per batch: our single buffer (``batch.nbytes``: bit adjacency, bit
-  features, labels, masks, node ids) against PyG's ``ClusterLoader`` batch for the
-  same parts (float32 ``x``, int64 ``edge_index``, labels, masks), and PyG's time
-  per batch on the same parts (one thread as well);
-* with a GPU: host-to-device time per batch, ours (one pinned buffer, one copy)
-  against PyG's batch (``Data.pin_memory().to(device, non_blocking=True)``).
+* bytes per batch: our single buffer as it travels (``batch.nbytes``: the
+  adjacency's tile plan with a byte per edge, unpadded bit features, narrowed
+  labels and node ids, masks) against PyG's ``ClusterLoader`` batch for the same
+  parts (float32 ``x``, int64 ``edge_index``, labels, masks), and PyG's time per
+  batch on the same parts (one thread as well);
+* with a GPU: host-to-device time per batch, ours (one pinned buffer, one copy;
+  and the copy plus decoding the adjacency and features on the device) against
+  PyG's batch (``Data.pin_memory().to(device, non_blocking=True)`` on a copy of the
+  ``Data``, which ``to`` changes in place).
 
 Targets: >= 8x fewer bytes than PyG at 4 bits; packing <= 25% of the partition time.
 
