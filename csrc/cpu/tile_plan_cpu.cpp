@@ -49,33 +49,32 @@ tile_plan_cpu(const at::Tensor& keys, const at::Tensor& sums, int64_t num_rows, 
 
   std::vector<int32_t> block_count(col_tiles, 0), tile_entries(col_tiles, 0), tile_of_block(col_tiles, -1);
   std::vector<int32_t> touched;
-  std::vector<uint8_t> in_tile;
+  std::vector<uint8_t> row_in_window, in_tile;  // per entry of the current window
+  std::vector<int64_t> col_of;
   int64_t start = 0;
   while (start < n) {
     const int64_t window = key[start] / num_cols / kTileRows;
     const int64_t window_end_key = std::min(num_rows, (window + 1) * kTileRows) * num_cols;
-    int64_t end = start;
-    // Rows advance with the sorted keys: no division per entry.
-    int64_t row = window * kTileRows, row_end = (row + 1) * num_cols;
+    // Rows advance with the sorted keys: no division per entry; each entry's row and column are kept for
+    // the two passes below.
+    int64_t row = window * kTileRows, row_end = (row + 1) * num_cols, end = start;
     touched.clear();
+    row_in_window.clear();
+    col_of.clear();
     while (end < n && key[end] < window_end_key) {
       while (key[end] >= row_end) {
         ++row;
         row_end += num_cols;
       }
-      const int64_t block = (key[end] - (row_end - num_cols)) / kTileCols;
-      if (block_count[block]++ == 0) touched.push_back(static_cast<int32_t>(block));
+      const int64_t col = key[end] - (row_end - num_cols);
+      row_in_window.push_back(static_cast<uint8_t>(row - window * kTileRows));
+      col_of.push_back(col);
+      if (block_count[col / kTileCols]++ == 0) touched.push_back(static_cast<int32_t>(col / kTileCols));
       ++end;
     }
     in_tile.assign(end - start, 0);
-    row = window * kTileRows;
-    row_end = (row + 1) * num_cols;
     for (int64_t e = start; e < end; ++e) {
-      while (key[e] >= row_end) {
-        ++row;
-        row_end += num_cols;
-      }
-      const int64_t block = (key[e] - (row_end - num_cols)) / kTileCols;
+      const int64_t block = col_of[e - start] / kTileCols;
       if (block_count[block] >= min_tile_nnz && sum[e] < fits) {
         in_tile[e - start] = 1;
         ++tile_entries[block];
@@ -89,22 +88,15 @@ tile_plan_cpu(const at::Tensor& keys, const at::Tensor& sums, int64_t num_rows, 
         row_count.resize(row_count.size() + kTileRows, 0);
       }
     }
-    row = window * kTileRows;
-    row_end = (row + 1) * num_cols;
     for (int64_t e = start; e < end; ++e) {
-      while (key[e] >= row_end) {
-        ++row;
-        row_end += num_cols;
-      }
-      const int64_t col = key[e] - (row_end - num_cols);
-      row_sum[row] += sum[e];
+      const int64_t local = row_in_window[e - start], col = col_of[e - start];
+      row_sum[window * kTileRows + local] += sum[e];
       if (in_tile[e - start]) {
-        const int64_t tile = tile_of_block[col / kTileCols];
-        ++row_count[tile * kTileRows + (row - window * kTileRows)];
+        ++row_count[tile_of_block[col / kTileCols] * kTileRows + local];
         entry_col.push_back(static_cast<uint8_t>(col % kTileCols));
         entry_val.push_back(static_cast<uint8_t>(sum[e]));
       } else {
-        res_row.push_back(static_cast<int32_t>(row));
+        res_row.push_back(static_cast<int32_t>(window * kTileRows + local));
         res_col.push_back(static_cast<int32_t>(col));
         res_sum.push_back(sum[e]);
       }

@@ -186,14 +186,19 @@ class QATLinear(QuantLinear):
             out = bitmm(fq_in.quantize(x2, "row"), self.packed_weight())
         else:
             xq = fq_in(x2, protect) if fq_in is not None else x2.to(torch.float32)
-            wq = fq_w(self.weight) if fq_w is not None else self.weight.to(torch.float32)
-            if self.training:
-                out = F.linear(xq, wq)
-            else:  # bitmm's semantics: the float64 product of the dequantized operands, rounded once
-                out = F.linear(xq.double(), wq.double()).to(torch.float32)
+            out = self._float_product(xq)
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(lead + (out.size(-1),))
+
+    def _float_product(self, xq: Tensor) -> Tensor:
+        """``xq · W̃ᵀ`` without the bit kernels: fake-quantized W in training, and in evaluation bitmm's semantics
+        (the float64 product of the dequantized operands, rounded once)."""
+        fq_w = self.weight_quant
+        wq = fq_w(self.weight) if fq_w is not None else self.weight.to(torch.float32)
+        if self.training:
+            return F.linear(xq, wq)
+        return F.linear(xq.double(), wq.double()).to(torch.float32)
 
     def _forward_quantized(self, x: BitTensor) -> Tensor:
         r""":math:`\tilde{\mathbf{x}}\,\tilde{\mathbf{W}}^{\top} + \mathbf{b}` with :math:`\tilde{\mathbf{x}}` = ``x`` as it is."""
@@ -203,11 +208,7 @@ class QATLinear(QuantLinear):
         else:
             xq = to_val(x)
             observe_only(self.input_quant, xq)
-            wq = fq_w(self.weight) if fq_w is not None else self.weight.to(torch.float32)
-            if self.training:
-                out = F.linear(xq, wq)
-            else:  # bitmm's semantics: the float64 product of the dequantized operands, rounded once
-                out = F.linear(xq.double(), wq.double()).to(torch.float32)
+            out = self._float_product(xq)
         if self.bias is not None:
             out = out + self.bias
         return out
