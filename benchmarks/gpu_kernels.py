@@ -77,13 +77,27 @@ def _graph_ms(fn, reps):
     return cuda_ms(graph.replay, reps=reps)
 
 
+def _run_peak(source, exe, arch):
+    subprocess.run(["nvcc", "-O3", f"-I{os.path.join(HERE, '..', 'csrc')}", f"-gencode=arch=compute_{arch},code=sm_{arch}",
+                    os.path.join(HERE, "peak", source), "-o", exe], check=True)
+    return json.loads(subprocess.run([exe], check=True, capture_output=True, text=True).stdout)
+
+
 def ceilings():
-    exe = "/tmp/pyg_quant_bmma_peak"
+    """The b1 instruction peaks (mma.sync everywhere, wgmma on sm_90) and the copy bandwidth.
+
+    ``binary_tops`` is the peak of the instruction bitmm uses on this device:
+    wgmma on sm_90 (the int32 path), mma.sync elsewhere.
+    """
     major, minor = torch.cuda.get_device_capability()
     arch = f"{major}{minor}{'a' if major == 9 else ''}"
-    subprocess.run(["nvcc", "-O3", f"-gencode=arch=compute_{arch},code=sm_{arch}",
-                    os.path.join(HERE, "peak", "bmma_peak.cu"), "-o", exe], check=True)
-    peak = json.loads(subprocess.run([exe], check=True, capture_output=True, text=True).stdout)
+    peak = dict(mma_sync=_run_peak("bmma_peak.cu", "/tmp/pyg_quant_bmma_peak", arch))
+    peak["binary_tops"] = peak["mma_sync"]["binary_tops"]
+    peak["instruction"] = peak["mma_sync"]["instruction"]
+    if (major, minor) == (9, 0):
+        peak["wgmma"] = _run_peak("wgmma_peak.cu", "/tmp/pyg_quant_wgmma_peak", arch)
+        peak["binary_tops"] = peak["wgmma"]["binary_tops"]
+        peak["instruction"] = peak["wgmma"]["instruction"]
     src = torch.empty(2**28, dtype=torch.float32, device="cuda").uniform_()
     dst = torch.empty_like(src)
     ms = cuda_ms(lambda: dst.copy_(src), reps=10)
@@ -215,10 +229,12 @@ def main():
                 torch=torch.__version__, command=" ".join(sys.argv))
     print(f"# {info['device']}  {info['date']}  torch {info['torch']}")
     peak = ceilings()
-    print(f"\nceilings: b1 mma.sync peak {peak['binary_tops']:.0f} binary TOPS, copy {peak['copy_gbps']:.0f} GB/s")
+    print(f"\nceilings: b1 mma.sync peak {peak['mma_sync']['binary_tops']:.0f} binary TOPS"
+          + (f", wgmma peak {peak['wgmma']['binary_tops']:.0f}" if "wgmma" in peak else "")
+          + f", copy {peak['copy_gbps']:.0f} GB/s (% of peak below: {peak['instruction']})")
     sizes = [2048, 4096] if args.quick else [2048, 4096, 8192, 16384]
     pairs = [(1, 1), (1, 2), (1, 4), (4, 4), (8, 8)]
-    dense = dense_rows(peak["binary_tops"], peak["copy_gbps"], sizes, [64, 512], pairs, gen)
+    dense = dense_rows(peak["binary_tops"], peak["copy_gbps"], sizes, [64, 128, 512], pairs, gen)
     print("\n## dense bitmm (A: N x N, B: N x d)\n")
     print(table(dense, ["n", "d", "s", "t", "bitmm_int_ms", "bitmm_int_call_ms", "bitmm_ms", "binary_tops", "pct_peak", "pct_roofline",
                         "bf16_ms", "int8_ms", "speedup_vs_bf16", "speedup_vs_int8"]))
@@ -226,7 +242,7 @@ def main():
                       [(1, 1), (1, 2), (1, 3), (1, 4)], gen)
     print("\n## QGTC table shapes (1-bit A x 1..4-bit X)\n")
     print(table(qgtc, ["n", "d", "s", "t", "bitmm_int_ms", "bitmm_ms", "binary_tops", "bf16_ms"]))
-    spmm = spmm_rows(peak["binary_tops"], peak["copy_gbps"], gen)
+    spmm = spmm_rows(peak["mma_sync"]["binary_tops"], peak["copy_gbps"], gen)  # bit_spmm runs mma.sync
     print("\n## bit_spmm on a products-scale cluster batch (32,000 nodes, 20 clusters, ~1.28M edges)\n")
     print(table(spmm, ["d", "bits", "tiles", "fill", "residual", "build_ms", "bit_spmm_int_ms", "bit_spmm_ms",
                        "bit_spmm_call_ms", "gcn_fused_ms", "csr_fp32_ms", "csr_bf16_ms", "speedup_vs_fp32", "speedup_full_vs_fp32", "roofline_ms",

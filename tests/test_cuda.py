@@ -5,6 +5,7 @@ cleanly otherwise.  The checks are written as ``_check_*(dev)`` helpers so that 
 can also be exercised on the CPU (``dev="cpu"``) as a dry run of the test code.
 """
 import itertools
+import os
 
 import pytest
 import torch
@@ -290,6 +291,43 @@ def test_unpack_codes_and_sums_gpu_equals_cpu(shape):
                          ids=lambda s: "x".join(map(str, s)))
 def test_bitmm_int_gpu_equals_cpu_all_bit_pairs(shape):
     _check_bitmm_int(DEV, shape)
+
+
+@pytest.mark.parametrize("shape", [(190, 5000, 300), (70, 2100, 520), (257, 256, 64)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_bitmm_int_gpu_equals_cpu_long_k(shape):
+    """Several K chunks in flight, a partial last chunk, output tiles past the padded operands
+    (on sm_90 the wgmma kernel's pipeline; elsewhere the mma.sync kernel's)."""
+    M, K, N = shape
+    for s, t in [(1, 1), (1, 4), (2, 7), (3, 5), (4, 4), (8, 8)]:
+        a, b = _bitmm_operands(DEV, M, K, N, s, t, seed=K + s)
+        want = OPS.bitmm_int(a.planes.cpu(), b.planes.cpu(), M, N, False)
+        assert want.abs().sum() > 0
+        assert _equal_on_cpu(OPS.bitmm_int(a.planes, b.planes, M, N, False), want), (s, t)
+        assert _equal_on_cpu(OPS.bitmm_int(a.planes, b.planes, M, N, True), want.long()), (s, t)
+
+
+def _cuda_kernel_names(fn):
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    if not names:
+        pytest.skip("the profiler records no CUDA kernels here (CUPTI unavailable, e.g. under compute-sanitizer)")
+    return names
+
+
+@pytest.mark.skipif(not CUDA_OK or torch.cuda.get_device_capability() != (9, 0), reason="the wgmma kernel is sm_90's")
+@pytest.mark.skipif("9.0a" not in os.environ.get("TORCH_CUDA_ARCH_LIST", "8.0;9.0a").replace(" ", ";").split(";"),
+                    reason="the extension was built without its sm_90a image")
+def test_bitmm_int_takes_wgmma_on_sm90():
+    for s, t, n in [(1, 1, 300), (1, 1, 64), (4, 4, 100), (8, 8, 200)]:
+        a, b = _bitmm_operands(DEV, 300, 1000, n, s, t)
+        names = _cuda_kernel_names(lambda: OPS.bitmm_int(a.planes, b.planes, 300, n, False))
+        assert any("bitmm_wgmma_kernel" in name for name in names), (s, t, names)
+    # int64 results stay on the mma.sync kernel
+    names = _cuda_kernel_names(lambda: OPS.bitmm_int(a.planes, b.planes, 300, n, True))
+    assert not any("bitmm_wgmma_kernel" in name for name in names) and any("bitmm_kernel" in n for n in names), names
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 1), (37, 300, 19), (300, 600, 300)], ids=lambda s: "x".join(map(str, s)))

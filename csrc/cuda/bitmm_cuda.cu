@@ -1,4 +1,5 @@
-// Any-bitwidth GEMM on 1-bit tensor cores (mma.sync m16n8k256 .and.popc).
+// Any-bitwidth GEMM on 1-bit tensor cores (mma.sync m16n8k256 .and.popc): sm_80/86/89,
+// and int64 (wide) results everywhere; sm_90 takes bitmm_wgmma_cuda.cu for int32 results.
 //
 // A: row-layout planes [s, M_pad, W]; B: col-layout planes [t, N_pad, W] (both
 // run their bits along K; pyg_quant/layout.py).  A block computes a 64 x 64
@@ -207,7 +208,7 @@ at::Tensor bitmm_int_cuda(const at::Tensor& a_in, const at::Tensor& b_in, int64_
   if (rows == 0 || cols == 0) return out;
   if (wide) {
     launch_bitmm<int64_t>(a, b, rows, cols, out);
-  } else {
+  } else if (!bitmm_int_wgmma(a, b, rows, cols, out)) {
     launch_bitmm<int32_t>(a, b, rows, cols, out);
   }
   return out;
