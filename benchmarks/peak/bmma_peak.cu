@@ -2,10 +2,8 @@
 // (mma.sync m16n8k256 .and.popc): the compute ceiling for benchmarks/gpu_kernels.py.
 // Build: nvcc -O3 -gencode=arch=compute_90a,code=sm_90a bmma_peak.cu -o bmma_peak
 #include <cstdint>
-#include <cstdio>
-#include <cuda_runtime.h>
 
-#define CHECK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("CUDA error %s\n", cudaGetErrorString(e)); return 1; } } while (0)
+#include "peak_timing.cuh"
 
 constexpr int kChains = 8;  // independent accumulators per warp hide the MMA latency
 
@@ -26,28 +24,11 @@ __global__ void bmma_loop(int iters, uint32_t seed, int* sink) {
 }
 
 int main() {
-  int device = 0, sms = 0;
-  CHECK(cudaGetDevice(&device));
-  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int sms = multiprocessor_count();
   int* sink;
   CHECK(cudaMalloc(&sink, sizeof(int)));
   const int iters = 4096, threads = 256, blocks = sms * 8;
-  cudaEvent_t start, stop;
-  CHECK(cudaEventCreate(&start));
-  CHECK(cudaEventCreate(&stop));
-  bmma_loop<<<blocks, threads>>>(16, 1u, sink);
-  CHECK(cudaDeviceSynchronize());
-  float best = 1e30f;
-  for (int rep = 0; rep < 5; ++rep) {
-    CHECK(cudaEventRecord(start));
-    bmma_loop<<<blocks, threads>>>(iters, 12345u + rep, sink);
-    CHECK(cudaEventRecord(stop));
-    CHECK(cudaEventSynchronize(stop));
-    CHECK(cudaGetLastError());
-    float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, start, stop));
-    best = ms < best ? ms : best;
-  }
+  const float best = best_ms([&](int n, int rep) { bmma_loop<<<blocks, threads>>>(n, 12345u + rep, sink); }, iters);
   const double ops = 2.0 * 16 * 8 * 256 * double(kChains) * iters * (double(blocks) * threads / 32);
   printf("{\"instruction\": \"mma.sync.m16n8k256.and.popc\", \"sms\": %d, \"ms\": %.4f, \"binary_tops\": %.1f}\n", sms, best,
          ops / (best * 1e-3) / 1e12);

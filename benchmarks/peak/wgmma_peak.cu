@@ -4,12 +4,9 @@
 // group in flight, 1-3 warpgroups per SM.  Prints JSON, the best configuration.
 // Build: nvcc -O3 -I../../csrc -gencode=arch=compute_90a,code=sm_90a wgmma_peak.cu -o wgmma_peak
 #include <cstdint>
-#include <cstdio>
-#include <cuda_runtime.h>
 
 #include "cuda/wgmma.cuh"
-
-#define CHECK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("CUDA error %s\n", cudaGetErrorString(e)); return 1; } } while (0)
+#include "peak_timing.cuh"
 
 using namespace pyg_quant::cuda;
 
@@ -41,38 +38,19 @@ __global__ void wgmma_loop(int iters, int* sink) {
 }
 
 int main() {
-  // per-warpgroup-count peaks go to stderr
-  int device = 0, sms = 0;
-  CHECK(cudaGetDevice(&device));
-  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int sms = multiprocessor_count();
   int* sink;
   CHECK(cudaMalloc(&sink, sizeof(int)));
-  cudaEvent_t start, stop;
-  CHECK(cudaEventCreate(&start));
-  CHECK(cudaEventCreate(&stop));
   const int iters = 2048;
   double best_tops = 0;
-  int best_wg = 0;
+  int best_warpgroups = 0;
   for (int warpgroups = 1; warpgroups <= 3; ++warpgroups) {
-    wgmma_loop<<<sms, 128 * warpgroups>>>(16, sink);
-    CHECK(cudaDeviceSynchronize());
-    float best = 1e30f;
-    for (int rep = 0; rep < 5; ++rep) {
-      CHECK(cudaEventRecord(start));
-      wgmma_loop<<<sms, 128 * warpgroups>>>(iters, sink);
-      CHECK(cudaEventRecord(stop));
-      CHECK(cudaEventSynchronize(stop));
-      CHECK(cudaGetLastError());
-      float ms = 0;
-      CHECK(cudaEventElapsedTime(&ms, start, stop));
-      best = ms < best ? ms : best;
-    }
-    const double ops = 2.0 * 64 * 256 * 256 * kChain * double(iters) * sms * warpgroups;
-    const double tops = ops / (best * 1e-3) / 1e12;
+    const float ms = best_ms([&](int n, int) { wgmma_loop<<<sms, 128 * warpgroups>>>(n, sink); }, iters);
+    const double tops = 2.0 * 64 * 256 * 256 * kChain * double(iters) * sms * warpgroups / (ms * 1e-3) / 1e12;
     fprintf(stderr, "%d warpgroup(s) per SM: %.1f binary TOPS\n", warpgroups, tops);
-    if (tops > best_tops) best_tops = tops, best_wg = warpgroups;
+    if (tops > best_tops) best_tops = tops, best_warpgroups = warpgroups;
   }
   printf("{\"instruction\": \"wgmma.mma_async.m64n256k256.and.popc\", \"sms\": %d, \"warpgroups\": %d, \"binary_tops\": %.1f}\n",
-         sms, best_wg, best_tops);
+         sms, best_warpgroups, best_tops);
   return 0;
 }
