@@ -216,19 +216,28 @@ at::Tensor bitmm_int_cuda(const at::Tensor& a_in, const at::Tensor& b_in, int64_
 
 namespace {
 
+// Threads run along a row's columns (coalesced product reads and output
+// writes), warps down the rows; a row's terms are read once per row, and no
+// element needs a 64-bit division to find its row.
+constexpr int kAffineCols = 32, kAffineRows = 8;
+
 template <typename P>
 __global__ void bitmm_affine_kernel(const P* __restrict__ product, const int64_t* __restrict__ row_sums,
                                     const int64_t* __restrict__ col_sums, const float* __restrict__ a_lo,
                                     const float* __restrict__ a_scale, const float* __restrict__ b_lo,
                                     const float* __restrict__ b_scale, const float* __restrict__ bias, double k,
                                     bool relu, int64_t rows, int64_t cols, float* __restrict__ out) {
-  const int64_t total = rows * cols;
-  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
-       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t i = idx / cols, j = idx - i * cols;
-    out[idx] = bitmm_affine_epilogue(static_cast<double>(product[idx]), static_cast<double>(row_sums[i]),
-                                     static_cast<double>(col_sums[j]), a_lo[i], a_scale[i], b_lo[j], b_scale[j], k,
-                                     bias ? bias[j] : 0.0f, relu);
+  for (int64_t i = static_cast<int64_t>(blockIdx.y) * kAffineRows + threadIdx.y; i < rows;
+       i += static_cast<int64_t>(gridDim.y) * kAffineRows) {
+    const double row_sum = static_cast<double>(row_sums[i]);
+    const float lo = a_lo[i], scale = a_scale[i];
+    const P* product_row = product + i * cols;
+    float* out_row = out + i * cols;
+    for (int64_t j = static_cast<int64_t>(blockIdx.x) * kAffineCols + threadIdx.x; j < cols;
+         j += static_cast<int64_t>(gridDim.x) * kAffineCols) {
+      out_row[j] = bitmm_affine_epilogue(static_cast<double>(product_row[j]), row_sum, static_cast<double>(col_sums[j]),
+                                         lo, scale, b_lo[j], b_scale[j], k, bias ? bias[j] : 0.0f, relu);
+    }
   }
 }
 
@@ -249,8 +258,9 @@ at::Tensor bitmm_affine_cuda(const at::Tensor& product_in, const at::Tensor& row
   auto out = at::empty({rows, cols}, la.options());
   const int64_t total = rows * cols;
   if (total == 0) return out;
-  const int threads = 256;
-  const int64_t blocks = std::min<int64_t>((total + threads - 1) / threads, 65535);
+  const dim3 threads(kAffineCols, kAffineRows);
+  const dim3 blocks(static_cast<unsigned>(std::min<int64_t>((cols + kAffineCols - 1) / kAffineCols, 64)),
+                    static_cast<unsigned>(std::min<int64_t>((rows + kAffineRows - 1) / kAffineRows, 65535)));
   const auto stream = c10::cuda::getCurrentCUDAStream();
   const float* bp = bias.defined() ? bias.data_ptr<float>() : nullptr;
   if (product.scalar_type() == at::kLong) {
