@@ -47,7 +47,8 @@ def extension_modules():
     if with_cuda:
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0a")
         nvcc_flags = ["-O3", "-fmad=false", "-Xptxas=-v", "--expt-relaxed-constexpr"]
-        if "9.0a" in os.environ["TORCH_CUDA_ARCH_LIST"].replace(" ", ";").split(";"):
+        archs = [a.strip().removesuffix("+PTX") for a in os.environ["TORCH_CUDA_ARCH_LIST"].replace(" ", ";").split(";")]
+        if "9.0a" in archs:
             nvcc_flags.append("-DPYG_QUANT_SM90A")  # the host may pick the wgmma kernels
         ext = CUDAExtension(
             sources=sources + cuda_sources,
