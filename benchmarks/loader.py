@@ -45,7 +45,6 @@ import platform
 import sys
 import time
 
-import numpy as np
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -57,6 +56,7 @@ except ImportError:  # run from a checkout without an install
 from torch_geometric.data import Data  # noqa: E402
 from torch_geometric.loader import ClusterLoader  # noqa: E402
 
+from pyg_quant.compact_adjacency import distinct_entries  # noqa: E402
 from pyg_quant.loader import QuantClusterData, QuantClusterLoader  # noqa: E402
 
 
@@ -74,10 +74,9 @@ def planted_graph(nodes: int, degree: int, cluster_size: int, p_in: float, featu
     del inside, start, size
     # A simple graph, like ogbn-products: no self-loops, each pair once (then stored both ways).
     low, high = torch.minimum(src, dst), torch.maximum(src, dst)
-    keys = np.sort((low * nodes + high)[low != high].numpy())  # np.sort + mask: np.unique is far slower
-    keys = keys[np.concatenate([[True], keys[1:] != keys[:-1]])]
+    keys, _ = distinct_entries((low * nodes + high)[low != high])
     del src, dst, low, high
-    src, dst = torch.from_numpy(keys // nodes), torch.from_numpy(keys % nodes)
+    src, dst = keys // nodes, keys % nodes
     perm = torch.randperm(nodes, generator=g)
     src, dst = perm[src], perm[dst]
     edge_index = torch.stack([torch.cat([src, dst]), torch.cat([dst, src])])

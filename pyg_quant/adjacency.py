@@ -211,13 +211,6 @@ class BitAdjacency:
                 f"self_loops={self.diag is not None})")
 
 
-def pack_distinct_entries(keys: torch.Tensor, sums: torch.Tensor, num_rows: int, num_cols: int,
-                          min_tile_nnz: int = 16, diag: Optional[torch.Tensor] = None) -> BitAdjacency:
-    r"""The one packer of the bit-tile layout: ``A[k // num_cols, k % num_cols] = sums`` for sorted, distinct
-    ``keys`` and positive integer ``sums`` (see :meth:`CompactAdjacency.from_entries` for the tiling rule)."""
-    return CompactAdjacency.from_entries(keys, sums, num_rows, num_cols, min_tile_nnz, diag).expand()
-
-
 def _float_vector(value, length: int, device: torch.device, name: str) -> Optional[torch.Tensor]:
     """None, a Python number or a 1-D tensor of ``length`` -> float32 ``[length]`` on ``device`` (or None)."""
     if value is None:

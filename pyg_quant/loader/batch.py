@@ -71,12 +71,16 @@ def _flatten(fields: Dict[str, object]) -> Tuple[Dict[str, torch.Tensor], Dict[s
     """Splits fields into the wire tensors that go into the buffer and a picklable description of the rest."""
     tensors: Dict[str, torch.Tensor] = {}
     meta: Dict[str, object] = {"objects": {}, "values": {}, "dtypes": {}, "order": list(fields)}
+
+    def add_narrowed(key: str, tensor: torch.Tensor) -> None:  # the dtype to widen back to goes in meta
+        tensors[key] = _narrowed(tensor)
+        if tensors[key].dtype != tensor.dtype:
+            meta["dtypes"][key] = tensor.dtype
+
     for name, value in fields.items():
         if isinstance(value, CompactAdjacency):
             for attr, tensor in value.tensors().items():
-                tensors[f"{name}.{attr}"] = _narrowed(tensor)
-                if tensors[f"{name}.{attr}"].dtype != tensor.dtype:
-                    meta["dtypes"][f"{name}.{attr}"] = tensor.dtype
+                add_narrowed(f"{name}.{attr}", tensor)
             meta["objects"][name] = ("CompactAdjacency", value.scalars())
         elif isinstance(value, BitAdjacency):
             for attr in BitAdjacency._TENSORS:
@@ -90,9 +94,7 @@ def _flatten(fields: Dict[str, object]) -> Tuple[Dict[str, torch.Tensor], Dict[s
                                                    "layout": value.layout, "dim": value.dim,
                                                    "outer_pad": value.planes.size(1)})
         elif isinstance(value, torch.Tensor):
-            tensors[name] = _narrowed(value)
-            if tensors[name].dtype != value.dtype:
-                meta["dtypes"][name] = value.dtype
+            add_narrowed(name, value)
         else:
             meta["values"][name] = value
     return tensors, meta

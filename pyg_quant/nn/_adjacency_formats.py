@@ -24,8 +24,9 @@ from torch_geometric.typing import SparseTensor
 from torch_geometric.utils import is_torch_sparse_tensor, to_edge_index
 
 from .. import ops
-from ..adjacency import BitAdjacency, pack_distinct_entries
+from ..adjacency import BitAdjacency
 from ..bitmm import INT32_MAX
+from ..compact_adjacency import CompactAdjacency, distinct_entries
 from ..layout import TILE_COLS, TILE_ROWS
 from ._quantize import is_compiling
 
@@ -150,15 +151,15 @@ def pack_entries(dst: torch.Tensor, src: torch.Tensor, values: Optional[torch.Te
     r"""Packs ``A[dst[e], src[e]] += values[e]`` (ones when None) into a :class:`BitAdjacency`.
 
     Sums repeated entries and drops zeros, then packs with
-    :func:`pyg_quant.adjacency.pack_distinct_entries`, the packer of
-    :meth:`BitAdjacency.from_edge_index` (for unweighted edges the result is the
+    :meth:`CompactAdjacency.from_entries <pyg_quant.compact_adjacency.CompactAdjacency.from_entries>`,
+    the packer of :meth:`BitAdjacency.from_edge_index` (for unweighted edges the result is the
     same, field for field); any non-negative integer entry is allowed (one too
     large for 8 bit planes goes to the CSR residual).
     """
     device = dst.device
     keys = dst.long() * num_cols + src.long()
     if values is None:
-        keys, sums = torch.unique(keys, return_counts=True)
+        keys, sums = distinct_entries(keys)
     else:
         keys, inverse = torch.unique(keys, return_inverse=True)
         sums = torch.zeros(keys.numel(), dtype=torch.int64, device=device).index_add_(0, inverse, values.long())
@@ -166,7 +167,7 @@ def pack_entries(dst: torch.Tensor, src: torch.Tensor, values: Optional[torch.Te
         keys, sums = keys[stored], sums[stored]
     if sums.numel() and int(sums.min()) < 0:
         raise ValueError("pack_entries: entries must be non-negative")
-    return pack_distinct_entries(keys, sums, num_rows, num_cols, min_tile_nnz)
+    return CompactAdjacency.from_entries(keys, sums, num_rows, num_cols, min_tile_nnz).expand()
 
 
 def decode_bit_adjacency(adj: BitAdjacency) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
