@@ -52,20 +52,22 @@ def cuda_ms(fn, reps=20, warmup=3, budget_ms=300.0):
     return times[len(times) // 2]
 
 
-def graph_ms(fn, reps=20):
-    """GPU time per call with the host out of the loop: ``fn`` captured once in a CUDA graph, replayed.
+def graph_ms(fn, reps=20, inner=1):
+    """GPU time per call with the host out of the loop: ``fn`` captured ``inner`` times in a CUDA graph, the
+    graph replayed, the time divided by ``inner`` (``inner > 1`` also hides the graph's own launch latency,
+    which is most of a few-microsecond kernel's time otherwise).
 
     Falls back to eager timing (and says so) for a call that cannot be captured.
     """
     try:
-        return _graph_ms(fn, reps)
+        return _graph_ms(fn, reps, inner)
     except RuntimeError as error:
         print(f"(not capturable, timed eagerly: {str(error).splitlines()[0][:120]})")
         torch.cuda.synchronize()
         return cuda_ms(fn, reps=reps)
 
 
-def _graph_ms(fn, reps):
+def _graph_ms(fn, reps, inner):
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -73,8 +75,9 @@ def _graph_ms(fn, reps):
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn()
-    return cuda_ms(graph.replay, reps=reps)
+        for _ in range(inner):
+            fn()
+    return cuda_ms(graph.replay, reps=reps) / inner
 
 
 def _run_peak(source, exe, arch):
@@ -144,12 +147,17 @@ def cluster_batch(gen):
     return edge_index, 32000
 
 
+INNER = 20  # calls per captured graph in the bit_spmm timings (see graph_ms)
+
+
 def spmm_rows(peak_tops, copy_gbps, gen):
     edge_index, n = cluster_batch(gen)
     csr = torch.sparse_coo_tensor(edge_index.flip(0), torch.ones(edge_index.size(1), device="cuda"),
                                   (n, n)).coalesce().to_sparse_csr()
     rows = []
-    for min_tile_nnz in (16,):
+    # 16: the default tile threshold (tiles + CSR residual, tensor cores); 4097: no block qualifies, every entry
+    # stays in the CSR and the gather kernel runs (CUDA cores, row-major codes).
+    for min_tile_nnz in (16, 4097):
         adj = pq.BitAdjacency.from_edge_index(edge_index, n, min_tile_nnz=min_tile_nnz)
         t_build = cuda_ms(lambda: pq.BitAdjacency.from_edge_index(edge_index, n, min_tile_nnz=min_tile_nnz), reps=5)
         adj_gcn = pq.BitAdjacency.from_edge_index(edge_index, n, self_loops=1, min_tile_nnz=min_tile_nnz)
@@ -157,11 +165,11 @@ def spmm_rows(peak_tops, copy_gbps, gen):
         bias = torch.randn(128, device="cuda", generator=gen)
         for d in (64, 128):
             x_float = torch.randn(n, d, device="cuda", generator=gen)
-            t_fp32 = graph_ms(lambda: csr @ x_float)
+            t_fp32 = graph_ms(lambda: csr @ x_float, inner=INNER)
             try:
                 csr_bf16 = csr.to(torch.bfloat16)
                 x_bf16 = x_float.bfloat16()
-                t_bf16 = graph_ms(lambda: csr_bf16 @ x_bf16)
+                t_bf16 = graph_ms(lambda: csr_bf16 @ x_bf16, inner=INNER)
             except RuntimeError:
                 t_bf16 = float("nan")
             for bits in (1, 2, 4, 8):
@@ -169,20 +177,22 @@ def spmm_rows(peak_tops, copy_gbps, gen):
                 wide = adj.max_row_sum * (2**bits - 1) > 2**31 - 1
                 args = (adj.window_ptr, adj.tile_col, adj.tile_bits, adj.res_ptr, adj.res_col, adj.res_val,
                         x.planes, n, d, wide)
-                t_int = graph_ms(lambda: ops.bit_spmm_int(*args))
-                t_full = graph_ms(lambda: pq.bit_spmm(adj, x))
+                t_int = graph_ms(lambda: ops.bit_spmm_int(*args), inner=INNER)
+                t_unpack = graph_ms(lambda: ops.unpack_codes(x.planes, n, d, True), inner=INNER) if adj.res_nnz else 0.0
+                t_full = graph_ms(lambda: pq.bit_spmm(adj, x), inner=INNER)
                 t_call = cuda_ms(lambda: pq.bit_spmm(adj, x))
                 # GCN's aggregation: D^-1/2 (A + I) X' + b, relu, fused into the same pass
                 adj_loops = adj_gcn
-                t_gcn = graph_ms(lambda: pq.bit_spmm(adj_loops, x, row_scale=dinv, bias=bias[:d], relu=True))
+                t_gcn = graph_ms(lambda: pq.bit_spmm(adj_loops, x, row_scale=dinv, bias=bias[:d], relu=True),
+                                 inner=INNER)
                 tile_ops = 2.0 * adj.num_tiles * 16 * 256 * d * adj.bits * bits
                 codes_bytes = 2 * n * d if adj.res_nnz else 0
                 bytes_moved = (adj.nbytes + x.planes.numel() * 4 + codes_bytes + adj.res_nnz * d
                                + n * d * (8 if wide else 4))
                 roof_ms = max(tile_ops / (peak_tops * 1e12), bytes_moved / (copy_gbps * 1e9)) * 1e3
-                rows.append(dict(d=d, bits=bits, tiles=adj.num_tiles, fill=adj.fill_ratio, residual=adj.res_nnz,
+                rows.append(dict(format="tiles+csr" if adj.num_tiles else "csr", d=d, bits=bits, tiles=adj.num_tiles, fill=adj.fill_ratio, residual=adj.res_nnz,
                                  nnz=adj.nnz, build_ms=t_build, bit_spmm_int_ms=t_int, bit_spmm_ms=t_full,
-                                 bit_spmm_call_ms=t_call, gcn_fused_ms=t_gcn,
+                                 bit_spmm_call_ms=t_call, gcn_fused_ms=t_gcn, unpack_codes_ms=t_unpack,
                                  csr_fp32_ms=t_fp32, csr_bf16_ms=t_bf16, speedup_vs_fp32=t_fp32 / t_int,
                                  speedup_full_vs_fp32=t_fp32 / t_full, roofline_ms=roof_ms,
                                  pct_roofline=100 * roof_ms / t_int))
@@ -221,6 +231,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.path.join(HERE, "out", "gpu_kernels.json"))
     parser.add_argument("--quick", action="store_true", help="small sizes only (a smoke run)")
+    parser.add_argument("--spmm-only", action="store_true", help="ceilings and bit_spmm only (no dense GEMMs)")
     args = parser.parse_args()
     if not torch.cuda.is_available() or not pq.backends()["cuda"]:
         sys.exit("gpu_kernels.py needs a GPU and the compiled CUDA backend")
@@ -232,19 +243,19 @@ def main():
     print(f"\nceilings: b1 mma.sync peak {peak['mma_sync']['binary_tops']:.0f} binary TOPS"
           + (f", wgmma peak {peak['wgmma']['binary_tops']:.0f}" if "wgmma" in peak else "")
           + f", copy {peak['copy_gbps']:.0f} GB/s (% of peak below: {peak['instruction']})")
-    sizes = [2048, 4096] if args.quick else [2048, 4096, 8192, 16384]
+    sizes = [] if args.spmm_only else [2048, 4096] if args.quick else [2048, 4096, 8192, 16384]
     pairs = [(1, 1), (1, 2), (1, 4), (4, 4), (8, 8)]
     dense = dense_rows(peak["binary_tops"], peak["copy_gbps"], sizes, [64, 128, 512], pairs, gen)
     print("\n## dense bitmm (A: N x N, B: N x d)\n")
     print(table(dense, ["n", "d", "s", "t", "bitmm_int_ms", "bitmm_int_call_ms", "bitmm_ms", "binary_tops", "pct_peak", "pct_roofline",
                         "bf16_ms", "int8_ms", "speedup_vs_bf16", "speedup_vs_int8"]))
-    qgtc = dense_rows(peak["binary_tops"], peak["copy_gbps"], [2048, 4096, 8192], [32, 64],
+    qgtc = dense_rows(peak["binary_tops"], peak["copy_gbps"], [] if args.spmm_only else [2048, 4096, 8192], [32, 64],
                       [(1, 1), (1, 2), (1, 3), (1, 4)], gen)
     print("\n## QGTC table shapes (1-bit A x 1..4-bit X)\n")
     print(table(qgtc, ["n", "d", "s", "t", "bitmm_int_ms", "bitmm_ms", "binary_tops", "bf16_ms"]))
     spmm = spmm_rows(peak["mma_sync"]["binary_tops"], peak["copy_gbps"], gen)  # bit_spmm runs mma.sync
     print("\n## bit_spmm on a products-scale cluster batch (32,000 nodes, 20 clusters, ~1.28M edges)\n")
-    print(table(spmm, ["d", "bits", "tiles", "fill", "residual", "build_ms", "bit_spmm_int_ms", "bit_spmm_ms",
+    print(table(spmm, ["format", "d", "bits", "tiles", "fill", "residual", "build_ms", "unpack_codes_ms", "bit_spmm_int_ms", "bit_spmm_ms",
                        "bit_spmm_call_ms", "gcn_fused_ms", "csr_fp32_ms", "csr_bf16_ms", "speedup_vs_fp32", "speedup_full_vs_fp32", "roofline_ms",
                        "pct_roofline"]))
     sass = sass_report()

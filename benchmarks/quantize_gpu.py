@@ -1,4 +1,5 @@
-"""Per-row quantization on the GPU: the fused ``quantize_pack_ranges`` kernel against the composed path it replaced
+"""Quantization on the GPU (per-row ranges in row layout, per-column ranges in column layout): the fused
+``quantize_pack_ranges`` kernels against the composed path they replaced
 (torch ``amin``/``amax`` + the range arithmetic + ``quantize_pack`` + ``packed_code_sums``) and against a plain copy
 of the input (the bandwidth floor: the kernel reads the matrix and writes bits/32 of it).
 
@@ -6,6 +7,7 @@ Usage (from the repository root, on a GPU): ``python benchmarks/quantize_gpu.py 
 """
 import argparse
 import datetime
+import itertools
 import json
 import os
 import sys
@@ -16,18 +18,18 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 from pyg_quant import ops  # noqa: E402
 from pyg_quant.ops import reference  # noqa: E402
-from gpu_kernels import cuda_ms  # noqa: E402  (this folder: the benchmarks' CUDA-event timer)
+from gpu_kernels import cuda_ms, graph_ms  # noqa: E402  (this folder: the benchmarks' CUDA-event timers)
 
 
 def median_us(fn):
     return 1e3 * cuda_ms(fn, reps=50, warmup=5)
 
 
-def composed(x, bits):
-    lo, hi = x.amin(1, keepdim=True), x.amax(1, keepdim=True)
+def composed(x, bits, dim, col):
+    lo, hi = x.amin(dim, keepdim=True), x.amax(dim, keepdim=True)
     scale = (hi - lo) / torch.full_like(hi, float(2**bits - 1))
     inv = torch.where(scale > 0, torch.ones_like(scale) / scale, torch.zeros_like(scale))
-    planes = ops.quantize_pack(x, lo, inv, bits, False, None)
+    planes = ops.quantize_pack(x, lo, inv, bits, col, None)
     return planes, lo, scale, ops.packed_code_sums(planes)
 
 
@@ -40,17 +42,22 @@ def main(argv=None):
     for shape in ((32000, 64), (32000, 100), (32000, 16), (2708, 1433)):
         x = torch.randn(shape, device=device)
         copy_us = median_us(lambda: x.clone())
-        for bits in (1, 4, 8):
-            fused = ops.quantize_pack_ranges(x, bits, 1, False)
-            ref = reference.quantize_pack_ranges(x, bits, 1, False)
-            assert all(torch.equal(a, b) for a, b in zip(fused, ref)), (shape, bits)
-            row = dict(shape=shape, bits=bits, copy_us=copy_us,
-                       fused_us=median_us(lambda: ops.quantize_pack_ranges(x, bits, 1, False)),
-                       composed_us=median_us(lambda: composed(x, bits)))
+        for (dim, col), bits in itertools.product(((1, False), (0, True)), (1, 4, 8)):
+            fused = ops.quantize_pack_ranges(x, bits, dim, col)
+            ref = reference.quantize_pack_ranges(x, bits, dim, col)
+            assert all(torch.equal(a, b) for a, b in zip(fused, ref)), (shape, bits, dim)
+            row = dict(shape=shape, bits=bits, ranges="per row" if dim == 1 else "per column",
+                       layout="col" if col else "row", copy_us=copy_us,
+                       fused_us=median_us(lambda: ops.quantize_pack_ranges(x, bits, dim, col)),
+                       composed_us=median_us(lambda: composed(x, bits, dim, col)),
+                       fused_graph_us=1e3 * graph_ms(lambda: ops.quantize_pack_ranges(x, bits, dim, col), reps=20, inner=20),
+                       copy_graph_us=1e3 * graph_ms(lambda: x.clone(), reps=20, inner=20))
             row["fused_vs_composed"] = row["composed_us"] / row["fused_us"]
             rows.append(row)
-            print(f"{str(shape):14s} {bits} bits: fused {row['fused_us']:7.1f} us, composed {row['composed_us']:7.1f} "
-                  f"us ({row['fused_vs_composed']:.1f}x), copy of x {copy_us:6.1f} us", flush=True)
+            print(f"{str(shape):14s} {row['ranges']:10s} {bits} bits: fused {row['fused_us']:7.1f} us "
+                  f"(in a CUDA graph {row['fused_graph_us']:6.1f}), composed {row['composed_us']:7.1f} us "
+                  f"({row['fused_vs_composed']:.1f}x), copy of x {copy_us:6.1f} us (graph "
+                  f"{row['copy_graph_us']:5.1f})", flush=True)
     result = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                   device=torch.cuda.get_device_name(), torch=torch.__version__, rows=rows)
     if args.out:

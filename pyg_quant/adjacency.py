@@ -83,7 +83,10 @@ class BitAdjacency:
                 ``fill_value=k`` (GCN's ``A + I``, and ``A + 2I`` when ``improved``).
             min_tile_nnz (int): a 16 × 256 block with at least this many entries
                 becomes a bit tile; sparser blocks go to the CSR residual.  ``1``
-                stores every non-empty block as a tile.
+                stores every non-empty block as a tile; above 4096 (a block's size)
+                every entry stays in the CSR, which on CUDA runs a gather kernel
+                that is faster than tiles when they would be mostly empty (about
+                2× on cluster batches whose tiles are 2% full).
         """
         return cls.compact_from_edge_index(edge_index, num_nodes, self_loops, min_tile_nnz).expand()
 

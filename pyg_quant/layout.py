@@ -57,7 +57,10 @@ tiles are stored, sorted by (window, column tile)::
 ``16·window + r`` and column ``256·tile_col[t] + 32·w + k``, i.e. each tile row is
 a row-layout bit vector.  A tile row lines up word for word with words
 ``8·tile_col[t] : 8·tile_col[t] + 8`` of a ``layout="col"`` feature tensor, so the
-aggregation ``A·X`` reads features in place, with no repacking.
+aggregation ``A·X`` reads features in place, with no repacking.  The CSR residual
+(entries of blocks too sparse for a tile) is gathered row by row instead: the
+kernels read it against a row-major copy of the feature codes (``uint8[nodes,
+cols]``, each node's codes contiguous), unpacked from the column planes.
 """
 
 PACK_ALIGN_BITS = 256

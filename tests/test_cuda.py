@@ -190,6 +190,44 @@ def _check_bit_spmm_int(dev, adj_bits):
             assert torch.equal(want, A @ ref_codes(x).cpu())
 
 
+def _check_bit_spmm_csr_only(dev):
+    """An adjacency without tiles (min_tile_nnz above a tile's 4096 entries) runs the CUDA gather kernel:
+    GPU == CPU bit for bit for 1/2/4/8-bit features, binary and multi-bit adjacency, int32 and int64, feature
+    counts needing 1 to 32 lanes per row and two launches' worth of columns, and a 5000-entry hub row that makes
+    the 16-bit partial sums flush (every 257 entries for 8-bit codes, every 17 with weights up to 255 at 4 bits);
+    then the fused float epilogue (self loops, a row scale, bias, ReLU) equals the CPU's bit for bit, and weights
+    past 255 (possible at the op level only) are still exact."""
+    n = 5000
+    hub = torch.stack([torch.arange(1, n), torch.zeros(n - 1, dtype=torch.long)])  # every node -> node 0
+    binary = torch.unique(torch.cat([hub, random_edges(n, n, 30000, 21, loops=False)], 1), dim=1)
+    weighted = torch.cat([binary, hub[:, :40].repeat(1, 254)], 1)  # 40 hub entries of weight 255
+    for ei in (binary, weighted):
+        cpu = pq.BitAdjacency.from_edge_index(ei, n, self_loops=1, min_tile_nnz=4097)
+        gpu = pq.BitAdjacency.from_edge_index(ei.to(dev), n, self_loops=1, min_tile_nnz=4097)
+        assert cpu.num_tiles == 0 and gpu.num_tiles == 0 and (cpu.res_val is None) == (ei is binary)
+        A = dense_from_edges(ei, n, n).long()
+        for x_bits, cols in itertools.product((1, 2, 4, 8), (1, 21, 64, 100, 300, 600)):
+            x = pq.to_bit(randn(n, cols, x_bits + cols, shift=0.3).to(dev), x_bits, dim=0, layout="col")
+            for wide in (False, True):
+                got = OPS.bit_spmm_int(*[getattr(gpu, k) for k in ADJ_TENSORS[:6]], x.planes, n, cols, wide)
+                want = OPS.bit_spmm_int(*[getattr(cpu, k) for k in ADJ_TENSORS[:6]], x.planes.cpu(), n, cols, wide)
+                assert got.device.type == dev and _equal_on_cpu(got, want), (ei is binary, x_bits, cols, wide)
+            if cols in (21, 64, 300):
+                assert torch.equal(want, A @ ref_codes(x).cpu())
+                row_scale = torch.rand(n, generator=gen(cols)) + 0.5
+                bias = torch.randn(cols, generator=gen(cols + 1))
+                for relu in (False, True):
+                    def affine(adj, on):
+                        return OPS.bit_spmm_affine(*[getattr(adj, k) for k in ADJ_TENSORS[:6]], x.planes.to(on),
+                                                   x.lo.to(on), x.scale.to(on), adj.row_sums, adj.diag,
+                                                   row_scale.to(on), bias.to(on), relu, n, cols, False)
+                    assert _equal_on_cpu(affine(gpu, dev), affine(cpu, "cpu")), (x_bits, cols, relu)
+            if ei is weighted and cols == 64:  # op-level weights past the 8-bit adjacency: the exact slow path
+                args = [getattr(cpu, k) for k in ADJ_TENSORS[:5]] + [cpu.res_val * 1000 + 7, x.planes.cpu(), n, 64, True]
+                want = OPS.bit_spmm_int(*args)
+                assert _equal_on_cpu(OPS.bit_spmm_int(*[a.to(dev) if torch.is_tensor(a) else a for a in args]), want)
+
+
 def _check_adjacency_variants(dev):
     ei = random_edges(300, 300, 2500, 2)
     for self_loops, min_tile_nnz in itertools.product((0, 1, 2), (1, 16, 10**6)):
@@ -343,6 +381,10 @@ def test_bitmm_overflow_widening_gpu():
 @pytest.mark.parametrize("adj_bits", range(1, 9))
 def test_bit_spmm_int_gpu_equals_cpu(adj_bits):
     _check_bit_spmm_int(DEV, adj_bits)
+
+
+def test_bit_spmm_csr_only_gpu_equals_cpu():
+    _check_bit_spmm_csr_only(DEV)
 
 
 def test_from_edge_index_gpu_equals_cpu():

@@ -299,7 +299,7 @@ def test_finite_input_with_float32_overflowing_range_is_rejected():
 
 # --- ranges + quantize + pack in one op (the layers' quantizer) ------------------------------------------
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[requires_cuda, pytest.mark.cuda])])
-@pytest.mark.parametrize("shape", [(1, 1), (37, 300), (300, 37), (64, 64), (129, 1433), (2000, 16)])
+@pytest.mark.parametrize("shape", [(1, 1), (37, 300), (300, 37), (64, 64), (129, 1433), (2000, 16), (50, 120), (70, 250)])
 @pytest.mark.parametrize("dim,layout", [(1, "row"), (0, "col"), (1, "col"), (0, "row")])
 @pytest.mark.parametrize("noise", [False, True])
 def test_quantize_pack_ranges_equals_reference(device, shape, dim, layout, noise):
@@ -320,6 +320,24 @@ def test_quantize_pack_ranges_equals_reference(device, shape, dim, layout, noise
             assert a.device.type == device
             a = a.cpu()
             assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), (name, bits)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[requires_cuda, pytest.mark.cuda])])
+@pytest.mark.parametrize("dim,layout", [(1, "row"), (0, "col")])
+def test_quantize_pack_ranges_propagates_nan_like_reference(device, dim, layout):
+    """A NaN (of either sign) makes its row's or column's range NaN, as amin/amax do, and every backend then
+    gives that row or column the same codes as the reference; the other ranges are untouched."""
+    x = randn(70, 90, seed=3, spread=2)
+    x[5, 7] = float("nan")
+    x[40, 60] = -float("nan")
+    for bits in (1, 4, 8):
+        expected = ref.quantize_pack_ranges(x, bits, dim, layout == "col", None)
+        got = pq.ops.quantize_pack_ranges(x.to(device), bits, dim, layout == "col", None)
+        for name, a, b in zip(("planes", "lo", "scale", "code_sums"), got, expected):
+            a = a.cpu()
+            assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.isnan(), b.isnan()), (name, bits)
+            assert torch.equal(torch.nan_to_num(a, 0.0), torch.nan_to_num(b, 0.0)), (name, bits)
+        assert int(got[1].isnan().sum()) == 2
 
 
 def test_layer_quantizer_attaches_code_sums():

@@ -7,6 +7,7 @@
 #include "quantize_ranges.h"
 
 #include <ATen/ATen.h>
+#include <type_traits>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -94,8 +95,9 @@ __global__ void unpack_rows_kernel(const uint32_t* planes, uint8_t* codes, int64
 
 // Column layout: word (c, w) holds rows 32w..32w+31 of column c; a block
 // decodes 32 rows x 32 columns and writes the codes row-major (coalesced).
-__global__ void unpack_cols_kernel(const uint32_t* planes, uint8_t* codes, int64_t rows, int64_t cols, int64_t words,
-                                   int bits, int64_t plane_stride) {
+// Columns cols..ld-1 of the output (row stride ld) are written as zeros.
+__global__ void unpack_cols_kernel(const uint32_t* planes, uint8_t* codes, int64_t rows, int64_t cols, int64_t ld,
+                                   int64_t words, int bits, int64_t plane_stride) {
   __shared__ uint8_t tile[32][33];
   const int64_t w = blockIdx.x;
   const int64_t c0 = static_cast<int64_t>(blockIdx.y) * 32;
@@ -111,7 +113,7 @@ __global__ void unpack_cols_kernel(const uint32_t* planes, uint8_t* codes, int64
   __syncthreads();
   for (int i = ty; i < 32; i += 8) {
     const int64_t r = w * 32 + i, c = c0 + tx;
-    if (r < rows && c < cols) codes[r * cols + c] = tile[i][tx];
+    if (r < rows && c < ld) codes[r * ld + c] = tile[i][tx];
   }
 }
 
@@ -131,75 +133,214 @@ __global__ void code_sums_kernel(const uint32_t* planes, int64_t* sums, int64_t 
   }
 }
 
-// Per-row ranges, quantize and pack (row layout): a warp owns a row.  It takes the row's min and max (coalesced
-// reads, shuffle reductions) and computes the range with the float32 steps of to_bit; then lane w builds word w of
-// every plane in registers from the 32 codes of columns 32w..32w+31 (no ballots; Bits is a template parameter so
-// the plane words stay in registers) and the lanes store consecutive words of each plane.  Code sums come from the
-// same codes.  Rows past the logical shape are written as zeros, so every word is written once.
-template <int Bits>
+// The float32 steps of to_bit's range: scale = (max - min) / (2^bits - 1), inv = 1 / scale (0 when scale is 0),
+// both correctly rounded, as the CPU and the torch reference compute them.
+struct Range {
+  float lo, scale, inv;
+};
+
+__device__ __forceinline__ Range range_of(float mn, float mx, float max_code) {
+  const float scale = __fdiv_rn(__fsub_rn(mx, mn), max_code);
+  return {mn, scale, scale > 0.0f ? __fdiv_rn(1.0f, scale) : 0.0f};
+}
+
+__device__ __forceinline__ uint32_t code_of(float x, const Range& range, float u, float max_code) {
+  const float t = floorf(__fadd_rn(__fmul_rn(__fsub_rn(x, range.lo), range.inv), u));
+  return static_cast<uint32_t>(fminf(fmaxf(t, 0.0f), max_code));
+}
+
+// Per-row ranges, quantize and pack (row layout): a group of kLanes lanes owns a row, kSplit lanes a 32-column
+// word (8 columns each when kSplit = 4: a 64-column row then takes 8 lanes, which keeps the GPU full at 32K rows),
+// the groups' word slots stepping through the row's words.  A lane reads its columns for the min and max (reduced
+// across the group with shuffles), computes the range with the float32 steps of to_bit, reads them again (from
+// L1), and sets its bits of each plane word in registers; the kSplit parts of a word are OR-ed with shuffles and
+// the first lane stores it.  No ballots and no shared memory; code sums come from the same codes.  Every loop
+// runs the same trip count on every lane of the warp (lanes past the last row or word compute zeros and store
+// nothing), so the shuffles always see the whole warp; rows past the logical shape are written as zeros.
+template <int Bits, int kLanes, int kSplit>
 __global__ void quantize_pack_row_ranges_kernel(const float* __restrict__ x, const float* __restrict__ noise,
                                                 int64_t rows, int64_t cols, int64_t outer_pad, int64_t words,
                                                 uint32_t* __restrict__ out, int64_t plane_stride,
                                                 float* __restrict__ lo_out, float* __restrict__ scale_out,
                                                 int64_t* __restrict__ sums_out) {
   constexpr float kMaxCode = static_cast<float>((1 << Bits) - 1);
-  const int lane = threadIdx.x & 31;
+  constexpr int kRowsPerWarp = 32 / kLanes, kWordSlots = kLanes / kSplit, kPartCols = 32 / kSplit;
+  const int lane = threadIdx.x & 31, slot = lane % kLanes, word_slot = slot / kSplit, part = slot % kSplit;
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
-  for (int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; r < outer_pad; r += warps) {
-    if (r >= rows) {
-      for (int64_t w = lane; w < words; w += 32) {
-#pragma unroll
-        for (int p = 0; p < Bits; ++p) out[p * plane_stride + r * words + w] = 0;
-      }
-      if (lane == 0) sums_out[r] = 0;
-      continue;
-    }
-    const float* row = x + r * cols;
+  const int64_t live_words = (cols + 31) / 32;
+  for (int64_t base = warp * kRowsPerWarp; base < outer_pad; base += warps * kRowsPerWarp) {
+    const int64_t r = base + lane / kLanes;
+    const bool live_row = r < rows;
+    const float* row = x + (live_row ? r : 0) * cols;
     float mn = INFINITY, mx = -INFINITY;
     bool has_nan = false;
-    for (int64_t c = lane; c < cols; c += 32) {
-      const float v = row[c];
-      has_nan |= v != v;
-      mn = fminf(mn, v);
-      mx = fmaxf(mx, v);
-    }
-    for (int offset = 16; offset > 0; offset >>= 1) {
-      mn = fminf(mn, __shfl_xor_sync(kFullMask, mn, offset));
-      mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, offset));
-    }
-    if (__any_sync(kFullMask, has_nan)) mn = mx = NAN;  // amin/amax propagate NaN
-    const float scale = __fdiv_rn(__fsub_rn(mx, mn), kMaxCode);
-    const float inv = scale > 0.0f ? __fdiv_rn(1.0f, scale) : 0.0f;
-    if (lane == 0) {
-      lo_out[r] = mn;
-      scale_out[r] = scale;
-    }
-    const float* row_noise = noise ? noise + r * cols : nullptr;
-    int64_t sum = 0;
-    for (int64_t w = lane; w < words; w += 32) {
-      uint32_t plane[Bits];
+    if (live_row) {
+      for (int64_t w = word_slot; w < live_words; w += kWordSlots) {
+        const int64_t c0 = w * 32 + part * kPartCols;
+        const int valid = static_cast<int>(max(min(cols - c0, static_cast<int64_t>(kPartCols)), int64_t{0}));
 #pragma unroll
-      for (int p = 0; p < Bits; ++p) plane[p] = 0;
-      const int64_t c0 = w * 32;
-      if (c0 < cols) {
-        const int valid = static_cast<int>(min(cols - c0, int64_t{32}));
-#pragma unroll
-        for (int k = 0; k < 32; ++k) {
+        for (int k = 0; k < kPartCols; ++k) {
           if (k < valid) {
-            const float v = __fmul_rn(__fsub_rn(row[c0 + k], mn), inv);
-            const float t = floorf(__fadd_rn(v, row_noise ? row_noise[c0 + k] : 0.5f));
-            const uint32_t q = static_cast<uint32_t>(fminf(fmaxf(t, 0.0f), kMaxCode));
-            sum += q;
-#pragma unroll
-            for (int p = 0; p < Bits; ++p) plane[p] |= ((q >> p) & 1u) << k;
+            const float v = row[c0 + k];
+            has_nan |= v != v;
+            mn = fminf(mn, v);
+            mx = fmaxf(mx, v);
           }
         }
       }
-#pragma unroll
-      for (int p = 0; p < Bits; ++p) out[p * plane_stride + r * words + w] = plane[p];
     }
-    for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(kFullMask, sum, offset);
-    if (lane == 0) sums_out[r] = sum;
+#pragma unroll
+    for (int offset = kLanes / 2; offset > 0; offset >>= 1) {
+      mn = fminf(mn, __shfl_xor_sync(kFullMask, mn, offset));
+      mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, offset));
+      has_nan |= __shfl_xor_sync(kFullMask, static_cast<int>(has_nan), offset) != 0;
+    }
+    if (has_nan) mn = mx = NAN;  // amin/amax propagate NaN
+    const Range range = range_of(mn, mx, kMaxCode);
+    if (live_row && slot == 0) {
+      lo_out[r] = range.lo;
+      scale_out[r] = range.scale;
+    }
+    const float* row_noise = noise && live_row ? noise + r * cols : nullptr;
+    uint32_t* row_out = out + min(r, outer_pad - 1) * words;
+    int64_t sum = 0;
+    for (int64_t w0 = 0; w0 < live_words; w0 += kWordSlots) {  // the same trip count on every lane
+      const int64_t w = w0 + word_slot;
+      const int64_t c0 = w * 32 + part * kPartCols;
+      const int valid =
+          live_row && w < live_words ? static_cast<int>(max(min(cols - c0, static_cast<int64_t>(kPartCols)), int64_t{0})) : 0;
+      uint32_t plane[Bits];
+#pragma unroll
+      for (int p = 0; p < Bits; ++p) plane[p] = 0;
+#pragma unroll
+      for (int k = 0; k < kPartCols; ++k) {
+        if (k < valid) {
+          const uint32_t q = code_of(row[c0 + k], range, row_noise ? row_noise[c0 + k] : 0.5f, kMaxCode);
+          sum += q;
+#pragma unroll
+          for (int p = 0; p < Bits; ++p) plane[p] |= ((q >> p) & 1u) << (part * kPartCols + k);
+        }
+      }
+#pragma unroll
+      for (int offset = kSplit / 2; offset > 0; offset >>= 1) {
+#pragma unroll
+        for (int p = 0; p < Bits; ++p) plane[p] |= __shfl_xor_sync(kFullMask, plane[p], offset);
+      }
+      if (r < outer_pad && part == 0 && w < live_words) {
+#pragma unroll
+        for (int p = 0; p < Bits; ++p) row_out[p * plane_stride + w] = live_row ? plane[p] : 0u;
+      }
+    }
+    if (r < outer_pad) {  // padding words of the row (and every word of a padding row past live_words)
+      for (int64_t w = live_words + slot; w < words; w += kLanes) {
+#pragma unroll
+        for (int p = 0; p < Bits; ++p) row_out[p * plane_stride + w] = 0;
+      }
+    }
+#pragma unroll
+    for (int offset = kLanes / 2; offset > 0; offset >>= 1) sum += __shfl_xor_sync(kFullMask, sum, offset);
+    if (r < outer_pad && slot == 0) sums_out[r] = sum;
+  }
+}
+
+// Per-column ranges in two passes.  Pass 1 reduces column minima and maxima into order-preserving unsigned
+// encodings with atomicMax (max: the encoding itself; min: its complement), so the result does not depend on
+// the order of the atomics; a buffer of zeros stands for "nothing seen yet", below every encoded value.
+// A positive NaN encodes above +inf and a negative one's complement above every other, so any NaN reaches the
+// maximum or the minimum, and pass 2 then makes both NaN, as amin/amax do.
+__device__ __forceinline__ unsigned long long ordered_bits(float v) {
+  const uint32_t b = __float_as_uint(v);
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+__device__ __forceinline__ float from_ordered_bits(unsigned long long e) {
+  const uint32_t b = static_cast<uint32_t>(e);
+  return __uint_as_float((b & 0x80000000u) ? (b & 0x7fffffffu) : ~b);
+}
+
+constexpr int kRangeCols = 32, kRangeWarps = 8, kRangeRowsPerThread = 32;
+
+__global__ void column_extrema_kernel(const float* __restrict__ x, int64_t rows, int64_t cols,
+                                      unsigned long long* __restrict__ max_bits,
+                                      unsigned long long* __restrict__ min_bits) {
+  __shared__ unsigned long long block_max[kRangeWarps][kRangeCols], block_min[kRangeWarps][kRangeCols];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t c = static_cast<int64_t>(blockIdx.y) * kRangeCols + tx;
+  unsigned long long hi = 0, lo = 0;
+  if (c < cols) {
+    const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kRangeWarps * kRangeRowsPerThread;
+    const int64_t r_end = min(rows, r0 + kRangeWarps * kRangeRowsPerThread);
+    for (int64_t r = r0 + ty; r < r_end; r += kRangeWarps) {
+      const unsigned long long e = ordered_bits(x[r * cols + c]);
+      hi = max(hi, e);
+      lo = max(lo, 0xffffffffull ^ e);
+    }
+  }
+  block_max[ty][tx] = hi;
+  block_min[ty][tx] = lo;
+  __syncthreads();
+  if (ty == 0 && c < cols) {
+    for (int i = 1; i < kRangeWarps; ++i) {
+      hi = max(hi, block_max[i][tx]);
+      lo = max(lo, block_min[i][tx]);
+    }
+    atomicMax(max_bits + c, hi);
+    atomicMax(min_bits + c, lo);
+  }
+}
+
+// Pass 2 (column layout): a block of 32 x 8 threads owns 32 columns and quantizes 32-row slabs of them (rows
+// 32w..32w+31 are word w), staging each slab's codes in shared memory so that the reads run along rows and each
+// warp then ballots whole columns.  Column sums are Σ_p 2^p · popcount(word of plane p), added once per block.
+__global__ void quantize_pack_col_ranges_kernel(const float* __restrict__ x, const float* __restrict__ noise,
+                                                int64_t rows, int64_t cols, int64_t words, int bits,
+                                                const unsigned long long* __restrict__ max_bits,
+                                                const unsigned long long* __restrict__ min_bits,
+                                                uint32_t* __restrict__ out, int64_t plane_stride,
+                                                float* __restrict__ lo_out, float* __restrict__ scale_out,
+                                                unsigned long long* __restrict__ sums) {
+  __shared__ uint8_t tile[32][33];
+  const int tx = threadIdx.x, ty = threadIdx.y;  // 32 x 8
+  const int64_t c0 = static_cast<int64_t>(blockIdx.y) * 32, c = c0 + tx;
+  const float max_code = static_cast<float>((1 << bits) - 1);
+  Range range{0.0f, 0.0f, 0.0f};
+  if (c < cols) {
+    float mn = from_ordered_bits(0xffffffffull ^ min_bits[c]), mx = from_ordered_bits(max_bits[c]);
+    if (mn != mn || mx != mx) mn = mx = NAN;
+    range = range_of(mn, mx, max_code);
+    if (blockIdx.x == 0 && ty == 0) {
+      lo_out[c] = range.lo;
+      scale_out[c] = range.scale;
+    }
+  }
+  unsigned long long column_sum[4] = {0, 0, 0, 0};  // columns c0 + ty + 8j, kept by lane 0 of warp ty
+  for (int64_t w = blockIdx.x; w < words; w += gridDim.x) {
+    for (int i = ty; i < 32; i += 8) {
+      const int64_t r = w * 32 + i;
+      uint32_t q = 0;
+      if (r < rows && c < cols) q = code_of(x[r * cols + c], range, noise ? noise[r * cols + c] : 0.5f, max_code);
+      tile[i][tx] = static_cast<uint8_t>(q);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int col = ty + 8 * j;
+      const uint32_t q = tile[tx][col];
+      uint32_t mine = 0;
+      for (int p = 0; p < bits; ++p) {
+        const uint32_t word = __ballot_sync(kFullMask, (q >> p) & 1u);
+        column_sum[j] += static_cast<unsigned long long>(__popc(word)) << p;
+        if (tx == p) mine = word;
+      }
+      if (tx < bits) out[tx * plane_stride + (c0 + col) * words + w] = mine;
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int64_t col = c0 + ty + 8 * j;
+    if (tx == 0 && col < cols && column_sum[j] != 0) atomicAdd(sums + col, column_sum[j]);
   }
 }
 
@@ -263,9 +404,26 @@ at::Tensor unpack_codes_cuda(const at::Tensor& planes_in, int64_t rows, int64_t 
                                                                          bits, outer * words);
   } else {
     const dim3 grid((rows + 31) / 32, (cols + 31) / 32);
-    unpack_cols_kernel<<<grid, dim3(32, 8), 0, stream>>>(in, codes.data_ptr<uint8_t>(), rows, cols, words, bits,
-                                                         outer * words);
+    unpack_cols_kernel<<<grid, dim3(32, 8), 0, stream>>>(in, codes.data_ptr<uint8_t>(), rows, cols, cols, words,
+                                                         bits, outer * words);
   }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return codes;
+}
+
+at::Tensor unpack_col_codes_padded_cuda(const at::Tensor& planes_in, int64_t rows, int64_t cols, int64_t ld) {
+  TORCH_CHECK_VALUE(planes_in.dim() == 3 && planes_in.scalar_type() == at::kInt, "planes must be int32[bits, outer, words]");
+  const auto planes = planes_in.contiguous();
+  const int64_t bits = planes.size(0), outer = planes.size(1), words = planes.size(2);
+  TORCH_CHECK_VALUE(outer >= cols && words * 32 >= rows && ld >= cols, "rows/cols exceed the planes' padded shape");
+  const c10::cuda::CUDAGuard guard(planes.device());
+  auto codes = at::empty({rows, ld}, planes.options().dtype(at::kByte));
+  if (rows * ld == 0) return codes;
+  const dim3 grid((rows + 31) / 32, (ld + 31) / 32);
+  TORCH_CHECK_VALUE(grid.y <= 65535, "too many columns for one launch");
+  unpack_cols_kernel<<<grid, dim3(32, 8), 0, c10::cuda::getCurrentCUDAStream()>>>(
+      reinterpret_cast<const uint32_t*>(planes.data_ptr<int32_t>()), codes.data_ptr<uint8_t>(), rows, cols, ld, words,
+      bits, outer * words);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return codes;
 }
@@ -283,8 +441,49 @@ at::Tensor packed_code_sums_cuda(const at::Tensor& planes_in) {
   return sums;
 }
 
+namespace {
+
+// Ranges per column, codes in column layout (the layers' features before A·X): three launches (zeros for the
+// reductions and sums, extrema, quantize + pack + sums) in place of amin, amax, the range arithmetic, the pack
+// and the sums.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_pack_col_ranges(
+    const at::Tensor& x_in, int64_t bits, const std::optional<at::Tensor>& noise_in) {
+  check_quantize_ranges_args(x_in, bits, 0, noise_in);
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  const auto x = x_in.contiguous();
+  const auto noise = noise_in ? noise_in->contiguous() : at::Tensor();
+  const int64_t rows = x.size(0), cols = x.size(1);
+  const int64_t outer_pad = round_up(cols, kOuterAlign), words = packed_words(rows);
+  auto planes = at::empty({bits, outer_pad, words}, x.options().dtype(at::kInt));
+  auto lo = at::empty({cols}, x.options()), scale = at::empty({cols}, x.options());
+  // One zeroed buffer: code sums (padded columns stay 0), then the encoded maxima and minima.
+  auto scratch = at::zeros({outer_pad + 2 * cols}, x.options().dtype(at::kLong));
+  auto* sums = reinterpret_cast<unsigned long long*>(scratch.data_ptr<int64_t>());
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  const int64_t col_blocks = (cols + kRangeCols - 1) / kRangeCols;
+  TORCH_CHECK_VALUE(col_blocks <= 65535 && outer_pad / 32 <= 65535, "too many columns for one launch");
+  const dim3 extrema_grid((rows + kRangeWarps * kRangeRowsPerThread - 1) / (kRangeWarps * kRangeRowsPerThread),
+                          col_blocks);
+  TORCH_CHECK_VALUE(extrema_grid.x <= 2147483647u, "too many rows for one launch");
+  column_extrema_kernel<<<extrema_grid, dim3(kRangeCols, kRangeWarps), 0, stream>>>(
+      x.data_ptr<float>(), rows, cols, sums + outer_pad, sums + outer_pad + cols);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  // Each block quantizes several 32-row slabs, so that the column-sum atomics stay few.
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(words, 256)), outer_pad / 32);
+  quantize_pack_col_ranges_kernel<<<grid, dim3(32, 8), 0, stream>>>(
+      x.data_ptr<float>(), noise.defined() ? noise.data_ptr<float>() : nullptr, rows, cols, words,
+      static_cast<int>(bits), sums + outer_pad, sums + outer_pad + cols,
+      reinterpret_cast<uint32_t*>(planes.data_ptr<int32_t>()), outer_pad * words, lo.data_ptr<float>(),
+      scale.data_ptr<float>(), sums);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {planes, lo, scale, scratch.narrow(0, 0, outer_pad)};
+}
+
+}  // namespace
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_pack_ranges_cuda(
     const at::Tensor& x_in, int64_t bits, int64_t dim, bool col_layout, const std::optional<at::Tensor>& noise_in) {
+  if (dim == 0 && col_layout) return quantize_pack_col_ranges(x_in, bits, noise_in);
   if (dim != 1 || col_layout) {
     return quantize_pack_ranges_composed(x_in, bits, dim, col_layout, noise_in, quantize_pack_cuda,
                                          packed_code_sums_cuda);
@@ -298,21 +497,35 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_pack_ranges_
   auto planes = at::empty({bits, outer_pad, words}, x.options().dtype(at::kInt));
   auto lo = at::empty({rows}, x.options()), scale = at::empty({rows}, x.options());
   auto sums = at::empty({outer_pad}, x.options().dtype(at::kLong));
+  // Up to 8 words a row: 4 lanes a word (so 4 to 32 lanes a row); longer rows: a warp, a lane a word.
+  int word_slots = 1;
+  while (word_slots < 8 && word_slots < (cols + 31) / 32) word_slots *= 2;
+  const int lanes = (cols + 31) / 32 <= 8 ? 4 * word_slots : 32;
   const auto launch = [&](auto kernel) {
-    kernel<<<blocks_for(outer_pad * 32, 256), 256, 0, c10::cuda::getCurrentCUDAStream()>>>(
+    kernel<<<blocks_for(outer_pad * lanes, 256), 256, 0, c10::cuda::getCurrentCUDAStream()>>>(
         x.data_ptr<float>(), noise.defined() ? noise.data_ptr<float>() : nullptr, rows, cols, outer_pad, words,
         reinterpret_cast<uint32_t*>(planes.data_ptr<int32_t>()), outer_pad * words, lo.data_ptr<float>(),
         scale.data_ptr<float>(), sums.data_ptr<int64_t>());
   };
+  const auto launch_lanes = [&](auto bits_tag) {
+    constexpr int kBits = decltype(bits_tag)::value;
+    if ((cols + 31) / 32 > 8) return launch(quantize_pack_row_ranges_kernel<kBits, 32, 1>);
+    switch (lanes) {
+      case 4: launch(quantize_pack_row_ranges_kernel<kBits, 4, 4>); break;
+      case 8: launch(quantize_pack_row_ranges_kernel<kBits, 8, 4>); break;
+      case 16: launch(quantize_pack_row_ranges_kernel<kBits, 16, 4>); break;
+      default: launch(quantize_pack_row_ranges_kernel<kBits, 32, 4>); break;
+    }
+  };
   switch (bits) {
-    case 1: launch(quantize_pack_row_ranges_kernel<1>); break;
-    case 2: launch(quantize_pack_row_ranges_kernel<2>); break;
-    case 3: launch(quantize_pack_row_ranges_kernel<3>); break;
-    case 4: launch(quantize_pack_row_ranges_kernel<4>); break;
-    case 5: launch(quantize_pack_row_ranges_kernel<5>); break;
-    case 6: launch(quantize_pack_row_ranges_kernel<6>); break;
-    case 7: launch(quantize_pack_row_ranges_kernel<7>); break;
-    default: launch(quantize_pack_row_ranges_kernel<8>); break;
+    case 1: launch_lanes(std::integral_constant<int, 1>{}); break;
+    case 2: launch_lanes(std::integral_constant<int, 2>{}); break;
+    case 3: launch_lanes(std::integral_constant<int, 3>{}); break;
+    case 4: launch_lanes(std::integral_constant<int, 4>{}); break;
+    case 5: launch_lanes(std::integral_constant<int, 5>{}); break;
+    case 6: launch_lanes(std::integral_constant<int, 6>{}); break;
+    case 7: launch_lanes(std::integral_constant<int, 7>{}); break;
+    default: launch_lanes(std::integral_constant<int, 8>{}); break;
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {planes, lo, scale, sums};

@@ -16,6 +16,10 @@
 // code copy (one 32-byte sector per entry).  Finally either the integers are
 // stored (bit_spmm_int) or the affine epilogue of csrc/epilogue.h runs on them
 // and float32 is stored (bit_spmm_affine): both stores are coalesced rows.
+//
+// An adjacency without tiles (every entry in the CSR residual: what a sparse
+// graph gives when blocks would be nearly empty) runs bit_spmm_gather_kernel
+// instead, which needs no tensor cores and no shared memory: see its comment.
 #include "spmm_cuda.h"
 
 #include <ATen/ATen.h>
@@ -45,7 +49,9 @@ struct SpmmArgs {
   const int64_t* res_ptr;
   const int32_t* res_col;
   const int32_t* res_val;
-  const uint8_t* codes;  // [nodes_pad, cols] row-major codes of x
+  const uint8_t* codes;  // [nodes_pad, code_ld] row-major codes of x (columns past cols are zero)
+  int64_t code_ld;
+  int flush_every;  // gather kernel: entries a 16-bit partial sum can take without overflowing
   int64_t num_windows, rows, cols;
   // affine epilogue (out_float != nullptr)
   const float* lo;
@@ -137,7 +143,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) bit_spmm_kernel(const Spm
         const int32_t w = __shfl_sync(0xffffffffu, weight, src);
         entry_row[j] = __shfl_sync(0xffffffffu, row, src);
         const bool use = j0 + j < count && live_feature;
-        value[j] = use ? static_cast<Acc>(w) * static_cast<Acc>(__ldg(p.codes + static_cast<int64_t>(c) * p.cols + d))
+        value[j] = use ? static_cast<Acc>(w) * static_cast<Acc>(__ldg(p.codes + static_cast<int64_t>(c) * p.code_ld + d))
                        : Acc(0);
       }
 #pragma unroll
@@ -156,13 +162,141 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) bit_spmm_kernel(const Spm
   for (int r = 0; r < live_rows; ++r) {
     const int64_t row = row0 + r;
     const double self_weight = p.self_weight ? static_cast<double>(p.self_weight[row]) : 0.0;
-    const float self_code = p.self_weight ? static_cast<float>(p.codes[row * p.cols + d]) : 0.0f;
+    const float self_code = p.self_weight ? static_cast<float>(p.codes[row * p.code_ld + d]) : 0.0f;
     const double row_scale = p.row_scale ? static_cast<double>(p.row_scale[row]) : 1.0;
     p.out_float[row * p.cols + d] =
         affine_epilogue(static_cast<double>(staged[warp][r][lane]), lo, scale, static_cast<double>(p.row_sums[row]),
                         self_weight, self_code, row_scale, bias, p.relu);
   }
 }
+
+// Tile-free adjacency: a group of kLanes lanes owns a row, and lane l of the group features
+// [16l, 16l + 16) of the launch's slice of 16·kLanes, read with one 16-byte load of the source's row-major
+// codes per entry (a 64-feature row is one 64-byte line shared by four lanes).  Sums run two to a 32-bit
+// register in 16-bit halves (a byte permute and an integer add per two codes, instead of unpacking every
+// code), and are moved to Acc before a half could overflow: flush_every = floor(65535 / (max code · max
+// weight)) entries, with weights at most 255 (the 8-bit adjacency); a larger weight is added straight to Acc.
+// A binary adjacency's row shorter than flush_every (nearly all rows) runs a loop without the overflow count.
+constexpr int kGatherThreads = 256, kGatherFeatures = 16, kGatherBatch = 4;
+
+template <typename Acc>
+__device__ __forceinline__ void flush_halves(uint32_t (&half)[8], Acc (&sum)[kGatherFeatures]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    // half[2i] holds features 4i (low) and 4i+2 (high), half[2i+1] features 4i+1 and 4i+3.
+    sum[4 * i] += static_cast<Acc>(half[2 * i] & 0xffffu);
+    sum[4 * i + 2] += static_cast<Acc>(half[2 * i] >> 16);
+    sum[4 * i + 1] += static_cast<Acc>(half[2 * i + 1] & 0xffffu);
+    sum[4 * i + 3] += static_cast<Acc>(half[2 * i + 1] >> 16);
+    half[2 * i] = half[2 * i + 1] = 0;
+  }
+}
+
+template <bool kWeighted, bool kCountRoom, typename Acc>
+__device__ __forceinline__ void gather_row(const SpmmArgs& p, const uint8_t* __restrict__ source_codes, int64_t begin,
+                                           int64_t end, uint32_t (&half)[8], Acc (&sum)[kGatherFeatures]) {
+  int room = p.flush_every;
+  for (int64_t e0 = begin; e0 < end; e0 += kGatherBatch) {
+    uint4 codes[kGatherBatch];
+    uint32_t weight[kGatherBatch];
+#pragma unroll
+    for (int j = 0; j < kGatherBatch; ++j) {  // every load of the batch first: four in flight
+      const bool live = e0 + j < end;
+      const uint32_t col = live ? static_cast<uint32_t>(__ldg(p.res_col + e0 + j)) : 0u;
+      weight[j] = kWeighted && live ? static_cast<uint32_t>(__ldg(p.res_val + e0 + j)) : 0u;
+      codes[j] = live ? __ldg(reinterpret_cast<const uint4*>(source_codes + col * p.code_ld)) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int j = 0; j < kGatherBatch; ++j) {
+      const uint32_t words[4] = {codes[j].x, codes[j].y, codes[j].z, codes[j].w};
+      if (kWeighted && weight[j] > 255u) {  // outside the 8-bit adjacency's range: exact, the slow way
+#pragma unroll
+        for (int k = 0; k < kGatherFeatures; ++k) {
+          sum[k] += static_cast<Acc>((words[k / 4] >> (8 * (k % 4))) & 0xffu) * static_cast<Acc>(weight[j]);
+        }
+        continue;
+      }
+      if (kCountRoom) {
+        if (room == 0) {
+          flush_halves(half, sum);
+          room = p.flush_every;
+        }
+        --room;
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {  // dead entries of the last batch have zero codes
+        if (kWeighted) {
+          half[2 * i] += __byte_perm(words[i], 0u, 0x4240) * weight[j];
+          half[2 * i + 1] += __byte_perm(words[i], 0u, 0x4341) * weight[j];
+        } else {
+          half[2 * i] += __byte_perm(words[i], 0u, 0x4240);
+          half[2 * i + 1] += __byte_perm(words[i], 0u, 0x4341);
+        }
+      }
+    }
+  }
+}
+
+template <typename Acc, int kLanes, bool kWeighted>
+__global__ void __launch_bounds__(kGatherThreads) bit_spmm_gather_kernel(const SpmmArgs p, Acc* __restrict__ out_int) {
+  const int64_t row = (static_cast<int64_t>(blockIdx.x) * kGatherThreads + threadIdx.x) / kLanes;
+  if (row >= p.rows) return;  // no warp-wide operations below
+  const int64_t f0 = static_cast<int64_t>(blockIdx.y) * kGatherFeatures * kLanes +
+                     static_cast<int64_t>(threadIdx.x % kLanes) * kGatherFeatures;
+  if (f0 >= p.cols) return;
+  const uint8_t* source_codes = p.codes + f0;
+  uint32_t half[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  Acc sum[kGatherFeatures];
+#pragma unroll
+  for (int k = 0; k < kGatherFeatures; ++k) sum[k] = 0;
+  const int64_t begin = p.res_ptr[row], end = p.res_ptr[row + 1];
+  if (kWeighted || end - begin > p.flush_every) {
+    gather_row<kWeighted, true>(p, source_codes, begin, end, half, sum);
+  } else {
+    gather_row<false, false>(p, source_codes, begin, end, half, sum);
+  }
+  flush_halves(half, sum);
+
+  const int live = static_cast<int>(min(static_cast<int64_t>(kGatherFeatures), p.cols - f0));
+  if (p.out_float == nullptr) {
+    Acc* out_row = out_int + row * p.cols + f0;
+#pragma unroll
+    for (int k = 0; k < kGatherFeatures; ++k) {
+      if (k < live) out_row[k] = sum[k];
+    }
+    return;
+  }
+  const double row_sum = static_cast<double>(p.row_sums[row]);
+  const double self_weight = p.self_weight ? static_cast<double>(p.self_weight[row]) : 0.0;
+  const double row_scale = p.row_scale ? static_cast<double>(p.row_scale[row]) : 1.0;
+  uint4 self_codes = make_uint4(0, 0, 0, 0);
+  if (p.self_weight) self_codes = __ldg(reinterpret_cast<const uint4*>(source_codes + row * p.code_ld));
+  const uint32_t self_words[4] = {self_codes.x, self_codes.y, self_codes.z, self_codes.w};
+  float value[kGatherFeatures];
+#pragma unroll
+  for (int k = 0; k < kGatherFeatures; ++k) {
+    const int64_t f = min(f0 + k, p.cols - 1);  // past cols: computed, not stored
+    const float self_code = static_cast<float>((self_words[k / 4] >> (8 * (k % 4))) & 0xffu);
+    value[k] = affine_epilogue(static_cast<double>(sum[k]), p.lo[f], p.scale[f], row_sum, self_weight, self_code,
+                               row_scale, p.bias ? static_cast<double>(p.bias[f]) : 0.0, p.relu);
+  }
+  float* out_row = p.out_float + row * p.cols + f0;
+  if (live == kGatherFeatures && p.cols % 4 == 0) {  // 16-byte aligned: row * cols and f0 are multiples of 4
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      reinterpret_cast<float4*>(out_row)[i] =
+          make_float4(value[4 * i], value[4 * i + 1], value[4 * i + 2], value[4 * i + 3]);
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < kGatherFeatures; ++k) {
+      if (k < live) out_row[k] = value[k];
+    }
+  }
+}
+
+// Row stride of the row-major code copy: 16-byte aligned rows for the gather kernel's vector loads.
+int64_t code_row_bytes(int64_t cols) { return (std::max<int64_t>(cols, 1) + 15) / 16 * 16; }
 
 struct Operands {
   at::Tensor window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x, codes;
@@ -198,8 +332,38 @@ Operands check_operands(const at::Tensor& window_ptr, const at::Tensor& tile_col
              at::Tensor()};
   // Index bounds are the format's invariants (BitAdjacency builds them); they are
   // not re-checked here because that would need a device-to-host copy.
-  if (need_codes || o.res_col.numel() > 0) o.codes = unpack_codes_cuda(o.x, o.x.size(2) * 32, cols, /*col_layout=*/true);
+  if (need_codes || o.res_col.numel() > 0) {
+    o.codes = unpack_col_codes_padded_cuda(o.x, o.x.size(2) * 32, cols, code_row_bytes(cols));
+  }
   return o;
+}
+
+template <typename Acc>
+void launch_gather(const Operands& o, SpmmArgs args, Acc* out_int, cudaStream_t stream) {
+  const int max_code = (1 << o.x.size(0)) - 1, max_weight = o.res_val.defined() ? 255 : 1;
+  args.flush_every = 65535 / (max_code * max_weight);
+  // Lanes per row: enough 16-feature slices for the row, a power of two up to a warp.
+  int lanes = 1;
+  while (lanes < 32 && lanes * kGatherFeatures < args.cols) lanes *= 2;
+  const int64_t rows_per_block = kGatherThreads / lanes;
+  const dim3 grid(static_cast<unsigned>((args.rows + rows_per_block - 1) / rows_per_block),
+                  static_cast<unsigned>((args.cols + lanes * kGatherFeatures - 1) / (lanes * kGatherFeatures)));
+  TORCH_CHECK_VALUE(grid.y <= 65535, "too many feature columns for one launch");
+  const bool weighted = o.res_val.defined();
+  switch (lanes) {
+#define PYG_QUANT_GATHER_CASE(LANES)                                                                      \
+  case LANES:                                                                                             \
+    if (weighted) {                                                                                       \
+      bit_spmm_gather_kernel<Acc, LANES, true><<<grid, kGatherThreads, 0, stream>>>(args, out_int);       \
+    } else {                                                                                              \
+      bit_spmm_gather_kernel<Acc, LANES, false><<<grid, kGatherThreads, 0, stream>>>(args, out_int);      \
+    }                                                                                                     \
+    break;
+    PYG_QUANT_GATHER_CASE(1) PYG_QUANT_GATHER_CASE(2) PYG_QUANT_GATHER_CASE(4) PYG_QUANT_GATHER_CASE(8)
+    PYG_QUANT_GATHER_CASE(16) PYG_QUANT_GATHER_CASE(32)
+#undef PYG_QUANT_GATHER_CASE
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 template <typename Acc>
@@ -216,11 +380,16 @@ void launch(const Operands& o, SpmmArgs args, Acc* out_int) {
   args.res_col = o.res_col.data_ptr<int32_t>();
   args.res_val = o.res_val.defined() ? o.res_val.data_ptr<int32_t>() : nullptr;
   args.codes = o.codes.defined() ? o.codes.data_ptr<uint8_t>() : nullptr;
+  args.code_ld = o.codes.defined() ? o.codes.size(1) : 0;
   args.num_windows = o.window_ptr.size(0) - 1;
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  if (o.tile_col.size(0) == 0) {
+    launch_gather(o, args, out_int, stream);
+    return;
+  }
   const dim3 grid((args.num_windows + kWarpsPerBlock - 1) / kWarpsPerBlock,
                   (args.cols + kWarpFeatures - 1) / kWarpFeatures);
   TORCH_CHECK_VALUE(grid.y <= 65535, "too many feature columns for one launch");
-  const auto stream = c10::cuda::getCurrentCUDAStream();
   switch (o.x.size(0)) {
 #define PYG_QUANT_SPMM_CASE(BITS) \
   case BITS:                      \
