@@ -178,7 +178,8 @@ def spmm_rows(peak_tops, copy_gbps, gen):
                 args = (adj.window_ptr, adj.tile_col, adj.tile_bits, adj.res_ptr, adj.res_col, adj.res_val,
                         x.planes, n, d, wide)
                 t_int = graph_ms(lambda: ops.bit_spmm_int(*args), inner=INNER)
-                t_unpack = graph_ms(lambda: ops.unpack_codes(x.planes, n, d, True), inner=INNER) if adj.res_nnz else 0.0
+                t_unpack = (graph_ms(lambda: ops.unpack_codes(x.planes, n, d, True), inner=INNER)
+                            if adj.res_nnz else 0.0)
                 t_full = graph_ms(lambda: pq.bit_spmm(adj, x), inner=INNER)
                 t_call = cuda_ms(lambda: pq.bit_spmm(adj, x))
                 # GCN's aggregation: D^-1/2 (A + I) X' + b, relu, fused into the same pass
@@ -190,8 +191,9 @@ def spmm_rows(peak_tops, copy_gbps, gen):
                 bytes_moved = (adj.nbytes + x.planes.numel() * 4 + codes_bytes + adj.res_nnz * d
                                + n * d * (8 if wide else 4))
                 roof_ms = max(tile_ops / (peak_tops * 1e12), bytes_moved / (copy_gbps * 1e9)) * 1e3
-                rows.append(dict(format="tiles+csr" if adj.num_tiles else "csr", d=d, bits=bits, tiles=adj.num_tiles, fill=adj.fill_ratio, residual=adj.res_nnz,
-                                 nnz=adj.nnz, build_ms=t_build, bit_spmm_int_ms=t_int, bit_spmm_ms=t_full,
+                rows.append(dict(format="tiles+csr" if adj.num_tiles else "csr", d=d, bits=bits,
+                                 tiles=adj.num_tiles, fill=adj.fill_ratio, residual=adj.res_nnz, nnz=adj.nnz,
+                                 build_ms=t_build, bit_spmm_int_ms=t_int, bit_spmm_ms=t_full,
                                  bit_spmm_call_ms=t_call, gcn_fused_ms=t_gcn, unpack_codes_ms=t_unpack,
                                  csr_fp32_ms=t_fp32, csr_bf16_ms=t_bf16, speedup_vs_fp32=t_fp32 / t_int,
                                  speedup_full_vs_fp32=t_fp32 / t_full, roofline_ms=roof_ms,
@@ -249,15 +251,16 @@ def main():
     print("\n## dense bitmm (A: N x N, B: N x d)\n")
     print(table(dense, ["n", "d", "s", "t", "bitmm_int_ms", "bitmm_int_call_ms", "bitmm_ms", "binary_tops", "pct_peak", "pct_roofline",
                         "bf16_ms", "int8_ms", "speedup_vs_bf16", "speedup_vs_int8"]))
-    qgtc = dense_rows(peak["binary_tops"], peak["copy_gbps"], [] if args.spmm_only else [2048, 4096, 8192], [32, 64],
-                      [(1, 1), (1, 2), (1, 3), (1, 4)], gen)
+    qgtc_sizes = [] if args.spmm_only else [2048, 4096, 8192]
+    qgtc = dense_rows(peak["binary_tops"], peak["copy_gbps"], qgtc_sizes, [32, 64], [(1, 1), (1, 2), (1, 3), (1, 4)],
+                      gen)
     print("\n## QGTC table shapes (1-bit A x 1..4-bit X)\n")
     print(table(qgtc, ["n", "d", "s", "t", "bitmm_int_ms", "bitmm_ms", "binary_tops", "bf16_ms"]))
-    spmm = spmm_rows(peak["mma_sync"]["binary_tops"], peak["copy_gbps"], gen)  # bit_spmm runs mma.sync
+    spmm = spmm_rows(peak["mma_sync"]["binary_tops"], peak["copy_gbps"], gen)  # tiles run mma.sync
     print("\n## bit_spmm on a products-scale cluster batch (32,000 nodes, 20 clusters, ~1.28M edges)\n")
-    print(table(spmm, ["format", "d", "bits", "tiles", "fill", "residual", "build_ms", "unpack_codes_ms", "bit_spmm_int_ms", "bit_spmm_ms",
-                       "bit_spmm_call_ms", "gcn_fused_ms", "csr_fp32_ms", "csr_bf16_ms", "speedup_vs_fp32", "speedup_full_vs_fp32", "roofline_ms",
-                       "pct_roofline"]))
+    print(table(spmm, ["format", "d", "bits", "tiles", "fill", "residual", "build_ms", "unpack_codes_ms",
+                       "bit_spmm_int_ms", "bit_spmm_ms", "bit_spmm_call_ms", "gcn_fused_ms", "csr_fp32_ms", "csr_bf16_ms",
+                       "speedup_vs_fp32", "speedup_full_vs_fp32", "roofline_ms", "pct_roofline"]))
     sass = sass_report()
     print("\n## tensor-core instructions in SASS\n")
     for name, counts in sass.items():
