@@ -9,6 +9,10 @@ TORCH_LIBRARY(pyg_quant, m) {
   m.def(
       "quantize_pack_ranges(Tensor x, int bits, int dim, bool col_layout, Tensor? noise) -> (Tensor, Tensor, Tensor, "
       "Tensor)");
+  m.def(
+      "fake_quantize(Tensor x, Tensor? lo, Tensor? hi, int bits, int dim, Tensor? noise, bool with_mask) -> (Tensor, "
+      "Tensor)");
+  m.def("mse_range(Tensor x, int dim, int bits, float[] grid) -> (Tensor, Tensor)");
   m.def("unpack_codes(Tensor planes, int rows, int cols, bool col_layout) -> Tensor");
   m.def("packed_code_sums(Tensor planes) -> Tensor");
   m.def("bitmm_int(Tensor a_planes, Tensor b_planes, int rows, int cols, bool wide) -> Tensor");

@@ -26,6 +26,19 @@ def quantize_pack_ranges(x, bits: int, dim: int, col_layout: bool, noise: Option
     return reference.quantize_pack_ranges(x, bits, dim, col_layout, noise)
 
 
+def fake_quantize(x, lo: Optional[torch.Tensor], hi: Optional[torch.Tensor], bits: int, dim: int,
+                  noise: Optional[torch.Tensor] = None, with_mask: bool = False):
+    if use_compiled("fake_quantize", x.device):
+        return torch.ops.pyg_quant.fake_quantize(x, lo, hi, bits, dim, noise, with_mask)
+    return reference.fake_quantize(x, lo, hi, bits, dim, noise, with_mask)
+
+
+def mse_range(x, dim: int, bits: int, grid):
+    if use_compiled("mse_range", x.device):
+        return torch.ops.pyg_quant.mse_range(x, dim, bits, [float(a) for a in grid])
+    return reference.mse_range(x, dim, bits, grid)
+
+
 def unpack_codes(planes, rows: int, cols: int, col_layout: bool):
     if use_compiled("unpack_codes", planes.device):
         return torch.ops.pyg_quant.unpack_codes(planes, rows, cols, col_layout)
@@ -95,6 +108,15 @@ if LOADED:
         ranges = x.shape[0] if dim == 1 else x.shape[1]
         return (x.new_empty((bits, padded_outer(outer), packed_words(packed)), dtype=torch.int32),
                 x.new_empty((ranges,)), x.new_empty((ranges,)), x.new_empty((padded_outer(outer),), dtype=torch.int64))
+
+    @torch.library.register_fake("pyg_quant::fake_quantize")
+    def _(x, lo, hi, bits, dim, noise, with_mask):
+        return x.new_empty(x.shape), x.new_empty(x.shape if with_mask else (0,), dtype=torch.bool)
+
+    @torch.library.register_fake("pyg_quant::mse_range")
+    def _(x, dim, bits, grid):
+        groups = 1 if dim < 0 else x.shape[1 - dim]
+        return x.new_empty((groups,)), x.new_empty((groups,))
 
     @torch.library.register_fake("pyg_quant::unpack_codes")
     def _(planes, rows, cols, col_layout):

@@ -237,3 +237,61 @@ def quantize_pack_ranges(x, bits: int, dim: int, col_layout: bool, noise: Option
     inv_scale = torch.where(scale > 0, torch.ones_like(scale) / scale, torch.zeros_like(scale))
     planes = quantize_pack(x, lo, inv_scale, bits, col_layout, noise)
     return planes, lo.reshape(-1), scale.reshape(-1), packed_code_sums(planes)
+
+
+# --- fake quantization (pyg_quant.qat) -------------------------------------------------------
+def _group_view(dim: int):
+    return {-1: (1, 1), 0: (1, -1), 1: (-1, 1)}[dim]
+
+
+def _own_range(x: torch.Tensor, dim: int):
+    if dim < 0:
+        return x.amin().reshape(1), x.amax().reshape(1)
+    return x.amin(dim), x.amax(dim)
+
+
+def _fake_values(x, lo, hi, bits: int, u):
+    """``lo + s·clamp(⌊(x − lo)·s⁻¹ + u⌋, 0, 2^b − 1)`` with to_bit's float32 ``s`` and ``s⁻¹``, step by step."""
+    levels = float(2**bits - 1)
+    scale = (hi - lo) / torch.full_like(hi, levels)
+    inv_scale = torch.where(scale > 0, torch.ones_like(scale) / scale, torch.zeros_like(scale))
+    out = ((x - lo) * inv_scale + u).floor().clamp(0, levels)
+    return out * scale + lo
+
+
+def fake_quantize(x, lo, hi, bits: int, dim: int, noise: Optional[torch.Tensor], with_mask: bool):
+    """``(fq(x), lo <= x <= hi)`` with one range per group (``dim`` -1 / 0 / 1); own min/max where ``lo`` is None."""
+    x = x.contiguous()
+    if lo is None:
+        lo, hi = _own_range(x, dim)
+    view = _group_view(dim)
+    lo, hi = lo.reshape(view), hi.reshape(view)
+    out = _fake_values(x, lo, hi, bits, noise if noise is not None else 0.5)
+    mask = (x >= lo) & (x <= hi) if with_mask else torch.empty(0, dtype=torch.bool, device=x.device)
+    return out, mask
+
+
+def mse_range(x, dim: int, bits: int, grid):
+    """The MSE-optimal clipping range per group among the shrunk ranges of ``grid`` (see the compiled op).
+
+    Errors in float32 per element, squared and summed in float64; the first smallest wins.
+    """
+    x = x.contiguous()
+    if dim < 0:
+        x, dim = x.reshape(-1, 1), 0
+    lo, hi = _own_range(x, dim)
+    view = _group_view(dim)
+    lo, hi = lo.reshape(view), hi.reshape(view)
+    center = torch.minimum(torch.clamp(torch.zeros_like(lo), min=lo), hi)
+    best_err = best_lo = best_hi = None
+    for a in grid:
+        a32 = torch.tensor(a, dtype=torch.float32, device=x.device)
+        c_lo, c_hi = center + a32 * (lo - center), center + a32 * (hi - center)
+        err = (_fake_values(x, c_lo, c_hi, bits, 0.5) - x).double().square().sum(dim, keepdim=True)
+        if best_err is None:
+            best_err, best_lo, best_hi = err, c_lo, c_hi
+        else:
+            better = err < best_err
+            best_err = torch.where(better, err, best_err)
+            best_lo, best_hi = torch.where(better, c_lo, best_lo), torch.where(better, c_hi, best_hi)
+    return best_lo.reshape(-1), best_hi.reshape(-1)

@@ -51,24 +51,6 @@ def _check_seed(seed) -> Optional[int]:
     return seed
 
 
-def _fake_quantize_values(x: torch.Tensor, lo, scale, inv_scale, bits: int,
-                          noise: Optional[torch.Tensor]) -> torch.Tensor:
-    r"""``lo + s·clamp(⌊(x − lo)·s^{-1} + u⌋)`` in float32, in one buffer (``u = noise`` or ``1/2``).
-
-    The same float32 operations, in the same order, as :func:`pyg_quant.to_bit` and
-    :func:`pyg_quant.to_val` (in-place ops round exactly as their out-of-place twins), so
-    the values equal ``to_val`` of the bit kernels' codes; one temporary instead of six.
-    """
-    out = x - lo
-    out.mul_(inv_scale)
-    if noise is None:
-        out.add_(0.5)
-    else:
-        out.add_(noise)
-    out.floor_().clamp_(0, 2**bits - 1)
-    return out.mul_(scale).add_(lo)
-
-
 class _StraightThrough(torch.autograd.Function):
     """Forward: the quantized values.  Backward: the incoming gradient, zeroed where ``inside`` is False."""
 
@@ -237,15 +219,17 @@ class FakeQuantize(torch.nn.Module):
                              f"{protect.dtype}{list(protect.shape)}")
         x32 = x.to(torch.float32)
         detached = x32.detach()
-        lo, hi, scale, inv_scale = self.qparams(detached)
+        # Static ranges may clip, and clipped values get no gradient.  A dynamic range moves with its tensor:
+        # every value keeps its straight-through gradient (a "dynamic_mse" range clips, but zeroing those
+        # gradients cost ~1 pt on the planted Cluster-GCN graph at 2 bits).
+        with_mask = x32.requires_grad and not self.dynamic
+        lo, hi = (None, None) if self.observer.own_extrema else self.range(detached)
         noise = self.noise(detached.shape, detached.device) if self.stochastic and self.training else None
-        out = _fake_quantize_values(detached, lo, scale, inv_scale, self.bits, noise)
+        # One fused pass (pyg_quant::fake_quantize): the same float32 steps as to_bit, codes as the bit kernels'.
+        out, inside = ops.fake_quantize(detached, lo, hi, self.bits, -1 if self.dim is None else self.dim, noise,
+                                        with_mask)
         if x32.requires_grad:
-            # A dynamic range moves with its tensor: every value keeps its straight-through gradient (a
-            # "dynamic_mse" range clips, but zeroing those gradients cost ~1 pt on the planted
-            # Cluster-GCN graph at 2 bits).  A static range may clip, and clipped values get no gradient.
-            inside = None if self.dynamic else (detached >= lo) & (detached <= hi)
-            out = _StraightThrough.apply(x32, out, inside)
+            out = _StraightThrough.apply(x32, out, inside if with_mask else None)
         if protect is not None and self.training:
             out = torch.where(protect.view(-1, 1), x32, out)
         return out

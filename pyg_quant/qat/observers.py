@@ -45,6 +45,8 @@ from typing import Optional, Tuple
 
 import torch
 
+from .. import ops
+
 from ..nn._quantize import check_finite as _check_finite
 
 OBSERVERS = ("dynamic", "minmax", "ema", "percentile", "mse", "dynamic_mse")
@@ -115,6 +117,8 @@ class Observer(torch.nn.Module):
     """
 
     dynamic = False
+    #: The range of every tensor is its own min/max (the fused fake-quantize kernel computes it itself).
+    own_extrema = False
 
     def __init__(self, dim: Optional[int] = None):
         super().__init__()
@@ -173,6 +177,7 @@ class DynamicObserver(Observer):
     """No state: every tensor is quantized over its own min/max (``pq.to_bit``'s ranges)."""
 
     dynamic = True
+    own_extrema = True
 
     @torch.no_grad()
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -251,26 +256,7 @@ def mse_ranges(x: torch.Tensor, dim: Optional[int], bits: int,
     the min/max and ``c = clamp(0, lo, hi)``; the error is ``Σ (x − x̃)²`` along ``dim``, the
     first (widest) candidate wins ties.  Float32 1-D, like :func:`tensor_range`.
     """
-    x = x.detach().to(torch.float32)
-    if dim is None:
-        x, dim = x.reshape(-1, 1), 0
-    lo, hi = x.amin(dim, keepdim=True), x.amax(dim, keepdim=True)
-    center = torch.zeros_like(lo).clamp_(lo, hi)
-    levels = float(2**bits - 1)
-    best_err = best_lo = best_hi = None
-    for a in grid:
-        c_lo, c_hi = center + a * (lo - center), center + a * (hi - center)
-        scale = (c_hi - c_lo) / levels
-        inv_scale = torch.where(scale > 0, 1.0 / scale, torch.zeros_like(scale))
-        err = (x - c_lo).mul_(inv_scale).add_(0.5).floor_().clamp_(0, levels).mul_(scale).add_(c_lo).sub_(x)
-        err = err.square_().sum(dim, keepdim=True)
-        if best_err is None:
-            best_err, best_lo, best_hi = err, c_lo, c_hi
-        else:
-            better = err < best_err
-            best_err = torch.where(better, err, best_err)
-            best_lo, best_hi = torch.where(better, c_lo, best_lo), torch.where(better, c_hi, best_hi)
-    return best_lo.reshape(-1), best_hi.reshape(-1)
+    return ops.mse_range(x.detach().to(torch.float32), -1 if dim is None else dim, bits, tuple(grid))
 
 
 class MSEObserver(EMAMinMaxObserver):
@@ -306,6 +292,8 @@ class DynamicMSEObserver(DynamicObserver):
         dim (int, optional): the reduction dimension.
         bits (int): the width of the codes the range is for (set by :class:`FakeQuantize`).
     """
+
+    own_extrema = False
 
     def __init__(self, dim: Optional[int] = None, bits: int = 8):
         super().__init__(dim)

@@ -1,0 +1,118 @@
+// Fake quantization and the MSE range search on the CPU (the maths: csrc/fake_quantize.h).
+#include "fake_quantize_cpu.h"
+
+#include "../fake_quantize.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <limits>
+
+namespace pyg_quant {
+namespace {
+
+// Rows summed by one task of the per-column search: a fixed size, so that the order of the float64
+// sums (hence a near-tie's winner) does not depend on the number of threads.
+constexpr int64_t kRowsPerChunk = 512;
+
+struct GroupStride {  // group of element (r, c) = r * row + c * col
+  int64_t row, col;
+};
+
+GroupStride group_stride(int64_t dim) {
+  if (dim == 0) return {0, 1};
+  if (dim == 1) return {1, 0};
+  return {0, 0};
+}
+
+int first_smallest(const double* errors, int count) {
+  int best = 0;
+  for (int k = 1; k < count; ++k)
+    if (errors[k] < errors[best]) best = k;  // a NaN error never wins; ties keep the wider range
+  return best;
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> fake_quantize_cpu(const at::Tensor& x_in, const std::optional<at::Tensor>& lo_in,
+                                                     const std::optional<at::Tensor>& hi_in, int64_t bits, int64_t dim,
+                                                     const std::optional<at::Tensor>& noise_in, bool with_mask) {
+  check_fake_quantize_args(x_in, lo_in, hi_in, bits, dim, noise_in);
+  const at::Tensor x = x_in.contiguous();
+  const auto [lo_t, hi_t] = ranges_or_extrema(x, lo_in, hi_in, dim);
+  const at::Tensor noise_t = noise_in ? noise_in->contiguous() : at::Tensor();
+  at::Tensor out = at::empty_like(x);
+  at::Tensor mask = at::empty(with_mask ? x.sizes() : at::IntArrayRef{0}, x.options().dtype(at::kBool));
+  const int64_t rows = x.size(0), cols = x.size(1);
+  const float levels = static_cast<float>((1 << bits) - 1);
+  const float *xp = x.data_ptr<float>(), *lo = lo_t.data_ptr<float>(), *hi = hi_t.data_ptr<float>();
+  const float* noise = noise_in ? noise_t.data_ptr<float>() : nullptr;
+  float* op = out.data_ptr<float>();
+  bool* mp = with_mask ? mask.data_ptr<bool>() : nullptr;
+  const GroupStride g = group_stride(dim);
+  at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / cols), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        const int64_t i = r * cols + c, group = r * g.row + c * g.col;
+        const AffineParams p = affine_params(lo[group], hi[group], levels);
+        op[i] = fake_quantize_value(xp[i], p, noise ? noise[i] : 0.5f, levels);
+        if (mp) mp[i] = xp[i] >= lo[group] && xp[i] <= hi[group];
+      }
+    }
+  });
+  return {out, mask};
+}
+
+std::tuple<at::Tensor, at::Tensor> mse_range_cpu(const at::Tensor& x_in, int64_t dim, int64_t bits,
+                                                 at::ArrayRef<double> grid) {
+  const std::vector<float> shrink = check_mse_args(x_in, bits, dim, grid);
+  const int k_count = static_cast<int>(shrink.size());
+  // One range for the tensor is one column of all its values.
+  const at::Tensor x = dim < 0 ? x_in.contiguous().reshape({-1, 1}) : x_in.contiguous();
+  const int64_t group_dim = dim < 0 ? 0 : dim;
+  const auto [lo_t, hi_t] = ranges_or_extrema(x, std::nullopt, std::nullopt, group_dim);
+  const int64_t rows = x.size(0), cols = x.size(1), groups = lo_t.numel();
+  const float levels = static_cast<float>((1 << bits) - 1);
+  const float *xp = x.data_ptr<float>(), *lo = lo_t.data_ptr<float>(), *hi = hi_t.data_ptr<float>();
+
+  std::vector<MseCandidate> cand(static_cast<size_t>(groups) * k_count);
+  for (int64_t grp = 0; grp < groups; ++grp)
+    for (int k = 0; k < k_count; ++k) cand[grp * k_count + k] = mse_candidate(lo[grp], hi[grp], shrink[k], levels);
+
+  std::vector<double> errors(static_cast<size_t>(groups) * k_count, 0.0);
+  if (group_dim == 1) {  // per row: a row's sum stays in one task
+    at::parallel_for(0, rows, std::max<int64_t>(1, 4096 / (cols * k_count)), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r)
+        for (int k = 0; k < k_count; ++k) {
+          double sum = 0.0;
+          for (int64_t c = 0; c < cols; ++c) sum += squared_error(xp[r * cols + c], cand[r * k_count + k].params, levels);
+          errors[r * k_count + k] = sum;
+        }
+    });
+  } else {  // per column: fixed row chunks summed into partials, then added in chunk order
+    const int64_t chunks = (rows + kRowsPerChunk - 1) / kRowsPerChunk;
+    std::vector<double> partial(static_cast<size_t>(chunks) * cols * k_count, 0.0);
+    at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t chunk = begin; chunk < end; ++chunk) {
+        double* acc = partial.data() + chunk * cols * k_count;
+        for (int64_t r = chunk * kRowsPerChunk; r < std::min(rows, (chunk + 1) * kRowsPerChunk); ++r)
+          for (int64_t c = 0; c < cols; ++c)
+            for (int k = 0; k < k_count; ++k)
+              acc[c * k_count + k] += squared_error(xp[r * cols + c], cand[c * k_count + k].params, levels);
+      }
+    });
+    for (int64_t chunk = 0; chunk < chunks; ++chunk)
+      for (int64_t i = 0; i < cols * k_count; ++i) errors[i] += partial[chunk * cols * k_count + i];
+  }
+
+  at::Tensor best_lo = at::empty({groups}, x.options()), best_hi = at::empty({groups}, x.options());
+  float *blo = best_lo.data_ptr<float>(), *bhi = best_hi.data_ptr<float>();
+  for (int64_t grp = 0; grp < groups; ++grp) {
+    const int k = first_smallest(errors.data() + grp * k_count, k_count);
+    blo[grp] = cand[grp * k_count + k].params.lo;
+    bhi[grp] = cand[grp * k_count + k].hi;
+  }
+  return {best_lo, best_hi};
+}
+
+}  // namespace pyg_quant

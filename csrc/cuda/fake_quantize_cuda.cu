@@ -1,0 +1,210 @@
+// Fake quantization and the MSE range search on the GPU (the maths: csrc/fake_quantize.h, shared with the
+// CPU kernels; -fmad=false keeps every step rounded as there).  Float64 sums are reduced in a fixed order
+// (no atomics), so a search gives the same range at every run.
+#include "fake_quantize_cuda.h"
+
+#include "../fake_quantize.h"
+
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+namespace pyg_quant {
+namespace {
+
+constexpr unsigned kFullMask = 0xffffffffu;
+constexpr int kRowsPerChunk = 512;  // rows summed by one block of the per-column search
+constexpr int kRowLanes = 8;        // threadIdx.y of the per-column search: 32 columns x 8 rows a block
+
+struct Shrink {
+  float factor[kMaxMseCandidates];
+  int count;
+};
+
+int64_t blocks_for(int64_t work, int64_t per_block) {
+  return std::max<int64_t>(1, std::min<int64_t>((work + per_block - 1) / per_block, 65535 * 8));
+}
+
+__global__ void fake_quantize_kernel(const float* __restrict__ x, const float* __restrict__ lo,
+                                     const float* __restrict__ hi, const float* __restrict__ noise, int64_t n,
+                                     int64_t cols, int64_t row_stride, int64_t col_stride, float levels,
+                                     float* __restrict__ out, bool* __restrict__ mask) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / cols, c = i - r * cols, group = r * row_stride + c * col_stride;
+    const float v = x[i], l = lo[group], h = hi[group];
+    out[i] = fake_quantize_value(v, affine_params(l, h, levels), noise ? noise[i] : 0.5f, levels);
+    if (mask) mask[i] = v >= l && v <= h;
+  }
+}
+
+// Per row: a warp a row.  Extrema (NaN-propagating, like amin / amax), then every candidate's error,
+// butterfly-reduced (the same order at every run), then the first smallest.
+__global__ void mse_rows_kernel(const float* __restrict__ x, int64_t rows, int64_t cols, Shrink shrink, float levels,
+                                float* __restrict__ best_lo, float* __restrict__ best_hi) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  for (int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; r < rows; r += warps) {
+    const float* row = x + r * cols;
+    float lo = INFINITY, hi = -INFINITY;
+    bool nan = false;
+    for (int64_t c = lane; c < cols; c += 32) {
+      const float v = row[c];
+      nan |= v != v;
+      lo = fminf(lo, v);
+      hi = fmaxf(hi, v);
+    }
+    for (int s = 16; s > 0; s >>= 1) {
+      lo = fminf(lo, __shfl_xor_sync(kFullMask, lo, s));
+      hi = fmaxf(hi, __shfl_xor_sync(kFullMask, hi, s));
+      nan |= __shfl_xor_sync(kFullMask, static_cast<int>(nan), s) != 0;
+    }
+    if (nan) lo = hi = NAN;
+    double err[kMaxMseCandidates];
+#pragma unroll
+    for (int k = 0; k < kMaxMseCandidates; ++k) {
+      err[k] = 0.0;
+      if (k >= shrink.count) continue;
+      const AffineParams p = mse_candidate(lo, hi, shrink.factor[k], levels).params;
+      for (int64_t c = lane; c < cols; c += 32) err[k] += squared_error(row[c], p, levels);
+    }
+#pragma unroll
+    for (int k = 0; k < kMaxMseCandidates; ++k)
+      for (int s = 16; s > 0; s >>= 1) err[k] += __shfl_xor_sync(kFullMask, err[k], s);
+    if (lane == 0) {
+      // Constant indices only (unrolled), so err[] stays in registers.
+      double best_err = err[0];
+      float best_shrink = shrink.factor[0];
+#pragma unroll
+      for (int k = 1; k < kMaxMseCandidates; ++k)
+        if (k < shrink.count && err[k] < best_err) {  // a NaN error never wins; ties keep the wider range
+          best_err = err[k];
+          best_shrink = shrink.factor[k];
+        }
+      const MseCandidate chosen = mse_candidate(lo, hi, best_shrink, levels);
+      best_lo[r] = chosen.params.lo;
+      best_hi[r] = chosen.hi;
+    }
+  }
+}
+
+// Per column, pass 1: block (column tile, row chunk) sums each candidate's error of 32 columns over
+// kRowsPerChunk rows into partial[chunk][k][col].  A per-tensor search runs as `cols` columns of one group
+// (group_of_col = 0), so its 32 lanes stay busy.
+__global__ void mse_cols_partial_kernel(const float* __restrict__ x, int64_t rows, int64_t cols,
+                                        const float* __restrict__ lo, const float* __restrict__ hi, bool one_group,
+                                        Shrink shrink, float levels, double* __restrict__ partial) {
+  __shared__ double stage[kRowLanes][32];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + tx, chunk = blockIdx.y;
+  const int64_t group = one_group ? 0 : c;
+  const bool live = c < cols;
+  const float l = live ? lo[group] : 0.0f, h = live ? hi[group] : 0.0f;
+  const int64_t r_end = min(rows, (chunk + 1) * kRowsPerChunk);
+  for (int k = 0; k < shrink.count; ++k) {
+    const AffineParams p = mse_candidate(l, h, shrink.factor[k], levels).params;
+    double sum = 0.0;
+    if (live)
+      for (int64_t r = chunk * kRowsPerChunk + ty; r < r_end; r += kRowLanes) sum += squared_error(x[r * cols + c], p, levels);
+    stage[ty][tx] = sum;
+    __syncthreads();
+    if (ty == 0 && live) {
+      double total = 0.0;
+      for (int j = 0; j < kRowLanes; ++j) total += stage[j][tx];
+      partial[(chunk * shrink.count + k) * cols + c] = total;
+    }
+    __syncthreads();
+  }
+}
+
+// Per column, pass 2: a thread a group adds the partials in chunk (then column) order and keeps the first
+// smallest error's range.
+__global__ void mse_cols_select_kernel(const double* __restrict__ partial, int64_t chunks, int64_t cols,
+                                       const float* __restrict__ lo, const float* __restrict__ hi, bool one_group,
+                                       Shrink shrink, float levels, float* __restrict__ best_lo,
+                                       float* __restrict__ best_hi) {
+  const int64_t groups = one_group ? 1 : cols;
+  const int64_t group = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (group >= groups) return;
+  const int64_t c_begin = one_group ? 0 : group, c_end = one_group ? cols : group + 1;
+  int best = 0;
+  double best_err = 0.0;
+  for (int k = 0; k < shrink.count; ++k) {
+    double total = 0.0;
+    for (int64_t chunk = 0; chunk < chunks; ++chunk)
+      for (int64_t c = c_begin; c < c_end; ++c) total += partial[(chunk * shrink.count + k) * cols + c];
+    if (k == 0) {
+      best_err = total;
+    } else if (total < best_err) {  // a NaN error never wins; ties keep the wider range
+      best = k;
+      best_err = total;
+    }
+  }
+  const MseCandidate chosen = mse_candidate(lo[group], hi[group], shrink.factor[best], levels);
+  best_lo[group] = chosen.params.lo;
+  best_hi[group] = chosen.hi;
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> fake_quantize_cuda(const at::Tensor& x_in, const std::optional<at::Tensor>& lo_in,
+                                                      const std::optional<at::Tensor>& hi_in, int64_t bits, int64_t dim,
+                                                      const std::optional<at::Tensor>& noise_in, bool with_mask) {
+  check_fake_quantize_args(x_in, lo_in, hi_in, bits, dim, noise_in);
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  const at::Tensor x = x_in.contiguous();
+  const auto [lo, hi] = ranges_or_extrema(x, lo_in, hi_in, dim);
+  const at::Tensor noise = noise_in ? noise_in->contiguous() : at::Tensor();
+  at::Tensor out = at::empty_like(x);
+  at::Tensor mask = at::empty(with_mask ? x.sizes() : at::IntArrayRef{0}, x.options().dtype(at::kBool));
+  const int64_t n = x.numel(), cols = x.size(1);
+  const int64_t row_stride = dim == 1 ? 1 : 0, col_stride = dim == 0 ? 1 : 0;
+  constexpr int threads = 256;
+  fake_quantize_kernel<<<blocks_for(n, threads), threads, 0, c10::cuda::getCurrentCUDAStream()>>>(
+      x.data_ptr<float>(), lo.data_ptr<float>(), hi.data_ptr<float>(), noise_in ? noise.data_ptr<float>() : nullptr,
+      n, cols, row_stride, col_stride, static_cast<float>((1 << bits) - 1), out.data_ptr<float>(),
+      with_mask ? mask.data_ptr<bool>() : nullptr);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {out, mask};
+}
+
+std::tuple<at::Tensor, at::Tensor> mse_range_cuda(const at::Tensor& x_in, int64_t dim, int64_t bits,
+                                                  at::ArrayRef<double> grid) {
+  const std::vector<float> factors = check_mse_args(x_in, bits, dim, grid);
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  Shrink shrink{};
+  shrink.count = static_cast<int>(factors.size());
+  for (int k = 0; k < shrink.count; ++k) shrink.factor[k] = factors[k];
+  const float levels = static_cast<float>((1 << bits) - 1);
+  const at::Tensor x = x_in.contiguous();
+  const int64_t rows = x.size(0), cols = x.size(1);
+  if (dim == 1) {
+    at::Tensor best_lo = at::empty({rows}, x.options()), best_hi = at::empty({rows}, x.options());
+    constexpr int threads = 256;
+    mse_rows_kernel<<<blocks_for(rows * 32, threads), threads, 0, stream>>>(
+        x.data_ptr<float>(), rows, cols, shrink, levels, best_lo.data_ptr<float>(), best_hi.data_ptr<float>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return {best_lo, best_hi};
+  }
+  const bool one_group = dim < 0;
+  const at::Tensor lo = one_group ? x.amin().reshape(1) : x.amin(0);
+  const at::Tensor hi = one_group ? x.amax().reshape(1) : x.amax(0);
+  const int64_t groups = lo.numel();
+  const int64_t chunks = (rows + kRowsPerChunk - 1) / kRowsPerChunk;
+  TORCH_CHECK_VALUE(chunks <= 65535, "x has too many rows for the range search (", rows, ")");
+  at::Tensor partial = at::empty({chunks, shrink.count, cols}, x.options().dtype(at::kDouble));
+  const dim3 block(32, kRowLanes), tiles(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>(chunks));
+  mse_cols_partial_kernel<<<tiles, block, 0, stream>>>(x.data_ptr<float>(), rows, cols, lo.data_ptr<float>(),
+                                                      hi.data_ptr<float>(), one_group, shrink, levels,
+                                                      partial.data_ptr<double>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  at::Tensor best_lo = at::empty({groups}, x.options()), best_hi = at::empty({groups}, x.options());
+  mse_cols_select_kernel<<<blocks_for(groups, 128), 128, 0, stream>>>(
+      partial.data_ptr<double>(), chunks, cols, lo.data_ptr<float>(), hi.data_ptr<float>(), one_group, shrink, levels,
+      best_lo.data_ptr<float>(), best_hi.data_ptr<float>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {best_lo, best_hi};
+}
+
+}  // namespace pyg_quant

@@ -1,0 +1,196 @@
+"""The fused QAT ops ``fake_quantize`` and ``mse_range``: compiled CPU == pure-torch reference, GPU == CPU.
+
+The reference (:mod:`pyg_quant.ops.reference`) writes the float32 steps out one torch op at a
+time; the compiled kernels must give the same bits.  ``mse_range`` sums float64 errors in
+another order on each backend, so its ranges agree except at a near-tie of two candidates
+(a difference of ~1e-16 relative), which random data does not produce.
+"""
+import itertools
+
+import pytest
+import torch
+
+import pyg_quant as pq
+from pyg_quant import ops
+from pyg_quant.ops import reference as ref
+from pyg_quant.qat.observers import MSE_GRID
+
+from conftest import CUDA_OK, gen, randn, requires_compiled
+
+SHAPES = [(1, 1), (1, 300), (513, 3), (257, 65), (2000, 7), (33, 1025)]
+DIMS = (-1, 0, 1)
+
+
+def _data(rows, cols, seed, heavy=False):
+    x = randn(rows, cols, seed, shift=0.3, spread=2.0)
+    return x ** 3 if heavy else x
+
+
+def _equal(a, b):
+    """The same values, NaN where the other has NaN (a GPU writes the canonical NaN, the CPU keeps the input's)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    a, b = a.cpu(), b.cpu()
+    if not a.is_floating_point():
+        return torch.equal(a, b)
+    nan = torch.isnan(a)
+    return torch.equal(nan, torch.isnan(b)) and torch.equal(a[~nan], b[~nan])
+
+
+def _ranges(x, dim):
+    return ref._own_range(x, dim)
+
+
+@requires_compiled
+@pytest.mark.parametrize("shape", SHAPES)
+def test_fake_quantize_cpu_equals_reference(shape):
+    rows, cols = shape
+    x = _data(rows, cols, rows * 7 + cols, heavy=rows % 2 == 1)
+    noise = torch.rand(rows, cols, generator=gen(rows + cols))
+    for bits, dim, nz, given, with_mask in itertools.product((1, 2, 4, 8), DIMS, (None, noise), (False, True),
+                                                             (False, True)):
+        lo = hi = None
+        if given:  # a range narrower than the data, so some values clip
+            lo, hi = _ranges(x, dim)
+            lo, hi = lo + 0.2 * (hi - lo), hi - 0.2 * (hi - lo)
+        out, mask = torch.ops.pyg_quant.fake_quantize(x, lo, hi, bits, dim, nz, with_mask)
+        r_out, r_mask = ref.fake_quantize(x, lo, hi, bits, dim, nz, with_mask)
+        assert _equal(out, r_out), (bits, dim, nz is None, given)
+        assert _equal(mask, r_mask)
+        if with_mask and given and dim == -1 and x.numel() > 2:
+            assert 0 < int(mask.sum()) < mask.numel()  # the narrowed range clips some values
+
+
+@requires_compiled
+def test_fake_quantize_values_and_edge_cases():
+    x = torch.tensor([[0.0, 1.0, 2.0, 3.0], [5.0, 5.0, 5.0, 5.0], [-1.0, float("nan"), 1.0, 0.5]])
+    out, _ = torch.ops.pyg_quant.fake_quantize(x, None, None, 1, 1, None, False)
+    assert torch.equal(out[0], torch.tensor([0.0, 0.0, 3.0, 3.0]))  # 1 bit per row: {lo, hi}, nearest
+    assert torch.equal(out[1], x[1])  # a constant row is exact (scale 0)
+    assert torch.isnan(out[2]).all()  # NaN makes its row's range NaN: nothing looks valid
+    lo, hi = torch.tensor([0.0]), torch.tensor([1.5])
+    out, mask = torch.ops.pyg_quant.fake_quantize(x[:1], lo, hi, 2, -1, None, True)
+    assert torch.equal(out, torch.tensor([[0.0, 1.0, 1.5, 1.5]]))  # 2 and 3 clip to hi
+    assert torch.equal(mask, torch.tensor([[True, True, False, False]]))
+
+
+@requires_compiled
+@pytest.mark.parametrize("shape", SHAPES)
+def test_mse_range_cpu_equals_reference(shape):
+    rows, cols = shape
+    for heavy, bits, dim in itertools.product((False, True), (1, 2, 4, 8), DIMS):
+        x = _data(rows, cols, rows + 3 * cols + bits, heavy)
+        lo, hi = torch.ops.pyg_quant.mse_range(x, dim, bits, list(MSE_GRID))
+        r_lo, r_hi = ref.mse_range(x, dim, bits, MSE_GRID)
+        assert _equal(lo, r_lo) and _equal(hi, r_hi), (heavy, bits, dim)
+
+
+@requires_compiled
+def test_mse_range_picks_the_least_error_candidate():
+    """Checked against an independent float64 evaluation of every candidate."""
+    x = _data(3000, 5, 11, heavy=True)
+    for bits in (1, 2, 3):
+        lo, hi = torch.ops.pyg_quant.mse_range(x, 0, bits, list(MSE_GRID))
+        mn, mx = x.amin(0).double(), x.amax(0).double()
+        center = torch.minimum(mn.clamp(min=0), mx)
+        errs = []
+        for a in MSE_GRID:
+            c_lo, c_hi = center + a * (mn - center), center + a * (mx - center)
+            s = (c_hi - c_lo) / (2**bits - 1)
+            q = ((x.double() - c_lo) / s).round().clamp(0, 2**bits - 1)
+            errs.append(((c_lo + s * q - x.double()) ** 2).sum(0))
+        errs = torch.stack(errs)
+        chosen = ((hi.double() - lo.double()) / (mx - mn)).sub(torch.tensor(MSE_GRID, dtype=torch.float64)
+                                                              .view(-1, 1)).abs().argmin(0)
+        # the chosen candidate's error is the smallest, up to float32 rounding of the candidate ranges
+        assert (errs[chosen, torch.arange(5)] <= errs.min(0).values * (1 + 1e-4)).all()
+        assert (chosen > 0).all()  # heavy tails at <= 3 bits: min/max is never the best
+
+
+@requires_compiled
+@pytest.mark.parametrize("call, message", [
+    (lambda: torch.ops.pyg_quant.fake_quantize(torch.randn(3, 4), None, None, 9, 0, None, False), "bits"),
+    (lambda: torch.ops.pyg_quant.fake_quantize(torch.randn(3, 4), None, None, 4, 2, None, False), "dim"),
+    (lambda: torch.ops.pyg_quant.fake_quantize(torch.randn(3, 4).double(), None, None, 4, 0, None, False), "float32"),
+    (lambda: torch.ops.pyg_quant.fake_quantize(torch.randn(3, 4), torch.zeros(3), torch.ones(3), 4, 0, None, False),
+     "one value per group"),
+    (lambda: torch.ops.pyg_quant.fake_quantize(torch.randn(3, 4), torch.zeros(4), None, 4, 0, None, False),
+     "together"),
+    (lambda: torch.ops.pyg_quant.fake_quantize(torch.randn(3, 4), None, None, 4, 0, torch.rand(4, 3), False),
+     "noise"),
+    (lambda: torch.ops.pyg_quant.fake_quantize(torch.randn(0, 4), None, None, 4, 0, None, False), "empty"),
+    (lambda: torch.ops.pyg_quant.mse_range(torch.randn(3, 4), 0, 0, [1.0]), "bits"),
+    (lambda: torch.ops.pyg_quant.mse_range(torch.randn(3, 4), 0, 2, []), "grid"),
+    (lambda: torch.ops.pyg_quant.mse_range(torch.randn(3, 4), 0, 2, [1.0] * 17), "grid"),
+    (lambda: torch.ops.pyg_quant.mse_range(torch.randn(3, 4), 0, 2, [1.5]), "grid"),
+    (lambda: torch.ops.pyg_quant.mse_range(torch.randn(3, 4), 3, 2, [1.0]), "dim"),
+])
+def test_fused_op_errors_name_the_argument(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_fake_quantize_module_uses_the_fused_op_with_the_same_values(monkeypatch):
+    """FakeQuantize's training and evaluation outputs are the reference formula's, via one op call a forward."""
+    calls = []
+    real = ops.fake_quantize
+
+    def spy(*args, **kwargs):
+        calls.append(args[4])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ops, "fake_quantize", spy)
+    x = _data(200, 9, 5)
+    for observer, dim in (("dynamic", 1), ("ema", 0), ("mse", None), ("dynamic_mse", 0)):
+        fq = pq.qat.FakeQuantize(4, observer, dim=dim, stochastic=True, seed=3)
+        train_out = fq.train()(x)
+        lo, hi = fq.range(x)
+        noise = torch.rand(x.shape, generator=gen(3))  # the module's generator, restarted
+        ref_out, _ = ref.fake_quantize(x, lo, hi, 4, -1 if dim is None else dim, noise, False)
+        assert _equal(train_out, ref_out), observer
+        eval_out = fq.eval()(x)
+        assert _equal(eval_out, ref.fake_quantize(x, *fq.range(x), 4, -1 if dim is None else dim, None, False)[0])
+    assert calls == [1, 1, 0, 0, -1, -1, 0, 0]
+
+
+# --- GPU == CPU -----------------------------------------------------------------------------
+
+
+
+@pytest.mark.parametrize("shape", SHAPES + [(70000, 3)])
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA_OK, reason="needs a CUDA GPU and pyg_quant's compiled CUDA backend")
+def test_fake_quantize_gpu_equals_cpu(shape):
+    rows, cols = shape
+    x = _data(rows, cols, rows + 5 * cols, heavy=cols % 2 == 1)
+    x[rows // 2, cols // 2] = float("nan") if rows > 1000 else x[rows // 2, cols // 2]
+    noise = torch.rand(rows, cols, generator=gen(rows))
+    for bits, dim, nz, given in itertools.product((1, 2, 3, 4, 8), DIMS, (None, noise), (False, True)):
+        lo = hi = None
+        if given:
+            lo, hi = (t * 0.8 for t in _ranges(x.nan_to_num(), dim))
+        cpu = torch.ops.pyg_quant.fake_quantize(x, lo, hi, bits, dim, nz, given)
+        gpu = torch.ops.pyg_quant.fake_quantize(x.cuda(), None if lo is None else lo.cuda(),
+                                                None if hi is None else hi.cuda(), bits, dim,
+                                                None if nz is None else nz.cuda(), given)
+        assert _equal(gpu[0], cpu[0]) and _equal(gpu[1], cpu[1]), (bits, dim, nz is None, given)
+
+
+@pytest.mark.parametrize("shape", SHAPES + [(70000, 3), (600, 64)])
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA_OK, reason="needs a CUDA GPU and pyg_quant's compiled CUDA backend")
+def test_mse_range_gpu_equals_cpu_and_is_deterministic(shape):
+    rows, cols = shape
+    for heavy, bits, dim in itertools.product((False, True), (1, 2, 4, 8), DIMS):
+        x = _data(rows, cols, 3 * rows + cols + bits, heavy)
+        cpu = torch.ops.pyg_quant.mse_range(x, dim, bits, list(MSE_GRID))
+        xg = x.cuda()
+        gpu = torch.ops.pyg_quant.mse_range(xg, dim, bits, list(MSE_GRID))
+        again = torch.ops.pyg_quant.mse_range(xg, dim, bits, list(MSE_GRID))
+        assert _equal(gpu[0], cpu[0]) and _equal(gpu[1], cpu[1]), (heavy, bits, dim)
+        assert _equal(gpu[0], again[0]) and _equal(gpu[1], again[1])
+    x = _data(rows, cols, 1)
+    x[0, 0] = float("nan")
+    for dim in DIMS:
+        assert _equal(torch.ops.pyg_quant.mse_range(x.cuda(), dim, 2, list(MSE_GRID))[0],
+                      torch.ops.pyg_quant.mse_range(x, dim, 2, list(MSE_GRID))[0])
