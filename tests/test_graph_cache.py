@@ -1,11 +1,21 @@
 """Graph reuse: the one-sync range check of edge_index, the graph cache shared by the layers, the QAT CSR product."""
 import collections
+import gc
+import weakref
 
 import pytest
 import torch
+import torch.nn.functional as F
+from torch.nn import Linear, ReLU, Sequential
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch_geometric.nn import GCNConv, GINConv
 
+import pyg_quant as pq
+from pyg_quant.nn import _graph, _graph_cache
 from pyg_quant.nn._adjacency_formats import to_edge_set
+from pyg_quant.nn._graph_cache import cached_graph, cached_graph_count, graph_cache_disabled
+
+from conftest import gen
 
 
 class OpCounter(TorchDispatchMode):
@@ -48,3 +58,184 @@ def test_range_check_names_the_side_out_of_range(flow):
         negative[row, 1] = -1
         with pytest.raises(ValueError, match="negative"):
             to_edge_set(negative, None, 6, 4, flow)
+
+
+# --- the graph cache -----------------------------------------------------------------------
+class Net(torch.nn.Module):
+    def __init__(self, convs):
+        super().__init__()
+        self.convs = torch.nn.ModuleList(convs)
+
+    def forward(self, x, edge_index, edge_weight=None):
+        for i, conv in enumerate(self.convs):
+            x = conv(x, edge_index) if edge_weight is None else conv(x, edge_index, edge_weight)
+            x = F.relu(x) if i < len(self.convs) - 1 else x
+        return x
+
+
+def make_model(kind: str, channels=(12, 16, 16, 5), seed=0):
+    torch.manual_seed(seed)
+    pairs = list(zip(channels[:-1], channels[1:]))
+    if kind == "GCN":
+        convs = [GCNConv(a, b) for a, b in pairs]
+    else:
+        convs = [GINConv(Sequential(Linear(a, 16), ReLU(), Linear(16, b)), train_eps=True) for a, b in pairs]
+    return Net(convs)
+
+
+def random_graph(num_nodes=40, num_edges=160, seed=0):
+    g = gen(seed)
+    return torch.randn(num_nodes, 12, generator=g), torch.randint(num_nodes, (2, num_edges), generator=g)
+
+
+@pytest.fixture
+def graph_builds(monkeypatch):
+    """Counts the QuantGraphs built (cache misses of the layers, and every uncached build)."""
+    builds = [0]
+    init = _graph.QuantGraph.__init__
+
+    def counting_init(self, *args, **kwargs):
+        builds[0] += 1
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(_graph.QuantGraph, "__init__", counting_init)
+    _graph_cache.clear_graph_cache()
+    yield builds
+    _graph_cache.clear_graph_cache()
+
+
+@pytest.mark.parametrize("kind", ["GCN", "GIN"])
+def test_layers_share_one_graph_until_the_edges_change(kind, graph_builds):
+    model = pq.qat.prepare(make_model(kind), bits=4).eval()  # nearest rounding: calls repeat bit for bit
+    x, edge_index = random_graph()
+    first = model(x, edge_index)
+    assert graph_builds[0] == 1  # three layers, one graph (the fp32 last layer too: no adj_bits without weights)
+    assert torch.equal(model(x, edge_index), first) and graph_builds[0] == 1  # the next step reuses it
+
+    edge_index[0, 0] = (edge_index[0, 0] + 1) % x.size(0)  # an in-place edit bumps the version
+    edited = model(x, edge_index)
+    assert graph_builds[0] == 2
+    with graph_cache_disabled():
+        assert torch.equal(model(x, edge_index), edited)  # the rebuilt graph holds the edit
+    assert not torch.equal(edited, first)
+    builds = graph_builds[0]
+
+    grown = torch.cat([x, torch.randn(1, 12)])  # the same edges in a graph with an isolated node
+    model(grown, edge_index)
+    assert graph_builds[0] == builds + 1
+    model(x, edge_index.clone())  # equal values in another tensor: built again (keyed on the object)
+    assert graph_builds[0] == builds + 2
+
+
+def test_cache_keys_on_the_layer_options(graph_builds):
+    x, edge_index = random_graph()
+    convs = [pq.QGCNConv(12, 8, bits=4), pq.QGCNConv(12, 8, bits=4, improved=True),
+             pq.QGCNConv(12, 8, bits=4, normalize=False), pq.QGCNConv(12, 8, bits=4, flow="target_to_source"),
+             pq.QGINConv(Linear(12, 8), bits=4), pq.QGINConv(Linear(12, 8), bits=4, flow="target_to_source")]
+    for conv in convs:
+        conv.eval()
+        expected = conv(x, edge_index)
+        with graph_cache_disabled():
+            assert torch.equal(conv(x, edge_index), expected)
+    assert graph_builds[0] == 2 * len(convs)  # each options set built once (and once more with the cache off)
+    assert cached_graph_count() == len(convs)
+
+
+def test_a_dead_edge_index_is_not_kept(graph_builds):
+    conv = pq.QGINConv(Linear(12, 8), bits=4)
+    x, edge_index = random_graph()
+    conv(x, edge_index)
+    assert cached_graph_count() == 1
+    ref = weakref.ref(edge_index)
+    del edge_index
+    gc.collect()
+    assert ref() is None  # the cache held no strong reference
+    assert cached_graph_count() == 0  # and its entry went with the tensor
+
+
+def test_the_cache_is_bounded(graph_builds):
+    conv = pq.QGINConv(Linear(12, 8), bits=4)
+    x, _ = random_graph()
+    alive = [random_graph(seed=seed)[1] for seed in range(_graph_cache.MAX_ENTRIES + 3)]
+    for edge_index in alive:
+        conv(x, edge_index)
+    assert cached_graph_count() == _graph_cache.MAX_ENTRIES
+    builds = graph_builds[0]
+    conv(x, alive[-1])  # the most recent ones stay
+    conv(x, alive[0])  # the oldest went first
+    assert graph_builds[0] == builds + 1
+
+
+def _tensors_in(value, depth=0):
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif depth < 4 and isinstance(value, dict):
+        for child in value.values():
+            yield from _tensors_in(child, depth + 1)
+    elif depth < 4 and isinstance(value, (tuple, list)):
+        for child in value:
+            yield from _tensors_in(child, depth + 1)
+    elif depth < 4 and hasattr(value, "__dict__") and not isinstance(value, torch.nn.Module):
+        yield from _tensors_in(vars(value), depth + 1)
+
+
+def test_the_cache_holds_no_autograd_history(graph_builds):
+    x, edge_index = random_graph()
+    weight = torch.rand(edge_index.size(1), generator=gen(1)).requires_grad_()
+    model = pq.qat.prepare(make_model("GCN"), bits=4)
+    F.cross_entropy(model(x, edge_index, weight), torch.zeros(40, dtype=torch.long)).backward()
+    assert weight.grad is not None and cached_graph_count() == 0  # weighted graphs are built per call
+    F.cross_entropy(model(x, edge_index), torch.zeros(40, dtype=torch.long)).backward()
+    assert cached_graph_count() == 1
+    tensors = [t for entry in _graph_cache._entries.values() for t in _tensors_in(entry[2])]
+    assert len(tensors) > 5  # the walk reaches the graph's tensors (edges, degrees, the CSR matrices)
+    assert all(not t.requires_grad and t.grad_fn is None for t in tensors)
+
+    # a graph that holds a tensor asking for a gradient is handed out but never stored
+    class Holder:
+        pass
+
+    holder = Holder()
+    holder.coefficients = torch.ones(3, requires_grad=True) * 2
+    assert cached_graph(edge_index, ("test",), lambda adj: holder) is holder
+    assert cached_graph_count() == 1
+
+
+def test_nothing_is_cached_in_inference_mode_or_while_compiling(graph_builds, monkeypatch):
+    conv = pq.QGINConv(Linear(12, 8), bits=4).eval()
+    x, edge_index = random_graph()
+    with torch.inference_mode():
+        expected = conv(x, edge_index)
+        inference_edge_index = edge_index.clone()  # an inference tensor: no version counter
+    assert cached_graph_count() == 0
+    with torch.no_grad():
+        assert torch.equal(conv(x, inference_edge_index), expected)
+    assert cached_graph_count() == 0
+    monkeypatch.setattr(_graph_cache, "is_compiling", lambda: True)
+    _ = conv(x, edge_index)
+    assert cached_graph_count() == 0
+    monkeypatch.undo()
+    _ = conv(x, edge_index)
+    assert cached_graph_count() == 1
+
+
+@pytest.mark.filterwarnings("ignore:quantizers .* have observed no data")
+@pytest.mark.parametrize("kind", ["GCN", "GIN"])
+def test_eval_bit_kernels_reuse_the_packed_tiles(kind, graph_builds, monkeypatch):
+    from pyg_quant.nn import _graph as graph_module
+    packs = [0]
+    pack = graph_module.pack_entries
+
+    def counting_pack(*args, **kwargs):
+        packs[0] += 1
+        return pack(*args, **kwargs)
+
+    monkeypatch.setattr(graph_module, "pack_entries", counting_pack)
+    model = pq.qat.convert(pq.qat.prepare(make_model(kind), bits=4).eval())
+    x, edge_index = random_graph()
+    with torch.no_grad():
+        out = model(x, edge_index)
+        assert torch.equal(model(x, edge_index), out)
+        assert packs[0] == 1  # one adjacency packed for every layer and call
+        with graph_cache_disabled():
+            assert torch.equal(model(x, edge_index), out)  # fresh graphs, same bits

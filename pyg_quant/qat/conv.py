@@ -36,7 +36,6 @@ from torch import Tensor
 from torch_geometric.nn.dense.linear import Linear as PyGLinear
 
 from ..bit_tensor import BitTensor, to_val
-from ..nn._adjacency_formats import to_edge_set
 from ..nn._graph import QuantGraph
 from ..nn.qgcn_conv import QGCNConv
 from ..nn.qgin_conv import QGINConv
@@ -267,8 +266,7 @@ class QATGINConv(_QATConvMixin, QGINConv):
         else:  # codes that fit are decoded only if the float path needs their values
             x_src = _float_features(x[0], "x_src") if codes is None else None
         num_src, num_dst = self._node_counts(x[0], x_dst, edge_index, size)
-        edges = to_edge_set(edge_index, None, num_src, num_dst, self.flow, sparse_tensor_values=False)
-        graph = QuantGraph(edges, None, self.adj_bits if self.act_bits is not None else None)
+        graph = self._graph(edge_index, num_src, num_dst)
         bit_kernels = bit_kernels_apply(self, x[0], x[1], self.eps)
         if fq is not None and graph.can_run_bits and bit_kernels and codes is not None:
             out = graph.aggregate_bits(codes)
