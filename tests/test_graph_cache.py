@@ -1,6 +1,8 @@
 """Graph reuse: the one-sync range check of edge_index, the graph cache shared by the layers, the QAT CSR product."""
 import collections
+import copy
 import gc
+import pickle
 import weakref
 
 import pytest
@@ -14,6 +16,7 @@ import pyg_quant as pq
 from pyg_quant.nn import _graph, _graph_cache
 from pyg_quant.nn._adjacency_formats import to_edge_set
 from pyg_quant.nn._graph_cache import cached_graph, cached_graph_count, graph_cache_disabled
+from pyg_quant.qat import conv as qat_conv
 
 from conftest import gen
 
@@ -239,3 +242,138 @@ def test_eval_bit_kernels_reuse_the_packed_tiles(kind, graph_builds, monkeypatch
         assert packs[0] == 1  # one adjacency packed for every layer and call
         with graph_cache_disabled():
             assert torch.equal(model(x, edge_index), out)  # fresh graphs, same bits
+
+
+# --- the QAT aggregation's CSR product -------------------------------------------------------
+def dense_adjacency(graph) -> torch.Tensor:
+    """``Â`` of a QuantGraph in float64, from its edges and the self-loop term (the oracle of the products)."""
+    edges = graph.edges
+    coef = graph.edge_coefficients()
+    values = torch.ones(edges.src.numel(), dtype=torch.float64) if coef is None else coef.detach().double()
+    dense = torch.zeros(graph.num_dst, graph.num_src, dtype=torch.float64)
+    dense.index_put_((edges.dst, edges.src), values, accumulate=True)
+    if graph.diag is not None:
+        dense[:, :graph.num_dst] += torch.diag(graph.diag.detach().double())
+    return dense
+
+
+GRAPH_CASES = [(kind, flow, options, weighted) for flow in ("source_to_target", "target_to_source")
+               for kind, options, weighted in
+               [("gcn", dict(), False), ("gcn", dict(), True), ("gcn", dict(improved=True), False),
+                ("gcn", dict(improved=True), True), ("gcn", dict(normalize=False), False),
+                ("gcn", dict(normalize=False), True), ("gin", dict(), False), ("gin bipartite", dict(), False)]]
+
+
+def layer_graph(kind: str, flow: str, options: dict, weighted: bool):
+    """A QuantGraph as the layer builds it: repeated edges and self-loops, isolated nodes."""
+    g = gen(5)
+    n = 30
+    edge_index = torch.randint(n - 4, (2, 90), generator=g)  # nodes 26..29 isolated
+    # repeated edges, a self-loop and a repeated one (GCN keeps one loop's weight)
+    edge_index = torch.cat([edge_index, edge_index[:, :12], torch.tensor([[3, 7, 7], [3, 7, 7]])], 1)
+    weight = torch.rand(edge_index.size(1), generator=g) + 0.5 if weighted else None
+    if kind == "gcn":
+        return pq.QGCNConv(4, 4, bits=4, flow=flow, **options)._graph(torch.zeros(n, 4), edge_index, weight)
+    gin = pq.QGINConv(Linear(4, 4), bits=4, flow=flow)
+    if kind == "gin":
+        return gin._graph(edge_index, n, n)
+    bipartite = torch.stack([torch.randint(n, (70,), generator=g), torch.randint(12, (70,), generator=g)])
+    return gin._graph(bipartite if flow == "source_to_target" else bipartite.flip(0), n, 12)
+
+
+@pytest.mark.parametrize("kind, flow, options, weighted", GRAPH_CASES)
+def test_csr_product_equals_the_dense_reference(kind, flow, options, weighted):
+    graph = layer_graph(kind, flow, options, weighted)
+    dense = dense_adjacency(graph)
+    y = torch.randn(graph.num_src, 5, generator=gen(6)).requires_grad_()
+    upstream = torch.randn(graph.num_dst, 5, generator=gen(7))
+    # the product (and its gradient) as the QAT layers run it: A by CSR, the self-loop term apart
+    out = qat_conv._aggregate_float(graph, y, True)
+    (grad,) = torch.autograd.grad((out * upstream).sum(), y)
+    assert qat_conv._csr_pair(graph, torch.float32) is not None  # the CSR path ran, not the edge-wise one
+    expected = dense @ y.detach().double()
+    assert torch.allclose(out.double(), expected, rtol=1e-6, atol=1e-5)
+    assert torch.allclose(grad.double(), dense.t() @ upstream.double(), rtol=1e-6, atol=1e-5)
+    # evaluation: float64 products rounded once
+    with torch.no_grad():
+        assert torch.equal(qat_conv._aggregate_float(graph, y, False), expected.float())
+    # and the edge-wise aggregation of QuantGraph agrees
+    assert torch.allclose(out, graph.aggregate_float(y), rtol=1e-6, atol=1e-5)
+
+
+def test_csr_product_gradcheck():
+    edge_index = torch.tensor([[0, 1, 1, 2, 2, 4], [1, 0, 2, 1, 1, 4]])  # a repeated edge, a loop, node 3 isolated
+    graph = pq.QGCNConv(2, 2, bits=4)._graph(torch.zeros(5, 2), edge_index, None)
+    adj, adj_t = qat_conv._csr_pair(graph, torch.float64)
+    assert adj.layout == torch.sparse_csr and adj.crow_indices().dtype == torch.int32
+    assert torch.equal(adj_t.to_dense(), adj.to_dense().t())
+    y = torch.randn(5, 3, dtype=torch.float64, generator=gen(8), requires_grad=True)
+    product = lambda y: qat_conv._SparseProduct.apply(y, adj, adj_t)  # noqa: E731
+    assert torch.autograd.gradcheck(product, (y,))
+    assert torch.autograd.gradgradcheck(product, (y,))
+
+
+def test_csr_pair_is_built_once_per_graph_and_dtype(monkeypatch):
+    builds = [0]
+    build = qat_conv._csr_matrix
+
+    def counting_build(*args, **kwargs):
+        builds[0] += 1
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(qat_conv, "_csr_matrix", counting_build)
+    _graph_cache.clear_graph_cache()
+    model = pq.qat.prepare(make_model("GIN"), bits=4, skip_last=False)
+    x, edge_index = random_graph()
+    for _ in range(2):
+        model(x, edge_index).sum().backward()
+    assert builds[0] == 2  # A and Aᵀ in float32, shared by the layers and the steps
+    model.eval()
+    model(x, edge_index)
+    assert builds[0] == 4  # and in float64 for evaluation with autograd
+
+
+def test_csr_matrices_do_not_block_copies():
+    conv = pq.qat.prepare(GCNConv(12, 8, cached=True), bits=4, skip_last=False).eval()
+    x, edge_index = random_graph()
+    out = conv(x, edge_index)
+    assert "_qat_csr" in vars(conv._cached_graph)
+    for clone in (copy.deepcopy(conv), pickle.loads(pickle.dumps(conv))):  # CSR tensors cannot be copied
+        assert torch.equal(clone(x, edge_index), out)
+
+
+def test_weighted_edges_that_need_a_gradient_take_the_edge_wise_path():
+    x, edge_index = random_graph()
+    weight = torch.rand(edge_index.size(1), generator=gen(2)).requires_grad_()
+    graph = pq.QGCNConv(12, 8, bits=4)._graph(x, edge_index, weight)
+    assert qat_conv._csr_pair(graph, torch.float32) is None
+    y = torch.randn(40, 3, generator=gen(3))
+    qat_conv._aggregate_float(graph, y, True).sum().backward()
+    assert weight.grad is not None and weight.grad.abs().sum() > 0
+
+
+def train(model, x, edge_index, y, steps=2):
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    losses = []
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(x, edge_index), y)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.detach())
+    return losses, [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("kind", ["GCN", "GIN"])
+def test_training_steps_equal_with_and_without_the_cache(kind, monkeypatch):
+    x, edge_index = random_graph()
+    y = torch.randint(5, (40,), generator=gen(4))
+    cached = train(pq.qat.prepare(make_model(kind), bits=4, seed=11), x, edge_index, y)
+    with graph_cache_disabled():
+        fresh = train(pq.qat.prepare(make_model(kind), bits=4, seed=11), x, edge_index, y)
+    assert all(torch.equal(a, b) for a, b in zip(cached[0] + cached[1], fresh[0] + fresh[1]))
+    # the edge-wise aggregation (index_add, autograd's gradient) gives the same step to float32 rounding
+    monkeypatch.setattr(qat_conv, "_csr_pair", lambda graph, dtype: None)
+    edge_wise = train(pq.qat.prepare(make_model(kind), bits=4, seed=11), x, edge_index, y)
+    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(cached[0] + cached[1],
+                                                                          edge_wise[0] + edge_wise[1]))
