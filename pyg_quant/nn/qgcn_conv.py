@@ -11,6 +11,7 @@ from ._adjacency_formats import to_edge_set
 from ._common import (check_aggr, check_node_dim, check_out_dim, node_matrix, quant_options_repr,
                       requantize_output)
 from ._graph import QuantGraph
+from ._graph_cache import cached_graph
 from ._quantize import check_bits, fake_quantize, quantize
 from .quant_linear import _UNSET, QuantLinear, bit_kernels_apply, resolve_bits
 
@@ -98,6 +99,9 @@ class QGCNConv(MessagePassing):
         improved (bool): :math:`\mathbf{A} + 2\mathbf{I}`. (default: ``False``)
         cached (bool): cache the normalized adjacency (in eval, the packed bit
             tiles too) on the first call and reuse it; transductive use only.
+            Without it, an ``edge_index`` passed without ``edge_weight`` is still
+            read once: the layers called on the same, unchanged tensor share its
+            graph. (default: ``False``)
         add_self_loops (bool, optional): add self-loops; defaults to ``normalize``.
         normalize (bool): symmetric normalization. (default: ``True``)
         bias (bool): learn an additive bias. (default: ``True``)
@@ -176,6 +180,22 @@ class QGCNConv(MessagePassing):
         if self._cached_graph is not None:
             return self._cached_graph
         num_nodes = x.rows if isinstance(x, BitTensor) else x.size(-2)
+        # Edge weights are coded only where the features are: with act_bits=None
+        # the aggregation is a float one and keeps them exact.
+        adj_bits = self.adj_bits if self.act_bits is not None else None
+        if edge_weight is None:
+            # No autograd history, so the layers called on this edge_index share one graph (see
+            # _graph_cache).  Edges without weights have no codes: adj_bits plays no part in it.
+            options = ("gcn", num_nodes, self.flow, self.add_self_loops, self.improved, self.normalize)
+            graph = cached_graph(edge_index, options, lambda adj: self._build_graph(adj, None, num_nodes, adj_bits))
+        else:
+            graph = self._build_graph(edge_index, edge_weight, num_nodes, adj_bits)
+        if self.cached:
+            self._cached_graph = graph
+        return graph
+
+    def _build_graph(self, edge_index, edge_weight: Optional[Tensor], num_nodes: int,
+                     adj_bits: Optional[int]) -> QuantGraph:
         edges = to_edge_set(edge_index, edge_weight, num_nodes, num_nodes, self.flow)
         fill = None
         if self.add_self_loops:
@@ -183,14 +203,10 @@ class QGCNConv(MessagePassing):
             # fills the weights with ones, so there `improved` gives loops of weight 1.
             unweighted_edge_index = edges.bit_adj is None and edges.loop_rule == "remaining" and edges.weight is None
             fill = 2.0 if self.improved and not unweighted_edge_index else 1.0
-        # Edge weights are coded only where the features are: with act_bits=None
-        # the aggregation is a float one and keeps them exact.
-        graph = QuantGraph(edges, fill, self.adj_bits if self.act_bits is not None else None)
+        graph = QuantGraph(edges, fill, adj_bits)
         if self.normalize:
             deg_inv_sqrt = graph.degree().pow(-0.5)
             graph.deg_inv_sqrt = deg_inv_sqrt.masked_fill(deg_inv_sqrt == float("inf"), 0.0)
-        if self.cached:
-            self._cached_graph = graph
         return graph
 
     def forward(self, x: Union[Tensor, BitTensor], edge_index, edge_weight: Optional[Tensor] = None):

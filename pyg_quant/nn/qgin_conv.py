@@ -13,6 +13,7 @@ from ..bit_tensor import BitTensor
 from ._adjacency_formats import to_edge_set
 from ._common import check_aggr, check_node_dim, check_out_dim, node_matrix, quant_options_repr, requantize_output
 from ._graph import QuantGraph
+from ._graph_cache import cached_graph
 from ._quantize import check_bits, check_finite, dequantize, fake_quantize, fits, quantize
 from .quant_linear import _UNSET, QuantLinear, bit_kernels_apply, resolve_bits
 
@@ -65,7 +66,9 @@ class QGINConv(MessagePassing):
     :class:`pyg_quant.BitAdjacency` (its diagonal term, if any, is part of
     :math:`\mathbf{A}`).  Node features may be :class:`pyg_quant.BitTensor` s:
     ``act_bits`` codes with ranges per channel or per tensor are aggregated as
-    they are, anything else is read as the floats it holds.
+    they are, anything else is read as the floats it holds.  The layers called
+    on the same, unchanged ``edge_index`` tensor read it once and share its graph
+    (the packed bit tiles too).
 
     Computed correctly but not quantized: sparse node features are densified;
     node features with leading batch dimensions are aggregated as one
@@ -151,6 +154,17 @@ class QGINConv(MessagePassing):
                 num_dst = num_src
         return num_src, num_dst
 
+    def _graph(self, edge_index, num_src: int, num_dst: int) -> QuantGraph:
+        """``A`` of ``edge_index``, shared with the other layers called on the same tensor (see ``_graph_cache``)."""
+        adj_bits = self.adj_bits if self.act_bits is not None else None
+
+        def build(adj) -> QuantGraph:
+            edges = to_edge_set(adj, None, num_src, num_dst, self.flow, sparse_tensor_values=False)
+            return QuantGraph(edges, None, adj_bits)
+
+        # Only an edge_index is cached: edges without weights, whose graph adj_bits plays no part in.
+        return cached_graph(edge_index, ("gin", num_src, num_dst, self.flow), build)
+
     def forward(self, x: Union[Tensor, BitTensor, Tuple], edge_index, size: Optional[Tuple[int, int]] = None):
         """Args:
             x (Tensor, BitTensor or pair): node features, or ``(x_src, x_dst)`` (``x_dst`` may be None).
@@ -170,9 +184,8 @@ class QGINConv(MessagePassing):
         if x_src is None:
             raise ValueError("x_src (the source node features) is required")
         num_src, num_dst = self._node_counts(x_src, x_dst, edge_index, size)
-        edges = to_edge_set(edge_index, None, num_src, num_dst, self.flow, sparse_tensor_values=False)
         act_bits = self.act_bits
-        graph = QuantGraph(edges, None, self.adj_bits if act_bits is not None else None)
+        graph = self._graph(edge_index, num_src, num_dst)
         bit_kernels = bit_kernels_apply(self, x_src, x_dst, self.eps)
 
         # x_src as the aggregation's operand: codes that fit are used as they are.

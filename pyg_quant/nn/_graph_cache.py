@@ -1,0 +1,149 @@
+r"""A small cache of the graphs that layers build from one ``edge_index`` tensor.
+
+Every layer of a model is called on the same ``edge_index`` tensor, and a full-batch
+training loop calls the model on that tensor step after step.  Reading the edges (their
+range check costs a host synchronisation) and building the layer's
+:class:`~pyg_quant.nn._graph.QuantGraph` (self-loop terms, GCN's degrees, and, filled
+in on first use, the QAT aggregation's CSR matrices or the packed bit tiles) gives the
+same result at every one of those calls, so :func:`cached_graph` builds it once and
+hands out the same object afterwards.  Callers therefore treat a graph as read-only
+after it is built: what is filled in later must be a pure function of the graph
+(``QuantGraph._packed``, the CSR matrices per dtype).
+
+An entry is keyed on
+
+* the tensor's identity, held by a weak reference: the cache never keeps the user's
+  tensor alive, and an entry (with its device memory) goes when its tensor does.  The
+  graph is built from ``edge_index.detach()``, an alias that shares the storage but not
+  the tensor object, so nothing built refers back to the user's tensor;
+* ``edge_index._version``: in-place edits (``edge_index[0, 0] = 3``) bump it;
+* ``data_ptr()``, shape, strides, dtype and device: what ``edge_index.data = ...`` or
+  ``set_()`` can swap in without bumping the version;
+* ``options``: everything else the graph depends on (the layer kind, node counts,
+  ``flow``, self-loops, ``adj_bits``, normalization), given by the caller.  Since the
+  node counts are part of the key, the range check that ran when the entry was built
+  holds for every hit.
+
+Only graphs without autograd history may be cached: callers pass an ``edge_index``
+without ``edge_weight`` (integer indices carry no gradient), and a graph holding a
+tensor that requires grad is never stored.  Nothing is cached while ``torch.compile``
+traces (the traced graph cannot guard on this Python-side state, and it packs its tiles
+inside one op anyway), in inference mode (inference tensors keep no version counter,
+and a graph built there could not be saved for a later backward), or while a CUDA graph
+is being captured (what is built there lives in the capture's private memory pool).  At
+most :data:`MAX_ENTRIES` graphs are kept, the least recently used going first, so device
+memory stays bounded.  :func:`graph_cache_disabled` turns the cache off for a block.
+"""
+import weakref
+from collections import OrderedDict
+from contextlib import contextmanager
+from typing import Any, Callable, Hashable, Iterator, Optional, Tuple
+
+import torch
+
+from ._quantize import is_compiling
+
+MAX_ENTRIES = 8
+
+# (id(edge_index), options) -> (weak reference to edge_index, its signature, graph).  A dict
+# operation is atomic under the GIL, so threads need no lock: a race costs one extra build.
+_entries: "OrderedDict[Tuple[int, Hashable], Tuple[weakref.ref, tuple, Any]]" = OrderedDict()
+_enabled = True
+
+
+@contextmanager
+def graph_cache_disabled() -> Iterator[None]:
+    """Every layer builds its graph afresh inside this block (e.g. to compare against the cache)."""
+    global _enabled
+    previous, _enabled = _enabled, False
+    try:
+        yield
+    finally:
+        _enabled = previous
+
+
+def clear_graph_cache() -> None:
+    """Drops every cached graph."""
+    _entries.clear()
+
+
+def cached_graph_count() -> int:
+    """How many graphs are cached now."""
+    return len(_entries)
+
+
+def _signature(edge_index: torch.Tensor) -> Optional[tuple]:
+    """What identifies ``edge_index``'s current values besides the tensor object, or None if it cannot be tracked."""
+    try:
+        version = edge_index._version
+    except RuntimeError:  # an inference tensor keeps no version counter: in-place edits could not be seen
+        return None
+    return (version, edge_index.data_ptr(), tuple(edge_index.shape), edge_index.stride(), edge_index.dtype,
+            edge_index.device)
+
+
+def _cacheable(edge_index) -> bool:
+    return (_enabled and isinstance(edge_index, torch.Tensor) and edge_index.layout == torch.strided
+            and not edge_index.is_floating_point() and not is_compiling()
+            and not torch.is_inference_mode_enabled())
+
+
+def _capturing(edge_index: torch.Tensor) -> bool:
+    return edge_index.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def _holds_autograd_history(value: Any, depth: int = 0) -> bool:
+    """Whether a tensor reachable from ``value`` (its attributes, a few levels deep) requires grad."""
+    if isinstance(value, torch.Tensor):
+        return value.requires_grad
+    if depth == 3:
+        return False
+    if isinstance(value, dict):
+        children = value.values()
+    elif isinstance(value, (tuple, list)):
+        children = value
+    elif hasattr(value, "__dict__"):
+        children = vars(value).values()
+    else:
+        return False
+    return any(_holds_autograd_history(child, depth + 1) for child in children)
+
+
+def _forget_when_dead(key: Tuple[int, Hashable]) -> Callable[[weakref.ref], None]:
+    def forget(ref: weakref.ref) -> None:
+        entries = _entries
+        entry = entries.get(key) if entries is not None else None  # None at interpreter shutdown
+        if entry is not None and entry[0] is ref:
+            entries.pop(key, None)
+    return forget
+
+
+def cached_graph(edge_index, options: Hashable, build: Callable[[Any], Any]):
+    r"""``build(edge_index)``, or the result of an earlier call on the same unchanged tensor with equal ``options``.
+
+    Args:
+        edge_index: the adjacency as the layer got it.  Only a strided integer tensor
+            (an ``edge_index``) is cached; any other input is passed to ``build`` as it is.
+        options (hashable): everything besides ``edge_index`` that the result depends
+            on, starting with a tag for the kind of graph (see the module docstring).
+        build (callable): builds the graph from the adjacency; on a miss it gets
+            ``edge_index.detach()``, which reads the same storage.
+    """
+    if not _cacheable(edge_index):
+        return build(edge_index)
+    signature = _signature(edge_index)
+    if signature is None:
+        return build(edge_index)
+    key = (id(edge_index), options)
+    entry = _entries.get(key)
+    if entry is not None and entry[0]() is edge_index and entry[1] == signature:
+        _entries.move_to_end(key)
+        return entry[2]
+    graph = build(edge_index.detach())
+    if _capturing(edge_index) or _holds_autograd_history(graph):
+        return graph
+    _entries[key] = (weakref.ref(edge_index, _forget_when_dead(key)), signature, graph)  # replaces a stale entry
+    _entries.move_to_end(key)
+    while len(_entries) > MAX_ENTRIES:
+        _entries.popitem(last=False)
+    return graph
