@@ -13,7 +13,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch_geometric.nn import GCNConv, GINConv
 
 import pyg_quant as pq
+from pyg_quant.nn import _csr as csr_module
 from pyg_quant.nn import _graph, _graph_cache
+from pyg_quant.nn import _graph as graph_module
+from pyg_quant.nn._csr import SparseProduct
+from pyg_quant.nn._graph import QuantGraph
 from pyg_quant.nn._adjacency_formats import to_edge_set
 from pyg_quant.nn._graph_cache import cached_graph, cached_graph_count, graph_cache_disabled
 from pyg_quant.qat import conv as qat_conv
@@ -290,7 +294,7 @@ def test_csr_product_equals_the_dense_reference(kind, flow, options, weighted):
     # the product (and its gradient) as the QAT layers run it: A by CSR, the self-loop term apart
     out = qat_conv._aggregate_float(graph, y, True)
     (grad,) = torch.autograd.grad((out * upstream).sum(), y)
-    assert qat_conv._csr_pair(graph, torch.float32) is not None  # the CSR path ran, not the edge-wise one
+    assert graph.csr_pair(torch.float32) is not None  # the CSR path ran, not the edge-wise one
     expected = dense @ y.detach().double()
     assert torch.allclose(out.double(), expected, rtol=1e-6, atol=1e-5)
     assert torch.allclose(grad.double(), dense.t() @ upstream.double(), rtol=1e-6, atol=1e-5)
@@ -304,24 +308,24 @@ def test_csr_product_equals_the_dense_reference(kind, flow, options, weighted):
 def test_csr_product_gradcheck():
     edge_index = torch.tensor([[0, 1, 1, 2, 2, 4], [1, 0, 2, 1, 1, 4]])  # a repeated edge, a loop, node 3 isolated
     graph = pq.QGCNConv(2, 2, bits=4)._graph(torch.zeros(5, 2), edge_index, None)
-    adj, adj_t = qat_conv._csr_pair(graph, torch.float64)
+    adj, adj_t = graph.csr_pair(torch.float64)
     assert adj.layout == torch.sparse_csr and adj.crow_indices().dtype == torch.int32
     assert torch.equal(adj_t.to_dense(), adj.to_dense().t())
     y = torch.randn(5, 3, dtype=torch.float64, generator=gen(8), requires_grad=True)
-    product = lambda y: qat_conv._SparseProduct.apply(y, adj, adj_t)  # noqa: E731
+    product = lambda y: SparseProduct.apply(y, adj, adj_t)  # noqa: E731
     assert torch.autograd.gradcheck(product, (y,))
     assert torch.autograd.gradgradcheck(product, (y,))
 
 
 def test_csr_pair_is_built_once_per_graph_and_dtype(monkeypatch):
     builds = [0]
-    build = qat_conv._csr_matrix
+    build = csr_module.csr_matrix
 
     def counting_build(*args, **kwargs):
         builds[0] += 1
         return build(*args, **kwargs)
 
-    monkeypatch.setattr(qat_conv, "_csr_matrix", counting_build)
+    monkeypatch.setattr(graph_module, "csr_matrix", counting_build)
     _graph_cache.clear_graph_cache()
     model = pq.qat.prepare(make_model("GIN"), bits=4, skip_last=False)
     x, edge_index = random_graph()
@@ -337,7 +341,7 @@ def test_csr_matrices_do_not_block_copies():
     conv = pq.qat.prepare(GCNConv(12, 8, cached=True), bits=4, skip_last=False).eval()
     x, edge_index = random_graph()
     out = conv(x, edge_index)
-    assert "_qat_csr" in vars(conv._cached_graph)
+    assert "_csr" in vars(conv._cached_graph)
     for clone in (copy.deepcopy(conv), pickle.loads(pickle.dumps(conv))):  # CSR tensors cannot be copied
         assert torch.equal(clone(x, edge_index), out)
 
@@ -346,7 +350,7 @@ def test_weighted_edges_that_need_a_gradient_take_the_edge_wise_path():
     x, edge_index = random_graph()
     weight = torch.rand(edge_index.size(1), generator=gen(2)).requires_grad_()
     graph = pq.QGCNConv(12, 8, bits=4)._graph(x, edge_index, weight)
-    assert qat_conv._csr_pair(graph, torch.float32) is None
+    assert graph.csr_pair(torch.float32) is None
     y = torch.randn(40, 3, generator=gen(3))
     qat_conv._aggregate_float(graph, y, True).sum().backward()
     assert weight.grad is not None and weight.grad.abs().sum() > 0
@@ -373,7 +377,7 @@ def test_training_steps_equal_with_and_without_the_cache(kind, monkeypatch):
         fresh = train(pq.qat.prepare(make_model(kind), bits=4, seed=11), x, edge_index, y)
     assert all(torch.equal(a, b) for a, b in zip(cached[0] + cached[1], fresh[0] + fresh[1]))
     # the edge-wise aggregation (index_add, autograd's gradient) gives the same step to float32 rounding
-    monkeypatch.setattr(qat_conv, "_csr_pair", lambda graph, dtype: None)
+    monkeypatch.setattr(QuantGraph, "csr_pair", lambda graph, dtype: None)
     edge_wise = train(pq.qat.prepare(make_model(kind), bits=4, seed=11), x, edge_index, y)
     assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(cached[0] + cached[1],
                                                                           edge_wise[0] + edge_wise[1]))

@@ -5,8 +5,10 @@ quantized per tensor to ``adj_bits`` codes, ``w ≈ lo_w + s_w·c``), ``δ`` is 
 self-loop term, kept in float32 beside the tiles as :class:`BitAdjacency` does.
 Two ways to compute ``Â · Y`` give the same numbers for the same codes:
 
-* float (training, and ``bits=None``): ``index_add`` of ``coef_e · Y[src_e]``
-  with ``coef_e = lo_w + s_w·c_e`` (straight-through to the raw weight);
+* float (training, and ``bits=None``): ``Σ_e coef_e · Y[src_e]`` with
+  ``coef_e = lo_w + s_w·c_e``, as a CSR product with ``A`` (its gradient one with
+  ``Aᵀ``, both built once per graph), or, where a gradient must reach the raw edge
+  weights (straight-through), as an ``index_add`` over the edges;
 * bits (evaluation): with ``Y ≈ lo_y + s_y·Q`` scaled per column, ``M`` the
   0/1 (multiplicity) adjacency and ``C`` the adjacency of weight codes::
 
@@ -24,6 +26,7 @@ import torch
 from ..adjacency import bit_spmm
 from ..bit_tensor import BitTensor, to_val
 from ._adjacency_formats import EdgeSet, bit_spmm_codes, edge_spmm_int, pack_entries
+from ._csr import RebuiltOnCopy, SparseProduct, csr_matrix
 from ._quantize import check_finite, is_compiling
 
 
@@ -175,17 +178,48 @@ class QuantGraph:
         return exact + (summed - summed.detach())
 
     # --- aggregation -------------------------------------------------------------------
+    def csr_pair(self, dtype: torch.dtype) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+        """``(A, Aᵀ)`` (the edges, self-loop term apart) as CSR matrices of ``dtype``, kept on the graph.
+
+        Built once per graph and dtype, so a graph that the layers share (see
+        ``pyg_quant.nn._graph_cache``) carries them across layers and steps.  None where a
+        gradient must reach the edge coefficients (the edge-wise ``index_add`` carries it).
+        """
+        cache = self.__dict__.setdefault("_csr", RebuiltOnCopy())
+        if dtype in cache:
+            return cache[dtype]
+        coef = self.edge_coefficients()  # decodes the edges if needed
+        if coef is not None and coef.requires_grad:
+            return None
+        edges = self.edges
+        pair = (csr_matrix(edges.dst, edges.src, coef, self.num_dst, self.num_src, dtype),
+                csr_matrix(edges.src, edges.dst, coef, self.num_src, self.num_dst, dtype))
+        cache[dtype] = pair
+        return pair
+
     def aggregate_float(self, y: torch.Tensor) -> torch.Tensor:
-        """``Â · y`` by ``index_add`` along dim -2 (any leading batch dims), autograd-friendly."""
-        edges = self._float_edges()
-        coef = self.edge_coefficients()
-        messages = y.index_select(-2, edges.src)
-        if coef is not None:
-            messages = messages * coef.to(messages.dtype).view(-1, 1)
-        shape = y.shape[:-2] + (self.num_dst, y.size(-1))
-        out = torch.zeros(shape, dtype=messages.dtype, device=y.device).index_add(-2, edges.dst, messages)
+        """``Â · y`` along dim -2 (any leading batch dims), autograd-friendly, in ``y``'s dtype.
+
+        A 2-D float32 / float64 ``y`` runs one CSR product (:meth:`csr_pair`); other inputs,
+        edge weights that need a gradient, and ``torch.compile`` tracing (sparse CSR tensors
+        and the custom backward would break its graph) an ``index_add`` of the edge messages.
+        """
+        use_csr = y.dim() == 2 and y.dtype in (torch.float32, torch.float64) and not is_compiling()
+        pair = self.csr_pair(y.dtype) if use_csr else None
+        if pair is not None:
+            out = SparseProduct.apply(y, *pair)
+        else:
+            edges = self._float_edges()
+            coef = self.edge_coefficients()
+            messages = y.index_select(-2, edges.src)
+            if coef is not None:
+                messages = messages * coef.to(messages.dtype).view(-1, 1)
+            shape = y.shape[:-2] + (self.num_dst, y.size(-1))
+            out = torch.zeros(shape, dtype=messages.dtype, device=y.device).index_add(-2, edges.dst, messages)
         if self.diag is not None:
-            out = out + self.diag.to(y.dtype).view(-1, 1) * y[..., :self.num_dst, :]
+            # A slice of all rows would still cost a slice_backward (a zero fill and a copy) in every backward.
+            self_features = y if y.size(-2) == self.num_dst else y[..., :self.num_dst, :]
+            out = out + self.diag.to(y.dtype).view(-1, 1) * self_features
         return out
 
     def _pack(self) -> tuple:

@@ -29,7 +29,6 @@ aggregation operand itself (its codes on the bit tiles in evaluation, its
 values unrounded in training, where the static ``agg_quant`` still observes
 them).  Other BitTensors are read as the floats they hold.
 """
-import warnings
 from typing import Optional, Tuple, Union
 
 import torch
@@ -62,77 +61,8 @@ def _float_features(x, name: str) -> Optional[Tensor]:
     return x
 
 
-def _csr_matrix(rows: Tensor, cols: Tensor, values: Optional[Tensor], num_rows: int, num_cols: int,
-                dtype: torch.dtype) -> Tensor:
-    """``M[rows[e], cols[e]] += values[e]`` (ones when None) as CSR, repeated entries kept (SpMM sums them)."""
-    index_dtype = torch.int32 if max(rows.numel(), num_rows, num_cols) < 2**31 else torch.int64
-    # One sort gives the row pointers and the column order; a stable one fixes the order of each row's sum.
-    sorted_rows, order = torch.sort(rows, stable=True)
-    crow = torch._convert_indices_from_coo_to_csr(sorted_rows, num_rows, out_int32=index_dtype == torch.int32)
-    col = cols.index_select(0, order).to(index_dtype)
-    if values is None:
-        values = torch.ones(rows.numel(), dtype=dtype, device=rows.device)
-    else:
-        values = values.index_select(0, order).to(dtype)
-    with warnings.catch_warnings():  # "Sparse CSR tensor support is in beta state", once per process
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.sparse_csr_tensor(crow, col, values, (num_rows, num_cols), check_invariants=False)
-
-
-class _RebuiltOnCopy(dict):
-    """A dict of values derived from their owner on first use; copies and pickles start empty.
-
-    Sparse CSR tensors can be neither deep-copied nor pickled, and a model holding a graph
-    (``QGCNConv(cached=True)``) is both, e.g. by :func:`~pyg_quant.qat.convert`.
-    """
-
-    def __deepcopy__(self, memo):
-        return type(self)()
-
-    def __reduce__(self):
-        return type(self), ()
-
-
-def _csr_pair(graph: QuantGraph, dtype: torch.dtype) -> Optional[Tuple[Tensor, Tensor]]:
-    """``(A, Aᵀ)`` (the edges, self-loop term apart) as CSR matrices of ``dtype``, kept on ``graph``.
-
-    Built once per graph and dtype, so a graph that the layers share (see
-    ``pyg_quant.nn._graph_cache``) carries them across layers and steps.  None where a
-    gradient must reach the edge coefficients (the edge-wise ``index_add`` path carries it).
-    """
-    cache = graph.__dict__.setdefault("_qat_csr", _RebuiltOnCopy())
-    if dtype in cache:
-        return cache[dtype]
-    coef = graph.edge_coefficients()  # decodes the edges if needed
-    if coef is not None and coef.requires_grad:
-        return None
-    edges = graph.edges
-    pair = (_csr_matrix(edges.dst, edges.src, coef, graph.num_dst, graph.num_src, dtype),
-            _csr_matrix(edges.src, edges.dst, coef, graph.num_src, graph.num_dst, dtype))
-    cache[dtype] = pair
-    return pair
-
-
-class _SparseProduct(torch.autograd.Function):
-    r"""``A · y`` with the gradient ``Aᵀ · dY`` to ``y`` (``A`` is a constant).
-
-    Autograd's own backward of ``torch.sparse.mm`` transposes and coalesces ``A`` at
-    every call; here ``Aᵀ`` comes prebuilt in CSR and the backward is one more product
-    of the same kind (itself differentiable, so double backward works too).
-    """
-
-    @staticmethod
-    def forward(ctx, y: Tensor, adj: Tensor, adj_t: Tensor) -> Tensor:
-        ctx.adj, ctx.adj_t = adj, adj_t
-        return torch.mm(adj, y)  # one op (torch.sparse.mm dispatches two: zeros, then _sparse_addmm)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        return _SparseProduct.apply(grad, ctx.adj_t, ctx.adj), None, None
-
-
 def _aggregate_float(graph: QuantGraph, y: Tensor, training: bool) -> Tensor:
-    r"""``Â · y`` in float: ``QuantGraph.aggregate_float``'s values, as one sparse-dense product.
+    r"""``Â · y`` in float32 (:meth:`QuantGraph.aggregate_float`: one CSR product, gradient ``Aᵀ·dY``).
 
     The CSR product reads each source row once per edge and writes each target row once,
     instead of materialising an ``[edges, F]`` message matrix (5-7x faster for Cora's
@@ -143,15 +73,7 @@ def _aggregate_float(graph: QuantGraph, y: Tensor, training: bool) -> Tensor:
         y = y.double()
     elif y.dtype not in (torch.float32, torch.float64):
         y = y.float()  # the result is float32 either way, and CSR products take no half types on the CPU
-    pair = _csr_pair(graph, y.dtype) if y.dim() == 2 else None
-    if pair is None:
-        return graph.aggregate_float(y).to(torch.float32)
-    out = _SparseProduct.apply(y, *pair)
-    if graph.diag is not None:
-        # A slice of all rows would still cost a slice_backward (a zero fill and a copy) in every backward.
-        self_features = y if y.size(0) == graph.num_dst else y[:graph.num_dst]
-        out = out + graph.diag.to(y.dtype).view(-1, 1) * self_features
-    return out.to(torch.float32)
+    return graph.aggregate_float(y).to(torch.float32)
 
 
 class _QATConvMixin:

@@ -1,0 +1,64 @@
+r"""Float sparse-dense products for the layers' float aggregation: ``A`` and ``Aᵀ`` prebuilt in CSR.
+
+Training computes ``Â · y`` in float (fake-quantized values, or ``bits=None``).  PyG's
+``edge_index`` path materialises an ``[edges, F]`` message matrix (``index_select``) and
+scatters it back (``index_add``), and autograd's backward of ``torch.sparse.mm`` on a
+COO matrix transposes and coalesces it (a sort of every edge) at every call.  A graph
+here keeps ``A`` (rows = targets) and ``Aᵀ`` (rows = sources) in CSR, built once with
+one sort each, and :class:`SparseProduct` runs the forward and the backward as one CSR
+product each.
+"""
+import warnings
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+
+def csr_matrix(rows: Tensor, cols: Tensor, values: Optional[Tensor], num_rows: int, num_cols: int,
+               dtype: torch.dtype) -> Tensor:
+    """``M[rows[e], cols[e]] += values[e]`` (ones when None) as CSR, repeated entries kept (SpMM sums them)."""
+    index_dtype = torch.int32 if max(rows.numel(), num_rows, num_cols) < 2**31 else torch.int64
+    # One sort gives the row pointers and the column order; a stable one fixes the order of each row's sum.
+    sorted_rows, order = torch.sort(rows, stable=True)
+    crow = torch._convert_indices_from_coo_to_csr(sorted_rows, num_rows, out_int32=index_dtype == torch.int32)
+    col = cols.index_select(0, order).to(index_dtype)
+    if values is None:
+        values = torch.ones(rows.numel(), dtype=dtype, device=rows.device)
+    else:
+        values = values.index_select(0, order).to(dtype)
+    with warnings.catch_warnings():  # "Sparse CSR tensor support is in beta state", once per process
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.sparse_csr_tensor(crow, col, values, (num_rows, num_cols), check_invariants=False)
+
+
+class RebuiltOnCopy(dict):
+    """A dict of values derived from their owner on first use; copies and pickles start empty.
+
+    Sparse CSR tensors can be neither deep-copied nor pickled, and a model holding a graph
+    (``QGCNConv(cached=True)``) is both, e.g. by :func:`~pyg_quant.qat.convert`.
+    """
+
+    def __deepcopy__(self, memo):
+        return type(self)()
+
+    def __reduce__(self):
+        return type(self), ()
+
+
+class SparseProduct(torch.autograd.Function):
+    r"""``A · y`` with the gradient ``Aᵀ · dY`` to ``y`` (``A`` is a constant).
+
+    Autograd's own backward of ``torch.sparse.mm`` transposes and coalesces ``A`` at
+    every call; here ``Aᵀ`` comes prebuilt in CSR and the backward is one more product
+    of the same kind (itself differentiable, so double backward works too).
+    """
+
+    @staticmethod
+    def forward(ctx, y: Tensor, adj: Tensor, adj_t: Tensor) -> Tensor:
+        ctx.adj, ctx.adj_t = adj, adj_t
+        return torch.mm(adj, y)  # one op (torch.sparse.mm dispatches two: zeros, then _sparse_addmm)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return SparseProduct.apply(grad, ctx.adj_t, ctx.adj), None, None
