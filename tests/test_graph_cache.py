@@ -381,3 +381,25 @@ def test_training_steps_equal_with_and_without_the_cache(kind, monkeypatch):
     edge_wise = train(pq.qat.prepare(make_model(kind), bits=4, seed=11), x, edge_index, y)
     assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(cached[0] + cached[1],
                                                                           edge_wise[0] + edge_wise[1]))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kind, flow, options, weighted", [case for case in GRAPH_CASES if not case[3]])
+def test_csr_product_on_the_gpu_equals_the_dense_reference(kind, flow, options, weighted):
+    """int32 CSR products (cuSPARSE) forward and backward, against float64 dense products of the same graph."""
+    graph_cpu = layer_graph(kind, flow, options, weighted)
+    edges = graph_cpu.edges
+    num_src, num_dst = graph_cpu.num_src, graph_cpu.num_dst
+    edge_index = torch.stack([edges.src, edges.dst]).cuda()
+    with graph_cache_disabled():
+        graph = QuantGraph(to_edge_set(edge_index, None, num_src, num_dst, "source_to_target"), None, 4)
+    dense_a = torch.zeros(num_dst, num_src, dtype=torch.float64).index_put_(
+        (edges.dst, edges.src), torch.ones(edges.dst.numel(), dtype=torch.float64), accumulate=True)
+    y = torch.randn(num_src, 70, generator=gen(9)).cuda().requires_grad_()
+    upstream = torch.randn(num_dst, 70, generator=gen(10)).cuda()
+    out = graph.aggregate_float(y)
+    (grad,) = torch.autograd.grad((out * upstream).sum(), y)
+    assert graph.csr_pair(torch.float32)[0].device.type == "cuda"
+    assert torch.allclose(out.double().cpu(), dense_a @ y.detach().double().cpu(), rtol=1e-6, atol=1e-5)
+    assert torch.allclose(grad.double().cpu(), dense_a.t() @ upstream.double().cpu(), rtol=1e-6, atol=1e-5)
