@@ -87,6 +87,15 @@ inline void check_fake_quantize_args(const at::Tensor& x, const std::optional<at
                     "noise must be float32 with x's shape and device");
 }
 
+// The rounding noise: the given tensor, U[0, 1) drawn here from `generator` (torch's default one when None,
+// exactly what torch.rand(x.shape, generator=generator) draws), or none (round to nearest).
+inline at::Tensor rounding_noise(const at::Tensor& x, const std::optional<at::Tensor>& noise, bool random_noise,
+                                 std::optional<at::Generator> generator) {
+  TORCH_CHECK_VALUE(!(noise && random_noise), "pass noise or random_noise=True, not both");
+  if (random_noise) return at::rand(x.sizes(), std::move(generator), x.options());
+  return noise ? noise->contiguous() : at::Tensor();
+}
+
 // The ranges in use: the given ones, or x's own min / max per group (NaN propagated, as amin / amax do).
 inline std::tuple<at::Tensor, at::Tensor> ranges_or_extrema(const at::Tensor& x, const std::optional<at::Tensor>& lo,
                                                             const std::optional<at::Tensor>& hi, int64_t dim) {

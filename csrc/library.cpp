@@ -10,8 +10,8 @@ TORCH_LIBRARY(pyg_quant, m) {
       "quantize_pack_ranges(Tensor x, int bits, int dim, bool col_layout, Tensor? noise) -> (Tensor, Tensor, Tensor, "
       "Tensor)");
   m.def(
-      "fake_quantize(Tensor x, Tensor? lo, Tensor? hi, int bits, int dim, Tensor? noise, bool with_mask) -> (Tensor, "
-      "Tensor)");
+      "fake_quantize(Tensor x, Tensor? lo, Tensor? hi, int bits, int dim, Tensor? noise, bool with_mask, "
+      "bool random_noise=False, Generator? generator=None) -> (Tensor, Tensor)");
   m.def("mse_range(Tensor x, int dim, int bits, float[] grid) -> (Tensor, Tensor)");
   m.def("unpack_codes(Tensor planes, int rows, int cols, bool col_layout) -> Tensor");
   m.def("packed_code_sums(Tensor planes) -> Tensor");

@@ -74,6 +74,30 @@ def test_fake_quantize_values_and_edge_cases():
     assert torch.equal(mask, torch.tensor([[True, True, False, False]]))
 
 
+def _check_drawn_noise(device):
+    """random_noise=True draws exactly torch.rand(x.shape, generator=g): seed-deterministic, and SR unbiased."""
+    x = _data(300, 17, 4).to(device)
+    for dim in DIMS:
+        g1 = torch.Generator(device=device).manual_seed(5)
+        g2 = torch.Generator(device=device).manual_seed(5)
+        drawn = ops.fake_quantize(x, None, None, 2, dim, None, False, True, g1)[0]
+        given = ops.fake_quantize(x, None, None, 2, dim, torch.rand(x.shape, generator=g2, device=device), False)[0]
+        assert _equal(drawn, given)
+        assert not _equal(drawn, ops.fake_quantize(x, None, None, 2, dim, None, False, True, g1)[0])  # moved on
+    # unbiased: the mean of many stochastic roundings of a constant 0.3 on the grid {0, 1} is 0.3
+    y = torch.full((2000, 8), 0.3, device=device)
+    y[0, 0], y[1, 0] = 0.0, 1.0  # the per-tensor range [0, 1], 1 bit
+    mean = ops.fake_quantize(y, None, None, 1, -1, None, False, True, torch.Generator(device=device).manual_seed(1))[0]
+    assert abs(float(mean[2:].mean()) - 0.3) < 0.01
+    with pytest.raises(ValueError, match="not both"):
+        ops.fake_quantize(x, None, None, 2, 0, torch.rand(x.shape, device=device), False, True, None)
+
+
+@requires_compiled
+def test_fake_quantize_draws_its_noise_like_torch_rand():
+    _check_drawn_noise("cpu")
+
+
 @requires_compiled
 @pytest.mark.parametrize("shape", SHAPES)
 def test_mse_range_cpu_equals_reference(shape):
@@ -174,6 +198,12 @@ def test_fake_quantize_gpu_equals_cpu(shape):
                                                 None if hi is None else hi.cuda(), bits, dim,
                                                 None if nz is None else nz.cuda(), given)
         assert _equal(gpu[0], cpu[0]) and _equal(gpu[1], cpu[1]), (bits, dim, nz is None, given)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA_OK, reason="needs a CUDA GPU and pyg_quant's compiled CUDA backend")
+def test_fake_quantize_draws_its_noise_on_the_gpu_like_torch_rand():
+    _check_drawn_noise("cuda")
 
 
 @pytest.mark.parametrize("shape", SHAPES + [(70000, 3), (600, 64)])

@@ -36,17 +36,18 @@ int first_smallest(const double* errors, int count) {
 
 std::tuple<at::Tensor, at::Tensor> fake_quantize_cpu(const at::Tensor& x_in, const std::optional<at::Tensor>& lo_in,
                                                      const std::optional<at::Tensor>& hi_in, int64_t bits, int64_t dim,
-                                                     const std::optional<at::Tensor>& noise_in, bool with_mask) {
+                                                     const std::optional<at::Tensor>& noise_in, bool with_mask,
+                                                     bool random_noise, std::optional<at::Generator> generator) {
   check_fake_quantize_args(x_in, lo_in, hi_in, bits, dim, noise_in);
   const at::Tensor x = x_in.contiguous();
   const auto [lo_t, hi_t] = ranges_or_extrema(x, lo_in, hi_in, dim);
-  const at::Tensor noise_t = noise_in ? noise_in->contiguous() : at::Tensor();
+  const at::Tensor noise_t = rounding_noise(x, noise_in, random_noise, std::move(generator));
   at::Tensor out = at::empty_like(x);
   at::Tensor mask = at::empty(with_mask ? x.sizes() : at::IntArrayRef{0}, x.options().dtype(at::kBool));
   const int64_t rows = x.size(0), cols = x.size(1);
   const float levels = static_cast<float>((1 << bits) - 1);
   const float *xp = x.data_ptr<float>(), *lo = lo_t.data_ptr<float>(), *hi = hi_t.data_ptr<float>();
-  const float* noise = noise_in ? noise_t.data_ptr<float>() : nullptr;
+  const float* noise = noise_t.defined() ? noise_t.data_ptr<float>() : nullptr;
   float* op = out.data_ptr<float>();
   bool* mp = with_mask ? mask.data_ptr<bool>() : nullptr;
   const GroupStride g = group_stride(dim);

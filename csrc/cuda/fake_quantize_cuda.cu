@@ -117,30 +117,37 @@ __global__ void mse_cols_partial_kernel(const float* __restrict__ x, int64_t row
   }
 }
 
-// Per column, pass 2: a thread a group adds the partials in chunk (then column) order and keeps the first
-// smallest error's range.
+// Per column, pass 2: a block a group.  Warp k adds candidate k's partials (lanes over the chunks, and the columns
+// of a per-tensor search, in a fixed order; then a butterfly), and thread 0 keeps the first smallest error's range.
 __global__ void mse_cols_select_kernel(const double* __restrict__ partial, int64_t chunks, int64_t cols,
                                        const float* __restrict__ lo, const float* __restrict__ hi, bool one_group,
                                        Shrink shrink, float levels, float* __restrict__ best_lo,
                                        float* __restrict__ best_hi) {
-  const int64_t groups = one_group ? 1 : cols;
-  const int64_t group = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (group >= groups) return;
-  const int64_t c_begin = one_group ? 0 : group, c_end = one_group ? cols : group + 1;
-  int best = 0;
-  double best_err = 0.0;
-  for (int k = 0; k < shrink.count; ++k) {
-    double total = 0.0;
-    for (int64_t chunk = 0; chunk < chunks; ++chunk)
-      for (int64_t c = c_begin; c < c_end; ++c) total += partial[(chunk * shrink.count + k) * cols + c];
-    if (k == 0) {
-      best_err = total;
-    } else if (total < best_err) {  // a NaN error never wins; ties keep the wider range
-      best = k;
-      best_err = total;
+  __shared__ double totals[kMaxMseCandidates];
+  const int64_t group = blockIdx.x;
+  const int lane = threadIdx.x & 31, k = threadIdx.x >> 5;
+  const int64_t c_begin = one_group ? 0 : group, width = one_group ? cols : 1;
+  if (k < shrink.count) {
+    double sum = 0.0;
+    for (int64_t i = lane; i < chunks * width; i += 32) {
+      const int64_t chunk = i / width, c = c_begin + i % width;
+      sum += partial[(chunk * shrink.count + k) * cols + c];
     }
+    for (int s = 16; s > 0; s >>= 1) sum += __shfl_xor_sync(kFullMask, sum, s);
+    if (lane == 0) totals[k] = sum;
   }
-  const MseCandidate chosen = mse_candidate(lo[group], hi[group], shrink.factor[best], levels);
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  // Constant indices only (unrolled), so the parameter struct is read in place rather than copied to the stack.
+  double best_err = totals[0];
+  float best_shrink = shrink.factor[0];
+#pragma unroll
+  for (int j = 1; j < kMaxMseCandidates; ++j)
+    if (j < shrink.count && totals[j] < best_err) {  // a NaN error never wins; ties keep the wider range
+      best_err = totals[j];
+      best_shrink = shrink.factor[j];
+    }
+  const MseCandidate chosen = mse_candidate(lo[group], hi[group], best_shrink, levels);
   best_lo[group] = chosen.params.lo;
   best_hi[group] = chosen.hi;
 }
@@ -149,19 +156,20 @@ __global__ void mse_cols_select_kernel(const double* __restrict__ partial, int64
 
 std::tuple<at::Tensor, at::Tensor> fake_quantize_cuda(const at::Tensor& x_in, const std::optional<at::Tensor>& lo_in,
                                                       const std::optional<at::Tensor>& hi_in, int64_t bits, int64_t dim,
-                                                      const std::optional<at::Tensor>& noise_in, bool with_mask) {
+                                                      const std::optional<at::Tensor>& noise_in, bool with_mask,
+                                                      bool random_noise, std::optional<at::Generator> generator) {
   check_fake_quantize_args(x_in, lo_in, hi_in, bits, dim, noise_in);
   const c10::cuda::CUDAGuard guard(x_in.device());
   const at::Tensor x = x_in.contiguous();
   const auto [lo, hi] = ranges_or_extrema(x, lo_in, hi_in, dim);
-  const at::Tensor noise = noise_in ? noise_in->contiguous() : at::Tensor();
+  const at::Tensor noise = rounding_noise(x, noise_in, random_noise, std::move(generator));
   at::Tensor out = at::empty_like(x);
   at::Tensor mask = at::empty(with_mask ? x.sizes() : at::IntArrayRef{0}, x.options().dtype(at::kBool));
   const int64_t n = x.numel(), cols = x.size(1);
   const int64_t row_stride = dim == 1 ? 1 : 0, col_stride = dim == 0 ? 1 : 0;
   constexpr int threads = 256;
   fake_quantize_kernel<<<blocks_for(n, threads), threads, 0, c10::cuda::getCurrentCUDAStream()>>>(
-      x.data_ptr<float>(), lo.data_ptr<float>(), hi.data_ptr<float>(), noise_in ? noise.data_ptr<float>() : nullptr,
+      x.data_ptr<float>(), lo.data_ptr<float>(), hi.data_ptr<float>(), noise.defined() ? noise.data_ptr<float>() : nullptr,
       n, cols, row_stride, col_stride, static_cast<float>((1 << bits) - 1), out.data_ptr<float>(),
       with_mask ? mask.data_ptr<bool>() : nullptr);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -200,7 +208,7 @@ std::tuple<at::Tensor, at::Tensor> mse_range_cuda(const at::Tensor& x_in, int64_
                                                       partial.data_ptr<double>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   at::Tensor best_lo = at::empty({groups}, x.options()), best_hi = at::empty({groups}, x.options());
-  mse_cols_select_kernel<<<blocks_for(groups, 128), 128, 0, stream>>>(
+  mse_cols_select_kernel<<<static_cast<unsigned>(groups), 32 * shrink.count, 0, stream>>>(
       partial.data_ptr<double>(), chunks, cols, lo.data_ptr<float>(), hi.data_ptr<float>(), one_group, shrink, levels,
       best_lo.data_ptr<float>(), best_hi.data_ptr<float>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();

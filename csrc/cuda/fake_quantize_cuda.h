@@ -1,4 +1,5 @@
 #pragma once
+#include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 #include <optional>
 #include <tuple>
@@ -7,7 +8,8 @@ namespace pyg_quant {
 
 std::tuple<at::Tensor, at::Tensor> fake_quantize_cuda(const at::Tensor& x, const std::optional<at::Tensor>& lo,
                                                       const std::optional<at::Tensor>& hi, int64_t bits, int64_t dim,
-                                                      const std::optional<at::Tensor>& noise, bool with_mask);
+                                                      const std::optional<at::Tensor>& noise, bool with_mask,
+                                                      bool random_noise, std::optional<at::Generator> generator);
 std::tuple<at::Tensor, at::Tensor> mse_range_cuda(const at::Tensor& x, int64_t dim, int64_t bits,
                                                   at::ArrayRef<double> grid);
 

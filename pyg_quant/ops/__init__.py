@@ -27,10 +27,11 @@ def quantize_pack_ranges(x, bits: int, dim: int, col_layout: bool, noise: Option
 
 
 def fake_quantize(x, lo: Optional[torch.Tensor], hi: Optional[torch.Tensor], bits: int, dim: int,
-                  noise: Optional[torch.Tensor] = None, with_mask: bool = False):
+                  noise: Optional[torch.Tensor] = None, with_mask: bool = False, random_noise: bool = False,
+                  generator: Optional[torch.Generator] = None):
     if use_compiled("fake_quantize", x.device):
-        return torch.ops.pyg_quant.fake_quantize(x, lo, hi, bits, dim, noise, with_mask)
-    return reference.fake_quantize(x, lo, hi, bits, dim, noise, with_mask)
+        return torch.ops.pyg_quant.fake_quantize(x, lo, hi, bits, dim, noise, with_mask, random_noise, generator)
+    return reference.fake_quantize(x, lo, hi, bits, dim, noise, with_mask, random_noise, generator)
 
 
 def mse_range(x, dim: int, bits: int, grid):
@@ -110,7 +111,7 @@ if LOADED:
                 x.new_empty((ranges,)), x.new_empty((ranges,)), x.new_empty((padded_outer(outer),), dtype=torch.int64))
 
     @torch.library.register_fake("pyg_quant::fake_quantize")
-    def _(x, lo, hi, bits, dim, noise, with_mask):
+    def _(x, lo, hi, bits, dim, noise, with_mask, random_noise=False, generator=None):
         return x.new_empty(x.shape), x.new_empty(x.shape if with_mask else (0,), dtype=torch.bool)
 
     @torch.library.register_fake("pyg_quant::mse_range")

@@ -259,9 +259,17 @@ def _fake_values(x, lo, hi, bits: int, u):
     return out * scale + lo
 
 
-def fake_quantize(x, lo, hi, bits: int, dim: int, noise: Optional[torch.Tensor], with_mask: bool):
-    """``(fq(x), lo <= x <= hi)`` with one range per group (``dim`` -1 / 0 / 1); own min/max where ``lo`` is None."""
+def fake_quantize(x, lo, hi, bits: int, dim: int, noise: Optional[torch.Tensor], with_mask: bool,
+                  random_noise: bool = False, generator: Optional[torch.Generator] = None):
+    """``(fq(x), lo <= x <= hi)`` with one range per group (``dim`` -1 / 0 / 1); own min/max where ``lo`` is None.
+
+    ``random_noise`` draws the rounding noise as ``torch.rand(x.shape, generator=generator)`` does.
+    """
+    if noise is not None and random_noise:
+        raise ValueError("pass noise or random_noise=True, not both")
     x = x.contiguous()
+    if random_noise:
+        noise = torch.rand(x.shape, generator=generator, device=x.device, dtype=torch.float32)
     if lo is None:
         lo, hi = _own_range(x, dim)
     view = _group_view(dim)

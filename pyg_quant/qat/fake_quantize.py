@@ -51,21 +51,24 @@ def _check_seed(seed) -> Optional[int]:
     return seed
 
 
-class _StraightThrough(torch.autograd.Function):
-    """Forward: the quantized values.  Backward: the incoming gradient, zeroed where ``inside`` is False."""
+class _FakeQuantizeFunction(torch.autograd.Function):
+    """Forward: ``pyg_quant::fake_quantize``.  Backward: the incoming gradient, zeroed outside the range when
+    ``with_mask`` (the straight-through estimator).  One autograd node: no detach, no view of the output."""
 
     @staticmethod
-    def forward(ctx, x, quantized, inside):
-        ctx.save_for_backward(inside)
-        ctx.has_mask = inside is not None
-        return quantized
+    def forward(ctx, x, lo, hi, bits, dim, with_mask, random_noise, generator):
+        out, inside = ops.fake_quantize(x, lo, hi, bits, dim, None, with_mask, random_noise, generator)
+        ctx.with_mask = with_mask
+        if with_mask:
+            ctx.save_for_backward(inside)
+        return out
 
     @staticmethod
     def backward(ctx, grad):
-        if not ctx.has_mask:
-            return grad, None, None
-        (inside,) = ctx.saved_tensors
-        return grad * inside, None, None
+        if ctx.with_mask:
+            (inside,) = ctx.saved_tensors
+            grad = grad * inside
+        return grad, None, None, None, None, None, None, None
 
 
 class FakeQuantize(torch.nn.Module):
@@ -167,17 +170,21 @@ class FakeQuantize(torch.nn.Module):
         """Restart the noise sequence from ``seed`` (drops the per-device generators)."""
         self._generators = {}
 
-    def noise(self, shape, device: torch.device) -> torch.Tensor:
-        """``U[0, 1)`` float32 noise of ``shape`` on ``device``, from the module's generator."""
+    def generator(self, device: torch.device) -> Optional[torch.Generator]:
+        """The module's generator on ``device`` (seeded with ``seed`` on first use), or None for torch's global one."""
         if self.seed is None:
-            return torch.rand(shape, device=device, dtype=torch.float32)
+            return None
         key = str(device)
         generator = self._generators.get(key)
         if generator is None:
             generator = torch.Generator(device=device)
             generator.manual_seed(self.seed)
             self._generators[key] = generator
-        return torch.rand(shape, generator=generator, device=device, dtype=torch.float32)
+        return generator
+
+    def noise(self, shape, device: torch.device) -> torch.Tensor:
+        """``U[0, 1)`` float32 noise of ``shape`` on ``device``, from the module's generator."""
+        return torch.rand(shape, generator=self.generator(device), device=device, dtype=torch.float32)
 
     # Generators are not copied or pickled (older torch cannot); a copy restarts from `seed`.
     def __getstate__(self):
@@ -211,25 +218,27 @@ class FakeQuantize(torch.nn.Module):
             self.observer(x)
             if not self.dynamic:
                 lo, hi = self.observer.range()
-                self.lo, self.scale = lo.clone(), qparams_from_range(lo, hi, self.bits)[0]
+                # to_bit's float32 scale (a tensor divisor: a Python scalar one is a multiply by its reciprocal on CUDA)
+                self.lo, self.scale = lo.clone(), (hi - lo) / torch.full_like(hi, float(2**self.bits - 1))
         if not self._fake:
             return x
         if protect is not None and self.training and (protect.dtype != torch.bool or protect.shape != (x.size(0),)):
             raise ValueError(f"protect must be a bool tensor of shape ({x.size(0)},), got "
                              f"{protect.dtype}{list(protect.shape)}")
         x32 = x.to(torch.float32)
-        detached = x32.detach()
         # Static ranges may clip, and clipped values get no gradient.  A dynamic range moves with its tensor:
         # every value keeps its straight-through gradient (a "dynamic_mse" range clips, but zeroing those
         # gradients cost ~1 pt on the planted Cluster-GCN graph at 2 bits).
-        with_mask = x32.requires_grad and not self.dynamic
-        lo, hi = (None, None) if self.observer.own_extrema else self.range(detached)
-        noise = self.noise(detached.shape, detached.device) if self.stochastic and self.training else None
-        # One fused pass (pyg_quant::fake_quantize): the same float32 steps as to_bit, codes as the bit kernels'.
-        out, inside = ops.fake_quantize(detached, lo, hi, self.bits, -1 if self.dim is None else self.dim, noise,
-                                        with_mask)
+        lo, hi = (None, None) if self.observer.own_extrema else self.range(x32.detach())
+        random_noise = self.stochastic and self.training
+        generator = self.generator(x32.device) if random_noise else None
+        # One fused op (pyg_quant::fake_quantize: the noise, to_bit's float32 steps, the dequantization, the
+        # clipping mask), wrapped in one autograd node where a gradient is wanted.
+        dim = -1 if self.dim is None else self.dim
         if x32.requires_grad:
-            out = _StraightThrough.apply(x32, out, inside if with_mask else None)
+            out = _FakeQuantizeFunction.apply(x32, lo, hi, self.bits, dim, not self.dynamic, random_noise, generator)
+        else:
+            out = ops.fake_quantize(x32, lo, hi, self.bits, dim, None, False, random_noise, generator)[0]
         if protect is not None and self.training:
             out = torch.where(protect.view(-1, 1), x32, out)
         return out

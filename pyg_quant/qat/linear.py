@@ -184,34 +184,32 @@ class QATLinear(QuantLinear):
         if (fq_w is not None and fq_in is not None and fq_w.quantizes and fq_in.quantizes
                 and bit_kernels_apply(self, x2, self.weight, self.bias)):
             out = bitmm(fq_in.quantize(x2, "row"), self.packed_weight())
+            if self.bias is not None:
+                out = out + self.bias
         else:
             xq = fq_in(x2, protect) if fq_in is not None else x2.to(torch.float32)
             out = self._float_product(xq)
-        if self.bias is not None:
-            out = out + self.bias
-        return out.reshape(lead + (out.size(-1),))
+        return out if x.dim() == 2 else out.reshape(lead + (out.size(-1),))
 
     def _float_product(self, xq: Tensor) -> Tensor:
-        """``xq · W̃ᵀ`` without the bit kernels: fake-quantized W in training, and in evaluation bitmm's semantics
-        (the float64 product of the dequantized operands, rounded once)."""
+        """``xq · W̃ᵀ + b`` without the bit kernels: fake-quantized W in training (one ``addmm``), and in evaluation
+        bitmm's semantics (the float64 product of the dequantized operands, rounded once, then ``+ b``)."""
         fq_w = self.weight_quant
         wq = fq_w(self.weight) if fq_w is not None else self.weight.to(torch.float32)
         if self.training:
-            return F.linear(xq, wq)
-        return F.linear(xq.double(), wq.double()).to(torch.float32)
+            return F.linear(xq, wq, self.bias)
+        out = F.linear(xq.double(), wq.double()).to(torch.float32)
+        return out if self.bias is None else out + self.bias
 
     def _forward_quantized(self, x: BitTensor) -> Tensor:
         r""":math:`\tilde{\mathbf{x}}\,\tilde{\mathbf{W}}^{\top} + \mathbf{b}` with :math:`\tilde{\mathbf{x}}` = ``x`` as it is."""
         fq_w = self.weight_quant
         if fq_w is not None and fq_w.quantizes and bit_kernels_apply(self, self.weight, self.bias):
             out = bitmm(x, self.packed_weight())  # x's own codes: nothing is repacked but a layout change
-        else:
-            xq = to_val(x)
-            observe_only(self.input_quant, xq)
-            out = self._float_product(xq)
-        if self.bias is not None:
-            out = out + self.bias
-        return out
+            return out if self.bias is None else out + self.bias
+        xq = to_val(x)
+        observe_only(self.input_quant, xq)
+        return self._float_product(xq)
 
     def __repr__(self) -> str:
         return (f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, bias={self.bias is not None}, "

@@ -147,8 +147,9 @@ class Observer(torch.nn.Module):
                                  f"of shape {tuple(x.shape)} has {lo.numel()}; per-row ranges of varying rows "
                                  "need observer='dynamic'")
             lo, hi = self.combine(lo.to(self.min_val.device), hi.to(self.min_val.device))
-        # Assigning a buffer keeps it registered; the shape is set by the first batch.
-        self.min_val, self.max_val = lo.clone(), hi.clone()
+        # Assigning a buffer keeps it registered; the shape is set by the first batch.  Both are fresh tensors
+        # (reductions or the combination's arithmetic), never views of x: no copy is needed.
+        self.min_val, self.max_val = lo, hi
         return x
 
     def range(self, x: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
