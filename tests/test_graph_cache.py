@@ -173,6 +173,30 @@ def test_the_cache_is_bounded(graph_builds):
     assert graph_builds[0] == builds + 1
 
 
+def test_an_evicted_graph_is_rebuilt_without_checking_its_indices_again(graph_builds, monkeypatch):
+    """The range check (a host sync on a GPU) runs once per unchanged tensor, also after its graph was evicted."""
+    monkeypatch.setattr(_graph_cache, "MAX_ENTRIES", 1)
+    conv = pq.QGINConv(Linear(12, 8), bits=4)
+    x, first = random_graph(seed=1)
+    second = random_graph(seed=2)[1].to(torch.int32)  # an int32 index is remembered too (checked before .long())
+    for edge_index in (first, second):
+        conv(x, edge_index)
+    with OpCounter() as ops:
+        for edge_index in (first, second, first):  # each call evicts the other's graph: three rebuilds
+            conv(x, edge_index)
+    assert graph_builds[0] == 5
+    assert ops.counts["aminmax"] == 0  # but no new range check
+    first[1, 3] = x.size(0)  # an in-place edit is seen: checked again, and out of range now
+    with pytest.raises(ValueError, match="out of range"):
+        conv(x, first)
+    with pytest.raises(ValueError, match="out of range"):  # remembered bounds still meet the node count of each call
+        conv(x[:5], second)
+    ref = weakref.ref(second)
+    del second
+    gc.collect()
+    assert ref() is None and all(entry[0]() is not None for entry in _graph_cache._bounds.values())
+
+
 def _tensors_in(value, depth=0):
     if isinstance(value, torch.Tensor):
         yield value

@@ -28,6 +28,7 @@ from ..adjacency import BitAdjacency
 from ..bitmm import INT32_MAX
 from ..compact_adjacency import CompactAdjacency, distinct_entries
 from ..layout import TILE_COLS, TILE_ROWS
+from ._graph_cache import index_bounds
 from ._quantize import is_compiling
 
 
@@ -65,12 +66,17 @@ class EdgeSet:
 def _check_index_range(edge_index: torch.Tensor, flow: str, num_src: int, num_dst: int, name: str) -> None:
     if is_compiling() or edge_index.numel() == 0:
         return
-    # The four extrema in one reduction and one host synchronisation (a sync per extremum
-    # cost three per layer call, each stalling the launch queue on a GPU).
-    lows, highs = torch.aminmax(edge_index, dim=1)
-    (low_0, low_1), (high_0, high_1) = torch.stack((lows, highs)).tolist()
+
+    def compute():
+        # The four extrema in one reduction and one host synchronisation (a sync per extremum
+        # cost three per layer call, each stalling the launch queue on a GPU).
+        lows, highs = torch.aminmax(edge_index, dim=1)
+        (low_0, low_1), (high_0, high_1) = torch.stack((lows, highs)).tolist()
+        return min(low_0, low_1), high_0, high_1
+
+    low, high_0, high_1 = index_bounds(edge_index, compute)
     high_src, high_dst = (high_0, high_1) if flow == "source_to_target" else (high_1, high_0)
-    if min(low_0, low_1) < 0:
+    if low < 0:
         raise ValueError(f"{name} holds negative node indices")
     if high_src >= num_src or high_dst >= num_dst:
         nodes = num_src if num_src == num_dst else f"{num_src} sources and {num_dst} targets"
@@ -136,8 +142,8 @@ def to_edge_set(adj, edge_weight: Optional[torch.Tensor], num_src: int, num_dst:
         raise TypeError(f"{name} must hold integer node indices, got {adj.dtype}")
     if adj.dim() != 2 or adj.size(0) != 2:
         raise ValueError(f"{name} must have shape [2, num_edges], got {tuple(adj.shape)}")
+    _check_index_range(adj, flow, num_src, num_dst, name)  # before .long(): an int32 index keeps its identity
     adj = adj.long()
-    _check_index_range(adj, flow, num_src, num_dst, name)
     src, dst = (adj[0], adj[1]) if flow == "source_to_target" else (adj[1], adj[0])
     if edge_weight is not None:
         if not isinstance(edge_weight, torch.Tensor) or not edge_weight.is_floating_point():

@@ -33,7 +33,15 @@ and a graph built there could not be saved for a later backward), or while a CUD
 is being captured (what is built there lives in the capture's private memory pool).  At
 most :data:`MAX_ENTRIES` graphs are kept, the least recently used going first, so device
 memory stays bounded.  :func:`graph_cache_disabled` turns the cache off for a block.
+
+The index bounds of the tensors graphs were built from (three ints each, no device memory)
+are remembered for many more tensors (:data:`MAX_BOUNDS`), under the same identity and
+signature rules: rebuilding the evicted graph of a tensor seen before (a training epoch over
+more GPU-resident batches than :data:`MAX_ENTRIES`) skips the range check's host
+synchronisation, which on a GPU stalls the launch queue until the batch's copies and the
+previous step are done.
 """
+import contextvars
 import weakref
 from collections import OrderedDict
 from contextlib import contextmanager
@@ -44,11 +52,16 @@ import torch
 from ._quantize import is_compiling
 
 MAX_ENTRIES = 8
+MAX_BOUNDS = 4096
 
 # (id(edge_index), options) -> (weak reference to edge_index, its signature, graph).  A dict
 # operation is atomic under the GIL, so threads need no lock: a race costs one extra build.
 _entries: "OrderedDict[Tuple[int, Hashable], Tuple[weakref.ref, tuple, Any]]" = OrderedDict()
 _enabled = True
+# id(edge_index) -> (weak reference, signature, (lowest index, highest of row 0, highest of row 1)).
+_bounds: "OrderedDict[int, Tuple[weakref.ref, tuple, Tuple[int, int, int]]]" = OrderedDict()
+# The user's tensor whose graph is being built (the builder sees its detached alias).
+_building: contextvars.ContextVar = contextvars.ContextVar("pyg_quant_graph_building", default=None)
 
 
 @contextmanager
@@ -63,8 +76,9 @@ def graph_cache_disabled() -> Iterator[None]:
 
 
 def clear_graph_cache() -> None:
-    """Drops every cached graph."""
+    """Drops every cached graph and every remembered index bound."""
     _entries.clear()
+    _bounds.clear()
 
 
 def cached_graph_count() -> int:
@@ -118,6 +132,33 @@ def _forget_when_dead(key: Tuple[int, Hashable]) -> Callable[[weakref.ref], None
     return forget
 
 
+def index_bounds(edge_index: torch.Tensor, compute: Callable[[], Tuple[int, int, int]]) -> Tuple[int, int, int]:
+    """``compute()`` (the ``[2, E]`` tensor's lowest index and the highest of each row: a host sync), or the bounds
+    remembered for the tensor whose graph :func:`cached_graph` is building from ``edge_index`` (its alias)."""
+    source = _building.get()
+    signature = _signature(edge_index)
+    if source is None or signature is None or _signature(source) != signature:
+        return compute()
+    entry = _bounds.get(id(source))
+    if entry is not None and entry[0]() is source and entry[1] == signature:
+        _bounds.move_to_end(id(source))
+        return entry[2]
+    bounds = compute()
+    _bounds[id(source)] = (weakref.ref(source, _forget_bounds_when_dead(id(source))), signature, bounds)
+    while len(_bounds) > MAX_BOUNDS:
+        _bounds.popitem(last=False)
+    return bounds
+
+
+def _forget_bounds_when_dead(key: int) -> Callable[[weakref.ref], None]:
+    def forget(ref: weakref.ref) -> None:
+        bounds = _bounds
+        entry = bounds.get(key) if bounds is not None else None  # None at interpreter shutdown
+        if entry is not None and entry[0] is ref:
+            bounds.pop(key, None)
+    return forget
+
+
 def cached_graph(edge_index, options: Hashable, build: Callable[[Any], Any]):
     r"""``build(edge_index)``, or the result of an earlier call on the same unchanged tensor with equal ``options``.
 
@@ -139,7 +180,11 @@ def cached_graph(edge_index, options: Hashable, build: Callable[[Any], Any]):
     if entry is not None and entry[0]() is edge_index and entry[1] == signature:
         _entries.move_to_end(key)
         return entry[2]
-    graph = build(edge_index.detach())
+    token = _building.set(edge_index)
+    try:
+        graph = build(edge_index.detach())
+    finally:
+        _building.reset(token)
     if _capturing(edge_index) or _holds_autograd_history(graph):
         return graph
     _entries[key] = (weakref.ref(edge_index, _forget_when_dead(key)), signature, graph)  # replaces a stale entry
