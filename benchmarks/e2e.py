@@ -94,9 +94,11 @@ Work per batch and predicted GPU time (resident):
 Training (forward + backward + Adam, +H2D):
   PyG fp32 edge_index: GIN ≈ 2.8 ms/batch → ~210 ms/epoch (+50 H2D); GCN ≈ 2 ms → ~150 (+50).
   PyG fp32 CSR: GIN ≈ 1.2 ms → ~90 ms (+42 H2D).
-  QAT (4 bits, stochastic rounding, last layer fp32) runs the float path (index_select / index_add on
-  edge_index, like PyG's) plus ~12 fake-quantization ops per quantizer and index-range host syncs:
-  predicted 1.3-1.5x PyG fp32 edge_index, ~3x PyG fp32 CSR (target: no slower than PyG fp32 — missed).
+  QAT (4 bits, stochastic rounding, last layer fp32) runs the float path: one fused fake-quantize op per
+  quantizer and one MSE range op per aggregation quantizer, the aggregation as CSR products with A and a
+  prebuilt Aᵀ (one pair a batch, 2 sorts), one index-range sync a new batch.  Host-bound at ~230 ops a step
+  (~20-30 µs each on the lent hosts): predicted ≈ 5-6 ms/batch → 0.8-1.0x PyG fp32 edge_index (GPU-bound on its
+  edge gather), ~1.7x PyG fp32 CSR (measured 2026-11-23 on an H200: 0.81x / 0.99x and 1.68x / 1.94x, GIN / GCN).
 
 The device call: ~10 s imports and CUDA start, ~10 s graph and batch build (7 GB of pinned host copies),
 ~60 s inference (22 variants, CUDA graphs and profiles included), ~20 s training, ~5 s transfers:
