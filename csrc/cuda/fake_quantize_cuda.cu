@@ -21,6 +21,20 @@ struct Shrink {
   int count;
 };
 
+// The shrink factor of the first smallest error (a NaN error never wins; ties keep the wider range).  Inlined with
+// constant indices only (unrolled), so a register array stays in registers and the struct is read in place.
+__device__ __forceinline__ float best_shrink(const double (&err)[kMaxMseCandidates], const Shrink& shrink) {
+  double best_err = err[0];
+  float best = shrink.factor[0];
+#pragma unroll
+  for (int k = 1; k < kMaxMseCandidates; ++k)
+    if (k < shrink.count && err[k] < best_err) {
+      best_err = err[k];
+      best = shrink.factor[k];
+    }
+  return best;
+}
+
 int64_t blocks_for(int64_t work, int64_t per_block) {
   return std::max<int64_t>(1, std::min<int64_t>((work + per_block - 1) / per_block, 65535 * 8));
 }
@@ -72,16 +86,7 @@ __global__ void mse_rows_kernel(const float* __restrict__ x, int64_t rows, int64
     for (int k = 0; k < kMaxMseCandidates; ++k)
       for (int s = 16; s > 0; s >>= 1) err[k] += __shfl_xor_sync(kFullMask, err[k], s);
     if (lane == 0) {
-      // Constant indices only (unrolled), so err[] stays in registers.
-      double best_err = err[0];
-      float best_shrink = shrink.factor[0];
-#pragma unroll
-      for (int k = 1; k < kMaxMseCandidates; ++k)
-        if (k < shrink.count && err[k] < best_err) {  // a NaN error never wins; ties keep the wider range
-          best_err = err[k];
-          best_shrink = shrink.factor[k];
-        }
-      const MseCandidate chosen = mse_candidate(lo, hi, best_shrink, levels);
+      const MseCandidate chosen = mse_candidate(lo, hi, best_shrink(err, shrink), levels);
       best_lo[r] = chosen.params.lo;
       best_hi[r] = chosen.hi;
     }
@@ -138,16 +143,7 @@ __global__ void mse_cols_select_kernel(const double* __restrict__ partial, int64
   }
   __syncthreads();
   if (threadIdx.x != 0) return;
-  // Constant indices only (unrolled), so the parameter struct is read in place rather than copied to the stack.
-  double best_err = totals[0];
-  float best_shrink = shrink.factor[0];
-#pragma unroll
-  for (int j = 1; j < kMaxMseCandidates; ++j)
-    if (j < shrink.count && totals[j] < best_err) {  // a NaN error never wins; ties keep the wider range
-      best_err = totals[j];
-      best_shrink = shrink.factor[j];
-    }
-  const MseCandidate chosen = mse_candidate(lo[group], hi[group], best_shrink, levels);
+  const MseCandidate chosen = mse_candidate(lo[group], hi[group], best_shrink(totals, shrink), levels);
   best_lo[group] = chosen.params.lo;
   best_hi[group] = chosen.hi;
 }

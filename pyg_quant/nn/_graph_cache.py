@@ -123,12 +123,12 @@ def _holds_autograd_history(value: Any, depth: int = 0) -> bool:
     return any(_holds_autograd_history(child, depth + 1) for child in children)
 
 
-def _forget_when_dead(key: Tuple[int, Hashable]) -> Callable[[weakref.ref], None]:
+def _forget_when_dead(table: OrderedDict, key: Hashable) -> Callable[[weakref.ref], None]:
+    """A weakref callback dropping ``table[key]`` when its tensor dies (unless a newer entry took the key)."""
     def forget(ref: weakref.ref) -> None:
-        entries = _entries
-        entry = entries.get(key) if entries is not None else None  # None at interpreter shutdown
+        entry = table.get(key)  # the closure holds the table, also while the module is torn down
         if entry is not None and entry[0] is ref:
-            entries.pop(key, None)
+            table.pop(key, None)
     return forget
 
 
@@ -144,19 +144,11 @@ def index_bounds(edge_index: torch.Tensor, compute: Callable[[], Tuple[int, int,
         _bounds.move_to_end(id(source))
         return entry[2]
     bounds = compute()
-    _bounds[id(source)] = (weakref.ref(source, _forget_bounds_when_dead(id(source))), signature, bounds)
+    _bounds[id(source)] = (weakref.ref(source, _forget_when_dead(_bounds, id(source))), signature, bounds)
     while len(_bounds) > MAX_BOUNDS:
         _bounds.popitem(last=False)
     return bounds
 
-
-def _forget_bounds_when_dead(key: int) -> Callable[[weakref.ref], None]:
-    def forget(ref: weakref.ref) -> None:
-        bounds = _bounds
-        entry = bounds.get(key) if bounds is not None else None  # None at interpreter shutdown
-        if entry is not None and entry[0] is ref:
-            bounds.pop(key, None)
-    return forget
 
 
 def cached_graph(edge_index, options: Hashable, build: Callable[[Any], Any]):
@@ -187,7 +179,7 @@ def cached_graph(edge_index, options: Hashable, build: Callable[[Any], Any]):
         _building.reset(token)
     if _capturing(edge_index) or _holds_autograd_history(graph):
         return graph
-    _entries[key] = (weakref.ref(edge_index, _forget_when_dead(key)), signature, graph)  # replaces a stale entry
+    _entries[key] = (weakref.ref(edge_index, _forget_when_dead(_entries, key)), signature, graph)  # replaces a stale entry
     _entries.move_to_end(key)
     while len(_entries) > MAX_ENTRIES:
         _entries.popitem(last=False)
