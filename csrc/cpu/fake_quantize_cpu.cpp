@@ -86,7 +86,8 @@ std::tuple<at::Tensor, at::Tensor> mse_range_cpu(const at::Tensor& x_in, int64_t
       for (int64_t r = begin; r < end; ++r)
         for (int k = 0; k < k_count; ++k) {
           double sum = 0.0;
-          for (int64_t c = 0; c < cols; ++c) sum += squared_error(xp[r * cols + c], cand[r * k_count + k].params, levels);
+          const AffineParams& p = cand[r * k_count + k].params;
+          for (int64_t c = 0; c < cols; ++c) sum += squared_error(xp[r * cols + c], p, levels);
           errors[r * k_count + k] = sum;
         }
     });
