@@ -4,6 +4,7 @@
 // backend produces the same codes.
 #include "quantize_cpu.h"
 #include "quantize_ranges.h"
+#include "quantize_steps.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -28,18 +29,9 @@ constexpr int64_t kPackAlignWords = 8;
 int64_t round_up(int64_t n, int64_t m) { return (std::max<int64_t>(n, 1) + m - 1) / m * m; }
 int64_t packed_words(int64_t n) { return round_up(n, kPackAlignWords * 32) / 32; }
 
-// The code of one element, as layout.py writes it: q = clamp(floor((x - lo) * inv + u), 0, max_code).
-// For t = (x - lo) * inv + u, clamping t to [0, max_code] first and truncating after gives the
-// same integer as floor-then-clamp (truncation is floor on t >= 0), and a NaN t gives 0 (as the
-// bit-at-a-time kernel this replaced did).  The SSE2 path below computes exactly these float32
-// operations (subps, mulps, addps; maxps returns its second operand 0 for a NaN), so both agree.
-inline uint8_t code_of(float x, float lo, float inv, float u, float max_code) {
-  float t = (x - lo) * inv;
-  t = t + u;
-  t = t > 0.0f ? t : 0.0f;
-  t = t < max_code ? t : max_code;
-  return static_cast<uint8_t>(static_cast<int32_t>(t));
-}
+// The code of one element is quantize_steps.h's code_of: t = (x - lo) * inv + u clamped to [0, max_code]
+// (a NaN t to 0) and truncated.  The SSE2 path below computes exactly these float32 operations (subps,
+// mulps, addps; maxps returns its second operand 0 for a NaN), so both agree.
 
 // n consecutive codes of one row: x[0..n), noise[0..n) (nullptr: u = 0.5), lo/inv either
 // per element (LoB/InvB false: lo[0..n)) or one value broadcast (true: lo[0]).
@@ -66,7 +58,8 @@ void encode_run(const float* x, const float* lo, const float* inv, const float* 
   }
 #endif
   for (; i < n; ++i)
-    q[i] = code_of(x[i], LoB ? lo[0] : lo[i], InvB ? inv[0] : inv[i], noise ? noise[i] : 0.5f, max_code);
+    q[i] = static_cast<uint8_t>(
+        code_of(x[i], LoB ? lo[0] : lo[i], InvB ? inv[0] : inv[i], noise ? noise[i] : 0.5f, max_code));
 }
 
 using EncodeFn = void (*)(const float*, const float*, const float*, const float*, int64_t, float, uint8_t*);

@@ -96,6 +96,15 @@ def expand_tiles(tile_key, row_count, entry_col, entry_val, res_row, res_val, nu
     return reference.expand_tiles(*args)
 
 
+def quant_mlp(x, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits, weight_bits, relu):
+    """A chain of QuantLinear bit layers in one op (see :func:`reference.quant_mlp` for the definition)."""
+    args = (x, list(weight_codes), list(weight_lo), list(weight_scale), list(weight_sums), list(bias),
+            [int(b) for b in act_bits], [int(b) for b in weight_bits], [bool(r) for r in relu])
+    if use_compiled("quant_mlp", x.device):
+        return torch.ops.pyg_quant.quant_mlp(*args)
+    return reference.quant_mlp(*args)
+
+
 if LOADED:
 
     @torch.library.register_fake("pyg_quant::quantize_pack")
@@ -159,3 +168,7 @@ if LOADED:
         return (tile_key.new_empty((windows + 1,), dtype=torch.int64), tile_key.new_empty((tiles,)),
                 tile_key.new_empty((planes, tiles, 16, 8)), tile_key.new_empty((num_rows + 1,), dtype=torch.int64),
                 tile_key.new_empty((num_rows,), dtype=torch.int64))
+
+    @torch.library.register_fake("pyg_quant::quant_mlp")
+    def _(x, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits, weight_bits, relu):
+        return x.new_empty((x.shape[0], weight_codes[-1].shape[0]), dtype=torch.float32)

@@ -303,3 +303,30 @@ def mse_range(x, dim: int, bits: int, grid):
             best_err = torch.where(better, err, best_err)
             best_lo, best_hi = torch.where(better, c_lo, best_lo), torch.where(better, c_hi, best_hi)
     return best_lo.reshape(-1), best_hi.reshape(-1)
+
+
+def quant_mlp(x, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits, weight_bits, relu):
+    r"""A chain of QuantLinear bit layers: for each layer ``l``, ``h`` quantized per row to ``act_bits[l]``
+    (the float32 steps of :func:`pyg_quant.to_bit`), the exact code product with ``weight_codes[l]``
+    (``[out, in]`` uint8, one range ``weight_lo/weight_scale[l]`` per output channel, code sums
+    ``weight_sums[l]``), :func:`bitmm_affine` with ``bias[l]`` and ``relu[l]``.  This is
+    ``quantize(h, act_bits[l], 1, "row")`` followed by ``bitmm_float`` (what ``QuantLinear`` runs), written
+    with this module's ops; ``weight_bits`` only bounds the codes (the product must fit in int32).
+    """
+    if len(weight_codes) < 1:
+        raise ValueError("weight_codes must hold at least one layer")
+    h = x.to(torch.float32)
+    for l, codes in enumerate(weight_codes):
+        bits = int(act_bits[l])
+        if codes.size(1) != h.size(1):
+            raise ValueError(f"weight_codes[{l}] has {codes.size(1)} input channels but its input has "
+                             f"{h.size(1)} columns")
+        lo, hi = h.amin(1, keepdim=True), h.amax(1, keepdim=True)
+        scale = (hi - lo) / torch.full_like(hi, float(2**bits - 1))
+        inv_scale = torch.where(scale > 0, torch.ones_like(scale) / scale, torch.zeros_like(scale))
+        q = quantize_codes(h, lo, inv_scale, bits, None)
+        # exact: every partial sum is an integer below 2**53
+        product = (q.double() @ codes.double().t()).round().to(torch.int64)
+        h = bitmm_affine(product, q.sum(1), weight_sums[l], lo.reshape(-1), scale.reshape(-1), weight_lo[l],
+                         weight_scale[l], codes.size(1), bias[l], bool(relu[l]))
+    return h

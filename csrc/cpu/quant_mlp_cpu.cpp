@@ -1,0 +1,107 @@
+// quant_mlp on the CPU: rows in parallel, each row carried through every layer in thread-local buffers
+// (float32 values, uint8 codes), int32 dot products against the uint8 weight codes.
+#include "quant_mlp_cpu.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "epilogue.h"
+#include "quant_mlp_args.h"
+#include "quantize_steps.h"
+
+namespace pyg_quant {
+namespace {
+
+struct Layer {
+  const uint8_t* w;  // [out, in]
+  const float* lo;
+  const float* scale;
+  const int64_t* sums;
+  const float* bias;  // nullptr: none
+  int64_t in, out;
+  float max_code;
+  bool relu;
+};
+
+// Σ_k a[k]·w[k] over uint8 codes, exact in int32 (the caller checked in·255·255 < 2^31); written so that the
+// compiler vectorizes it (widening multiplies and adds).
+inline int32_t dot_u8(const uint8_t* a, const uint8_t* w, int64_t n) {
+  int32_t acc = 0;
+  for (int64_t k = 0; k < n; ++k) acc += static_cast<int32_t>(a[k]) * static_cast<int32_t>(w[k]);
+  return acc;
+}
+
+}  // namespace
+
+at::Tensor quant_mlp_cpu(const at::Tensor& x_in, at::TensorList weight_codes, at::TensorList weight_lo,
+                         at::TensorList weight_scale, at::TensorList weight_sums,
+                         const c10::List<std::optional<at::Tensor>>& bias, at::IntArrayRef act_bits,
+                         at::IntArrayRef weight_bits, const c10::List<bool>& relu) {
+  const std::vector<int64_t> widths = check_quant_mlp_args(x_in, weight_codes, weight_lo, weight_scale, weight_sums,
+                                                           bias, act_bits, weight_bits, relu);
+  const int64_t layers = static_cast<int64_t>(weight_codes.size()), rows = x_in.size(0);
+  const at::Tensor x = x_in.contiguous();
+  std::vector<at::Tensor> keep;  // contiguous copies live until the end
+  std::vector<Layer> plan;
+  for (int64_t l = 0; l < layers; ++l) {
+    keep.push_back(weight_codes[l].contiguous());
+    keep.push_back(weight_lo[l].contiguous());
+    keep.push_back(weight_scale[l].contiguous());
+    keep.push_back(weight_sums[l].contiguous());
+    const std::optional<at::Tensor> b = bias.get(l);
+    keep.push_back(b.has_value() ? b->contiguous() : at::Tensor());
+    const size_t i = keep.size() - 5;
+    plan.push_back({keep[i].data_ptr<uint8_t>(), keep[i + 1].data_ptr<float>(), keep[i + 2].data_ptr<float>(),
+                    keep[i + 3].data_ptr<int64_t>(), keep[i + 4].defined() ? keep[i + 4].data_ptr<float>() : nullptr,
+                    widths[l], widths[l + 1], static_cast<float>((1 << act_bits[l]) - 1), relu.get(l)});
+  }
+  const int64_t out_cols = widths.back();
+  auto out = at::empty({rows, out_cols}, x.options());
+  if (rows == 0) return out;
+  const int64_t max_width = *std::max_element(widths.begin(), widths.end());
+  const float* xp = x.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    std::vector<float> buffer_a(max_width), buffer_b(max_width);
+    std::vector<uint8_t> codes(max_width);
+    for (int64_t r = begin; r < end; ++r) {
+      const float* h = xp + r * widths[0];
+      for (int64_t l = 0; l < layers; ++l) {
+        const Layer& layer = plan[l];
+        float* next = l + 1 == layers ? op + r * out_cols : (l % 2 == 0 ? buffer_a.data() : buffer_b.data());
+        // The row's range: amin / amax (a NaN anywhere makes both NaN, as they do).
+        float mn = h[0], mx = h[0];
+        bool nan = false;
+        for (int64_t c = 0; c < layer.in; ++c) {
+          const float v = h[c];
+          nan |= v != v;
+          mn = v < mn ? v : mn;
+          mx = v > mx ? v : mx;
+        }
+        if (nan) mn = mx = NAN;
+        const Range range = range_of(mn, mx, layer.max_code);
+        int64_t row_sum = 0;
+        for (int64_t c = 0; c < layer.in; ++c) {
+          const uint32_t q = code_of(h[c], range, 0.5f, layer.max_code);
+          codes[c] = static_cast<uint8_t>(q);
+          row_sum += q;
+        }
+        const double k = static_cast<double>(layer.in), rs = static_cast<double>(row_sum);
+        for (int64_t o = 0; o < layer.out; ++o) {
+          const int32_t product = dot_u8(codes.data(), layer.w + o * layer.in, layer.in);
+          next[o] = bitmm_affine_epilogue(static_cast<double>(product), rs, static_cast<double>(layer.sums[o]),
+                                          range.lo, range.scale, layer.lo[o], layer.scale[o], k,
+                                          layer.bias ? layer.bias[o] : 0.0f, layer.relu);
+        }
+        h = next;
+      }
+    }
+  });
+  return out;
+}
+
+}  // namespace pyg_quant

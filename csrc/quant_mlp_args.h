@@ -1,0 +1,71 @@
+#pragma once
+// Argument checks of quant_mlp, shared by the CPU and CUDA kernels: every failure is a ValueError that names the
+// argument (and the layer).
+#include <ATen/ATen.h>
+#include <ATen/core/List.h>
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+namespace pyg_quant {
+
+constexpr int64_t kQuantMlpInt32Max = 2147483647;
+
+// The widths C_0 .. C_L of the chain.
+inline std::vector<int64_t> check_quant_mlp_args(const at::Tensor& x, at::TensorList weight_codes,
+                                                 at::TensorList weight_lo, at::TensorList weight_scale,
+                                                 at::TensorList weight_sums,
+                                                 const c10::List<std::optional<at::Tensor>>& bias,
+                                                 at::IntArrayRef act_bits, at::IntArrayRef weight_bits,
+                                                 const c10::List<bool>& relu) {
+  TORCH_CHECK_VALUE(x.dim() == 2 && x.scalar_type() == at::kFloat, "x must be a 2-D float32 tensor, got ",
+                    x.scalar_type(), " with ", x.dim(), " dimensions");
+  const int64_t layers = static_cast<int64_t>(weight_codes.size());
+  TORCH_CHECK_VALUE(layers >= 1, "weight_codes must hold at least one layer");
+  const auto same_length = [&](int64_t n, const char* name) {
+    TORCH_CHECK_VALUE(n == layers, name, " has ", n, " entries but weight_codes has ", layers);
+  };
+  same_length(static_cast<int64_t>(weight_lo.size()), "weight_lo");
+  same_length(static_cast<int64_t>(weight_scale.size()), "weight_scale");
+  same_length(static_cast<int64_t>(weight_sums.size()), "weight_sums");
+  same_length(static_cast<int64_t>(bias.size()), "bias");
+  same_length(static_cast<int64_t>(act_bits.size()), "act_bits");
+  same_length(static_cast<int64_t>(weight_bits.size()), "weight_bits");
+  same_length(static_cast<int64_t>(relu.size()), "relu");
+  std::vector<int64_t> widths{x.size(1)};
+  TORCH_CHECK_VALUE(x.size(1) >= 1, "x must have at least one column");
+  for (int64_t l = 0; l < layers; ++l) {
+    const at::Tensor& w = weight_codes[l];
+    TORCH_CHECK_VALUE(w.dim() == 2 && w.scalar_type() == at::kByte, "weight_codes[", l,
+                      "] must be a 2-D uint8 tensor [out, in], got ", w.scalar_type(), " with ", w.dim(),
+                      " dimensions");
+    TORCH_CHECK_VALUE(w.size(1) == widths.back(), "weight_codes[", l, "] has ", w.size(1),
+                      " input channels but its input has ", widths.back(), " columns");
+    TORCH_CHECK_VALUE(w.size(0) >= 1, "weight_codes[", l, "] must have at least one output channel");
+    TORCH_CHECK_VALUE(w.device() == x.device(), "weight_codes[", l, "] is on ", w.device(), " but x is on ",
+                      x.device());
+    const int64_t out = w.size(0);
+    const auto per_channel = [&](const at::Tensor& t, at::ScalarType dtype, const char* name) {
+      TORCH_CHECK_VALUE(t.dim() == 1 && t.size(0) == out && t.scalar_type() == dtype, name, "[", l, "] must be ",
+                        dtype, " [", out, "], got ", t.scalar_type(), " ", t.sizes());
+      TORCH_CHECK_VALUE(t.device() == x.device(), name, "[", l, "] is on ", t.device(), " but x is on ", x.device());
+    };
+    per_channel(weight_lo[l], at::kFloat, "weight_lo");
+    per_channel(weight_scale[l], at::kFloat, "weight_scale");
+    per_channel(weight_sums[l], at::kLong, "weight_sums");
+    const std::optional<at::Tensor> b = bias.get(l);
+    if (b.has_value()) per_channel(*b, at::kFloat, "bias");
+    TORCH_CHECK_VALUE(act_bits[l] >= 1 && act_bits[l] <= 8, "act_bits[", l, "] must be in 1..8, got ", act_bits[l]);
+    TORCH_CHECK_VALUE(weight_bits[l] >= 1 && weight_bits[l] <= 8, "weight_bits[", l, "] must be in 1..8, got ",
+                      weight_bits[l]);
+    const int64_t bound = widths.back() * ((int64_t{1} << act_bits[l]) - 1) * ((int64_t{1} << weight_bits[l]) - 1);
+    TORCH_CHECK_VALUE(bound <= kQuantMlpInt32Max, "weight_codes[", l, "]: in_channels·(2^act_bits − 1)·(2^weight_bits − 1) = ",
+                      bound, " overflows int32 (in_channels=", widths.back(), ", act_bits=", act_bits[l],
+                      ", weight_bits=", weight_bits[l], ")");
+    widths.push_back(out);
+  }
+  return widths;
+}
+
+}  // namespace pyg_quant
