@@ -9,6 +9,10 @@
 #include <cmath>
 #include <vector>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include "epilogue.h"
 #include "quant_mlp_args.h"
 #include "quantize_steps.h"
@@ -27,11 +31,25 @@ struct Layer {
   bool relu;
 };
 
-// Σ_k a[k]·w[k] over uint8 codes, exact in int32 (the caller checked in·255·255 < 2^31); written so that the
-// compiler vectorizes it (widening multiplies and adds).
+// Σ_k a[k]·w[k] over uint8 codes, exact in int32 (the caller checked in·255·255 < 2^31).  SSE2: 16 codes at a
+// time widened to int16 (codes <= 255 fit) and multiplied pairwise into int32 (pmaddwd: at most 2·255² each).
 inline int32_t dot_u8(const uint8_t* a, const uint8_t* w, int64_t n) {
+  int64_t k = 0;
   int32_t acc = 0;
-  for (int64_t k = 0; k < n; ++k) acc += static_cast<int32_t>(a[k]) * static_cast<int32_t>(w[k]);
+#if defined(__SSE2__)
+  const __m128i zero = _mm_setzero_si128();
+  __m128i sum = zero;
+  for (; k + 16 <= n; k += 16) {
+    const __m128i va = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + k));
+    const __m128i vw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + k));
+    sum = _mm_add_epi32(sum, _mm_madd_epi16(_mm_unpacklo_epi8(va, zero), _mm_unpacklo_epi8(vw, zero)));
+    sum = _mm_add_epi32(sum, _mm_madd_epi16(_mm_unpackhi_epi8(va, zero), _mm_unpackhi_epi8(vw, zero)));
+  }
+  alignas(16) int32_t lanes[4];
+  _mm_store_si128(reinterpret_cast<__m128i*>(lanes), sum);
+  acc = lanes[0] + lanes[1] + lanes[2] + lanes[3];
+#endif
+  for (; k < n; ++k) acc += static_cast<int32_t>(a[k]) * static_cast<int32_t>(w[k]);
   return acc;
 }
 

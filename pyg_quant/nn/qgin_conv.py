@@ -15,7 +15,7 @@ from ._common import check_aggr, check_node_dim, check_out_dim, node_matrix, qua
 from ._graph import QuantGraph
 from ._graph_cache import cached_graph
 from ._quantize import check_bits, check_finite, dequantize, fake_quantize, fits, quantize
-from .quant_linear import _UNSET, QuantLinear, bit_kernels_apply, resolve_bits
+from .quant_linear import _UNSET, QuantLinear, bit_kernels_apply, resolve_bits, run_fused_mlp
 
 
 def quantize_linears(module: Callable, **quant_kwargs) -> Callable:
@@ -195,7 +195,8 @@ class QGINConv(MessagePassing):
                 # (A + (1+eps)·I)·X on the same codes: the self term runs in the kernel's epilogue
                 fused = graph.aggregate_bits_fused(x_src, self_weight=(1 + self.eps.detach()).reshape(()))
                 if fused is not None:
-                    return requantize_output(self.nn(fused), self.out_bits, self.out_dim, bit_kernels)
+                    return requantize_output(self._apply_nn(fused, bit_kernels), self.out_bits, self.out_dim,
+                                             bit_kernels)
                 out = graph.aggregate_bits(x_src)
             elif already_quantized:
                 out = graph.aggregate_bits(x_src)
@@ -218,8 +219,17 @@ class QGINConv(MessagePassing):
             target = dequantize(x_dst) if isinstance(x_dst, BitTensor) else x_dst
             target = target.to_dense() if target.is_sparse else target
             out = out + (1 + self.eps) * target
-        out = self.nn(out)
+        out = self._apply_nn(out, bit_kernels)
         return requantize_output(out, self.out_bits, self.out_dim, bit_kernels)
+
+    def _apply_nn(self, x, bit_kernels: bool):
+        """``self.nn(x)``; with the bit kernels, a Sequential of QuantLinear (+ ReLU) layers runs as one fused
+        ``quant_mlp`` call (the same result, see :func:`~pyg_quant.nn.quant_linear.run_fused_mlp`)."""
+        if bit_kernels:
+            out = run_fused_mlp(self.nn, x)
+            if out is not None:
+                return out
+        return self.nn(x)
 
     def __repr__(self) -> str:
         options = quant_options_repr(self.weight_bits, self.act_bits, self.out_bits)

@@ -1,11 +1,12 @@
 r"""QuantLinear: :class:`torch_geometric.nn.Linear` with its GEMM on bit planes."""
-from typing import Optional, Union
+from typing import Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch_geometric.nn.dense.linear import Linear
 
+from .. import ops
 from ..bit_tensor import BitTensor
 from ..bitmm import bitmm_float
 from ._common import quant_options_repr
@@ -37,6 +38,12 @@ def resolve_bits(bits, weight_bits, act_bits, unset):
 
 
 _UNSET = object()
+
+# ops.quant_mlp (the fused chain of bit layers) runs layers up to this many channels wide, and chains up to this
+# many layers: the CUDA kernel's limits (csrc/cuda/quant_mlp_cuda.h), used on every device so that the path taken
+# does not depend on it.
+QUANT_MLP_MAX_WIDTH = 256
+QUANT_MLP_MAX_LAYERS = 8
 
 
 class QuantLinear(Linear):
@@ -114,23 +121,42 @@ class QuantLinear(Linear):
         ``W`` is ``[out, in]``, so its per-row row-layout planes are exactly the
         per-column column-layout planes of ``Wᵀ``: no transpose is made.
         """
+        return self._cached_weight("_weight_codes", self._pack_weight)
+
+    def fused_weight(self) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+        r"""The codes of :meth:`quantized_weight` as :func:`pyg_quant.ops.quant_mlp` takes them: ``(codes uint8
+        [out, in], lo float32 [out], scale float32 [out], code sums int64 [out])``, cached alongside it."""
+        return self._cached_weight("_fused_weight", self._unpack_weight)
+
+    def _cached_weight(self, name: str, build):
         weight = self.weight
         if is_compiling():  # traced graphs quantize in-graph (no cache to guard on)
-            return self._pack_weight(weight)
+            return build(weight)
         # The codes are reused until the weight changes: every in-place update (an
         # optimizer step, load_state_dict) bumps the tensor's version counter.  An inference
         # tensor (made under torch.inference_mode) keeps none: its codes are packed every call.
         try:
             version = weight._version
         except RuntimeError:
-            return self._pack_weight(weight)
+            return build(weight)
         key = (weight.data_ptr(), version, weight.device, self.weight_bits)
-        cached = getattr(self, "_weight_codes", None)
+        cached = getattr(self, name, None)
         if cached is not None and cached[0] == key:
             return cached[1]
-        codes = self._pack_weight(weight)
-        self._weight_codes = (key, codes)
-        return codes
+        value = build(weight)
+        setattr(self, name, (key, value))
+        return value
+
+    def _unpack_weight(self, weight: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+        w = self.quantized_weight()  # Wᵀ [in, out]: its planes are W's [out, in] row layout
+        codes = ops.unpack_codes(w.planes, w.cols, w.rows, False)
+        return codes, w.lo.contiguous(), w.scale.contiguous(), w.code_sums().contiguous()
+
+    def _fusable(self) -> bool:
+        """Whether the bit path of a float input may run as one ``ops.quant_mlp`` layer (same result)."""
+        weight, bias = self.weight, self.bias
+        return (not isinstance(weight, torch.nn.parameter.UninitializedParameter) and weight.dim() == 2
+                and max(weight.shape) <= QUANT_MLP_MAX_WIDTH and (bias is None or bias.dtype == torch.float32))
 
     def _pack_weight(self, weight: Tensor) -> BitTensor:
         w = quantize(weight, self.weight_bits, 1, "row")
@@ -168,7 +194,10 @@ class QuantLinear(Linear):
             check_finite(x, "x")
         lead, x2 = x.shape[:-1], x.reshape(-1, x.size(-1))
         if weight_bits is not None and act_bits is not None and bit_kernels_apply(self, x, self.weight, self.bias):
-            out = self._bit_linear(quantize(x2, act_bits, 1, "row"))
+            if self._fusable():  # quantize + bit GEMM + epilogue in one kernel, the same result
+                out = _quant_mlp(x2, (self,), (False,))
+            else:
+                out = self._bit_linear(quantize(x2, act_bits, 1, "row"))
         else:
             stochastic = self.stochastic and self.training
             xq = fake_quantize(x2, act_bits, 1, stochastic) if act_bits is not None else x2
@@ -180,3 +209,79 @@ class QuantLinear(Linear):
         quant = quant_options_repr(self.weight_bits, self.act_bits, None)
         return (f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, "
                 f"bias={self.bias is not None}{', ' + quant if quant else ''})")
+
+
+def _quant_mlp(x2: Tensor, linears, relus) -> Tensor:
+    """``ops.quant_mlp`` of a 2-D input through ``linears`` (each followed by ReLU where ``relus`` says)."""
+    weights = [lin.fused_weight() for lin in linears]
+    return ops.quant_mlp(x2.detach().to(torch.float32).contiguous(), [w[0] for w in weights],
+                         [w[1] for w in weights], [w[2] for w in weights], [w[3] for w in weights],
+                         [None if lin.bias is None else lin.bias.detach() for lin in linears],
+                         [lin.act_bits for lin in linears], [lin.weight_bits for lin in linears], list(relus))
+
+
+def _match_mlp(children) -> Optional[Tuple[Tuple[QuantLinear, ...], Tuple[bool, ...]]]:
+    linears, relus, i = [], [], 0
+    while i < len(children):
+        lin = children[i]
+        if type(lin) is not QuantLinear or lin.weight_bits is None or lin.act_bits is None:
+            return None
+        relu = i + 1 < len(children) and type(children[i + 1]) is torch.nn.ReLU
+        linears.append(lin)
+        relus.append(relu)
+        i += 2 if relu else 1
+    if not linears or len(linears) > QUANT_MLP_MAX_LAYERS:
+        return None
+    return tuple(linears), tuple(relus)
+
+
+def fused_mlp_plan(module) -> Optional[Tuple[Tuple[QuantLinear, ...], Tuple[bool, ...]]]:
+    r"""``(linears, relus)`` when ``module`` is a ``torch.nn.Sequential`` of :class:`QuantLinear` layers (both
+    bit widths set), each optionally followed by a ``torch.nn.ReLU``, which :func:`pyg_quant.ops.quant_mlp`
+    runs in one call; None otherwise.  Cached per module (keyed by its children and their bit widths); what can
+    change between calls (modes, dtypes, shapes, hooks) is checked by :func:`run_fused_mlp`.
+    """
+    if not isinstance(module, torch.nn.Sequential):
+        return None
+    children = tuple(module._modules.values())
+    if is_compiling():
+        return _match_mlp(children)
+    key = tuple((id(c), getattr(c, "weight_bits", None), getattr(c, "act_bits", None)) for c in children)
+    cached = module.__dict__.get("_pyg_quant_mlp_plan")
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    plan = _match_mlp(children)  # holds its children, so their ids stay theirs while it is cached
+    module.__dict__["_pyg_quant_mlp_plan"] = (key, plan)
+    return plan
+
+
+def _has_hooks(module: torch.nn.Module) -> bool:
+    return bool(module._forward_hooks or module._forward_pre_hooks)
+
+
+def run_fused_mlp(module, x) -> Optional[Tensor]:
+    r"""``module(x)`` as one :func:`pyg_quant.ops.quant_mlp` call when :func:`fused_mlp_plan` matches and every
+    layer would run its bit kernels on ``x`` now (``eval()``, no gradient asked for), with float32 weights and
+    biases, widths up to ``QUANT_MLP_MAX_WIDTH`` and no forward hooks; None otherwise (call ``module``).  The
+    result equals the layer-by-layer one bit for bit (for a float32 ``x``, which each layer reads as it is).
+    """
+    plan = fused_mlp_plan(module)
+    if plan is None or not isinstance(x, Tensor) or x.dtype != torch.float32 or x.is_sparse or x.dim() < 1:
+        return None
+    linears, relus = plan
+    global_hooks = (getattr(torch.nn.modules.module, "_global_forward_hooks", None),
+                    getattr(torch.nn.modules.module, "_global_forward_pre_hooks", None))
+    if any(global_hooks) or _has_hooks(module) or any(_has_hooks(c) for c in module._modules.values()):
+        return None
+    width = x.size(-1)
+    for lin in linears:
+        weight, bias = lin.weight, lin.bias
+        if (isinstance(weight, torch.nn.parameter.UninitializedParameter) or weight.dtype != torch.float32
+                or weight.dim() != 2 or weight.size(1) != width or max(weight.shape) > QUANT_MLP_MAX_WIDTH
+                or (bias is not None and bias.dtype != torch.float32) or not bit_kernels_apply(lin, x, weight, bias)):
+            return None
+        width = weight.size(0)
+    check_finite(x, "x")
+    out = _quant_mlp(x.reshape(-1, x.size(-1)), linears, relus)
+    return out.reshape(x.shape[:-1] + (out.size(-1),))
+
