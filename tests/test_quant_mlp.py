@@ -229,6 +229,25 @@ def test_qgin_conv_fused_equals_unfused(monkeypatch, device, layers, final_relu,
 
 
 @requires_compiled
+@pytest.mark.parametrize("device", DEVICES)
+def test_long_chains_are_split(monkeypatch, device):
+    """Layers whose codes exceed one block's shared memory, or more than 8 layers, run as several exact calls."""
+    calls = count_calls(monkeypatch)
+    for widths, groups in (([64, 256, 256, 256, 32], [1, 1, 2]), ([16] * 11, [8, 2])):
+        torch.manual_seed(len(widths))
+        modules = []
+        for l in range(len(widths) - 1):
+            modules += [torch.nn.Linear(widths[l], widths[l + 1]), ReLU()]
+        conv = QGINConv(Sequential(*modules[:-1]), bits=4).to(device).eval()
+        x, edge_index = gin_graph(d=widths[0], device=device)
+        calls.clear()
+        with torch.no_grad():
+            got = conv(x, edge_index)
+            assert calls == groups
+            assert torch.equal(got, unfused(monkeypatch, conv, x, edge_index))
+
+
+@requires_compiled
 def test_qgin_conv_other_mlps_not_fused(monkeypatch):
     calls = count_calls(monkeypatch)
     x, edge_index = gin_graph()

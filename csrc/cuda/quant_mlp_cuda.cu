@@ -45,6 +45,7 @@ struct MlpLayer {
   int sums_offset;    // code sums[out] as float64 (exact)
   float max_code;
   int relu;
+  int aligned;  // in % 4 == 0 and w 4-byte aligned: a weight row is whole 32-bit words
 };
 
 struct MlpArgs {
@@ -79,10 +80,14 @@ __global__ void __launch_bounds__(kThreads) quant_mlp_kernel(const __grid_consta
       const int k = i / L.out, o = i - k * L.out;
       const uint8_t* row = L.w + static_cast<int64_t>(o) * L.in;
       uint32_t word = 0;
+      if (L.aligned && 4 * k < L.in) {  // whole 4-byte words in global memory: one load
+        word = *reinterpret_cast<const uint32_t*>(row + 4 * k);
+      } else {
 #pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        const int c = 4 * k + b;
-        if (c < L.in) word |= static_cast<uint32_t>(row[c]) << (8 * b);
+        for (int b = 0; b < 4; ++b) {
+          const int c = 4 * k + b;
+          if (c < L.in) word |= static_cast<uint32_t>(row[c]) << (8 * b);
+        }
       }
       ws[i] = word;  // zero past the row: stale activation codes there multiply by 0
     }
@@ -233,6 +238,7 @@ at::Tensor quant_mlp_cuda(const at::Tensor& x_in, at::TensorList weight_codes, a
     L.in = static_cast<int>(widths[l]);
     L.out = static_cast<int>(widths[l + 1]);
     L.words = align_up((L.in + 3) / 4, 4);
+    L.aligned = L.in % 4 == 0 && reinterpret_cast<uintptr_t>(L.w) % 4 == 0 ? 1 : 0;
     L.max_code = static_cast<float>((1 << act_bits[l]) - 1);
     L.relu = relu.get(l) ? 1 : 0;
     L.w_offset = offset;

@@ -39,11 +39,22 @@ def resolve_bits(bits, weight_bits, act_bits, unset):
 
 _UNSET = object()
 
-# ops.quant_mlp (the fused chain of bit layers) runs layers up to this many channels wide, and chains up to this
-# many layers: the CUDA kernel's limits (csrc/cuda/quant_mlp_cuda.h), used on every device so that the path taken
-# does not depend on it.
+# ops.quant_mlp (the fused chain of bit layers) runs layers up to this many channels wide and chains of up to this
+# many layers whose weight codes fit in a block's shared memory: the CUDA kernel's limits
+# (csrc/cuda/quant_mlp_cuda.h).  Longer chains run as several calls (exactly the same: each call's output is the
+# float32 input the next layer would read).  The same rules hold on every device, so the path taken does not
+# depend on it.
 QUANT_MLP_MAX_WIDTH = 256
 QUANT_MLP_MAX_LAYERS = 8
+# Shared memory the layers of one call may take: below every sm_80+ GPU's per-block limit (99 KB on sm_86/89)
+# with the kernel's row buffers; one layer of 256 x 256 takes 69 KB.
+_QUANT_MLP_LAYER_BYTES = 88 * 1024
+
+
+def _layer_bytes(in_channels: int, out_channels: int) -> int:
+    """Shared memory of one layer in the CUDA kernel: weight words (rows padded to 16 codes), lo, scale and bias
+    (float32) and the code sums (float64) of each output channel."""
+    return -(-in_channels // 16) * 16 * out_channels + 20 * out_channels + 8
 
 
 class QuantLinear(Linear):
@@ -212,12 +223,26 @@ class QuantLinear(Linear):
 
 
 def _quant_mlp(x2: Tensor, linears, relus) -> Tensor:
-    """``ops.quant_mlp`` of a 2-D input through ``linears`` (each followed by ReLU where ``relus`` says)."""
-    weights = [lin.fused_weight() for lin in linears]
-    return ops.quant_mlp(x2.detach().to(torch.float32).contiguous(), [w[0] for w in weights],
-                         [w[1] for w in weights], [w[2] for w in weights], [w[3] for w in weights],
-                         [None if lin.bias is None else lin.bias.detach() for lin in linears],
-                         [lin.act_bits for lin in linears], [lin.weight_bits for lin in linears], list(relus))
+    """``ops.quant_mlp`` of a 2-D input through ``linears`` (each followed by ReLU where ``relus`` says), in as
+    few calls as the kernel's limits allow (consecutive layers grouped greedily)."""
+    h = x2.detach().to(torch.float32).contiguous()
+    start = 0
+    while start < len(linears):
+        end, used = start, 0
+        while end < len(linears) and end - start < QUANT_MLP_MAX_LAYERS:
+            need = _layer_bytes(linears[end].weight.size(1), linears[end].weight.size(0))
+            if end > start and used + need > _QUANT_MLP_LAYER_BYTES:
+                break
+            used += need
+            end += 1
+        group = linears[start:end]
+        weights = [lin.fused_weight() for lin in group]
+        h = ops.quant_mlp(h, [w[0] for w in weights], [w[1] for w in weights], [w[2] for w in weights],
+                          [w[3] for w in weights], [None if lin.bias is None else lin.bias.detach() for lin in group],
+                          [lin.act_bits for lin in group], [lin.weight_bits for lin in group],
+                          list(relus[start:end]))
+        start = end
+    return h
 
 
 def _match_mlp(children) -> Optional[Tuple[Tuple[QuantLinear, ...], Tuple[bool, ...]]]:
@@ -230,7 +255,7 @@ def _match_mlp(children) -> Optional[Tuple[Tuple[QuantLinear, ...], Tuple[bool, 
         linears.append(lin)
         relus.append(relu)
         i += 2 if relu else 1
-    if not linears or len(linears) > QUANT_MLP_MAX_LAYERS:
+    if not linears:
         return None
     return tuple(linears), tuple(relus)
 
