@@ -60,8 +60,9 @@ inline std::vector<int64_t> check_quant_mlp_args(const at::Tensor& x, at::Tensor
     TORCH_CHECK_VALUE(weight_bits[l] >= 1 && weight_bits[l] <= 8, "weight_bits[", l, "] must be in 1..8, got ",
                       weight_bits[l]);
     const int64_t bound = widths.back() * ((int64_t{1} << act_bits[l]) - 1) * ((int64_t{1} << weight_bits[l]) - 1);
-    TORCH_CHECK_VALUE(bound <= kQuantMlpInt32Max, "weight_codes[", l, "]: in_channels·(2^act_bits − 1)·(2^weight_bits − 1) = ",
-                      bound, " overflows int32 (in_channels=", widths.back(), ", act_bits=", act_bits[l],
+    TORCH_CHECK_VALUE(bound <= kQuantMlpInt32Max, "weight_codes[", l,
+                      "]: in_channels·(2^act_bits − 1)·(2^weight_bits − 1) = ", bound,
+                      " overflows int32 (in_channels=", widths.back(), ", act_bits=", act_bits[l],
                       ", weight_bits=", weight_bits[l], ")");
     widths.push_back(out);
   }

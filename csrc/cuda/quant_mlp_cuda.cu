@@ -271,7 +271,8 @@ at::Tensor quant_mlp_cuda(const at::Tensor& x_in, at::TensorList weight_codes, a
     C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
     int sms = 0;
     C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    const int64_t blocks = std::min<int64_t>((rows + kWarps - 1) / kWarps, static_cast<int64_t>(sms) * std::max(per_sm, 1));
+    const int64_t resident = static_cast<int64_t>(sms) * std::max(per_sm, 1);
+    const int64_t blocks = std::min<int64_t>((rows + kWarps - 1) / kWarps, resident);
     kernel<<<static_cast<unsigned>(blocks), kThreads, smem, c10::cuda::getCurrentCUDAStream()>>>(args);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
