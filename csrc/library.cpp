@@ -32,6 +32,9 @@ TORCH_LIBRARY(pyg_quant, m) {
   m.def(
       "expand_tiles(Tensor tile_key, Tensor row_count, Tensor entry_col, Tensor? entry_val, Tensor res_row, "
       "Tensor? res_val, int num_rows, int num_cols, int planes) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "expand_csr(Tensor tile_key, Tensor row_count, Tensor entry_col, Tensor? entry_val, Tensor res_row, "
+      "Tensor res_col, Tensor? res_val, int num_rows, int num_cols) -> (Tensor, Tensor, Tensor, Tensor)");
 }
 
 // Importing pyg_quant._C loads this library, which runs the registrations above.

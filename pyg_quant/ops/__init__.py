@@ -96,6 +96,17 @@ def expand_tiles(tile_key, row_count, entry_col, entry_val, res_row, res_val, nu
     return reference.expand_tiles(*args)
 
 
+def expand_csr(tile_key, row_count, entry_col, entry_val, res_row, res_col, res_val, num_rows: int, num_cols: int):
+    """``(res_ptr, res_col, res_val, row_sums)`` of a tile plan decoded without tiles (every entry in one CSR,
+    rows sorted by column); ``res_val`` is None when neither ``entry_val`` nor ``res_val`` is given (all ones)."""
+    args = (tile_key, row_count, entry_col, entry_val, res_row, res_col, res_val, num_rows, num_cols)
+    if use_compiled("expand_csr", tile_key.device):
+        out_ptr, out_col, out_val, row_sums = torch.ops.pyg_quant.expand_csr(*args)
+    else:
+        out_ptr, out_col, out_val, row_sums = reference.expand_csr(*args)
+    return out_ptr, out_col, out_val if entry_val is not None or res_val is not None else None, row_sums
+
+
 if LOADED:
 
     @torch.library.register_fake("pyg_quant::quantize_pack")
@@ -159,3 +170,10 @@ if LOADED:
         return (tile_key.new_empty((windows + 1,), dtype=torch.int64), tile_key.new_empty((tiles,)),
                 tile_key.new_empty((planes, tiles, 16, 8)), tile_key.new_empty((num_rows + 1,), dtype=torch.int64),
                 tile_key.new_empty((num_rows,), dtype=torch.int64))
+
+    @torch.library.register_fake("pyg_quant::expand_csr")
+    def _(tile_key, row_count, entry_col, entry_val, res_row, res_col, res_val, num_rows, num_cols):
+        nnz = entry_col.shape[0] + res_row.shape[0]
+        weighted = entry_val is not None or res_val is not None
+        return (tile_key.new_empty((num_rows + 1,), dtype=torch.int64), tile_key.new_empty((nnz,)),
+                tile_key.new_empty((nnz if weighted else 0,)), tile_key.new_empty((num_rows,), dtype=torch.int64))
