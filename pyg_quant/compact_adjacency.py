@@ -52,6 +52,8 @@ MAX_ADJ_PLANES = 8  # bit planes per entry that the bit_spmm kernels accept
 # sparse are walked entry by entry anyway.  A starting point, to be re-tuned on the GPU.
 MIN_TILE_FILL = 1 / 16
 
+DEFAULT_MIN_TILE_NNZ = 16  # a 16 x 256 block with fewer entries goes to the CSR residual
+
 ADJACENCY_FORMS = ("auto", "tiles", "csr")
 
 
@@ -160,7 +162,7 @@ class CompactAdjacency:
         return adjacency == "tiles"
 
     # --- writing the tiles --------------------------------------------------------------------
-    def expand(self, tiles: Union[bool, str] = True):
+    def expand(self, tiles: Union[bool, str] = "auto"):
         r"""The :class:`~pyg_quant.BitAdjacency`, built where the plan is, every output size known on the host
         (no device-to-host synchronisation).
 
@@ -168,7 +170,8 @@ class CompactAdjacency:
             tiles (bool or str): ``True`` writes the planned tiles (``expand_tiles``); ``False`` puts every
                 entry in the CSR (``expand_csr``: no tiles, rows sorted by column, exactly what
                 :meth:`~pyg_quant.BitAdjacency.from_edge_index` builds with ``min_tile_nnz`` above 4096);
-                ``"auto"`` picks ``False`` when the tiles would be less than :data:`MIN_TILE_FILL` full.
+                ``"auto"`` (the default, as in ``from_edge_index``) picks ``False`` when the tiles would be
+                less than :data:`MIN_TILE_FILL` full.
         """
         from .adjacency import BitAdjacency  # adjacency imports this module
 
