@@ -510,24 +510,27 @@ def test_cuda_decode_is_sync_free_and_capturable(planted_parts):
 @requires_cuda
 @pytest.mark.cuda
 @pytest.mark.parametrize("adjacency", ["csr", "auto", "tiles"])
-def test_cuda_decode_in_every_form_is_sync_free(planted_parts, adjacency):
+def test_cuda_decode_in_every_form_is_sync_free(planted, adjacency):
     """Each adjacency form decodes on the GPU without a host round trip, equal to the CPU decode field for field,
-    and aggregates to the same integers as the tiles."""
+    and aggregates to the same integers as the tiles (batches built directly: no METIS needed)."""
     from pyg_quant.nn._adjacency_formats import bit_spmm_codes
+    x = pq.to_bit(planted.x, 4, dim=0, layout="col")
     for min_tile_nnz in (1, 16):
-        host = next(iter(QuantClusterLoader(planted_parts, batch_size=3, bits=4, pin_memory=True,
-                                            min_tile_nnz=min_tile_nnz, adjacency=adjacency)))
+        compact = pq.BitAdjacency.compact_from_edge_index(planted.edge_index, planted.num_nodes, self_loops=1,
+                                                          min_tile_nnz=min_tile_nnz)
+        host = QuantBatch.from_fields({"adj": compact, "x": x}, pin_memory=True, adjacency=adjacency)
         moved = host.to("cuda")
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         try:
-            adj, x = moved.adj, moved.x
+            adj, x_gpu = moved.adj, moved.x
         finally:
             torch.cuda.set_sync_debug_mode("default")
         assert adj.device.type == "cuda" and (adj.num_tiles == 0) == (adjacency != "tiles")
         assert_same_adjacency(adj.to("cpu"), host.adj)
-        expected = bit_spmm_codes(host.adj, host.x.planes, 4, host.x.cols)  # CPU; CSR == tiles is checked there
-        assert torch.equal(bit_spmm_codes(adj, x.planes, 4, x.cols).cpu(), expected)
+        expected = bit_spmm_codes(compact.expand(tiles=True), x.planes, 4, x.cols)
+        assert torch.equal(bit_spmm_codes(adj, x_gpu.planes, 4, x_gpu.cols).cpu(), expected)
+        assert torch.equal(bit_spmm_codes(host.adj, x.planes, 4, x.cols), expected)
 
 
 # --- the cache --------------------------------------------------------------------------------------
