@@ -35,6 +35,9 @@ TORCH_LIBRARY(pyg_quant, m) {
   m.def(
       "quant_mlp(Tensor x, Tensor[] weight_codes, Tensor[] weight_lo, Tensor[] weight_scale, Tensor[] weight_sums, "
       "Tensor?[] bias, int[] act_bits, int[] weight_bits, bool[] relu) -> Tensor");
+  m.def(
+      "expand_csr(Tensor tile_key, Tensor row_count, Tensor entry_col, Tensor? entry_val, Tensor res_row, "
+      "Tensor res_col, Tensor? res_val, int num_rows, int num_cols) -> (Tensor, Tensor, Tensor, Tensor)");
 }
 
 // Importing pyg_quant._C loads this library, which runs the registrations above.

@@ -12,7 +12,7 @@ import torch
 from . import ops
 from .bit_tensor import BitTensor
 from .bitmm import INT32_MAX
-from .compact_adjacency import CompactAdjacency, distinct_entries
+from .compact_adjacency import DEFAULT_MIN_TILE_NNZ, CompactAdjacency, check_adjacency_form, distinct_entries
 from .layout import TILE_COLS, TILE_ROWS
 
 
@@ -69,7 +69,8 @@ class BitAdjacency:
     @classmethod
     def from_edge_index(cls, edge_index: torch.Tensor,
                         num_nodes: Optional[Union[int, Tuple[int, int]]] = None,
-                        self_loops: int = 0, min_tile_nnz: int = 16) -> "BitAdjacency":
+                        self_loops: int = 0, min_tile_nnz: Optional[int] = None,
+                        adjacency: Optional[str] = None) -> "BitAdjacency":
         r"""Packs ``edge_index`` (``[2, E]``, source row 0, target row 1).
 
         Args:
@@ -86,9 +87,21 @@ class BitAdjacency:
                 stores every non-empty block as a tile; above 4096 (a block's size)
                 every entry stays in the CSR, which on CUDA runs a gather kernel
                 that is faster than tiles when they would be mostly empty (about
-                2× on cluster batches whose tiles are 2% full).
+                2× on cluster batches whose tiles are 2% full).  Default 16.
+            adjacency (str, optional): the form of the result: ``"tiles"`` (the
+                tiles ``min_tile_nnz`` plans), ``"csr"`` (no tiles, every entry in
+                the CSR, rows sorted by column: the same as ``min_tile_nnz`` above
+                4096) or ``"auto"`` (``"csr"`` when the planned tiles would be less
+                than :data:`~pyg_quant.compact_adjacency.MIN_TILE_FILL` full, else
+                ``"tiles"``).  Default: ``"auto"``, or ``"tiles"`` when
+                ``min_tile_nnz`` is given (an explicit tile threshold keeps its tiles).
         """
-        return cls.compact_from_edge_index(edge_index, num_nodes, self_loops, min_tile_nnz).expand()
+        if adjacency is None:
+            adjacency = "auto" if min_tile_nnz is None else "tiles"
+        check_adjacency_form(adjacency)
+        compact = cls.compact_from_edge_index(edge_index, num_nodes, self_loops,
+                                              DEFAULT_MIN_TILE_NNZ if min_tile_nnz is None else min_tile_nnz)
+        return compact.expand(tiles=compact.wants_tiles(adjacency))
 
     @staticmethod
     def compact_from_edge_index(edge_index: torch.Tensor,

@@ -24,16 +24,44 @@ synchronisation), and returns exactly the :class:`BitAdjacency` that
 Row-major entry order is the order of the sorted keys the plan is made from, so
 planning (the ``tile_plan`` op) needs no sort beyond the one that made the keys
 distinct.
+
+The same plan also decodes into a tile-free BitAdjacency, every entry in its CSR
+(``expand(tiles=False)``, the ``expand_csr`` op: a count and one merge pass per row
+on the CPU, two row kernels and a cumsum on the GPU, again with no host
+synchronisation), exactly what ``from_edge_index`` builds with ``min_tile_nnz``
+above 4096; ``expand(tiles="auto")`` picks that form when the plan's tiles would be
+less than :data:`MIN_TILE_FILL` full, where ``bit_spmm``'s CSR gather beats the tiles.
+The wire form is the same either way (~10 bits per edge instead of the 64 of an
+int32 CSR with values).
 """
-from typing import Dict, Optional
+from typing import Dict, Optional, Union
 
 import numpy as np
 import torch
 
 from . import ops
-from .layout import TILE_COLS
+from .layout import TILE_COLS, TILE_ROWS
 
 MAX_ADJ_PLANES = 8  # bit planes per entry that the bit_spmm kernels accept
+
+# ``"auto"`` decodes a plan into tiles only when its tiles are at least this full (tile entries over
+# tiles · 4096).  A tile costs its 512 bytes per plane plus the 256 feature rows of codes that bit_spmm reads
+# for it, whatever it holds; the CSR gather reads about one feature row per entry.  So a tile pays off only
+# once it holds a few hundred entries (256 of 4096 = 1/16).  Cluster batches are ~2% full, where the CUDA
+# gather is 2x faster than the tiles (benchmarks/RESULTS.md, "CSR gather bit_spmm"); on the CPU, tiles that
+# sparse are walked entry by entry anyway.  A starting point, to be re-tuned on the GPU.
+MIN_TILE_FILL = 1 / 16
+
+DEFAULT_MIN_TILE_NNZ = 16  # a 16 x 256 block with fewer entries goes to the CSR residual
+
+ADJACENCY_FORMS = ("auto", "tiles", "csr")
+
+
+def check_adjacency_form(adjacency, name: str = "adjacency") -> str:
+    """``adjacency`` checked to be one of ``"auto"``, ``"tiles"``, ``"csr"`` (the error names ``name``)."""
+    if not isinstance(adjacency, str) or adjacency not in ADJACENCY_FORMS:
+        raise ValueError(f"{name} must be one of {ADJACENCY_FORMS}, got {adjacency!r}")
+    return adjacency
 
 
 def distinct_entries(keys: torch.Tensor):
@@ -120,16 +148,53 @@ class CompactAdjacency:
     def num_tiles(self) -> int:
         return self.tile_key.numel()
 
+    @property
+    def tile_fill(self) -> float:
+        """Tile entries over the capacity of the planned tiles (0 without tiles); known on the host."""
+        return self.entry_col.numel() / max(1, self.num_tiles * TILE_ROWS * TILE_COLS)
+
+    def wants_tiles(self, adjacency: str = "auto") -> bool:
+        """Whether ``adjacency`` (``"auto"``, ``"tiles"``, ``"csr"``) decodes this plan into tiles: ``"auto"``
+        does when the tiles are at least :data:`MIN_TILE_FILL` full."""
+        adjacency = check_adjacency_form(adjacency)
+        if adjacency == "auto":
+            return self.num_tiles > 0 and self.tile_fill >= MIN_TILE_FILL
+        return adjacency == "tiles"
+
     # --- writing the tiles --------------------------------------------------------------------
-    def expand(self):
-        r"""The :class:`~pyg_quant.BitAdjacency`, built where the plan is (``expand_tiles``), every output
-        size known on the host (no device-to-host synchronisation)."""
+    def expand(self, tiles: Union[bool, str] = "auto"):
+        r"""The :class:`~pyg_quant.BitAdjacency`, built where the plan is, every output size known on the host
+        (no device-to-host synchronisation).
+
+        Args:
+            tiles (bool or str): ``True`` writes the planned tiles (``expand_tiles``); ``False`` puts every
+                entry in the CSR (``expand_csr``: no tiles, rows sorted by column, exactly what
+                :meth:`~pyg_quant.BitAdjacency.from_edge_index` builds with ``min_tile_nnz`` above 4096);
+                ``"auto"`` (the default, as in ``from_edge_index``) picks ``False`` when the tiles would be
+                less than :data:`MIN_TILE_FILL` full.
+        """
         from .adjacency import BitAdjacency  # adjacency imports this module
 
+        if isinstance(tiles, str):
+            if tiles != "auto":
+                raise ValueError(f"tiles must be True, False or 'auto', got {tiles!r}")
+            tiles = self.wants_tiles("auto")
+        elif not isinstance(tiles, bool):
+            raise TypeError(f"tiles must be True, False or 'auto', got {tiles!r}")
+        diag = None if self.diag is None else self.diag.to(torch.float32)
+        if not tiles:
+            res_ptr, res_col, res_val, row_sums = ops.expand_csr(
+                self.tile_key, self.row_count, self.entry_col, self.entry_val, self.res_row, self.res_col,
+                self.res_val, self.num_rows, self.num_cols)
+            device = self.tile_key.device
+            window_ptr = torch.zeros(-(-self.num_rows // TILE_ROWS) + 1, dtype=torch.int64, device=device)
+            tile_col = torch.empty(0, dtype=torch.int32, device=device)
+            tile_bits = torch.empty(self.planes, 0, TILE_ROWS, TILE_COLS // 32, dtype=torch.int32, device=device)
+            return BitAdjacency(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, self.num_rows,
+                                self.num_cols, diag, row_sums, self.nnz, self.max_row_sum)
         window_ptr, tile_col, tile_bits, res_ptr, row_sums = ops.expand_tiles(
             self.tile_key, self.row_count, self.entry_col, self.entry_val, self.res_row, self.res_val, self.num_rows,
             self.num_cols, self.planes)
-        diag = None if self.diag is None else self.diag.to(torch.float32)
         return BitAdjacency(window_ptr, tile_col, tile_bits, res_ptr, self.res_col, self.res_val, self.num_rows,
                             self.num_cols, diag, row_sums, self.nnz, self.max_row_sum)
 

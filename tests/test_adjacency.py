@@ -504,3 +504,210 @@ def test_expand_tiles_rejects_inconsistent_plans():
         torch.ops.pyg_quant.expand_tiles(**{**args, "tile_key": plan.tile_key.flip(0)})
     with pytest.raises(RuntimeError, match="entry_val"):
         torch.ops.pyg_quant.expand_tiles(**{**args, "planes": 2})
+
+
+# --- the tile-free decode (expand_csr) ---------------------------------------------------------------------------
+def csr_case(name):
+    """``(edge_index, num_nodes, self_loops, min_tile_nnz)`` of one expand_csr case."""
+    g = gen(sum(map(ord, name)))
+    if name == "random-loops-dup":  # self loops (the diagonal term), repeated edges (several planes)
+        ei = random_edges(300, 300, 5000, 11)
+        return torch.cat([ei, ei[:, :400], ei[:, :50]], 1), 300, 1, 60
+    if name == "planted-dup":  # dense blocks (tiles) and sparse links (residual), multiplicities up to 4
+        src = torch.randint(1200, (30000,), generator=g)
+        dst = (src // 200) * 200 + torch.randint(200, (30000,), generator=g)
+        links = torch.randint(1200, (2, 2000), generator=g)
+        ei = torch.cat([torch.stack([src, dst]), links], 1)
+        return torch.cat([ei] + [ei[:, :3000]] * 3, 1), 1200, 2, 8
+    if name == "empty-rows":  # targets only in [100, 140) and [900, 1000): most rows empty, empty windows
+        dst = torch.cat([torch.randint(100, 140, (3000,), generator=g), torch.randint(900, 1000, (400,), generator=g)])
+        return torch.stack([torch.randint(1000, (dst.numel(),), generator=g), dst]), 1000, 0, 16
+    if name == "empty-graph":
+        return torch.empty(2, 0, dtype=torch.long), 5, 1, 16
+    if name == "tiles-only":  # min_tile_nnz=1: every entry in a tile, the residual empty
+        return random_edges(500, 500, 4000, 12), 500, 0, 1
+    if name == "residual-only":
+        return random_edges(500, 500, 4000, 13), 500, 0, 4097
+    if name == "rows-tiles-or-residual":  # rows 0..15: a dense block and nothing else; rows 400..: sparse only
+        dense = torch.stack([torch.randint(256, (2000,), generator=g), torch.randint(16, (2000,), generator=g)])
+        sparse = torch.stack([torch.randint(600, (300,), generator=g), torch.randint(400, 600, (300,), generator=g)])
+        mixed = torch.stack([torch.randint(600, (800,), generator=g), torch.randint(16, 32, (800,), generator=g)])
+        return torch.cat([dense, sparse, mixed], 1), 600, 0, 40
+    if name == "full-tile-row":  # row 3 holds all 256 columns of a tile: row_count int16
+        full = torch.stack([torch.arange(256, 512), torch.full((256,), 3)])
+        return torch.cat([full, random_edges(700, 700, 3000, 14)], 1), 700, 1, 4
+    if name == "bipartite":  # 40 targets x 700 sources
+        return random_edges(700, 40, 6000, 15), (700, 40), 0, 8
+    if name == "bipartite-wide":  # 17 targets x 70000 sources, repeats
+        ei = random_edges(70000, 17, 20000, 16)
+        return torch.cat([ei, ei[:, :500]], 1), (70000, 17), 0, 2
+    raise KeyError(name)
+
+
+CSR_CASES = ["random-loops-dup", "planted-dup", "empty-rows", "empty-graph", "tiles-only", "residual-only",
+             "rows-tiles-or-residual", "full-tile-row", "bipartite", "bipartite-wide"]
+
+
+def assert_same_bit_adjacency(a, b):
+    for name in pq.BitAdjacency._TENSORS:
+        x, y = getattr(a, name), getattr(b, name)
+        assert (x is None) == (y is None), name
+        if x is not None:
+            x, y = x.cpu(), y.cpu()
+            assert x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y), name
+    for name in ("num_rows", "num_cols", "nnz", "max_row_sum"):
+        assert getattr(a, name) == getattr(b, name), name
+
+
+def csr_args(compact, device="cpu"):
+    return [t.to(device) if isinstance(t, torch.Tensor) else t for t in (
+        compact.tile_key, compact.row_count, compact.entry_col, compact.entry_val, compact.res_row, compact.res_col,
+        compact.res_val, compact.num_rows, compact.num_cols)]
+
+
+@pytest.mark.parametrize("case", CSR_CASES)
+def test_expand_csr_is_the_tile_free_build(case):
+    """CompactAdjacency.expand(tiles=False) (expand_csr) is, field for field, what from_edge_index builds with every
+    entry in the CSR; the compiled op equals the torch reference; the tile form holds the same matrix."""
+    edge_index, num_nodes, self_loops, min_tile_nnz = csr_case(case)
+    compact = pq.BitAdjacency.compact_from_edge_index(edge_index, num_nodes, self_loops, min_tile_nnz)
+    expected = pq.BitAdjacency.from_edge_index(edge_index, num_nodes, self_loops, min_tile_nnz=4097)
+    assert expected.num_tiles == 0
+    csr = compact.expand(tiles=False)
+    assert_same_bit_adjacency(csr, expected)
+    assert_same_bit_adjacency(pq.BitAdjacency.from_edge_index(edge_index, num_nodes, self_loops, adjacency="csr"),
+                              expected)
+    reference = ref.expand_csr(*csr_args(compact))
+    compiled = pq.ops.expand_csr(*csr_args(compact))
+    weighted = compact.entry_val is not None or compact.res_val is not None
+    for name, a, b, c in zip(("res_ptr", "res_col", "res_val", "row_sums"), compiled, reference,
+                             (csr.res_ptr, csr.res_col, csr.res_val, csr.row_sums)):
+        if name == "res_val" and not weighted:
+            assert a is None and b.numel() == 0 and c is None
+            continue
+        assert a.dtype == b.dtype == c.dtype and torch.equal(a, b) and torch.equal(a, c), name
+    tiled = compact.expand(tiles=True)
+    assert torch.equal(tiled.to_dense(), csr.to_dense())
+    assert torch.equal(tiled.row_sums, csr.row_sums)
+    if case == "tiles-only":
+        assert compact.res_row.numel() == 0 and compact.num_tiles > 0
+    if case in ("residual-only", "empty-graph"):
+        assert compact.num_tiles == 0
+        assert_same_bit_adjacency(tiled, csr)  # without tiles both decodes agree
+    if case == "full-tile-row":
+        assert compact.row_count.dtype == torch.int16
+    if case == "rows-tiles-or-residual":  # rows 0..15 only in tiles, rows 400.. only in the residual
+        res_rows = set(compact.res_row.tolist())
+        assert compact.num_tiles > 0 and not res_rows & set(range(16)) and res_rows & set(range(400, 600))
+    if case in ("random-loops-dup", "planted-dup"):
+        assert compact.planes > 1 and compact.num_tiles > 0 and compact.res_row.numel() > 0
+    if case == "empty-rows":
+        assert int((csr.res_ptr[1:] == csr.res_ptr[:-1]).sum()) > 800
+
+
+@requires_compiled
+def test_expand_csr_values_past_eight_planes():
+    """Integer entries too large for 8 planes travel in the residual (int32) and are merged in as they are."""
+    g = gen(5)
+    keys = torch.unique(torch.randint(300 * 900, (9000,), generator=g))
+    sums = torch.randint(1, 4, keys.shape, generator=g)
+    big = torch.randperm(keys.numel(), generator=g)[:100]
+    sums[big] = torch.randint(256, 1000, (100,), generator=g)
+    compact = pq.compact_adjacency.CompactAdjacency.from_entries(keys, sums, 300, 900, 4)
+    assert compact.num_tiles > 0 and compact.entry_val is not None and compact.res_val is not None
+    got = pq.ops.expand_csr(*csr_args(compact))
+    expected = ref.expand_csr(*csr_args(compact))
+    assert all(torch.equal(a, b) for a, b in zip(got, expected))
+    rows = torch.repeat_interleave(torch.arange(300), got[0][1:] - got[0][:-1])
+    assert torch.equal(rows * 900 + got[1].long(), keys) and torch.equal(got[2].long(), sums)
+
+
+@requires_compiled
+@pytest.mark.cuda
+@requires_cuda
+@pytest.mark.parametrize("case", CSR_CASES)
+def test_expand_csr_cuda_equals_cpu(case):
+    edge_index, num_nodes, self_loops, min_tile_nnz = csr_case(case)
+    compact = pq.BitAdjacency.compact_from_edge_index(edge_index, num_nodes, self_loops, min_tile_nnz)
+    on_gpu = pq.compact_adjacency.CompactAdjacency.from_tensors(
+        {k: v.cuda() for k, v in compact.tensors().items()}, compact.scalars())
+    got = on_gpu.expand(tiles=False)
+    assert got.device.type == "cuda" and got.res_col.device.type == "cuda"
+    assert_same_bit_adjacency(got, compact.expand(tiles=False))
+    gpu_ops = pq.ops.expand_csr(*csr_args(compact, "cuda"))
+    cpu_ops = pq.ops.expand_csr(*csr_args(compact))
+    for a, b in zip(gpu_ops, cpu_ops):
+        assert (a is None) == (b is None) and (a is None or torch.equal(a.cpu(), b))
+
+
+@requires_compiled
+@pytest.mark.cuda
+@requires_cuda
+def test_expand_csr_cuda_malformed_plan_stays_in_bounds():
+    """Counts that disagree with the entries, unsorted keys and residual rows out of range: no out-of-range access
+    (the kernels clamp every index they read and write)."""
+    edge_index, num_nodes, self_loops, min_tile_nnz = csr_case("planted-dup")
+    compact = pq.BitAdjacency.compact_from_edge_index(edge_index, num_nodes, self_loops, min_tile_nnz)
+    args = csr_args(compact, "cuda")
+    for index, bad in ((1, args[1] * 3), (0, args[0].flip(0)), (4, args[4] + 700), (2, args[2][: args[2].numel() // 2]),
+                       (3, None if args[3] is None else args[3][: args[2].numel() // 2])):
+        if index == 2:
+            trimmed = list(args)
+            trimmed[2], trimmed[3] = bad, args[3][: bad.numel()] if args[3] is not None else None
+            torch.ops.pyg_quant.expand_csr(*trimmed)
+        elif index != 3:
+            torch.ops.pyg_quant.expand_csr(*(args[:index] + [bad] + args[index + 1:]))
+    torch.cuda.synchronize()
+
+
+@requires_compiled
+def test_expand_csr_rejects_inconsistent_plans():
+    keys, sums = torch.tensor([0, 1, 2, 700, 20 * 800 + 3]), torch.tensor([1, 1, 1, 1, 1])
+    plan = pq.compact_adjacency.CompactAdjacency.from_entries(keys, sums, 40, 800, 1)
+    args = dict(tile_key=plan.tile_key, row_count=plan.row_count, entry_col=plan.entry_col, entry_val=None,
+                res_row=plan.res_row, res_col=plan.res_col, res_val=None, num_rows=40, num_cols=800)
+    with pytest.raises(RuntimeError, match="disagree"):
+        torch.ops.pyg_quant.expand_csr(**{**args, "entry_col": plan.entry_col[:-1]})
+    with pytest.raises(RuntimeError, match="sorted"):
+        torch.ops.pyg_quant.expand_csr(**{**args, "tile_key": plan.tile_key.flip(0)})
+    with pytest.raises(RuntimeError, match="num_cols"):
+        torch.ops.pyg_quant.expand_csr(**{**args, "num_cols": 600})
+    with pytest.raises(RuntimeError, match="res_col"):
+        torch.ops.pyg_quant.expand_csr(**{**args, "res_col": plan.res_col.long()})
+    residual = pq.compact_adjacency.CompactAdjacency.from_entries(keys, sums, 40, 800, 4)
+    with pytest.raises(RuntimeError, match="res_col"):
+        torch.ops.pyg_quant.expand_csr(**{**args, "tile_key": residual.tile_key, "row_count": residual.row_count,
+                                          "entry_col": residual.entry_col, "res_row": residual.res_row,
+                                          "res_col": residual.res_col + 800})
+
+
+def test_auto_form_follows_the_tile_fill(monkeypatch):
+    """"auto" decodes without tiles below MIN_TILE_FILL, with them at or above it; from_edge_index defaults to
+    "auto" unless a tile threshold is given; explicit arguments win."""
+    from pyg_quant import compact_adjacency as ca
+    edge_index = random_edges(400, 400, 6000, 21)  # tiles ~1% full
+    compact = pq.BitAdjacency.compact_from_edge_index(edge_index, 400)
+    assert 0 < compact.tile_fill < ca.MIN_TILE_FILL
+    assert not compact.wants_tiles("auto") and compact.wants_tiles("tiles") and not compact.wants_tiles("csr")
+    assert compact.expand().num_tiles == 0 and compact.expand("auto").num_tiles == 0
+    assert pq.BitAdjacency.from_edge_index(edge_index, 400).num_tiles == 0
+    assert pq.BitAdjacency.from_edge_index(edge_index, 400, min_tile_nnz=16).num_tiles == compact.num_tiles > 0
+    assert pq.BitAdjacency.from_edge_index(edge_index, 400, adjacency="tiles").num_tiles == compact.num_tiles
+    assert pq.BitAdjacency.from_edge_index(edge_index, 400, min_tile_nnz=16, adjacency="auto").num_tiles == 0
+    monkeypatch.setattr(ca, "MIN_TILE_FILL", compact.tile_fill)
+    assert compact.wants_tiles("auto") and compact.expand().num_tiles == compact.num_tiles
+    empty = pq.BitAdjacency.compact_from_edge_index(torch.empty(2, 0, dtype=torch.long), 3)
+    assert empty.tile_fill == 0 and not empty.wants_tiles("auto")
+
+
+def test_adjacency_form_bad_arguments():
+    edge_index = random_edges(40, 40, 100, 22)
+    compact = pq.BitAdjacency.compact_from_edge_index(edge_index, 40)
+    with pytest.raises(ValueError, match="adjacency"):
+        pq.BitAdjacency.from_edge_index(edge_index, 40, adjacency="dense")
+    with pytest.raises(ValueError, match="adjacency"):
+        compact.wants_tiles("CSR")
+    with pytest.raises(ValueError, match="tiles"):
+        compact.expand(tiles="csr")
+    with pytest.raises(TypeError, match="tiles"):
+        compact.expand(tiles=1)

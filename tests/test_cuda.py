@@ -241,7 +241,7 @@ def _check_adjacency_variants(dev):
 def _check_bit_spmm_float(dev):
     for n, edges, self_loops in ((17, 60, 1), (300, 2500, 0), (1000, 6000, 2), (260, 30000, 1)):
         ei = random_edges(n, n, edges, n)
-        adj = pq.BitAdjacency.from_edge_index(ei.to(dev), n, self_loops=self_loops)
+        adj = pq.BitAdjacency.from_edge_index(ei.to(dev), n, self_loops=self_loops, min_tile_nnz=16)
         A = adj.to_dense().double().cpu()
         for x_bits, x_dim in itertools.product(range(1, 9), (0, None)):
             x = pq.to_bit(randn(n, 23, x_bits + n, shift=0.5).to(dev), x_bits, dim=x_dim, layout="col")
@@ -429,7 +429,7 @@ def test_ops_capture_in_a_cuda_graph():
     n, f = 700, 40
     x = randn(n, f, 3).to(DEV)
     y = randn(n, 24, 4).to(DEV)
-    adj = pq.BitAdjacency.from_edge_index(random_edges(n, n, 9000, 5), n, self_loops=1).to(DEV)
+    adj = pq.BitAdjacency.from_edge_index(random_edges(n, n, 9000, 5), n, self_loops=1, min_tile_nnz=16).to(DEV)
     lo, hi = x.amin(0, keepdim=True), x.amax(0, keepdim=True)
     inv = torch.full_like(hi, 15.0) / (hi - lo)
     scale = (hi - lo) / torch.full_like(hi, 15.0)

@@ -197,6 +197,27 @@ def test_bit_spmm_on_batches(planted_parts):
         assert_fp32_close(out, dense @ deq64(batch.x), dense.abs() @ mag64(batch.x) * 1e-6 + 1e-30)
 
 
+@pytest.mark.parametrize("min_tile_nnz", [1, 16])
+def test_bit_spmm_on_batches_in_every_adjacency_form(planted_parts, min_tile_nnz):
+    """The same batches decoded with tiles, without, and by the fill rule: the same wire bytes, the same integer
+    sums A·Q and the same bit_spmm, bit for bit."""
+    from pyg_quant.nn._adjacency_formats import bit_spmm_codes
+    loaders = {form: list(QuantClusterLoader(planted_parts, batch_size=3, bits=4, min_tile_nnz=min_tile_nnz,
+                                             adjacency=form)) for form in ("tiles", "csr", "auto")}
+    assert QuantClusterLoader(planted_parts).collater.adjacency == "auto"  # the default
+    forms = set()
+    for tiles, csr, auto in zip(loaders["tiles"], loaders["csr"], loaders["auto"]):
+        assert torch.equal(tiles.buffer, csr.buffer) and torch.equal(tiles.buffer, auto.buffer)
+        assert csr.adj.num_tiles == 0 and tiles.adj.num_tiles > 0
+        forms.add(auto.adj.num_tiles > 0)
+        expected = bit_spmm_codes(tiles.adj, tiles.x.planes, 4, tiles.x.cols)
+        for batch in (csr, auto):
+            assert torch.equal(bit_spmm_codes(batch.adj, batch.x.planes, 4, batch.x.cols), expected)
+            assert torch.equal(pq.bit_spmm(batch.adj, batch.x), pq.bit_spmm(tiles.adj, tiles.x))
+            assert torch.equal(batch.deg, tiles.deg)
+    assert forms == {False}  # planted batches are far sparser than MIN_TILE_FILL
+
+
 def test_cluster_data_getitem_is_the_induced_subgraph(planted, planted_parts):
     """PyG's own ClusterData.__getitem__ works on our partition and gives each part's subgraph."""
     for p in range(planted_parts.num_parts):
@@ -327,20 +348,27 @@ def assert_same_adjacency(a, b):
         assert getattr(a, name) == getattr(b, name), name
 
 
-@pytest.mark.parametrize("self_loops", [0, 1, 2])
-def test_wire_format_decodes_to_the_direct_build(planted_parts, self_loops):
+@pytest.mark.parametrize("self_loops,adjacency", [(0, "tiles"), (1, "tiles"), (2, "tiles"), (1, "csr"),
+                                                   (2, "auto")])
+def test_wire_format_decodes_to_the_direct_build(planted_parts, self_loops, adjacency):
     """The adjacency travels as its tile plan (about a byte an edge), features without padding, integers
-    narrowed; reading the fields gives exactly what a direct build gives, in the original dtypes."""
+    narrowed; reading the fields gives exactly what a direct build gives, in the original dtypes, in the form the
+    loader's adjacency option asks for (the same wire bytes for all three)."""
     loader = QuantClusterLoader(planted_parts, batch_size=4, bits=4, self_loops=self_loops, min_tile_nnz=64,
-                                return_edge_index=True)
+                                return_edge_index=True, adjacency=adjacency)
     tiles = residual = 0
     for batch in loader:
         wire = batch.wire_tensors()
         assert wire["adj.entry_col"].dtype == torch.uint8 and wire["y"].dtype == torch.int8
         assert wire["edge_index"].dtype == torch.int16 and wire["n_id"].dtype == torch.int16
-        adj = batch.adj
+        adj = decoded = batch.adj
+        assert batch.adjacency == adjacency
         assert_same_adjacency(adj, pq.BitAdjacency.from_edge_index(batch.edge_index, batch.num_nodes,
-                                                                     self_loops=self_loops, min_tile_nnz=64))
+                                                                     self_loops=self_loops, min_tile_nnz=64,
+                                                                     adjacency=adjacency))
+        if adjacency == "csr":
+            adj = pq.BitAdjacency.from_edge_index(batch.edge_index, batch.num_nodes, self_loops=self_loops,
+                                                  min_tile_nnz=64)  # the plan's split, for the byte counts below
         tiles, residual = tiles + adj.num_tiles, residual + adj.res_nnz
         adj_wire = sum(t.numel() * t.element_size() for k, t in wire.items() if k.startswith("adj."))
         per_entry = 2 if adj.bits > 1 else 1  # column byte (+ multiplicity byte)
@@ -354,8 +382,8 @@ def test_wire_format_decodes_to_the_direct_build(planted_parts, self_loops):
         assert wire["x.planes"].shape[1] == x.cols < x.planes.size(1)  # col layout, 20 features padded to 64
         assert torch.equal(x.planes[:, x.cols:], torch.zeros_like(x.planes[:, x.cols:]))
         assert torch.equal(x.planes[:, :x.cols], wire["x.planes"])
-        assert batch.adj is adj and batch["x"] is x  # decoded once
-    assert tiles > 0 and residual > 0  # both halves of the format are exercised
+        assert batch.adj is decoded and batch["x"] is x  # decoded once
+    assert residual > 0 and (tiles > 0 or adjacency == "auto")  # both halves of the format are exercised
 
 
 def test_wire_integers_outside_narrow_ranges_are_kept():
@@ -477,6 +505,32 @@ def test_cuda_decode_is_sync_free_and_capturable(planted_parts):
         buffer.copy_(host.buffer, non_blocking=True)
         graph.replay()
         torch.testing.assert_close(out.cpu(), pq.bit_spmm(host.adj, host.x), rtol=1e-6, atol=1e-6)
+
+
+@requires_cuda
+@pytest.mark.cuda
+@pytest.mark.parametrize("adjacency", ["csr", "auto", "tiles"])
+def test_cuda_decode_in_every_form_is_sync_free(planted, adjacency):
+    """Each adjacency form decodes on the GPU without a host round trip, equal to the CPU decode field for field,
+    and aggregates to the same integers as the tiles (batches built directly: no METIS needed)."""
+    from pyg_quant.nn._adjacency_formats import bit_spmm_codes
+    x = pq.to_bit(planted.x, 4, dim=0, layout="col")
+    for min_tile_nnz in (1, 16):
+        compact = pq.BitAdjacency.compact_from_edge_index(planted.edge_index, planted.num_nodes, self_loops=1,
+                                                          min_tile_nnz=min_tile_nnz)
+        host = QuantBatch.from_fields({"adj": compact, "x": x}, pin_memory=True, adjacency=adjacency)
+        moved = host.to("cuda")
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            adj, x_gpu = moved.adj, moved.x
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert adj.device.type == "cuda" and (adj.num_tiles == 0) == (adjacency != "tiles")
+        assert_same_adjacency(adj.to("cpu"), host.adj)
+        expected = bit_spmm_codes(compact.expand(tiles=True), x.planes, 4, x.cols)
+        assert torch.equal(bit_spmm_codes(adj, x_gpu.planes, 4, x_gpu.cols).cpu(), expected)
+        assert torch.equal(bit_spmm_codes(host.adj, x.planes, 4, x.cols), expected)
 
 
 # --- the cache --------------------------------------------------------------------------------------
@@ -676,12 +730,19 @@ def test_cluster_data_bad_graphs(karate):
     (dict(self_loops=3), ValueError, "self_loops"),
     (dict(batch_size=0), ValueError, "batch_size"),
     (dict(min_tile_nnz=0), ValueError, "min_tile_nnz"),
+    (dict(adjacency="dense"), ValueError, "adjacency"),
+    (dict(adjacency=None), ValueError, "adjacency"),
     (dict(return_edge_index=1), TypeError, "return_edge_index"),
     (dict(collate_fn=list), TypeError, "collate_fn"),
 ])
 def test_loader_bad_arguments(planted_parts, kwargs, error, match):
     with pytest.raises(error, match=match):
         QuantClusterLoader(planted_parts, **kwargs)
+
+
+def test_quant_batch_bad_adjacency_form():
+    with pytest.raises(ValueError, match="adjacency"):
+        QuantBatch.from_fields({"y": torch.ones(3)}, adjacency="sparse")
 
 
 def test_loader_bad_cluster_data_and_features(karate):

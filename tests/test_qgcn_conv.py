@@ -273,15 +273,21 @@ def test_gcn_norm_gradient(layout):
 
 
 # --- quantized: same codes, error bounds, formats -------------------------------------
+@pytest.mark.parametrize("form", ["tiles", "csr"])
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("bits", [8, 4, 1])
-def test_same_codes_in_both_paths(bits, weighted):
-    """The bit kernels (eval) and the fake quantization (train) compute GCN on the same codes."""
+def test_same_codes_in_both_paths(bits, weighted, form, monkeypatch):
+    """The bit kernels (eval) and the fake quantization (train) compute GCN on the same codes, whichever form the
+    layer packs its adjacency in ("auto": tiles when MIN_TILE_FILL is 0, no tiles when it is above 1)."""
+    monkeypatch.setattr(pq.compact_adjacency, "MIN_TILE_FILL", 0.0 if form == "tiles" else 2.0)
     x, edge_index, weight = graph()
     weight = weight if weighted else None
     _, conv = pair(bits)
     packed = pq.BitAdjacency.from_edge_index(edge_index, 300)
-    assert packed.num_tiles > 0 and packed.res_nnz > 0  # both parts of the format are exercised
+    if form == "tiles":
+        assert packed.num_tiles > 0 and packed.res_nnz > 0  # both parts of the format are exercised
+    else:
+        assert packed.num_tiles == 0 and packed.res_nnz == packed.nnz
     for bits_path in (True, False):
         conv.train(not bits_path)
         with torch.no_grad():
@@ -489,10 +495,16 @@ def test_pack_entries_is_from_edge_index_layout():
     for n, e, min_tile_nnz in ((300, 6000, 16), (40, 900, 1)):
         edge_index = torch.randint(0, n, (2, e), generator=gen(n))
         want = pq.BitAdjacency.from_edge_index(edge_index, n, min_tile_nnz=min_tile_nnz)
-        got = pack_entries(edge_index[1], edge_index[0], None, n, n, min_tile_nnz)
+        got = pack_entries(edge_index[1], edge_index[0], None, n, n, min_tile_nnz, "tiles")
         for field in ("window_ptr", "tile_col", "tile_bits", "res_ptr", "res_col", "res_val", "row_sums"):
             a, b = getattr(want, field), getattr(got, field)
             assert (a is None and b is None) or torch.equal(a, b), field
+        for form in ("auto", "csr"):  # the layers' default, "auto", is from_edge_index's rule
+            want = pq.BitAdjacency.from_edge_index(edge_index, n, min_tile_nnz=min_tile_nnz, adjacency=form)
+            got = pack_entries(edge_index[1], edge_index[0], None, n, n, min_tile_nnz, form)
+            for field in ("window_ptr", "tile_col", "tile_bits", "res_ptr", "res_col", "res_val", "row_sums"):
+                a, b = getattr(want, field), getattr(got, field)
+                assert (a is None and b is None) or torch.equal(a, b), (form, field)
         src, dst, count = decode_bit_adjacency(want)
         dense = torch.zeros(n, n).index_put_((dst, src), count.float(), accumulate=True)
         assert torch.equal(dense, want.to_dense())

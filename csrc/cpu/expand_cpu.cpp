@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 
 #include <cstring>
+#include <vector>
 
 namespace pyg_quant {
 namespace {
@@ -19,28 +20,47 @@ int64_t count_at(const at::Tensor& row_count, const void* data, int64_t index) {
 }
 }  // namespace
 
+namespace {
+// The plan's shapes, dtypes and devices, shared by expand_tiles and expand_csr (`op` names the caller).
+void check_plan_args(const char* op, const at::Tensor& tile_key, const at::Tensor& row_count,
+                     const at::Tensor& entry_col, const std::optional<at::Tensor>& entry_val, const at::Tensor& res_row,
+                     const std::optional<at::Tensor>& res_val, int64_t num_rows, int64_t num_cols) {
+  TORCH_CHECK(num_rows > 0 && num_cols > 0, op, ": num_rows and num_cols must be positive");
+  TORCH_CHECK(tile_key.scalar_type() == at::kInt && tile_key.dim() == 1, op, ": tile_key must be int32 [T]");
+  TORCH_CHECK((row_count.scalar_type() == at::kByte || row_count.scalar_type() == at::kShort) &&
+                  row_count.dim() == 2 && row_count.size(0) == tile_key.size(0) && row_count.size(1) == kTileRows,
+              op, ": row_count must be uint8/int16 [T, 16]");
+  TORCH_CHECK(entry_col.scalar_type() == at::kByte && entry_col.dim() == 1, op, ": entry_col must be uint8");
+  TORCH_CHECK(!entry_val || (entry_val->scalar_type() == at::kByte && entry_val->sizes() == entry_col.sizes()), op,
+              ": entry_val must be uint8 like entry_col");
+  TORCH_CHECK(res_row.scalar_type() == at::kInt && res_row.dim() == 1, op, ": res_row must be int32");
+  TORCH_CHECK(!res_val || (res_val->scalar_type() == at::kInt && res_val->sizes() == res_row.sizes()), op,
+              ": res_val must be int32 like res_row");
+  const auto device = tile_key.device();
+  for (const at::Tensor* t : {&row_count, &entry_col, &res_row}) {
+    TORCH_CHECK(t->device() == device, op, ": all tensors must be on one device");
+  }
+  TORCH_CHECK((!entry_val || entry_val->device() == device) && (!res_val || res_val->device() == device), op,
+              ": all tensors must be on one device");
+}
+}  // namespace
+
 void check_expand_args(const at::Tensor& tile_key, const at::Tensor& row_count, const at::Tensor& entry_col,
                        const std::optional<at::Tensor>& entry_val, const at::Tensor& res_row,
                        const std::optional<at::Tensor>& res_val, int64_t num_rows, int64_t num_cols, int64_t planes) {
-  TORCH_CHECK(num_rows > 0 && num_cols > 0, "expand_tiles: num_rows and num_cols must be positive");
+  check_plan_args("expand_tiles", tile_key, row_count, entry_col, entry_val, res_row, res_val, num_rows, num_cols);
   TORCH_CHECK(planes >= 1 && planes <= 8, "expand_tiles: planes must be in 1..8, got ", planes);
-  TORCH_CHECK(tile_key.scalar_type() == at::kInt && tile_key.dim() == 1, "expand_tiles: tile_key must be int32 [T]");
-  TORCH_CHECK((row_count.scalar_type() == at::kByte || row_count.scalar_type() == at::kShort) &&
-                  row_count.dim() == 2 && row_count.size(0) == tile_key.size(0) && row_count.size(1) == kTileRows,
-              "expand_tiles: row_count must be uint8/int16 [T, 16]");
-  TORCH_CHECK(entry_col.scalar_type() == at::kByte && entry_col.dim() == 1, "expand_tiles: entry_col must be uint8");
-  TORCH_CHECK(!entry_val || (entry_val->scalar_type() == at::kByte && entry_val->sizes() == entry_col.sizes()),
-              "expand_tiles: entry_val must be uint8 like entry_col");
   TORCH_CHECK(planes == 1 || entry_val, "expand_tiles: more than one plane needs entry_val");
-  TORCH_CHECK(res_row.scalar_type() == at::kInt && res_row.dim() == 1, "expand_tiles: res_row must be int32");
-  TORCH_CHECK(!res_val || (res_val->scalar_type() == at::kInt && res_val->sizes() == res_row.sizes()),
-              "expand_tiles: res_val must be int32 like res_row");
-  const auto device = tile_key.device();
-  for (const at::Tensor* t : {&row_count, &entry_col, &res_row}) {
-    TORCH_CHECK(t->device() == device, "expand_tiles: all tensors must be on one device");
-  }
-  TORCH_CHECK((!entry_val || entry_val->device() == device) && (!res_val || res_val->device() == device),
-              "expand_tiles: all tensors must be on one device");
+}
+
+void check_expand_csr_args(const at::Tensor& tile_key, const at::Tensor& row_count, const at::Tensor& entry_col,
+                           const std::optional<at::Tensor>& entry_val, const at::Tensor& res_row,
+                           const at::Tensor& res_col, const std::optional<at::Tensor>& res_val, int64_t num_rows,
+                           int64_t num_cols) {
+  check_plan_args("expand_csr", tile_key, row_count, entry_col, entry_val, res_row, res_val, num_rows, num_cols);
+  TORCH_CHECK(res_col.scalar_type() == at::kInt && res_col.sizes() == res_row.sizes(),
+              "expand_csr: res_col must be int32 like res_row");
+  TORCH_CHECK(res_col.device() == tile_key.device(), "expand_csr: all tensors must be on one device");
 }
 
 ExpandedTiles expand_tiles_cpu(const at::Tensor& tile_key_in, const at::Tensor& row_count_in,
@@ -118,6 +138,109 @@ ExpandedTiles expand_tiles_cpu(const at::Tensor& tile_key_in, const at::Tensor& 
   }
   TORCH_CHECK(e == num_entries, "expand_tiles: row_count and entry_col disagree on the number of entries");
   return {window_ptr, tile_col, tile_bits, res_ptr, row_sums};
+}
+
+// One pass after a count.  The count: each row's entries (its segments of the window's tiles plus its residual
+// run) -> res_ptr.  The pass: walk windows, rows, tiles with one running entry offset (the order tile_plan wrote
+// them in), merging each row's tile entries (sorted: tiles in column order, columns inside a tile sorted) with its
+// residual run (sorted) by column.
+ExpandedCsr expand_csr_cpu(const at::Tensor& tile_key_in, const at::Tensor& row_count_in,
+                           const at::Tensor& entry_col_in, const std::optional<at::Tensor>& entry_val_in,
+                           const at::Tensor& res_row_in, const at::Tensor& res_col_in,
+                           const std::optional<at::Tensor>& res_val_in, int64_t num_rows, int64_t num_cols) {
+  check_expand_csr_args(tile_key_in, row_count_in, entry_col_in, entry_val_in, res_row_in, res_col_in, res_val_in,
+                        num_rows, num_cols);
+  const at::Tensor tile_key = tile_key_in.contiguous(), row_count = row_count_in.contiguous();
+  const at::Tensor entry_col = entry_col_in.contiguous(), res_row = res_row_in.contiguous();
+  const at::Tensor res_col = res_col_in.contiguous();
+  const at::Tensor entry_val = entry_val_in ? entry_val_in->contiguous() : at::Tensor();
+  const at::Tensor res_val = res_val_in ? res_val_in->contiguous() : at::Tensor();
+  const int64_t num_tiles = tile_key.size(0), num_entries = entry_col.size(0), num_res = res_row.size(0);
+  const int64_t col_tiles = (num_cols + 255) / 256, num_windows = (num_rows + kTileRows - 1) / kTileRows;
+  const int64_t nnz = num_entries + num_res;
+  const auto i64 = tile_key.options().dtype(at::kLong);
+
+  // Tile boundaries of every window (tile_key sorted, in range).
+  const int32_t* key = tile_key.data_ptr<int32_t>();
+  std::vector<int64_t> wptr(num_windows + 1);
+  int64_t t = 0;
+  for (int64_t w = 0; w <= num_windows; ++w) {
+    while (t < num_tiles && key[t] / col_tiles < w) ++t;
+    wptr[w] = t;
+  }
+  TORCH_CHECK(num_tiles == 0 || (key[0] >= 0 && key[num_tiles - 1] < num_windows * col_tiles && wptr[num_windows] == num_tiles),
+              "expand_csr: tile_key must be sorted and in range");
+  for (int64_t i = 1; i < num_tiles; ++i) {
+    TORCH_CHECK(key[i] > key[i - 1], "expand_csr: tile_key must be sorted and in range");
+  }
+  // Residual boundaries of every row (res_row sorted, in range); columns in range.
+  const int32_t* rrow = res_row.data_ptr<int32_t>();
+  const int32_t* rcol = res_col.data_ptr<int32_t>();
+  std::vector<int64_t> rptr(num_rows + 1);
+  int64_t j = 0;
+  for (int64_t r = 0; r <= num_rows; ++r) {
+    while (j < num_res && rrow[j] < r) ++j;
+    rptr[r] = j;
+  }
+  TORCH_CHECK(rptr[num_rows] == num_res, "expand_csr: res_row must be sorted and in range");
+  for (int64_t k = 0; k < num_res; ++k) {
+    TORCH_CHECK(rcol[k] >= 0 && rcol[k] < num_cols, "expand_csr: res_col must be in [0, num_cols)");
+  }
+
+  // The count.
+  const void* counts = row_count.data_ptr();
+  at::Tensor out_ptr = at::empty({num_rows + 1}, i64);
+  int64_t* optr = out_ptr.data_ptr<int64_t>();
+  optr[0] = 0;
+  int64_t tile_total = 0;
+  for (int64_t w = 0; w < num_windows; ++w) {
+    for (int64_t r = 0; r < kTileRows; ++r) {
+      const int64_t row = w * kTileRows + r;
+      int64_t n = 0;
+      for (int64_t tile = wptr[w]; tile < wptr[w + 1]; ++tile) n += count_at(row_count, counts, tile * kTileRows + r);
+      TORCH_CHECK(row < num_rows || n == 0, "expand_csr: row_count holds entries past the last row");
+      tile_total += n;
+      if (row < num_rows) optr[row + 1] = optr[row] + n + rptr[row + 1] - rptr[row];
+    }
+  }
+  TORCH_CHECK(tile_total == num_entries, "expand_csr: row_count and entry_col disagree on the number of entries");
+
+  // The pass.
+  const bool weighted = entry_val.defined() || res_val.defined();
+  at::Tensor out_col = at::empty({nnz}, tile_key.options());
+  at::Tensor out_val = at::empty({weighted ? nnz : 0}, tile_key.options());
+  at::Tensor row_sums = at::empty({num_rows}, i64);
+  int32_t* ocol = out_col.data_ptr<int32_t>();
+  int32_t* oval = weighted ? out_val.data_ptr<int32_t>() : nullptr;
+  int64_t* sums = row_sums.data_ptr<int64_t>();
+  const uint8_t* col = entry_col.data_ptr<uint8_t>();
+  const uint8_t* val = entry_val.defined() ? entry_val.data_ptr<uint8_t>() : nullptr;
+  const int32_t* rval = res_val.defined() ? res_val.data_ptr<int32_t>() : nullptr;
+  int64_t e = 0;
+  for (int64_t row = 0; row < num_rows; ++row) {
+    const int64_t w = row / kTileRows, r = row % kTileRows;
+    int64_t o = optr[row], k = rptr[row], sum = 0;
+    const int64_t k_end = rptr[row + 1];
+    auto put = [&](int32_t c, int64_t v) {
+      ocol[o] = c;
+      if (oval) oval[o] = static_cast<int32_t>(v);
+      sum += v;
+      ++o;
+    };
+    for (int64_t tile = wptr[w]; tile < wptr[w + 1]; ++tile) {
+      const int64_t base = static_cast<int64_t>(key[tile] % col_tiles) * 256;
+      const int64_t end = e + count_at(row_count, counts, tile * kTileRows + r);
+      for (; e < end; ++e) {
+        const int64_t c = base + col[e];
+        TORCH_CHECK(c < num_cols, "expand_csr: a tile entry's column is past num_cols");
+        for (; k < k_end && rcol[k] < c; ++k) put(rcol[k], rval ? rval[k] : 1);
+        put(static_cast<int32_t>(c), val ? val[e] : 1);
+      }
+    }
+    for (; k < k_end; ++k) put(rcol[k], rval ? rval[k] : 1);
+    sums[row] = sum;
+  }
+  return {out_ptr, out_col, out_val, row_sums};
 }
 
 }  // namespace pyg_quant

@@ -12,7 +12,11 @@ aligned offsets, in a single buffer, each in its *wire* form::
 
 * a :class:`~pyg_quant.compact_adjacency.CompactAdjacency` travels as its plan
   (one byte per edge instead of a 512-byte bit tile per 16 × 256 block) and
-  becomes a :class:`~pyg_quant.BitAdjacency` where the batch is, on first access;
+  becomes a :class:`~pyg_quant.BitAdjacency` where the batch is, on first access:
+  with its tiles, or without (every entry in the CSR, which ``bit_spmm`` gathers
+  faster than nearly empty tiles), as the batch's ``adjacency`` option says
+  (``"auto"``: without when the tiles would be less than
+  :data:`~pyg_quant.compact_adjacency.MIN_TILE_FILL` full);
 * a :class:`~pyg_quant.BitTensor` travels without the padding of its outer
   dimension (re-added on access);
 * an integer tensor travels in the narrowest integer type that holds its values
@@ -33,7 +37,7 @@ import torch.nn.functional as F
 
 from ..adjacency import BitAdjacency
 from ..bit_tensor import BitTensor
-from ..compact_adjacency import CompactAdjacency
+from ..compact_adjacency import CompactAdjacency, check_adjacency_form
 
 ALIGN = 64  # bytes: a cache line, and a multiple of every element size
 
@@ -114,6 +118,10 @@ class _Decode:
         self.decode, self.kind = decode, kind
 
 
+def _expanded(compact: CompactAdjacency, adjacency: str) -> BitAdjacency:
+    return compact.expand(tiles=compact.wants_tiles(adjacency))
+
+
 def _padded_bit_tensor(parts: Dict[str, torch.Tensor], scalars: Dict[str, object]) -> BitTensor:
     scalars = dict(scalars)
     planes = parts["planes"]
@@ -147,10 +155,18 @@ class QuantBatch:
         self.__dict__["_fields"] = self._materialize()
 
     @classmethod
-    def from_fields(cls, fields: Dict[str, object], pin_memory: bool = False) -> "QuantBatch":
+    def from_fields(cls, fields: Dict[str, object], pin_memory: bool = False,
+                    adjacency: str = "auto") -> "QuantBatch":
         r"""Copies the tensors of ``fields`` (Tensors, CompactAdjacency, BitAdjacency, BitTensor; other
-        values are kept as they are) in wire form into one new buffer, pinned when ``pin_memory``."""
+        values are kept as they are) in wire form into one new buffer, pinned when ``pin_memory``.
+
+        ``adjacency`` is the form a CompactAdjacency field decodes to: ``"tiles"`` (its planned
+        tiles), ``"csr"`` (no tiles, every entry in the CSR) or ``"auto"`` (``"csr"`` when the tiles
+        would be less than :data:`~pyg_quant.compact_adjacency.MIN_TILE_FILL` full).  The wire form is
+        the same for all three."""
+        check_adjacency_form(adjacency)
         tensors, meta = _flatten(fields)
+        meta["adjacency"] = adjacency
         specs: List[_Spec] = []
         offset = 0
         for name, tensor in tensors.items():
@@ -183,9 +199,9 @@ class QuantBatch:
                                                 **scalars)
                 elif kind == "CompactAdjacency":
                     wide = {attr: self._meta["dtypes"].get(f"{name}.{attr}") for attr in parts}
-                    fields[name] = _Decode(lambda parts=parts, scalars=scalars, wide=wide: CompactAdjacency.from_tensors(
-                        {attr: _widened(view, wide[attr]) for attr, view in parts.items()}, scalars).expand(),
-                        "BitAdjacency")
+                    fields[name] = _Decode(lambda parts=parts, scalars=scalars, wide=wide: _expanded(
+                        CompactAdjacency.from_tensors({attr: _widened(view, wide[attr]) for attr, view in parts.items()},
+                                                      scalars), self.adjacency), "BitAdjacency")
                 else:
                     fields[name] = _Decode(lambda parts=parts, scalars=scalars: _padded_bit_tensor(parts, scalars),
                                            "BitTensor")
@@ -233,6 +249,11 @@ class QuantBatch:
     @property
     def nbytes(self) -> int:
         return self._buffer.numel()
+
+    @property
+    def adjacency(self) -> str:
+        """The form a wire adjacency decodes to: ``"auto"``, ``"tiles"`` or ``"csr"`` (see :meth:`from_fields`)."""
+        return self._meta.get("adjacency", "tiles")  # batches pickled before the option decoded to tiles
 
     @property
     def buffer(self) -> torch.Tensor:

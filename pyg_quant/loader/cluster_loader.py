@@ -8,6 +8,7 @@ from torch_geometric.loader import ClusterData
 from torch_geometric.utils import narrow, select
 
 from ..adjacency import BitAdjacency
+from ..compact_adjacency import check_adjacency_form
 from .batch import QuantBatch
 from .features import QuantizedFeatures, check_bits
 
@@ -24,14 +25,14 @@ class ClusterCollater:
 
     def __init__(self, cluster_data: ClusterData, features: Optional[QuantizedFeatures], node_attrs: List[str],
                  edge_attrs: List[str], self_loops: int, min_tile_nnz: int, return_edge_index: bool,
-                 pin_in_main_process: bool):
+                 pin_in_main_process: bool, adjacency: str = "auto"):
         partition = cluster_data.partition
         self.partptr, self.indptr, self.index = partition.partptr, partition.indptr, partition.index
         self.node_perm = partition.node_perm
         self.csr = getattr(partition, "sparse_format", "csr") == "csr"
         self.data = cluster_data.data
         self.features, self.node_attrs, self.edge_attrs = features, node_attrs, edge_attrs
-        self.self_loops, self.min_tile_nnz = self_loops, min_tile_nnz
+        self.self_loops, self.min_tile_nnz, self.adjacency = self_loops, min_tile_nnz, adjacency
         self.return_edge_index = return_edge_index
         self.pin_in_main_process = pin_in_main_process
         sizes = self.partptr[1:] - self.partptr[:-1]
@@ -110,7 +111,7 @@ class ClusterCollater:
             fields["edge_index"] = edge_index
         fields["num_nodes"] = num_nodes
         pin = self.pin_in_main_process and torch.utils.data.get_worker_info() is None
-        return QuantBatch.from_fields(fields, pin_memory=pin)
+        return QuantBatch.from_fields(fields, pin_memory=pin, adjacency=self.adjacency)
 
 
 class _PartIds(torch.utils.data.Dataset):
@@ -178,7 +179,15 @@ class QuantClusterLoader(torch.utils.data.DataLoader):
         bits (int or None): feature bits, 1..8; ``None`` keeps ``x`` as float.
         self_loops (int): 0, 1 (``A + I``, GCN) or 2 (``A + 2I``); see
             :meth:`~pyg_quant.BitAdjacency.from_edge_index`.  Use 0 for GIN.
-        min_tile_nnz (int): blocks with fewer entries go to the CSR residual.
+        min_tile_nnz (int): blocks with fewer entries go to the CSR residual of
+            the plan that travels (a tile entry travels in 1–2 bytes, a residual one
+            in 4–8).
+        adjacency (str): the form ``batch.adj`` decodes to on the device: ``"auto"``
+            (default) keeps no tiles when the plan's tiles would be less than
+            :data:`~pyg_quant.compact_adjacency.MIN_TILE_FILL` full (METIS cluster
+            batches are ~2% full, and ``bit_spmm``'s CSR gather runs 2× faster than
+            the tiles there on CUDA); ``"tiles"`` always decodes the tiles,
+            ``"csr"`` never.  The bytes that travel are the same.
         return_edge_index (bool): also ship ``edge_index`` and edge attributes.
         **kwargs: :class:`torch.utils.data.DataLoader` arguments (``num_workers``,
             ``pin_memory``, ``drop_last``, ``persistent_workers``, ...).
@@ -186,7 +195,7 @@ class QuantClusterLoader(torch.utils.data.DataLoader):
 
     def __init__(self, cluster_data: ClusterData, batch_size: int = 1, shuffle: bool = False,
                  bits: Optional[int] = 4, self_loops: int = 1, min_tile_nnz: int = 16,
-                 return_edge_index: bool = False, **kwargs):
+                 return_edge_index: bool = False, adjacency: str = "auto", **kwargs):
         if not isinstance(cluster_data, ClusterData) or not hasattr(cluster_data, "partition"):
             raise TypeError(f"cluster_data must be a partitioned ClusterData (e.g. QuantClusterData), "
                             f"got {type(cluster_data).__name__}")
@@ -201,6 +210,7 @@ class QuantClusterLoader(torch.utils.data.DataLoader):
             raise ValueError(f"self_loops must be 0, 1 or 2, got {self_loops!r}")
         if isinstance(min_tile_nnz, bool) or not isinstance(min_tile_nnz, int) or min_tile_nnz < 1:
             raise ValueError(f"min_tile_nnz must be a positive int, got {min_tile_nnz!r}")
+        check_adjacency_form(adjacency)
         if not isinstance(return_edge_index, bool):
             raise TypeError(f"return_edge_index must be a bool, got {type(return_edge_index).__name__}")
         data = cluster_data.data
@@ -237,7 +247,7 @@ class QuantClusterLoader(torch.utils.data.DataLoader):
         self.cluster_data, self.bits, self.self_loops = cluster_data, bits, self_loops
         self.collater = ClusterCollater(cluster_data, features, node_attrs, edge_attrs, self_loops, min_tile_nnz,
                                         return_edge_index,
-                                        bool(kwargs.get("pin_memory")) and torch.cuda.is_available())
+                                        bool(kwargs.get("pin_memory")) and torch.cuda.is_available(), adjacency)
         sizes = cluster_data.partition.partptr[1:] - cluster_data.partition.partptr[:-1]
         self.parts = torch.nonzero(sizes).view(-1).tolist()
         # As in PyG, the dataset index *is* the part id (a custom sampler yields part ids);

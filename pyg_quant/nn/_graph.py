@@ -25,6 +25,7 @@ import torch
 
 from ..adjacency import bit_spmm
 from ..bit_tensor import BitTensor, to_val
+from ..compact_adjacency import DEFAULT_MIN_TILE_NNZ, check_adjacency_form
 from ._adjacency_formats import EdgeSet, bit_spmm_codes, edge_spmm_int, pack_entries
 from ._csr import RebuiltOnCopy, SparseProduct, csr_matrix
 from ._quantize import check_finite, is_compiling
@@ -67,13 +68,18 @@ class QuantGraph:
             paths; None keeps edge weights in float (then only the float
             aggregation can run).
         min_tile_nnz (int): tile threshold when packing (see :class:`BitAdjacency`).
+        adjacency (str): the packed form, ``"auto"`` (default: no tiles when they would be
+            less than :data:`~pyg_quant.compact_adjacency.MIN_TILE_FILL` full, where
+            ``bit_spmm``'s CSR gather is faster), ``"tiles"`` or ``"csr"``; see
+            :func:`~pyg_quant.nn._adjacency_formats.pack_entries`.
     """
 
     def __init__(self, edges: EdgeSet, self_loop_fill: Optional[float], adj_bits: Optional[int],
-                 min_tile_nnz: int = 16):
+                 min_tile_nnz: int = DEFAULT_MIN_TILE_NNZ, adjacency: str = "auto"):
         self.num_src, self.num_dst = edges.num_src, edges.num_dst
         self.adj_bits = adj_bits
         self.min_tile_nnz = min_tile_nnz
+        self.adjacency = check_adjacency_form(adjacency)
         self.keep: Optional[torch.Tensor] = None
         self.diag: Optional[torch.Tensor] = None
         self.prebuilt = None  # the user's BitAdjacency, used as M as it is
@@ -231,8 +237,9 @@ class QuantGraph:
                 src, dst = src[self.keep], dst[self.keep]
                 count = count[self.keep] if count is not None else None
                 codes = codes[self.keep] if codes is not None else None
-            mask = pack_entries(dst, src, count, self.num_dst, self.num_src, self.min_tile_nnz)
-            coded = pack_entries(dst, src, codes, self.num_dst, self.num_src, self.min_tile_nnz) if self.weighted else None
+            pack = (self.num_dst, self.num_src, self.min_tile_nnz, self.adjacency)
+            mask = pack_entries(dst, src, count, *pack)
+            coded = pack_entries(dst, src, codes, *pack) if self.weighted else None
             self._packed = (mask, coded)
         return self._packed
 
@@ -242,7 +249,7 @@ class QuantGraph:
             return bit_spmm_codes(self.prebuilt, y.planes, y.bits, y.cols), None
         if is_compiling():
             edges = self.edges
-            args = (y.planes, self.num_src, self.num_dst, y.bits, y.cols, self.min_tile_nnz)
+            args = (y.planes, self.num_src, self.num_dst, y.bits, y.cols, self.min_tile_nnz, self.adjacency)
             products = edge_spmm_int(edges.src, edges.dst, self.keep, edges.count, *args)
             coded = edge_spmm_int(edges.src, edges.dst, self.keep, self.codes, *args) if self.weighted else None
             return products, coded

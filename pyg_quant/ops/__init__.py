@@ -105,6 +105,17 @@ def quant_mlp(x, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_b
     return reference.quant_mlp(*args)
 
 
+def expand_csr(tile_key, row_count, entry_col, entry_val, res_row, res_col, res_val, num_rows: int, num_cols: int):
+    """``(res_ptr, res_col, res_val, row_sums)`` of a tile plan decoded without tiles (every entry in one CSR,
+    rows sorted by column); ``res_val`` is None when neither ``entry_val`` nor ``res_val`` is given (all ones)."""
+    args = (tile_key, row_count, entry_col, entry_val, res_row, res_col, res_val, num_rows, num_cols)
+    if use_compiled("expand_csr", tile_key.device):
+        out_ptr, out_col, out_val, row_sums = torch.ops.pyg_quant.expand_csr(*args)
+    else:
+        out_ptr, out_col, out_val, row_sums = reference.expand_csr(*args)
+    return out_ptr, out_col, out_val if entry_val is not None or res_val is not None else None, row_sums
+
+
 if LOADED:
 
     @torch.library.register_fake("pyg_quant::quantize_pack")
@@ -172,3 +183,10 @@ if LOADED:
     @torch.library.register_fake("pyg_quant::quant_mlp")
     def _(x, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits, weight_bits, relu):
         return x.new_empty((x.shape[0], weight_codes[-1].shape[0]), dtype=torch.float32)
+
+    @torch.library.register_fake("pyg_quant::expand_csr")
+    def _(tile_key, row_count, entry_col, entry_val, res_row, res_col, res_val, num_rows, num_cols):
+        nnz = entry_col.shape[0] + res_row.shape[0]
+        weighted = entry_val is not None or res_val is not None
+        return (tile_key.new_empty((num_rows + 1,), dtype=torch.int64), tile_key.new_empty((nnz,)),
+                tile_key.new_empty((nnz if weighted else 0,)), tile_key.new_empty((num_rows,), dtype=torch.int64))

@@ -229,6 +229,42 @@ def expand_tiles(tile_key, row_count, entry_col, entry_val, res_row, res_val, nu
     return window_ptr, tile_col, tile_bits, res_ptr, row_sums
 
 
+def expand_csr(tile_key, row_count, entry_col, entry_val, res_row, res_col, res_val, num_rows: int, num_cols: int):
+    """The tile-free BitAdjacency tensors ``(res_ptr int64 [R + 1], res_col int32 [nnz], res_val int32 [nnz] (or
+    [0] when neither ``entry_val`` nor ``res_val`` is given: every value is 1), row_sums int64 [R])`` of a tile
+    plan: its tile entries and its residual merged into one CSR, each row sorted by column; torch ops only,
+    every size known on the host."""
+    device = tile_key.device
+    num_tiles, tile_nnz, num_res = tile_key.numel(), entry_col.numel(), res_row.numel()
+    col_tiles = -(-num_cols // TILE_COLS)
+    tile_key = tile_key.long()
+    tile_window = torch.div(tile_key, col_tiles, rounding_mode="floor")
+    tile_col = tile_key - tile_window * col_tiles
+    # Entries arrive row-major (window, row in window, tile, column): segment (t, r) precedes (t', r') when
+    # r < r', or r == r' and t < t', within a window.  Their order is that of the key (row, tile).
+    segment_row = (tile_window * TILE_ROWS).unsqueeze(1) + torch.arange(TILE_ROWS, device=device)  # [T, 16]
+    segment_tile = torch.arange(num_tiles, device=device).unsqueeze(1).expand(num_tiles, TILE_ROWS)
+    order = torch.argsort(segment_row.reshape(-1) * max(num_tiles, 1) + segment_tile.reshape(-1))
+    counts = row_count.reshape(-1).long()[order]
+    segment = order[torch.repeat_interleave(torch.arange(num_tiles * TILE_ROWS, device=device), counts,
+                                            output_size=tile_nnz)]
+    entry_row = segment_row.reshape(-1)[segment]
+    entry_cols = tile_col[torch.div(segment, TILE_ROWS, rounding_mode="floor")] * TILE_COLS + entry_col.long()
+
+    rows = torch.cat([entry_row, res_row.long()])
+    cols = torch.cat([entry_cols, res_col.long()])
+    values = torch.cat([torch.ones(tile_nnz, dtype=torch.int64, device=device) if entry_val is None
+                        else entry_val.long(),
+                        torch.ones(num_res, dtype=torch.int64, device=device) if res_val is None else res_val.long()])
+    order = torch.argsort(rows * num_cols + cols, stable=True)
+    rows, cols, values = rows[order], cols[order], values[order]
+    res_ptr = torch.searchsorted(rows, torch.arange(num_rows + 1, device=device))
+    row_sums = torch.zeros(num_rows, dtype=torch.int64, device=device).index_add_(0, rows, values)
+    weighted = entry_val is not None or res_val is not None
+    out_val = values.to(torch.int32) if weighted else torch.empty(0, dtype=torch.int32, device=device)
+    return res_ptr, cols.to(torch.int32), out_val, row_sums
+
+
 def quantize_pack_ranges(x, bits: int, dim: int, col_layout: bool, noise: Optional[torch.Tensor] = None):
     """``to_bit``'s ranges along ``dim`` (one per row for 1, per column for 0), the packed codes and their sums:
     ``(planes, lo, scale, code_sums)``."""
