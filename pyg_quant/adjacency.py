@@ -12,7 +12,8 @@ import torch
 from . import ops
 from .bit_tensor import BitTensor
 from .bitmm import INT32_MAX
-from .compact_adjacency import DEFAULT_MIN_TILE_NNZ, CompactAdjacency, check_adjacency_form, distinct_entries
+from .compact_adjacency import (DEFAULT_ADJACENCY, DEFAULT_MIN_TILE_NNZ, CompactAdjacency, check_adjacency_form,
+                                distinct_entries)
 from .layout import TILE_COLS, TILE_ROWS
 
 
@@ -93,11 +94,11 @@ class BitAdjacency:
                 the CSR, rows sorted by column: the same as ``min_tile_nnz`` above
                 4096) or ``"auto"`` (``"csr"`` when the planned tiles would be less
                 than :data:`~pyg_quant.compact_adjacency.MIN_TILE_FILL` full, else
-                ``"tiles"``).  Default: ``"auto"``, or ``"tiles"`` when
-                ``min_tile_nnz`` is given (an explicit tile threshold keeps its tiles).
+                ``"tiles"``).  Default: :data:`~pyg_quant.compact_adjacency.DEFAULT_ADJACENCY`
+                (``"tiles"``), and ``"tiles"`` whenever ``min_tile_nnz`` is given.
         """
         if adjacency is None:
-            adjacency = "auto" if min_tile_nnz is None else "tiles"
+            adjacency = DEFAULT_ADJACENCY if min_tile_nnz is None else "tiles"
         check_adjacency_form(adjacency)
         compact = cls.compact_from_edge_index(edge_index, num_nodes, self_loops,
                                               DEFAULT_MIN_TILE_NNZ if min_tile_nnz is None else min_tile_nnz)

@@ -56,6 +56,11 @@ DEFAULT_MIN_TILE_NNZ = 16  # a 16 x 256 block with fewer entries goes to the CSR
 
 ADJACENCY_FORMS = ("auto", "tiles", "csr")
 
+# The form used where none is asked for (loader batches, from_edge_index, the layers' own packing).  "tiles" until
+# the CUDA kernel of expand_csr has run on a GPU (dev/pending-gpu/README.md): a GPU decoding "csr"/"auto" today runs
+# the torch reference decode (two sorts, no host sync), correct but not yet measured there.
+DEFAULT_ADJACENCY = "tiles"
+
 
 def check_adjacency_form(adjacency, name: str = "adjacency") -> str:
     """``adjacency`` checked to be one of ``"auto"``, ``"tiles"``, ``"csr"`` (the error names ``name``)."""
@@ -162,7 +167,7 @@ class CompactAdjacency:
         return adjacency == "tiles"
 
     # --- writing the tiles --------------------------------------------------------------------
-    def expand(self, tiles: Union[bool, str] = "auto"):
+    def expand(self, tiles: Union[bool, str, None] = None):
         r"""The :class:`~pyg_quant.BitAdjacency`, built where the plan is, every output size known on the host
         (no device-to-host synchronisation).
 
@@ -170,12 +175,14 @@ class CompactAdjacency:
             tiles (bool or str): ``True`` writes the planned tiles (``expand_tiles``); ``False`` puts every
                 entry in the CSR (``expand_csr``: no tiles, rows sorted by column, exactly what
                 :meth:`~pyg_quant.BitAdjacency.from_edge_index` builds with ``min_tile_nnz`` above 4096);
-                ``"auto"`` (the default, as in ``from_edge_index``) picks ``False`` when the tiles would be
-                less than :data:`MIN_TILE_FILL` full.
+                ``"auto"`` picks ``False`` when the tiles would be less than :data:`MIN_TILE_FILL` full;
+                None (the default) follows :data:`DEFAULT_ADJACENCY`.
         """
         from .adjacency import BitAdjacency  # adjacency imports this module
 
-        if isinstance(tiles, str):
+        if tiles is None:
+            tiles = self.wants_tiles(DEFAULT_ADJACENCY)
+        elif isinstance(tiles, str):
             if tiles != "auto":
                 raise ValueError(f"tiles must be True, False or 'auto', got {tiles!r}")
             tiles = self.wants_tiles("auto")

@@ -641,26 +641,6 @@ def test_expand_csr_cuda_equals_cpu(case):
 
 
 @requires_compiled
-@pytest.mark.cuda
-@requires_cuda
-def test_expand_csr_cuda_malformed_plan_stays_in_bounds():
-    """Counts that disagree with the entries, unsorted keys and residual rows out of range: no out-of-range access
-    (the kernels clamp every index they read and write)."""
-    edge_index, num_nodes, self_loops, min_tile_nnz = csr_case("planted-dup")
-    compact = pq.BitAdjacency.compact_from_edge_index(edge_index, num_nodes, self_loops, min_tile_nnz)
-    args = csr_args(compact, "cuda")
-    for index, bad in ((1, args[1] * 3), (0, args[0].flip(0)), (4, args[4] + 700), (2, args[2][: args[2].numel() // 2]),
-                       (3, None if args[3] is None else args[3][: args[2].numel() // 2])):
-        if index == 2:
-            trimmed = list(args)
-            trimmed[2], trimmed[3] = bad, args[3][: bad.numel()] if args[3] is not None else None
-            torch.ops.pyg_quant.expand_csr(*trimmed)
-        elif index != 3:
-            torch.ops.pyg_quant.expand_csr(*(args[:index] + [bad] + args[index + 1:]))
-    torch.cuda.synchronize()
-
-
-@requires_compiled
 def test_expand_csr_rejects_inconsistent_plans():
     keys, sums = torch.tensor([0, 1, 2, 700, 20 * 800 + 3]), torch.tensor([1, 1, 1, 1, 1])
     plan = pq.compact_adjacency.CompactAdjacency.from_entries(keys, sums, 40, 800, 1)
@@ -682,20 +662,23 @@ def test_expand_csr_rejects_inconsistent_plans():
 
 
 def test_auto_form_follows_the_tile_fill(monkeypatch):
-    """"auto" decodes without tiles below MIN_TILE_FILL, with them at or above it; from_edge_index defaults to
-    "auto" unless a tile threshold is given; explicit arguments win."""
+    """"auto" decodes without tiles below MIN_TILE_FILL, with them at or above it; expand() and from_edge_index
+    follow DEFAULT_ADJACENCY unless a tile threshold is given; explicit arguments win."""
     from pyg_quant import compact_adjacency as ca
     edge_index = random_edges(400, 400, 6000, 21)  # tiles ~1% full
     compact = pq.BitAdjacency.compact_from_edge_index(edge_index, 400)
     assert 0 < compact.tile_fill < ca.MIN_TILE_FILL
     assert not compact.wants_tiles("auto") and compact.wants_tiles("tiles") and not compact.wants_tiles("csr")
-    assert compact.expand().num_tiles == 0 and compact.expand("auto").num_tiles == 0
-    assert pq.BitAdjacency.from_edge_index(edge_index, 400).num_tiles == 0
+    assert compact.expand("auto").num_tiles == 0 and compact.expand(False).num_tiles == 0
+    assert compact.expand(True).num_tiles == compact.num_tiles > 0
+    by_default = compact.num_tiles if ca.DEFAULT_ADJACENCY == "tiles" else 0
+    assert compact.expand().num_tiles == by_default
+    assert pq.BitAdjacency.from_edge_index(edge_index, 400).num_tiles == by_default
     assert pq.BitAdjacency.from_edge_index(edge_index, 400, min_tile_nnz=16).num_tiles == compact.num_tiles > 0
     assert pq.BitAdjacency.from_edge_index(edge_index, 400, adjacency="tiles").num_tiles == compact.num_tiles
     assert pq.BitAdjacency.from_edge_index(edge_index, 400, min_tile_nnz=16, adjacency="auto").num_tiles == 0
     monkeypatch.setattr(ca, "MIN_TILE_FILL", compact.tile_fill)
-    assert compact.wants_tiles("auto") and compact.expand().num_tiles == compact.num_tiles
+    assert compact.wants_tiles("auto") and compact.expand("auto").num_tiles == compact.num_tiles
     empty = pq.BitAdjacency.compact_from_edge_index(torch.empty(2, 0, dtype=torch.long), 3)
     assert empty.tile_fill == 0 and not empty.wants_tiles("auto")
 

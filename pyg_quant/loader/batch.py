@@ -16,7 +16,7 @@ aligned offsets, in a single buffer, each in its *wire* form::
   with its tiles, or without (every entry in the CSR, which ``bit_spmm`` gathers
   faster than nearly empty tiles), as the batch's ``adjacency`` option says
   (``"auto"``: without when the tiles would be less than
-  :data:`~pyg_quant.compact_adjacency.MIN_TILE_FILL` full);
+  :data:`~pyg_quant.compact_adjacency.MIN_TILE_FILL` full; default ``"tiles"``);
 * a :class:`~pyg_quant.BitTensor` travels without the padding of its outer
   dimension (re-added on access);
 * an integer tensor travels in the narrowest integer type that holds its values
@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 from ..adjacency import BitAdjacency
 from ..bit_tensor import BitTensor
-from ..compact_adjacency import CompactAdjacency, check_adjacency_form
+from ..compact_adjacency import DEFAULT_ADJACENCY, CompactAdjacency, check_adjacency_form
 
 ALIGN = 64  # bytes: a cache line, and a multiple of every element size
 
@@ -156,7 +156,7 @@ class QuantBatch:
 
     @classmethod
     def from_fields(cls, fields: Dict[str, object], pin_memory: bool = False,
-                    adjacency: str = "auto") -> "QuantBatch":
+                    adjacency: str = DEFAULT_ADJACENCY) -> "QuantBatch":
         r"""Copies the tensors of ``fields`` (Tensors, CompactAdjacency, BitAdjacency, BitTensor; other
         values are kept as they are) in wire form into one new buffer, pinned when ``pin_memory``.
 
