@@ -132,6 +132,7 @@ import torch_geometric  # noqa: E402
 from torch_geometric.nn import GCNConv, GINConv  # noqa: E402
 
 from pyg_quant import ops  # noqa: E402
+from pyg_quant.compact_adjacency import ADJACENCY_FORMS, DEFAULT_ADJACENCY  # noqa: E402
 from pyg_quant.loader import QuantBatch  # noqa: E402
 from pyg_quant.nn._quantize import quantize as pq_quantize  # noqa: E402  (the layers' quantizer: no host checks)
 
@@ -665,10 +666,11 @@ class Inputs:
 
 
 def pq_host_batches(data: Data, kind: str, bits: int, pinned: bool):
-    """The loader's batches: the adjacency's tile plan and the bit features in one (pinned) wire buffer."""
+    """The loader's batches: the adjacency's tile plan and the bit features in one (pinned) wire buffer, decoded
+    in the form ``--adjacency`` names (the wire bytes are the same for every form)."""
     plans = data.plan_gcn if kind == "GCN" else data.plan_gin
-    return [QuantBatch.from_fields({"adj": plans[b], "x": data.feats[bits][b].to("cpu")}, pin_memory=pinned)
-            for b in range(data.nb)]
+    return [QuantBatch.from_fields({"adj": plans[b], "x": data.feats[bits][b].to("cpu")}, pin_memory=pinned,
+                                   adjacency=data.adjacency) for b in range(data.nb)]
 
 
 def pq_inputs(data: Data, kind: str, bits: int, device, pinned: bool) -> Inputs:
@@ -1183,6 +1185,8 @@ def parse_args(argv=None):
     p.add_argument("--gin-hidden", type=int, default=64)
     p.add_argument("--bits", default="8,4,2,1")
     p.add_argument("--kernel-bits", default="8,4,1", help="bit widths of the pq-kernels diagnostic")
+    p.add_argument("--adjacency", default=DEFAULT_ADJACENCY, choices=ADJACENCY_FORMS,
+                   help="form of the decoded pyg_quant batches: bit tiles, tile-free CSR, or by tile fill")
     p.add_argument("--qat-bits", type=int, default=4)
     p.add_argument("--models", default="GIN,GCN")
     p.add_argument("--sections", default="inference,training,transfer")
@@ -1254,6 +1258,7 @@ def main(argv=None):
     try:
         t = time.perf_counter()
         data = build_graph(args, device, rec)
+        data.adjacency = args.adjacency
         build_formats(args, device, data, rec, runner)
         rec.data["timeline"]["build_s"] = round(time.perf_counter() - t, 1)
         rec.save()

@@ -12,8 +12,7 @@ import torch
 from . import ops
 from .bit_tensor import BitTensor
 from .bitmm import INT32_MAX
-from .compact_adjacency import (DEFAULT_ADJACENCY, DEFAULT_MIN_TILE_NNZ, CompactAdjacency, check_adjacency_form,
-                                distinct_entries)
+from .compact_adjacency import DEFAULT_MIN_TILE_NNZ, CompactAdjacency, check_adjacency_form, distinct_entries
 from .layout import TILE_COLS, TILE_ROWS
 
 
@@ -98,7 +97,7 @@ class BitAdjacency:
                 (``"tiles"``), and ``"tiles"`` whenever ``min_tile_nnz`` is given.
         """
         if adjacency is None:
-            adjacency = DEFAULT_ADJACENCY if min_tile_nnz is None else "tiles"
+            adjacency = check_adjacency_form(None) if min_tile_nnz is None else "tiles"
         check_adjacency_form(adjacency)
         compact = cls.compact_from_edge_index(edge_index, num_nodes, self_loops,
                                               DEFAULT_MIN_TILE_NNZ if min_tile_nnz is None else min_tile_nnz)

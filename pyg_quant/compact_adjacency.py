@@ -63,7 +63,10 @@ DEFAULT_ADJACENCY = "tiles"
 
 
 def check_adjacency_form(adjacency, name: str = "adjacency") -> str:
-    """``adjacency`` checked to be one of ``"auto"``, ``"tiles"``, ``"csr"`` (the error names ``name``)."""
+    """``adjacency`` checked to be one of ``"auto"``, ``"tiles"``, ``"csr"`` (the error names ``name``); None is
+    :data:`DEFAULT_ADJACENCY`, read when called."""
+    if adjacency is None:
+        return DEFAULT_ADJACENCY
     if not isinstance(adjacency, str) or adjacency not in ADJACENCY_FORMS:
         raise ValueError(f"{name} must be one of {ADJACENCY_FORMS}, got {adjacency!r}")
     return adjacency
@@ -158,9 +161,9 @@ class CompactAdjacency:
         """Tile entries over the capacity of the planned tiles (0 without tiles); known on the host."""
         return self.entry_col.numel() / max(1, self.num_tiles * TILE_ROWS * TILE_COLS)
 
-    def wants_tiles(self, adjacency: str = "auto") -> bool:
-        """Whether ``adjacency`` (``"auto"``, ``"tiles"``, ``"csr"``) decodes this plan into tiles: ``"auto"``
-        does when the tiles are at least :data:`MIN_TILE_FILL` full."""
+    def wants_tiles(self, adjacency: Optional[str] = "auto") -> bool:
+        """Whether ``adjacency`` (``"auto"``, ``"tiles"``, ``"csr"``; None: :data:`DEFAULT_ADJACENCY`) decodes this
+        plan into tiles: ``"auto"`` does when the tiles are at least :data:`MIN_TILE_FILL` full."""
         adjacency = check_adjacency_form(adjacency)
         if adjacency == "auto":
             return self.num_tiles > 0 and self.tile_fill >= MIN_TILE_FILL
@@ -181,7 +184,7 @@ class CompactAdjacency:
         from .adjacency import BitAdjacency  # adjacency imports this module
 
         if tiles is None:
-            tiles = self.wants_tiles(DEFAULT_ADJACENCY)
+            tiles = self.wants_tiles(None)
         elif isinstance(tiles, str):
             if tiles != "auto":
                 raise ValueError(f"tiles must be True, False or 'auto', got {tiles!r}")

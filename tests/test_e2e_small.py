@@ -56,3 +56,20 @@ def test_e2e_tiny_cpu(tmp_path):
         assert torch.isfinite(torch.tensor([first, last])).all()
     assert not [e for e in saved["errors"] if "bf16 CSR" not in e["where"]], saved["errors"]
     assert data["tables_markdown"].startswith("\n### Inference")
+
+
+def test_e2e_tiny_cpu_tile_free_batches(tmp_path):
+    """``--adjacency csr``: the pyg_quant batches decode without tiles and the inference variants still run."""
+    import e2e
+
+    out = tmp_path / "e2e_csr.json"
+    e2e.main(["--device", "cpu", "--small", "--num-parts", "4", "--part-size", "512", "--parts-per-batch", "2",
+              "--avg-degree", "20", "--bits", "4", "--kernel-bits", "4", "--reps", "1", "--warmup", "0",
+              "--sections", "inference", "--models", "GIN", "--adjacency", "csr", "--time-budget", "600",
+              "--out", str(out), "--png", str(tmp_path / "e2e_csr.png")])
+    saved = json.loads(out.read_text())
+    assert saved["meta"]["args"]["adjacency"] == "csr"
+    rows = {r["label"]: r for r in saved["inference"]}
+    for label in ("pyg_quant 4-bit", "pq-kernels 4-bit"):
+        assert "error" not in rows[label] and not rows[label].get("skipped"), rows[label]
+        assert torch.isfinite(torch.tensor(rows[label]["rel_err_vs_pyg_fp32"])), rows[label]

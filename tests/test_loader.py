@@ -204,7 +204,7 @@ def test_bit_spmm_on_batches_in_every_adjacency_form(planted_parts, min_tile_nnz
     from pyg_quant.nn._adjacency_formats import bit_spmm_codes
     loaders = {form: list(QuantClusterLoader(planted_parts, batch_size=3, bits=4, min_tile_nnz=min_tile_nnz,
                                              adjacency=form)) for form in ("tiles", "csr", "auto")}
-    assert QuantClusterLoader(planted_parts).collater.adjacency == "auto"  # the default
+    assert QuantClusterLoader(planted_parts).collater.adjacency == pq.compact_adjacency.DEFAULT_ADJACENCY
     forms = set()
     for tiles, csr, auto in zip(loaders["tiles"], loaders["csr"], loaders["auto"]):
         assert torch.equal(tiles.buffer, csr.buffer) and torch.equal(tiles.buffer, auto.buffer)
@@ -731,7 +731,7 @@ def test_cluster_data_bad_graphs(karate):
     (dict(batch_size=0), ValueError, "batch_size"),
     (dict(min_tile_nnz=0), ValueError, "min_tile_nnz"),
     (dict(adjacency="dense"), ValueError, "adjacency"),
-    (dict(adjacency=None), ValueError, "adjacency"),
+    (dict(adjacency=3), ValueError, "adjacency"),
     (dict(return_edge_index=1), TypeError, "return_edge_index"),
     (dict(collate_fn=list), TypeError, "collate_fn"),
 ])

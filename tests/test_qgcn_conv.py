@@ -278,7 +278,8 @@ def test_gcn_norm_gradient(layout):
 @pytest.mark.parametrize("bits", [8, 4, 1])
 def test_same_codes_in_both_paths(bits, weighted, form, monkeypatch):
     """The bit kernels (eval) and the fake quantization (train) compute GCN on the same codes, whichever form the
-    layer packs its adjacency in ("auto": tiles when MIN_TILE_FILL is 0, no tiles when it is above 1)."""
+    layer packs its adjacency in (the default form set to "auto": tiles when MIN_TILE_FILL is 0, none above 1)."""
+    monkeypatch.setattr(pq.compact_adjacency, "DEFAULT_ADJACENCY", "auto")
     monkeypatch.setattr(pq.compact_adjacency, "MIN_TILE_FILL", 0.0 if form == "tiles" else 2.0)
     x, edge_index, weight = graph()
     weight = weight if weighted else None

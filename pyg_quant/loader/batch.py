@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 from ..adjacency import BitAdjacency
 from ..bit_tensor import BitTensor
-from ..compact_adjacency import DEFAULT_ADJACENCY, CompactAdjacency, check_adjacency_form
+from ..compact_adjacency import CompactAdjacency, check_adjacency_form
 
 ALIGN = 64  # bytes: a cache line, and a multiple of every element size
 
@@ -156,15 +156,15 @@ class QuantBatch:
 
     @classmethod
     def from_fields(cls, fields: Dict[str, object], pin_memory: bool = False,
-                    adjacency: str = DEFAULT_ADJACENCY) -> "QuantBatch":
+                    adjacency: Optional[str] = None) -> "QuantBatch":
         r"""Copies the tensors of ``fields`` (Tensors, CompactAdjacency, BitAdjacency, BitTensor; other
         values are kept as they are) in wire form into one new buffer, pinned when ``pin_memory``.
 
         ``adjacency`` is the form a CompactAdjacency field decodes to: ``"tiles"`` (its planned
         tiles), ``"csr"`` (no tiles, every entry in the CSR) or ``"auto"`` (``"csr"`` when the tiles
-        would be less than :data:`~pyg_quant.compact_adjacency.MIN_TILE_FILL` full).  The wire form is
-        the same for all three."""
-        check_adjacency_form(adjacency)
+        would be less than :data:`~pyg_quant.compact_adjacency.MIN_TILE_FILL` full); None (the default)
+        is :data:`~pyg_quant.compact_adjacency.DEFAULT_ADJACENCY`.  The wire form is the same for all three."""
+        adjacency = check_adjacency_form(adjacency)
         tensors, meta = _flatten(fields)
         meta["adjacency"] = adjacency
         specs: List[_Spec] = []

@@ -8,7 +8,7 @@ from torch_geometric.loader import ClusterData
 from torch_geometric.utils import narrow, select
 
 from ..adjacency import BitAdjacency
-from ..compact_adjacency import DEFAULT_ADJACENCY, check_adjacency_form
+from ..compact_adjacency import check_adjacency_form
 from .batch import QuantBatch
 from .features import QuantizedFeatures, check_bits
 
@@ -25,7 +25,7 @@ class ClusterCollater:
 
     def __init__(self, cluster_data: ClusterData, features: Optional[QuantizedFeatures], node_attrs: List[str],
                  edge_attrs: List[str], self_loops: int, min_tile_nnz: int, return_edge_index: bool,
-                 pin_in_main_process: bool, adjacency: str = DEFAULT_ADJACENCY):
+                 pin_in_main_process: bool, adjacency: str):
         partition = cluster_data.partition
         self.partptr, self.indptr, self.index = partition.partptr, partition.indptr, partition.index
         self.node_perm = partition.node_perm
@@ -182,8 +182,9 @@ class QuantClusterLoader(torch.utils.data.DataLoader):
         min_tile_nnz (int): blocks with fewer entries go to the CSR residual of
             the plan that travels (a tile entry travels in 1–2 bytes, a residual one
             in 4–8).
-        adjacency (str): the form ``batch.adj`` decodes to on the device: ``"tiles"``
-            (default) decodes the planned tiles; ``"auto"`` keeps none when the plan's tiles would be less than
+        adjacency (str, optional): the form ``batch.adj`` decodes to on the device:
+            ``"tiles"`` decodes the planned tiles (the default, None, is
+            :data:`~pyg_quant.compact_adjacency.DEFAULT_ADJACENCY`: ``"tiles"`` for now); ``"auto"`` keeps none when the plan's tiles would be less than
             :data:`~pyg_quant.compact_adjacency.MIN_TILE_FILL` full (METIS cluster
             batches are ~2% full, and ``bit_spmm``'s CSR gather runs 2× faster than
             the tiles there on CUDA); ``"csr"`` never.  The bytes that travel are the same.
@@ -194,7 +195,7 @@ class QuantClusterLoader(torch.utils.data.DataLoader):
 
     def __init__(self, cluster_data: ClusterData, batch_size: int = 1, shuffle: bool = False,
                  bits: Optional[int] = 4, self_loops: int = 1, min_tile_nnz: int = 16,
-                 return_edge_index: bool = False, adjacency: str = DEFAULT_ADJACENCY, **kwargs):
+                 return_edge_index: bool = False, adjacency: Optional[str] = None, **kwargs):
         if not isinstance(cluster_data, ClusterData) or not hasattr(cluster_data, "partition"):
             raise TypeError(f"cluster_data must be a partitioned ClusterData (e.g. QuantClusterData), "
                             f"got {type(cluster_data).__name__}")
@@ -209,7 +210,7 @@ class QuantClusterLoader(torch.utils.data.DataLoader):
             raise ValueError(f"self_loops must be 0, 1 or 2, got {self_loops!r}")
         if isinstance(min_tile_nnz, bool) or not isinstance(min_tile_nnz, int) or min_tile_nnz < 1:
             raise ValueError(f"min_tile_nnz must be a positive int, got {min_tile_nnz!r}")
-        check_adjacency_form(adjacency)
+        adjacency = check_adjacency_form(adjacency)
         if not isinstance(return_edge_index, bool):
             raise TypeError(f"return_edge_index must be a bool, got {type(return_edge_index).__name__}")
         data = cluster_data.data

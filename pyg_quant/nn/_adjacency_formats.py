@@ -26,7 +26,7 @@ from torch_geometric.utils import is_torch_sparse_tensor, to_edge_index
 from .. import ops
 from ..adjacency import BitAdjacency
 from ..bitmm import INT32_MAX
-from ..compact_adjacency import DEFAULT_ADJACENCY, DEFAULT_MIN_TILE_NNZ, CompactAdjacency, distinct_entries
+from ..compact_adjacency import DEFAULT_MIN_TILE_NNZ, CompactAdjacency, distinct_entries
 from ..layout import TILE_COLS, TILE_ROWS
 from ._graph_cache import index_bounds
 from ._quantize import is_compiling
@@ -159,13 +159,14 @@ def to_edge_set(adj, edge_weight: Optional[torch.Tensor], num_src: int, num_dst:
 # --- the bit layout ---------------------------------------------------------------------
 def pack_entries(dst: torch.Tensor, src: torch.Tensor, values: Optional[torch.Tensor], num_rows: int,
                  num_cols: int, min_tile_nnz: int = DEFAULT_MIN_TILE_NNZ,
-                 adjacency: str = DEFAULT_ADJACENCY) -> BitAdjacency:
+                 adjacency: Optional[str] = None) -> BitAdjacency:
     r"""Packs ``A[dst[e], src[e]] += values[e]`` (ones when None) into a :class:`BitAdjacency`.
 
     ``adjacency`` is its form, as in :meth:`BitAdjacency.from_edge_index`: ``"auto"``
     keeps no tiles when the tiles ``min_tile_nnz`` plans would be less than
     :data:`~pyg_quant.compact_adjacency.MIN_TILE_FILL` full (the CSR gather is faster
-    then), ``"tiles"`` (the default) / ``"csr"`` force one form.
+    then), ``"tiles"`` / ``"csr"`` force one form; None (the default) is
+    :data:`~pyg_quant.compact_adjacency.DEFAULT_ADJACENCY`.
 
     Sums repeated entries and drops zeros, then packs with
     :meth:`CompactAdjacency.from_entries <pyg_quant.compact_adjacency.CompactAdjacency.from_entries>`,
@@ -227,7 +228,7 @@ def bit_spmm_codes(adj: BitAdjacency, x_planes: torch.Tensor, x_bits: int, cols:
 @torch.library.custom_op("pyg_quant_nn::edge_spmm_int", mutates_args=())
 def edge_spmm_int(src: torch.Tensor, dst: torch.Tensor, keep: Optional[torch.Tensor], values: Optional[torch.Tensor],
                   x_planes: torch.Tensor, num_src: int, num_dst: int, x_bits: int, cols: int,
-                  min_tile_nnz: int, adjacency: str = DEFAULT_ADJACENCY) -> torch.Tensor:
+                  min_tile_nnz: int, adjacency: Optional[str] = None) -> torch.Tensor:
     r"""``A · Q`` as int64 ``[num_dst, cols]`` for ``A[dst, src] += values`` over the edges with ``keep``.
 
     Packs the tiles (:func:`pack_entries`) and runs the bit-plane kernel in one
@@ -243,5 +244,5 @@ def edge_spmm_int(src: torch.Tensor, dst: torch.Tensor, keep: Optional[torch.Ten
 
 
 @edge_spmm_int.register_fake
-def _(src, dst, keep, values, x_planes, num_src, num_dst, x_bits, cols, min_tile_nnz, adjacency=DEFAULT_ADJACENCY):
+def _(src, dst, keep, values, x_planes, num_src, num_dst, x_bits, cols, min_tile_nnz, adjacency=None):
     return x_planes.new_empty((num_dst, cols), dtype=torch.int64)

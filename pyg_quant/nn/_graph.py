@@ -25,7 +25,7 @@ import torch
 
 from ..adjacency import bit_spmm
 from ..bit_tensor import BitTensor, to_val
-from ..compact_adjacency import DEFAULT_ADJACENCY, DEFAULT_MIN_TILE_NNZ, check_adjacency_form
+from ..compact_adjacency import DEFAULT_MIN_TILE_NNZ, check_adjacency_form
 from ._adjacency_formats import EdgeSet, bit_spmm_codes, edge_spmm_int, pack_entries
 from ._csr import RebuiltOnCopy, SparseProduct, csr_matrix
 from ._quantize import check_finite, is_compiling
@@ -68,14 +68,15 @@ class QuantGraph:
             paths; None keeps edge weights in float (then only the float
             aggregation can run).
         min_tile_nnz (int): tile threshold when packing (see :class:`BitAdjacency`).
-        adjacency (str): the packed form, ``"tiles"`` (default), ``"auto"`` (no tiles when they
+        adjacency (str, optional): the packed form, ``"tiles"``, ``"auto"`` (no tiles when they
             would be less than :data:`~pyg_quant.compact_adjacency.MIN_TILE_FILL` full, where
-            ``bit_spmm``'s CSR gather is faster) or ``"csr"``; see
+            ``bit_spmm``'s CSR gather is faster) or ``"csr"``; None (default):
+            :data:`~pyg_quant.compact_adjacency.DEFAULT_ADJACENCY`; see
             :func:`~pyg_quant.nn._adjacency_formats.pack_entries`.
     """
 
     def __init__(self, edges: EdgeSet, self_loop_fill: Optional[float], adj_bits: Optional[int],
-                 min_tile_nnz: int = DEFAULT_MIN_TILE_NNZ, adjacency: str = DEFAULT_ADJACENCY):
+                 min_tile_nnz: int = DEFAULT_MIN_TILE_NNZ, adjacency: Optional[str] = None):
         self.num_src, self.num_dst = edges.num_src, edges.num_dst
         self.adj_bits = adj_bits
         self.min_tile_nnz = min_tile_nnz
