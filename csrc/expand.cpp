@@ -1,5 +1,4 @@
-// Backend kernels of expand_tiles and expand_csr (CompactAdjacency -> BitAdjacency tensors).  expand_csr has no CUDA
-// kernel yet (its torch reference runs there) until the one in dev/pending-gpu has run on a GPU.
+// Backend kernels of expand_tiles and expand_csr (CompactAdjacency -> BitAdjacency tensors).
 #include <torch/library.h>
 
 #include "cpu/expand_cpu.h"
@@ -15,5 +14,6 @@ TORCH_LIBRARY_IMPL(pyg_quant, CPU, m) {
 #ifdef WITH_CUDA
 TORCH_LIBRARY_IMPL(pyg_quant, CUDA, m) {
   m.impl("expand_tiles", &pyg_quant::expand_tiles_cuda);
+  m.impl("expand_csr", &pyg_quant::expand_csr_cuda);
 }
 #endif

@@ -1,7 +1,13 @@
-// Backend kernels of quant_mlp (a chain of QuantLinear bit layers in one op).  CUDA tensors run the composition of
-// verified kernels (pyg_quant/ops/reference.py) until the CUDA kernel in dev/pending-gpu has run on a GPU.
+// Backend kernels of quant_mlp (a chain of QuantLinear bit layers in one op).
 #include <torch/library.h>
 
 #include "cpu/quant_mlp_cpu.h"
+#ifdef WITH_CUDA
+#include "cuda/quant_mlp_cuda.h"
+#endif
 
 TORCH_LIBRARY_IMPL(pyg_quant, CPU, m) { m.impl("quant_mlp", &pyg_quant::quant_mlp_cpu); }
+
+#ifdef WITH_CUDA
+TORCH_LIBRARY_IMPL(pyg_quant, CUDA, m) { m.impl("quant_mlp", &pyg_quant::quant_mlp_cuda); }
+#endif

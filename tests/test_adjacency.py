@@ -641,6 +641,26 @@ def test_expand_csr_cuda_equals_cpu(case):
 
 
 @requires_compiled
+@pytest.mark.cuda
+@requires_cuda
+def test_expand_csr_cuda_malformed_plan_stays_in_bounds():
+    """Counts that disagree with the entries, unsorted keys and residual rows out of range: no out-of-range access
+    (the kernels clamp every index they read and write)."""
+    edge_index, num_nodes, self_loops, min_tile_nnz = csr_case("planted-dup")
+    compact = pq.BitAdjacency.compact_from_edge_index(edge_index, num_nodes, self_loops, min_tile_nnz)
+    args = csr_args(compact, "cuda")
+    for index, bad in ((1, args[1] * 3), (0, args[0].flip(0)), (4, args[4] + 700), (2, args[2][: args[2].numel() // 2]),
+                       (3, None if args[3] is None else args[3][: args[2].numel() // 2])):
+        if index == 2:
+            trimmed = list(args)
+            trimmed[2], trimmed[3] = bad, args[3][: bad.numel()] if args[3] is not None else None
+            torch.ops.pyg_quant.expand_csr(*trimmed)
+        elif index != 3:
+            torch.ops.pyg_quant.expand_csr(*(args[:index] + [bad] + args[index + 1:]))
+    torch.cuda.synchronize()
+
+
+@requires_compiled
 def test_expand_csr_rejects_inconsistent_plans():
     keys, sums = torch.tensor([0, 1, 2, 700, 20 * 800 + 3]), torch.tensor([1, 1, 1, 1, 1])
     plan = pq.compact_adjacency.CompactAdjacency.from_entries(keys, sums, 40, 800, 1)

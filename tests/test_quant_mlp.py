@@ -19,7 +19,7 @@ from pyg_quant.nn import QGINConv, QuantLinear
 from pyg_quant.nn._quantize import quantize
 from pyg_quant.ops import reference as ref
 
-from conftest import CUDA_OK, gen, random_edges, requires_compiled
+from conftest import CUDA_OK, gen, random_edges, requires_compiled, requires_cuda
 
 WIDTHS = [1, 7, 32, 64, 100, 129, 256]
 BIT_PAIRS = [(1, 1), (2, 7), (4, 4), (8, 8), (3, 1), (1, 8), (5, 6), (7, 2), (6, 3), (8, 5)]
@@ -97,6 +97,29 @@ def test_empty_rows_and_non_contiguous_input():
     strided = torch.cat([x, x], 1)[:, : x.size(1)]
     assert not strided.is_contiguous()
     assert torch.equal(torch.ops.pyg_quant.quant_mlp(strided, *args[1:]), torch.ops.pyg_quant.quant_mlp(x, *args[1:]))
+
+
+@pytest.mark.cuda
+@requires_cuda
+@pytest.mark.parametrize("i", CASES)
+def test_gpu_equals_cpu(i):
+    args, wts = make_case(i)
+    cpu = torch.ops.pyg_quant.quant_mlp(*args)
+    cuda_args, _ = make_case(i, device="cuda")
+    got = torch.ops.pyg_quant.quant_mlp(*cuda_args)
+    assert got.is_cuda
+    assert torch.equal(got.cpu(), cpu)
+    assert torch.equal(got, composition(cuda_args[0], [w.to("cuda") for w in wts], cuda_args[5], cuda_args[6],
+                                        cuda_args[8]))
+
+
+@pytest.mark.cuda
+@requires_cuda
+@pytest.mark.parametrize("i", [0, 5, 10])
+def test_gpu_equals_cpu_grid_stride(i):
+    args, _ = make_case(i, n=70_000)
+    cuda_args, _ = make_case(i, n=70_000, device="cuda")
+    assert torch.equal(torch.ops.pyg_quant.quant_mlp(*cuda_args).cpu(), torch.ops.pyg_quant.quant_mlp(*args))
 
 
 # --- layers -----------------------------------------------------------------------------
@@ -296,6 +319,20 @@ def test_errors_name_the_argument():
     wide = (torch.randn(2, 40_000), [torch.zeros(1, 40_000, dtype=torch.uint8)], [torch.zeros(1)], [torch.ones(1)],
             [torch.zeros(1, dtype=torch.int64)], [None], [8], [8], [False])
     with pytest.raises(ValueError, match=r"weight_codes\[0\].*overflows int32"):
+        op(*wide)
+
+
+@pytest.mark.cuda
+@requires_cuda
+def test_gpu_errors():
+    args, _ = make_case(1, device="cuda")
+    op = torch.ops.pyg_quant.quant_mlp
+    with pytest.raises(ValueError, match=r"weight_codes\[0\] is on cpu"):
+        op(args[0], [args[1][0].cpu()] + args[1][1:], *args[2:])
+    wide = (torch.randn(2, 300, device="cuda"), [torch.zeros(1, 300, dtype=torch.uint8, device="cuda")],
+            [torch.zeros(1, device="cuda")], [torch.ones(1, device="cuda")],
+            [torch.zeros(1, dtype=torch.int64, device="cuda")], [None], [4], [4], [False])
+    with pytest.raises(ValueError, match="x: the CUDA kernel takes widths up to 256"):
         op(*wide)
 
 

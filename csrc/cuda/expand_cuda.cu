@@ -8,6 +8,14 @@
 //    32 at a time; each lane then owns one (tile, row) segment and builds its 8 words per plane in shared
 //    memory and stores them (every word of every tile is written once: no memset, no atomics); the warp
 //    also sums the row's values, its residual entries included, into row_sums.
+//
+// expand_csr (the same plan decoded without tiles, every entry in one CSR sorted by (row, column)) runs the two
+// boundary kernels, then
+//  * count_kernel, one thread per row: the row's entries in the window's tiles plus its residual run;
+//  * torch: their cumsum -> res_ptr (res_ptr[0] is written by count_kernel);
+//  * merge_kernel, one thread per row: the row's tile entries are one run of the entry stream (entries are
+//    row-major over the whole matrix), starting at res_ptr[row] minus the residual entries of the rows before
+//    it; the thread walks the window's tiles along that run, merged by column with the row's residual run.
 #include "expand_cuda.h"
 
 #include <ATen/ATen.h>
@@ -95,6 +103,75 @@ __global__ void __launch_bounds__(kThreads) expand_window_kernel(
   if (row < num_rows && lane == 0) row_sums[row] = sum;
 }
 
+// counts -> out_ptr[row + 1] (out_ptr[0] = 0): entries of the row in the window's tiles plus its residual run.
+template <typename Count>
+__global__ void count_kernel(const int64_t* __restrict__ window_ptr, const Count* __restrict__ counts,
+                             const int64_t* __restrict__ res_ptr, int64_t num_res, int64_t num_rows, int64_t num_tiles,
+                             int64_t* __restrict__ out_counts, int64_t* __restrict__ out_ptr) {
+  const int64_t row = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (row == 0) out_ptr[0] = 0;
+  if (row >= num_rows) return;
+  const int64_t window = row / kTileRows, r = row % kTileRows;
+  const int64_t first = min(max(window_ptr[window], int64_t{0}), num_tiles);
+  const int64_t last = min(max(window_ptr[window + 1], first), num_tiles);
+  int64_t n = 0;
+  for (int64_t t = first; t < last; ++t) n += max(static_cast<int64_t>(counts[t * kTileRows + r]), int64_t{0});
+  const int64_t res_begin = min(max(res_ptr[row], int64_t{0}), num_res);
+  const int64_t res_end = min(max(res_ptr[row + 1], res_begin), num_res);
+  out_counts[row] = n + res_end - res_begin;
+}
+
+// One thread per row: the row's tile entries merged by column with its residual run (both sorted).
+template <typename Count>
+__global__ void merge_kernel(const int32_t* __restrict__ tile_key, const int64_t* __restrict__ window_ptr,
+                             const Count* __restrict__ counts, const uint8_t* __restrict__ entry_col,
+                             const uint8_t* __restrict__ entry_val, int64_t num_entries,
+                             const int64_t* __restrict__ res_ptr, const int32_t* __restrict__ res_col,
+                             const int32_t* __restrict__ res_val, int64_t num_res, int64_t num_rows, int64_t num_tiles,
+                             int64_t col_tiles, const int64_t* __restrict__ out_ptr, int64_t nnz,
+                             int32_t* __restrict__ out_col, int32_t* __restrict__ out_val,
+                             int64_t* __restrict__ row_sums) {
+  const int64_t row = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (row >= num_rows) return;
+  const int64_t window = row / kTileRows, r = row % kTileRows;
+  // Clamped: malformed plans must not turn into out-of-range reads or writes.
+  const int64_t first = min(max(window_ptr[window], int64_t{0}), num_tiles);
+  const int64_t last = min(max(window_ptr[window + 1], first), num_tiles);
+  int64_t k = min(max(res_ptr[row], int64_t{0}), num_res);
+  const int64_t k_end = min(max(res_ptr[row + 1], k), num_res);
+  int64_t o = min(max(out_ptr[row], int64_t{0}), nnz);
+  const int64_t o_end = min(max(out_ptr[row + 1], o), nnz);
+  int64_t e = max(o - k, int64_t{0});  // tile entries of the rows before this one
+  int64_t sum = 0;
+  for (int64_t t = first; t < last && o < o_end; ++t) {
+    const int64_t base = static_cast<int64_t>(tile_key[t] % col_tiles) * 256;
+    const int64_t end = min(e + max(static_cast<int64_t>(counts[t * kTileRows + r]), int64_t{0}), num_entries);
+    for (; e < end && o < o_end; ++e) {
+      const int64_t c = base + entry_col[e];
+      for (; k < k_end && res_col[k] < c && o < o_end; ++k, ++o) {
+        const int32_t v = res_val != nullptr ? res_val[k] : 1;
+        out_col[o] = res_col[k];
+        if (out_val != nullptr) out_val[o] = v;
+        sum += v;
+      }
+      if (o < o_end) {
+        const int32_t v = entry_val != nullptr ? entry_val[e] : 1;
+        out_col[o] = static_cast<int32_t>(c);
+        if (out_val != nullptr) out_val[o] = v;
+        sum += v;
+        ++o;
+      }
+    }
+  }
+  for (; k < k_end && o < o_end; ++k, ++o) {
+    const int32_t v = res_val != nullptr ? res_val[k] : 1;
+    out_col[o] = res_col[k];
+    if (out_val != nullptr) out_val[o] = v;
+    sum += v;
+  }
+  row_sums[row] = sum;
+}
+
 int64_t blocks_for(int64_t threads, int64_t per_block) { return (threads + per_block - 1) / per_block; }
 }  // namespace
 
@@ -144,6 +221,64 @@ ExpandedTiles expand_tiles_cuda(const at::Tensor& tile_key_in, const at::Tensor&
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {window_ptr, tile_col, tile_bits, res_ptr, row_sums};
+}
+
+ExpandedCsr expand_csr_cuda(const at::Tensor& tile_key_in, const at::Tensor& row_count_in,
+                            const at::Tensor& entry_col_in, const std::optional<at::Tensor>& entry_val_in,
+                            const at::Tensor& res_row_in, const at::Tensor& res_col_in,
+                            const std::optional<at::Tensor>& res_val_in, int64_t num_rows, int64_t num_cols) {
+  check_expand_csr_args(tile_key_in, row_count_in, entry_col_in, entry_val_in, res_row_in, res_col_in, res_val_in,
+                        num_rows, num_cols);
+  const c10::cuda::CUDAGuard guard(tile_key_in.device());
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  const at::Tensor tile_key = tile_key_in.contiguous(), row_count = row_count_in.contiguous();
+  const at::Tensor entry_col = entry_col_in.contiguous(), res_row = res_row_in.contiguous();
+  const at::Tensor res_col = res_col_in.contiguous();
+  const at::Tensor entry_val = entry_val_in ? entry_val_in->contiguous() : at::Tensor();
+  const at::Tensor res_val = res_val_in ? res_val_in->contiguous() : at::Tensor();
+  const int64_t num_tiles = tile_key.size(0), num_entries = entry_col.size(0), num_res = res_row.size(0);
+  const int64_t col_tiles = (num_cols + 255) / 256, num_windows = (num_rows + kTileRows - 1) / kTileRows;
+  const int64_t nnz = num_entries + num_res;
+  const bool weighted = entry_val.defined() || res_val.defined();
+  const auto i64 = tile_key.options().dtype(at::kLong);
+
+  at::Tensor window_ptr = at::empty({num_windows + 1}, i64);
+  at::Tensor res_ptr = at::empty({num_rows + 1}, i64);
+  constexpr int kBoundaryThreads = 256, kRowThreads = 128;
+  boundaries_kernel<<<blocks_for(num_tiles + 1, kBoundaryThreads), kBoundaryThreads, 0, stream>>>(
+      tile_key.data_ptr<int32_t>(), num_tiles, col_tiles, num_windows, window_ptr.data_ptr<int64_t>(), nullptr);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  boundaries_kernel<<<blocks_for(num_res + 1, kBoundaryThreads), kBoundaryThreads, 0, stream>>>(
+      res_row.data_ptr<int32_t>(), num_res, 1, num_rows, res_ptr.data_ptr<int64_t>(), nullptr);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+
+  at::Tensor row_counts = at::empty({num_rows}, i64);
+  at::Tensor out_ptr = at::empty({num_rows + 1}, i64);
+  at::Tensor out_col = at::empty({nnz}, tile_key.options());
+  at::Tensor out_val = at::empty({weighted ? nnz : 0}, tile_key.options());
+  at::Tensor row_sums = at::empty({num_rows}, i64);
+  const int64_t row_blocks = blocks_for(num_rows, kRowThreads);
+  auto launch = [&](auto* counts) {
+    count_kernel<<<row_blocks, kRowThreads, 0, stream>>>(window_ptr.data_ptr<int64_t>(), counts,
+                                                        res_ptr.data_ptr<int64_t>(), num_res, num_rows, num_tiles,
+                                                        row_counts.data_ptr<int64_t>(), out_ptr.data_ptr<int64_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    at::Tensor tail = out_ptr.narrow(0, 1, num_rows);
+    at::cumsum_out(tail, row_counts, 0);
+    merge_kernel<<<row_blocks, kRowThreads, 0, stream>>>(
+        tile_key.data_ptr<int32_t>(), window_ptr.data_ptr<int64_t>(), counts, entry_col.data_ptr<uint8_t>(),
+        entry_val.defined() ? entry_val.data_ptr<uint8_t>() : nullptr, num_entries, res_ptr.data_ptr<int64_t>(),
+        res_col.data_ptr<int32_t>(), res_val.defined() ? res_val.data_ptr<int32_t>() : nullptr, num_res, num_rows,
+        num_tiles, col_tiles, out_ptr.data_ptr<int64_t>(), nnz, out_col.data_ptr<int32_t>(),
+        weighted ? out_val.data_ptr<int32_t>() : nullptr, row_sums.data_ptr<int64_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  };
+  if (row_count.scalar_type() == at::kByte) {
+    launch(row_count.data_ptr<uint8_t>());
+  } else {
+    launch(row_count.data_ptr<int16_t>());
+  }
+  return {out_ptr, out_col, out_val, row_sums};
 }
 
 }  // namespace pyg_quant

@@ -1,10 +1,12 @@
 // Quantize + pack, unpack and code sums on the GPU, in the layout of
-// pyg_quant/layout.py.  Codes follow the float32 recipe written there with
-// explicitly rounded intrinsics (no FMA contraction), so they equal the CPU's.
+// pyg_quant/layout.py.  Ranges and codes follow the float32 recipe written there
+// (csrc/quantize_steps.h, shared with the CPU: explicitly rounded intrinsics, no
+// FMA contraction), so they equal the CPU's.
 // Bits are gathered into words with warp ballots: lane k holds element 32w+k.
 #include "quantize_cuda.h"
 
 #include "quantize_ranges.h"
+#include "quantize_steps.h"
 
 #include <ATen/ATen.h>
 #include <type_traits>
@@ -36,10 +38,8 @@ struct CodeArgs {
 // Zero outside the logical shape, so padded words come out zero.
 __device__ __forceinline__ uint32_t code_at(const CodeArgs& a, int64_t r, int64_t c) {
   if (r >= a.rows || c >= a.cols) return 0;
-  const float v = __fmul_rn(__fsub_rn(a.x[r * a.cols + c], a.lo[r * a.lo_rs + c * a.lo_cs]), a.inv[r * a.inv_rs + c * a.inv_cs]);
-  const float u = a.noise ? a.noise[r * a.cols + c] : 0.5f;
-  const float t = floorf(__fadd_rn(v, u));
-  return static_cast<uint32_t>(fminf(fmaxf(t, 0.0f), a.max_code));
+  return code_of(a.x[r * a.cols + c], a.lo[r * a.lo_rs + c * a.lo_cs], a.inv[r * a.inv_rs + c * a.inv_cs],
+                 a.noise ? a.noise[r * a.cols + c] : 0.5f, a.max_code);
 }
 
 // Row layout: one warp per (row, word); lane k quantizes column 32w+k (a
@@ -131,22 +131,6 @@ __global__ void code_sums_kernel(const uint32_t* planes, int64_t* sums, int64_t 
     }
     if (lane == 0) sums[o] = total;
   }
-}
-
-// The float32 steps of to_bit's range: scale = (max - min) / (2^bits - 1), inv = 1 / scale (0 when scale is 0),
-// both correctly rounded, as the CPU and the torch reference compute them.
-struct Range {
-  float lo, scale, inv;
-};
-
-__device__ __forceinline__ Range range_of(float mn, float mx, float max_code) {
-  const float scale = __fdiv_rn(__fsub_rn(mx, mn), max_code);
-  return {mn, scale, scale > 0.0f ? __fdiv_rn(1.0f, scale) : 0.0f};
-}
-
-__device__ __forceinline__ uint32_t code_of(float x, const Range& range, float u, float max_code) {
-  const float t = floorf(__fadd_rn(__fmul_rn(__fsub_rn(x, range.lo), range.inv), u));
-  return static_cast<uint32_t>(fminf(fmaxf(t, 0.0f), max_code));
 }
 
 // Per-row ranges, quantize and pack (row layout): a group of kLanes lanes owns a row, kSplit lanes a 32-column

@@ -1,0 +1,291 @@
+// quant_mlp on the GPU: the whole chain of QuantLinear bit layers in one launch.
+//
+// A block stages every layer's weight codes once in shared memory, packed 4 to a 32-bit word and stored [k][o]
+// (word k of output o at k·out + o), so that the 32 lanes of a warp, which own consecutive output channels, read
+// 32 consecutive words (no bank conflicts); the per-channel range, code sum and bias sit beside them.  Then each
+// warp owns a row at a time (grid-stride over rows).  The row lives in registers: lane j holds columns j, j+32, ...
+// -- the same channels it computes as outputs, so a layer's output is already where the next layer's input must
+// be.  Per layer: the row's min / max with order-preserving unsigned keys and one warp reduction each
+// (__reduce_min/max_sync; a NaN makes both NaN, as amin / amax do), the range and codes with the float32 steps of
+// quantize_steps.h (the row quantizer's), the codes as bytes in the warp's shared buffer (so every lane can read
+// the whole row 16 codes at a time), the code sum by one warp reduction, the exact int32 product with __dp4a
+// (u8 x u8 -> u32, at most 256·255·255 < 2^32), and bitmm's float64 epilogue (epilogue.h).  The last layer's row
+// is stored coalesced.  Nothing but the output is allocated and nothing waits on the host.
+#include "quant_mlp_cuda.h"
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "epilogue.h"
+#include "quant_mlp_args.h"
+#include "quantize_steps.h"
+
+namespace pyg_quant {
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr unsigned kFullMask = 0xffffffffu;
+
+struct MlpLayer {
+  const uint8_t* w;  // [out, in] codes in global memory
+  const float* lo;
+  const float* scale;
+  const int64_t* sums;
+  const float* bias;  // nullptr: none
+  int in, out;
+  int words;          // 32-bit words of a weight row in shared memory: ceil(in / 4) rounded up to a multiple of 4
+  int w_offset;       // byte offsets into the dynamic shared memory: weight words, then
+  int param_offset;   // lo[out], scale[out], bias[out] (float32), then
+  int sums_offset;    // code sums[out] as float64 (exact)
+  float max_code;
+  int relu;
+  int aligned;  // in % 4 == 0 and w 4-byte aligned: a weight row is whole 32-bit words
+};
+
+struct MlpArgs {
+  MlpLayer layer[kQuantMlpMaxLayers];
+  int layers;
+  int codes_offset;  // per-warp code buffers, codes_stride bytes each
+  int codes_stride;
+  const float* x;
+  float* out;
+  int64_t rows;
+};
+
+__device__ __forceinline__ unsigned ordered_key(float v) {
+  const unsigned b = __float_as_uint(v);
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+__device__ __forceinline__ float from_ordered_key(unsigned k) {
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+// kChunks: values per lane (every width <= 32·kChunks).
+template <int kChunks>
+__global__ void __launch_bounds__(kThreads) quant_mlp_kernel(const __grid_constant__ MlpArgs args) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ MlpLayer layers[kQuantMlpMaxLayers];
+  if (threadIdx.x < args.layers) layers[threadIdx.x] = args.layer[threadIdx.x];
+  for (int l = 0; l < args.layers; ++l) {
+    const MlpLayer& L = args.layer[l];
+    uint32_t* ws = reinterpret_cast<uint32_t*>(smem + L.w_offset);
+    for (int i = threadIdx.x; i < L.words * L.out; i += kThreads) {
+      const int k = i / L.out, o = i - k * L.out;
+      const uint8_t* row = L.w + static_cast<int64_t>(o) * L.in;
+      uint32_t word = 0;
+      if (L.aligned && 4 * k < L.in) {  // whole 4-byte words in global memory: one load
+        word = *reinterpret_cast<const uint32_t*>(row + 4 * k);
+      } else {
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+          const int c = 4 * k + b;
+          if (c < L.in) word |= static_cast<uint32_t>(row[c]) << (8 * b);
+        }
+      }
+      ws[i] = word;  // zero past the row: stale activation codes there multiply by 0
+    }
+    float* params = reinterpret_cast<float*>(smem + L.param_offset);
+    double* sums = reinterpret_cast<double*>(smem + L.sums_offset);
+    for (int o = threadIdx.x; o < L.out; o += kThreads) {
+      params[o] = L.lo[o];
+      params[L.out + o] = L.scale[o];
+      params[2 * L.out + o] = L.bias ? L.bias[o] : 0.0f;
+      sums[o] = static_cast<double>(L.sums[o]);
+    }
+  }
+  __syncthreads();
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  uint8_t* codes = smem + args.codes_offset + warp * args.codes_stride;
+  const int in0 = layers[0].in, out_cols = layers[args.layers - 1].out;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarps;
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + warp; r < args.rows; r += warps) {
+    float h[kChunks];
+    const float* x_row = args.x + r * in0;
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      const int c = lane + 32 * j;
+      h[j] = c < in0 ? x_row[c] : 0.0f;
+    }
+    for (int l = 0; l < args.layers; ++l) {
+      const MlpLayer& L = layers[l];
+      const int in = L.in, out = L.out;
+      // The row's range.
+      unsigned key_min = 0xffffffffu, key_max = 0u;
+      bool nan = false;
+#pragma unroll
+      for (int j = 0; j < kChunks; ++j) {
+        if (lane + 32 * j < in) {
+          const unsigned key = ordered_key(h[j]);
+          nan |= h[j] != h[j];
+          key_min = min(key_min, key);
+          key_max = max(key_max, key);
+        }
+      }
+      nan = __any_sync(kFullMask, nan);
+      key_min = __reduce_min_sync(kFullMask, key_min);
+      key_max = __reduce_max_sync(kFullMask, key_max);
+      const float mn = nan ? __int_as_float(0x7fffffff) : from_ordered_key(key_min);
+      const float mx = nan ? __int_as_float(0x7fffffff) : from_ordered_key(key_max);
+      const Range range = range_of(mn, mx, L.max_code);
+      // Codes into the warp's buffer, and their sum.
+      unsigned sum = 0;
+#pragma unroll
+      for (int j = 0; j < kChunks; ++j) {
+        const int c = lane + 32 * j;
+        if (c < in) {
+          const uint32_t q = code_of(h[j], range, 0.5f, L.max_code);
+          codes[c] = static_cast<uint8_t>(q);
+          sum += q;
+        }
+      }
+      sum = __reduce_add_sync(kFullMask, sum);
+      __syncwarp();
+      // The exact code product of output channels lane, lane + 32, ...
+      const uint32_t* ws = reinterpret_cast<const uint32_t*>(smem + L.w_offset);
+      const uint4* a4 = reinterpret_cast<const uint4*>(codes);
+      unsigned acc[kChunks];
+      int o_safe[kChunks];
+#pragma unroll
+      for (int j = 0; j < kChunks; ++j) {
+        acc[j] = 0;
+        o_safe[j] = min(lane + 32 * j, out - 1);
+      }
+      for (int k4 = 0; k4 < L.words / 4; ++k4) {
+        const uint4 a = a4[k4];
+        const uint32_t* wk = ws + 4 * k4 * out;
+#pragma unroll
+        for (int j = 0; j < kChunks; ++j) {
+          if (32 * j < out) {
+            acc[j] = __dp4a(a.x, wk[o_safe[j]], acc[j]);
+            acc[j] = __dp4a(a.y, wk[out + o_safe[j]], acc[j]);
+            acc[j] = __dp4a(a.z, wk[2 * out + o_safe[j]], acc[j]);
+            acc[j] = __dp4a(a.w, wk[3 * out + o_safe[j]], acc[j]);
+          }
+        }
+      }
+      // bitmm's epilogue; the result stays in registers as the next layer's input.
+      const float* lo_w = reinterpret_cast<const float*>(smem + L.param_offset);
+      const double* sums = reinterpret_cast<const double*>(smem + L.sums_offset);
+      const double k = static_cast<double>(in), row_sum = static_cast<double>(sum);
+#pragma unroll
+      for (int j = 0; j < kChunks; ++j) {
+        const int o = lane + 32 * j;
+        h[j] = o < out ? bitmm_affine_epilogue(static_cast<double>(acc[j]), row_sum, sums[o], range.lo, range.scale,
+                                               lo_w[o], lo_w[out + o], k, lo_w[2 * out + o], L.relu != 0)
+                       : 0.0f;
+      }
+      __syncwarp();  // every lane is done reading the codes before the next layer writes them
+    }
+    float* out_row = args.out + r * out_cols;
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      const int c = lane + 32 * j;
+      if (c < out_cols) out_row[c] = h[j];
+    }
+  }
+}
+
+int align_up(int n, int m) { return (n + m - 1) / m * m; }
+
+}  // namespace
+
+at::Tensor quant_mlp_cuda(const at::Tensor& x_in, at::TensorList weight_codes, at::TensorList weight_lo,
+                          at::TensorList weight_scale, at::TensorList weight_sums,
+                          const c10::List<std::optional<at::Tensor>>& bias, at::IntArrayRef act_bits,
+                          at::IntArrayRef weight_bits, const c10::List<bool>& relu) {
+  const std::vector<int64_t> widths = check_quant_mlp_args(x_in, weight_codes, weight_lo, weight_scale, weight_sums,
+                                                           bias, act_bits, weight_bits, relu);
+  const int64_t layers = static_cast<int64_t>(weight_codes.size());
+  TORCH_CHECK_VALUE(layers <= kQuantMlpMaxLayers, "weight_codes: the CUDA kernel takes at most ",
+                    kQuantMlpMaxLayers, " layers, got ", layers);
+  for (int64_t l = 0; l <= layers; ++l) {
+    TORCH_CHECK_VALUE(widths[l] <= kQuantMlpMaxWidth, l == 0 ? "x" : "weight_codes", l == 0 ? "" : "[",
+                      l == 0 ? "" : std::to_string(l - 1), l == 0 ? "" : "]", ": the CUDA kernel takes widths up to ",
+                      kQuantMlpMaxWidth, ", got ", widths[l]);
+  }
+  c10::cuda::CUDAGuard guard(x_in.device());
+  const at::Tensor x = x_in.contiguous();
+  const int64_t rows = x.size(0);
+  auto out = at::empty({rows, widths.back()}, x.options());
+
+  std::vector<at::Tensor> keep;  // no-ops for contiguous inputs (what the callers pass)
+  MlpArgs args{};
+  args.layers = static_cast<int>(layers);
+  int offset = 0, max_width = 0;
+  for (int64_t l = 0; l < layers; ++l) {
+    MlpLayer& L = args.layer[l];
+    keep.push_back(weight_codes[l].contiguous());
+    L.w = keep.back().data_ptr<uint8_t>();
+    keep.push_back(weight_lo[l].contiguous());
+    L.lo = keep.back().data_ptr<float>();
+    keep.push_back(weight_scale[l].contiguous());
+    L.scale = keep.back().data_ptr<float>();
+    keep.push_back(weight_sums[l].contiguous());
+    L.sums = keep.back().data_ptr<int64_t>();
+    const std::optional<at::Tensor> b = bias.get(l);
+    if (b.has_value()) {
+      keep.push_back(b->contiguous());
+      L.bias = keep.back().data_ptr<float>();
+    }
+    L.in = static_cast<int>(widths[l]);
+    L.out = static_cast<int>(widths[l + 1]);
+    L.words = align_up((L.in + 3) / 4, 4);
+    L.aligned = L.in % 4 == 0 && reinterpret_cast<uintptr_t>(L.w) % 4 == 0 ? 1 : 0;
+    L.max_code = static_cast<float>((1 << act_bits[l]) - 1);
+    L.relu = relu.get(l) ? 1 : 0;
+    L.w_offset = offset;
+    offset += L.words * L.out * 4;
+    L.param_offset = offset;
+    offset = align_up(offset + 3 * L.out * 4, 8);
+    L.sums_offset = offset;
+    offset += L.out * 8;
+    max_width = std::max(max_width, std::max(L.in, L.out));
+  }
+  args.codes_offset = align_up(offset, 16);
+  args.codes_stride = align_up(max_width, 16);
+  const int smem = args.codes_offset + kWarps * args.codes_stride;
+  args.x = x.data_ptr<float>();
+  args.out = out.data_ptr<float>();
+  args.rows = rows;
+  if (rows == 0) return out;
+
+  const int device = x.device().index();
+  int smem_optin = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  TORCH_CHECK_VALUE(smem + static_cast<int>(sizeof(MlpLayer)) * kQuantMlpMaxLayers <= smem_optin,
+                    "weight_codes: the layers' codes need ", smem, " bytes of shared memory, more than the ",
+                    smem_optin, " this GPU gives a block");
+  const auto launch = [&](auto kernel) {
+    if (smem > 48 * 1024) {
+      C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    }
+    int per_sm = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
+    int sms = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    const int64_t resident = static_cast<int64_t>(sms) * std::max(per_sm, 1);
+    const int64_t blocks = std::min<int64_t>((rows + kWarps - 1) / kWarps, resident);
+    kernel<<<static_cast<unsigned>(blocks), kThreads, smem, c10::cuda::getCurrentCUDAStream()>>>(args);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  };
+  if (max_width <= 32) {
+    launch(quant_mlp_kernel<1>);
+  } else if (max_width <= 64) {
+    launch(quant_mlp_kernel<2>);
+  } else if (max_width <= 128) {
+    launch(quant_mlp_kernel<4>);
+  } else {
+    launch(quant_mlp_kernel<8>);
+  }
+  return out;
+}
+
+}  // namespace pyg_quant

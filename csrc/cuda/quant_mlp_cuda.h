@@ -1,0 +1,19 @@
+#pragma once
+#include <optional>
+
+#include <ATen/core/List.h>
+#include <ATen/core/Tensor.h>
+
+namespace pyg_quant {
+
+// quant_mlp in one launch (see quant_mlp_cuda.cu): widths up to kQuantMlpMaxWidth per layer, up to
+// kQuantMlpMaxLayers layers, every layer's weight codes in one block's shared memory.
+constexpr int64_t kQuantMlpMaxWidth = 256;
+constexpr int64_t kQuantMlpMaxLayers = 8;
+
+at::Tensor quant_mlp_cuda(const at::Tensor& x, at::TensorList weight_codes, at::TensorList weight_lo,
+                          at::TensorList weight_scale, at::TensorList weight_sums,
+                          const c10::List<std::optional<at::Tensor>>& bias, at::IntArrayRef act_bits,
+                          at::IntArrayRef weight_bits, const c10::List<bool>& relu);
+
+}  // namespace pyg_quant
