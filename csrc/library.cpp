@@ -15,17 +15,18 @@ TORCH_LIBRARY(pyg_quant, m) {
   m.def("mse_range(Tensor x, int dim, int bits, float[] grid) -> (Tensor, Tensor)");
   m.def("unpack_codes(Tensor planes, int rows, int cols, bool col_layout) -> Tensor");
   m.def("packed_code_sums(Tensor planes) -> Tensor");
+  m.def("pack_row_codes(Tensor planes, int cols, bool col_layout) -> Tensor");
   m.def("bitmm_int(Tensor a_planes, Tensor b_planes, int rows, int cols, bool wide) -> Tensor");
   m.def(
       "bitmm_affine(Tensor product, Tensor row_sums, Tensor col_sums, Tensor a_lo, Tensor a_scale, Tensor b_lo, "
       "Tensor b_scale, int k, Tensor? bias, bool relu) -> Tensor");
   m.def(
       "bit_spmm_int(Tensor window_ptr, Tensor tile_col, Tensor tile_bits, Tensor res_ptr, Tensor res_col, "
-      "Tensor? res_val, Tensor x_planes, int rows, int cols, bool wide) -> Tensor");
+      "Tensor? res_val, Tensor x_planes, int rows, int cols, bool wide, Tensor? x_codes=None) -> Tensor");
   m.def(
       "bit_spmm_affine(Tensor window_ptr, Tensor tile_col, Tensor tile_bits, Tensor res_ptr, Tensor res_col, "
       "Tensor? res_val, Tensor x_planes, Tensor lo, Tensor scale, Tensor row_sums, Tensor? self_weight, "
-      "Tensor? row_scale, Tensor? bias, bool relu, int rows, int cols, bool wide) -> Tensor");
+      "Tensor? row_scale, Tensor? bias, bool relu, int rows, int cols, bool wide, Tensor? x_codes=None) -> Tensor");
   m.def(
       "tile_plan(Tensor keys, Tensor sums, int num_rows, int num_cols, int min_tile_nnz, int planes) -> (Tensor, "
       "Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");

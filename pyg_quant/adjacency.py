@@ -299,4 +299,12 @@ def bit_spmm(adj: BitAdjacency, x: BitTensor, *, self_weight=None, row_scale=Non
     scale = x.scale.expand(cols).contiguous()
     return ops.bit_spmm_affine(adj.window_ptr, adj.tile_col, adj.tile_bits, adj.res_ptr, adj.res_col, adj.res_val,
                                x_col.planes, lo, scale, adj.row_sums, self_term, row_scale, bias, relu, rows, cols,
-                               wide)
+                               wide, gathered_codes(adj, x_col, self_term is not None))
+
+
+def gathered_codes(adj: "BitAdjacency", x_col: BitTensor, self_term: bool) -> Optional[torch.Tensor]:
+    """``x_col``'s cached row codes where the CUDA kernels gather from them (a CSR residual, or a self term); the
+    CPU kernels walk their own unpacked codes, so there it is None and nothing is packed."""
+    if x_col.device.type != "cuda" or (adj.res_col.numel() == 0 and not self_term):
+        return None
+    return x_col.row_codes()

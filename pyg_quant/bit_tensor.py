@@ -47,7 +47,8 @@ class BitTensor:
     Build one with :func:`pyg_quant.to_bit`; get floats back with :func:`pyg_quant.to_val`.
     """
 
-    __slots__ = ("planes", "shape", "bits", "layout", "lo", "scale", "dim", "_other_layout", "_code_sums")
+    __slots__ = ("planes", "shape", "bits", "layout", "lo", "scale", "dim", "_other_layout", "_code_sums",
+                 "_row_codes")
 
     def __init__(self, planes: torch.Tensor, shape: Tuple[int, int], bits: int, layout: str,
                  lo: torch.Tensor, scale: torch.Tensor, dim: Optional[int]):
@@ -60,6 +61,7 @@ class BitTensor:
         self.dim = _check_dim(dim)
         self._other_layout: Optional["BitTensor"] = None
         self._code_sums: Optional[torch.Tensor] = None  # packed_code_sums(planes), when the quantizer made them
+        self._row_codes: Optional[torch.Tensor] = None  # pack_row_codes(planes), once asked for
         expected = {None: 1, 0: self.shape[1], 1: self.shape[0]}[self.dim]
         if lo.shape != (expected,) or scale.shape != (expected,):
             raise ValueError(f"lo and scale must have shape ({expected},) for dim={self.dim}, "
@@ -95,6 +97,12 @@ class BitTensor:
         outer = self.rows if self.layout == "row" else self.cols
         sums = self._code_sums if self._code_sums is not None else ops.packed_code_sums(self.planes)
         return sums[:outer]
+
+    def row_codes(self) -> torch.Tensor:
+        """The packed row codes (:mod:`pyg_quant.layout`, "Row codes"), ``uint8[nodes_pad, row bytes]``; made once."""
+        if self._row_codes is None:
+            self._row_codes = ops.pack_row_codes(self.planes, self.cols, self.layout == "col")
+        return self._row_codes
 
     def _replace(self, **fields) -> "BitTensor":
         state = {k: getattr(self, k) for k in ("planes", "shape", "bits", "layout", "lo", "scale", "dim")}

@@ -58,9 +58,22 @@ tiles are stored, sorted by (window, column tile)::
 a row-layout bit vector.  A tile row lines up word for word with words
 ``8·tile_col[t] : 8·tile_col[t] + 8`` of a ``layout="col"`` feature tensor, so the
 aggregation ``A·X`` reads features in place, with no repacking.  The CSR residual
-(entries of blocks too sparse for a tile) is gathered row by row instead: the
-kernels read it against a row-major copy of the feature codes (``uint8[nodes,
-cols]``, each node's codes contiguous), unpacked from the column planes.
+(entries of blocks too sparse for a tile) is gathered row by row instead, from
+the *row codes* below.
+
+Row codes (the gather form of node features, derived from the planes and cached
+on the :class:`~pyg_quant.BitTensor`, like its code sums)::
+
+    row_codes : uint8[nodes_pad, row_code_bytes(cols, bits)]
+
+hold node ``r``'s codes one after the other in containers of
+``container_bits(bits)`` ∈ {1, 2, 4, 8} bits, LSB first: the code of column
+``c`` is bits ``(c·w) % 8 ..`` of byte ``(c·w) // 8`` (``w`` the container).
+Rows are padded with zero codes to a multiple of 16 bytes, so that a gathering
+thread reads its slice with one aligned vector load; ``nodes_pad`` is the
+planes' padded node count.  At 4 bits a 64-feature row is 32 bytes, one memory
+sector, where ``uint8`` codes took 64 and an fp32 row 256.  (``csrc/row_codes.h``
+holds the same definitions for the kernels.)
 """
 
 PACK_ALIGN_BITS = 256
@@ -84,3 +97,13 @@ def packed_words(length: int) -> int:
 
 def padded_outer(length: int) -> int:
     return round_up(max(length, 1), OUTER_ALIGN)
+
+
+def container_bits(bits: int) -> int:
+    """Bits of a row-code container: the power of two (1, 2, 4 or 8) that holds a ``bits``-bit code."""
+    return 1 if bits <= 1 else 2 if bits <= 2 else 4 if bits <= 4 else 8
+
+
+def row_code_bytes(cols: int, bits: int) -> int:
+    """Bytes of one node's packed row codes: ``cols`` containers, padded to 16 bytes."""
+    return round_up(max(cols, 1) * container_bits(bits), 128) // 8

@@ -393,7 +393,7 @@ def test_bit_spmm_widens_when_row_sums_could_overflow(monkeypatch):
     real = adjacency.ops.bit_spmm_affine
 
     def spy(*args):
-        seen.append(args[-1])
+        seen.append(args[16])  # wide
         return real(*args)
 
     monkeypatch.setattr(adjacency.ops, "bit_spmm_affine", spy)

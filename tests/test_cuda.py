@@ -15,7 +15,7 @@ from pyg_quant.ops import reference as ref
 
 from conftest import (CUDA_OK, assert_fp32_close, deq64, dense_from_edges, gen, mag64, randn, random_edges,
                       ref_codes, round_up)
-from test_quantize import grid_data
+from test_quantize import check_pack_row_codes, grid_data
 
 pytestmark = [
     pytest.mark.cuda,
@@ -192,7 +192,8 @@ def _check_bit_spmm_int(dev, adj_bits):
 
 def _check_bit_spmm_csr_only(dev):
     """An adjacency without tiles (min_tile_nnz above a tile's 4096 entries) runs the CUDA gather kernel:
-    GPU == CPU bit for bit for 1/2/4/8-bit features, binary and multi-bit adjacency, int32 and int64, feature
+    GPU == CPU bit for bit for 1- to 8-bit features (row-code containers of 1, 2, 4 and 8 bits, packed inside the
+    op or passed in as the BitTensor's cached row codes), binary and multi-bit adjacency, int32 and int64, feature
     counts needing 1 to 32 lanes per row and two launches' worth of columns, and a 5000-entry hub row that makes
     the 16-bit partial sums flush (every 257 entries for 8-bit codes, every 17 with weights up to 255 at 4 bits);
     then the fused float epilogue (self loops, a row scale, bias, ReLU) equals the CPU's bit for bit, and weights
@@ -206,22 +207,25 @@ def _check_bit_spmm_csr_only(dev):
         gpu = pq.BitAdjacency.from_edge_index(ei.to(dev), n, self_loops=1, min_tile_nnz=4097)
         assert cpu.num_tiles == 0 and gpu.num_tiles == 0 and (cpu.res_val is None) == (ei is binary)
         A = dense_from_edges(ei, n, n).long()
-        for x_bits, cols in itertools.product((1, 2, 4, 8), (1, 21, 64, 100, 300, 600)):
+        for x_bits, cols in itertools.product(range(1, 9), (1, 21, 64, 100, 300, 600)):
             x = pq.to_bit(randn(n, cols, x_bits + cols, shift=0.3).to(dev), x_bits, dim=0, layout="col")
-            for wide in (False, True):
-                got = OPS.bit_spmm_int(*[getattr(gpu, k) for k in ADJ_TENSORS[:6]], x.planes, n, cols, wide)
+            for wide, cached in itertools.product((False, True), (False, True)):
+                codes = x.row_codes() if cached else None
+                got = OPS.bit_spmm_int(*[getattr(gpu, k) for k in ADJ_TENSORS[:6]], x.planes, n, cols, wide, codes)
                 want = OPS.bit_spmm_int(*[getattr(cpu, k) for k in ADJ_TENSORS[:6]], x.planes.cpu(), n, cols, wide)
-                assert got.device.type == dev and _equal_on_cpu(got, want), (ei is binary, x_bits, cols, wide)
-            if cols in (21, 64, 300):
+                assert got.device.type == dev and _equal_on_cpu(got, want), (ei is binary, x_bits, cols, wide, cached)
+            if cols in (21, 64, 300) and x_bits in (1, 3, 4, 8):
                 assert torch.equal(want, A @ ref_codes(x).cpu())
                 row_scale = torch.rand(n, generator=gen(cols)) + 0.5
                 bias = torch.randn(cols, generator=gen(cols + 1))
                 for relu in (False, True):
-                    def affine(adj, on):
+                    def affine(adj, on, codes=None):
                         return OPS.bit_spmm_affine(*[getattr(adj, k) for k in ADJ_TENSORS[:6]], x.planes.to(on),
                                                    x.lo.to(on), x.scale.to(on), adj.row_sums, adj.diag,
-                                                   row_scale.to(on), bias.to(on), relu, n, cols, False)
-                    assert _equal_on_cpu(affine(gpu, dev), affine(cpu, "cpu")), (x_bits, cols, relu)
+                                                   row_scale.to(on), bias.to(on), relu, n, cols, False, codes)
+                    want = affine(cpu, "cpu")
+                    assert _equal_on_cpu(affine(gpu, dev), want), (x_bits, cols, relu)
+                    assert _equal_on_cpu(affine(gpu, dev, x.row_codes()), want), (x_bits, cols, relu)
             if ei is weighted and cols == 64:  # op-level weights past the 8-bit adjacency: the exact slow path
                 args = [getattr(cpu, k) for k in ADJ_TENSORS[:5]] + [cpu.res_val * 1000 + 7, x.planes.cpu(), n, 64, True]
                 want = OPS.bit_spmm_int(*args)
@@ -385,6 +389,10 @@ def test_bit_spmm_int_gpu_equals_cpu(adj_bits):
 
 def test_bit_spmm_csr_only_gpu_equals_cpu():
     _check_bit_spmm_csr_only(DEV)
+
+
+def test_pack_row_codes_gpu_equals_cpu():
+    check_pack_row_codes(DEV)
 
 
 def test_from_edge_index_gpu_equals_cpu():

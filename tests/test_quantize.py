@@ -362,3 +362,30 @@ def test_quantize_pack_ranges_bad_arguments():
         torch.ops.pyg_quant.quantize_pack_ranges(x.double(), 4, 1, False, None)
     with pytest.raises(ValueError, match="noise"):
         torch.ops.pyg_quant.quantize_pack_ranges(x, 4, 1, False, torch.rand(3, 5))
+
+
+def check_pack_row_codes(dev):
+    """Row codes (pyg_quant/layout.py) of both layouts, every width 1..8: the op on ``dev`` == the CPU op == the
+    torch reference, 16-byte rows, and read back container by container they are the codes, zero past the shape."""
+    import itertools
+    ops = torch.ops.pyg_quant
+    for (rows, cols), bits, layout in itertools.product([(1, 1), (31, 33), (257, 255), (1000, 3), (70, 1000)],
+                                                         range(1, 9), ("row", "col")):
+        x = pq.to_bit(randn(rows, cols, rows + bits, shift=0.1).to(dev), bits, dim=0, layout=layout)
+        got = ops.pack_row_codes(x.planes, cols, layout == "col")
+        want = ops.pack_row_codes(x.planes.cpu(), cols, layout == "col")
+        assert got.device.type == dev and torch.equal(got.cpu(), want), (rows, cols, bits, layout)
+        assert torch.equal(want, ref.pack_row_codes(x.planes.cpu(), cols, layout == "col"))
+        width = pq.layout.container_bits(bits)
+        assert want.shape[1] == pq.layout.row_code_bytes(cols, bits) and want.shape[1] % 16 == 0
+        fields = [(want.long() >> (width * k)) & ((1 << width) - 1) for k in range(8 // width)]
+        unpacked = torch.stack(fields, -1).reshape(want.shape[0], -1)
+        assert torch.equal(unpacked[:rows, :cols], x.codes().cpu().long()), (rows, cols, bits, layout)
+        assert not unpacked[rows:].any() and not unpacked[:, cols:].any()
+        assert torch.equal(x.row_codes().cpu(), want) and x.row_codes() is x.row_codes()
+
+
+@pytest.mark.skipif(not pq.backends()["cpu"], reason="needs pyg_quant's compiled CPU backend")
+def test_pack_row_codes_cpu():
+    check_pack_row_codes("cpu")
+

@@ -3,6 +3,8 @@
 // step (no FMA contraction: setup.py passes -ffp-contract=off) so that every
 // backend produces the same codes.
 #include "quantize_cpu.h"
+
+#include "row_codes.h"
 #include "quantize_ranges.h"
 #include "quantize_steps.h"
 
@@ -224,6 +226,33 @@ at::Tensor unpack_codes_cpu(const at::Tensor& planes_in, int64_t rows, int64_t c
         uint32_t q = 0;
         for (int64_t p = 0; p < bits; ++p) q |= ((word[p * plane_stride] >> (e & 31)) & 1u) << p;
         out[r * cols + c] = static_cast<uint8_t>(q);
+      }
+    }
+  });
+  return codes;
+}
+
+at::Tensor pack_row_codes_cpu(const at::Tensor& planes_in, int64_t cols, bool col_layout) {
+  TORCH_CHECK_VALUE(planes_in.dim() == 3 && planes_in.scalar_type() == at::kInt, "planes must be int32[bits, outer, words]");
+  const auto planes = planes_in.contiguous();
+  const int64_t bits = planes.size(0), outer = planes.size(1), words = planes.size(2);
+  TORCH_CHECK_VALUE(bits >= 1 && bits <= 8, "planes must hold 1 to 8 bit planes");
+  TORCH_CHECK_VALUE(cols >= 0 && cols <= (col_layout ? outer : words * 32), "cols exceeds the planes' padded shape");
+  const int64_t nodes = col_layout ? words * 32 : outer, row_bytes = row_code_bytes(cols, bits);
+  const int container = container_bits(bits);
+  auto codes = at::zeros({nodes, row_bytes}, planes.options().dtype(at::kByte));
+  const uint32_t* in = reinterpret_cast<const uint32_t*>(planes.data_ptr<int32_t>());
+  uint8_t* out = codes.data_ptr<uint8_t>();
+  const int64_t plane_stride = planes.stride(0);
+  at::parallel_for(0, nodes, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        const uint32_t* word = col_layout ? in + c * words + (r >> 5) : in + r * words + (c >> 5);
+        const int shift = static_cast<int>(col_layout ? r & 31 : c & 31);
+        uint32_t q = 0;
+        for (int64_t p = 0; p < bits; ++p) q |= ((word[p * plane_stride] >> shift) & 1u) << p;
+        const int64_t bit = c * container;
+        out[r * row_bytes + (bit >> 3)] |= static_cast<uint8_t>(q << (bit & 7));
       }
     }
   });

@@ -8,6 +8,9 @@ at::Tensor quantize_pack_cpu(const at::Tensor& x, const at::Tensor& lo, const at
                              int64_t bits, bool col_layout, const std::optional<at::Tensor>& noise);
 at::Tensor unpack_codes_cpu(const at::Tensor& planes, int64_t rows, int64_t cols, bool col_layout);
 at::Tensor packed_code_sums_cpu(const at::Tensor& planes);
+// The packed row codes of planes (csrc/row_codes.h): uint8[nodes, row_code_bytes(cols, bits)], nodes = the planes'
+// padded node count (words * 32 in column layout, outer in row layout).
+at::Tensor pack_row_codes_cpu(const at::Tensor& planes, int64_t cols, bool col_layout);
 
 }  // namespace pyg_quant
 

@@ -18,6 +18,7 @@
 #include "epilogue.h"
 #include "popcount.h"
 #include "quantize_cpu.h"
+#include "row_codes.h"
 
 namespace pyg_quant {
 namespace {
@@ -32,7 +33,7 @@ constexpr int64_t kSparseTileBitsPerPlanePair = 64;
 at::Tensor bit_spmm_int_cpu(const at::Tensor& window_ptr_in, const at::Tensor& tile_col_in,
                             const at::Tensor& tile_bits_in, const at::Tensor& res_ptr_in, const at::Tensor& res_col_in,
                             const std::optional<at::Tensor>& res_val_in, const at::Tensor& x_in, int64_t rows,
-                            int64_t cols, bool wide) {
+                            int64_t cols, bool wide, const std::optional<at::Tensor>& x_codes) {
   TORCH_CHECK_VALUE(window_ptr_in.dim() == 1 && window_ptr_in.scalar_type() == at::kLong, "window_ptr must be int64[num_windows + 1]");
   TORCH_CHECK_VALUE(tile_col_in.dim() == 1 && tile_col_in.scalar_type() == at::kInt, "tile_col must be int32[num_tiles]");
   TORCH_CHECK_VALUE(tile_bits_in.dim() == 4 && tile_bits_in.scalar_type() == at::kInt && tile_bits_in.size(1) == tile_col_in.size(0) &&
@@ -42,6 +43,7 @@ at::Tensor bit_spmm_int_cpu(const at::Tensor& window_ptr_in, const at::Tensor& t
                     "x_planes must be column-layout int32[bits, outer, words]");
   TORCH_CHECK_VALUE(tile_bits_in.size(0) <= 8 && x_in.size(0) <= 8, "at most 8 bit planes per operand");
   TORCH_CHECK_VALUE(cols <= x_in.size(1), "cols exceeds x_planes' padded feature count");
+  check_row_codes(x_codes, x_in, cols);  // checked for the schema's sake; the CPU walks its own unpacked codes
   const int64_t num_windows = window_ptr_in.size(0) - 1;
   TORCH_CHECK_VALUE(num_windows * kTileRows >= rows, "rows exceeds the adjacency's row windows");
 
@@ -171,7 +173,7 @@ at::Tensor bit_spmm_affine_cpu(const at::Tensor& window_ptr, const at::Tensor& t
                                const at::Tensor& scale, const at::Tensor& row_sums,
                                const std::optional<at::Tensor>& self_weight, const std::optional<at::Tensor>& row_scale,
                                const std::optional<at::Tensor>& bias, bool relu, int64_t rows, int64_t cols,
-                               bool wide) {
+                               bool wide, const std::optional<at::Tensor>& x_codes) {
   check_vector(lo, at::kFloat, cols, "lo");
   check_vector(scale, at::kFloat, cols, "scale");
   check_vector(row_sums, at::kLong, rows, "row_sums");
@@ -179,7 +181,7 @@ at::Tensor bit_spmm_affine_cpu(const at::Tensor& window_ptr, const at::Tensor& t
   check_vector(row_scale, at::kFloat, rows, "row_scale");
   check_vector(bias, at::kFloat, cols, "bias");
   const auto product = bit_spmm_int_cpu(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x, rows, cols,
-                                        /*wide=*/true);
+                                        /*wide=*/true, x_codes);
   at::Tensor codes;
   if (self_weight.has_value()) {
     TORCH_CHECK_VALUE(rows <= x.size(2) * 32, "self_weight needs a square adjacency (rows <= x's nodes)");

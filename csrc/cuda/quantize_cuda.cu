@@ -7,6 +7,7 @@
 
 #include "quantize_ranges.h"
 #include "quantize_steps.h"
+#include "row_codes.h"
 
 #include <ATen/ATen.h>
 #include <type_traits>
@@ -115,6 +116,28 @@ __global__ void unpack_cols_kernel(const uint32_t* planes, uint8_t* codes, int64
     const int64_t r = w * 32 + i, c = c0 + tx;
     if (r < rows && c < ld) codes[r * ld + c] = tile[i][tx];
   }
+}
+
+// One thread per (node, 32-bit word of its packed row), nodes fastest: in column layout the 32 lanes of a warp are
+// 32 consecutive nodes, so each of the thread's plane-word loads is one word broadcast to the whole warp.
+__global__ void pack_row_codes_kernel(const uint32_t* __restrict__ planes, uint32_t* __restrict__ out, int64_t nodes,
+                                      int64_t cols, int64_t row_words, int64_t words, int bits, int64_t plane_stride,
+                                      bool col_layout) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t j = blockIdx.y;
+  if (r >= nodes) return;
+  const int container = container_bits(bits), per_word = 32 / container;
+  uint32_t packed = 0;
+  for (int k = 0; k < per_word; ++k) {
+    const int64_t c = j * per_word + k;
+    if (c >= cols) break;
+    const uint32_t* word = col_layout ? planes + c * words + (r >> 5) : planes + r * words + (c >> 5);
+    const int shift = static_cast<int>(col_layout ? r & 31 : c & 31);
+    uint32_t q = 0;
+    for (int p = 0; p < bits; ++p) q |= ((__ldg(word + p * plane_stride) >> shift) & 1u) << p;
+    packed |= q << (k * container);
+  }
+  out[r * row_words + j] = packed;
 }
 
 __global__ void code_sums_kernel(const uint32_t* planes, int64_t* sums, int64_t outer, int64_t words, int bits) {
@@ -408,6 +431,27 @@ at::Tensor unpack_col_codes_padded_cuda(const at::Tensor& planes_in, int64_t row
   unpack_cols_kernel<<<grid, dim3(32, 8), 0, c10::cuda::getCurrentCUDAStream()>>>(
       reinterpret_cast<const uint32_t*>(planes.data_ptr<int32_t>()), codes.data_ptr<uint8_t>(), rows, cols, ld, words,
       bits, outer * words);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return codes;
+}
+
+at::Tensor pack_row_codes_cuda(const at::Tensor& planes_in, int64_t cols, bool col_layout) {
+  TORCH_CHECK_VALUE(planes_in.dim() == 3 && planes_in.scalar_type() == at::kInt, "planes must be int32[bits, outer, words]");
+  const auto planes = planes_in.contiguous();
+  const int64_t bits = planes.size(0), outer = planes.size(1), words = planes.size(2);
+  TORCH_CHECK_VALUE(bits >= 1 && bits <= 8, "planes must hold 1 to 8 bit planes");
+  TORCH_CHECK_VALUE(cols >= 0 && cols <= (col_layout ? outer : words * 32), "cols exceeds the planes' padded shape");
+  const c10::cuda::CUDAGuard guard(planes.device());
+  const int64_t nodes = col_layout ? words * 32 : outer, row_bytes = row_code_bytes(cols, bits);
+  auto codes = at::empty({nodes, row_bytes}, planes.options().dtype(at::kByte));
+  if (nodes == 0) return codes;
+  constexpr int kThreads = 128;
+  const dim3 grid(static_cast<unsigned>((nodes + kThreads - 1) / kThreads), static_cast<unsigned>(row_bytes / 4));
+  TORCH_CHECK_VALUE(grid.y <= 65535, "too many columns for one launch");
+  pack_row_codes_kernel<<<grid, kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
+      reinterpret_cast<const uint32_t*>(planes.data_ptr<int32_t>()),
+      reinterpret_cast<uint32_t*>(codes.data_ptr<uint8_t>()), nodes, cols, row_bytes / 4, words,
+      static_cast<int>(bits), outer * words, col_layout);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return codes;
 }

@@ -12,8 +12,8 @@
 // The int fragments are then staged in shared memory.  The CSR residual of the
 // window's 16 rows is one contiguous range of entries: the warp reads 32 entries
 // at a time (one coalesced load of columns and weights), and each lane (one
-// feature) adds their codes, eight loads in flight at a time, from a row-major
-// code copy (one 32-byte sector per entry).  Finally either the integers are
+// feature) adds their codes, eight loads in flight at a time, from the packed
+// row codes (csrc/row_codes.h).  Finally either the integers are
 // stored (bit_spmm_int) or the affine epilogue of csrc/epilogue.h runs on them
 // and float32 is stored (bit_spmm_affine): both stores are coalesced rows.
 //
@@ -30,6 +30,7 @@
 #include "bmma.cuh"
 #include "epilogue.h"
 #include "quantize_cuda.h"
+#include "row_codes.h"
 
 namespace pyg_quant {
 namespace {
@@ -49,8 +50,9 @@ struct SpmmArgs {
   const int64_t* res_ptr;
   const int32_t* res_col;
   const int32_t* res_val;
-  const uint8_t* codes;  // [nodes_pad, code_ld] row-major codes of x (columns past cols are zero)
+  const uint8_t* codes;  // [nodes_pad, code_ld] packed row codes of x (csrc/row_codes.h)
   int64_t code_ld;
+  int code_bits;  // their container width
   int flush_every;  // gather kernel: entries a 16-bit partial sum can take without overflowing
   int64_t num_windows, rows, cols;
   // affine epilogue (out_float != nullptr)
@@ -143,7 +145,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) bit_spmm_kernel(const Spm
         const int32_t w = __shfl_sync(0xffffffffu, weight, src);
         entry_row[j] = __shfl_sync(0xffffffffu, row, src);
         const bool use = j0 + j < count && live_feature;
-        value[j] = use ? static_cast<Acc>(w) * static_cast<Acc>(__ldg(p.codes + static_cast<int64_t>(c) * p.code_ld + d))
+        value[j] = use ? static_cast<Acc>(w) *
+                             static_cast<Acc>(row_code_at(p.codes + static_cast<int64_t>(c) * p.code_ld, d, p.code_bits))
                        : Acc(0);
       }
 #pragma unroll
@@ -162,7 +165,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) bit_spmm_kernel(const Spm
   for (int r = 0; r < live_rows; ++r) {
     const int64_t row = row0 + r;
     const double self_weight = p.self_weight ? static_cast<double>(p.self_weight[row]) : 0.0;
-    const float self_code = p.self_weight ? static_cast<float>(p.codes[row * p.code_ld + d]) : 0.0f;
+    const float self_code =
+        p.self_weight ? static_cast<float>(row_code_at(p.codes + row * p.code_ld, d, p.code_bits)) : 0.0f;
     const double row_scale = p.row_scale ? static_cast<double>(p.row_scale[row]) : 1.0;
     p.out_float[row * p.cols + d] =
         affine_epilogue(static_cast<double>(staged[warp][r][lane]), lo, scale, static_cast<double>(p.row_sums[row]),
@@ -170,98 +174,136 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) bit_spmm_kernel(const Spm
   }
 }
 
-// Tile-free adjacency: a group of kLanes lanes owns a row, and lane l of the group features
-// [16l, 16l + 16) of the launch's slice of 16·kLanes, read with one 16-byte load of the source's row-major
-// codes per entry (a 64-feature row is one 64-byte line shared by four lanes).  Sums run two to a 32-bit
-// register in 16-bit halves (a byte permute and an integer add per two codes, instead of unpacking every
-// code), and are moved to Acc before a half could overflow: flush_every = floor(65535 / (max code · max
-// weight)) entries, with weights at most 255 (the 8-bit adjacency); a larger weight is added straight to Acc.
-// A binary adjacency's row shorter than flush_every (nearly all rows) runs a loop without the overflow count.
-constexpr int kGatherThreads = 256, kGatherFeatures = 16, kGatherBatch = 4;
+// Tile-free adjacency: a group of kLanes lanes owns a row, and lane l of the group the features
+// [l·K, l·K + K) of the launch's slice of K·kLanes, read from the source's packed row codes with one aligned vector
+// load per entry: K = 32 codes (16, 8 or 4 bytes at containers of 4, 2 or 1 bits) or K = 16 codes (16 bytes at
+// 8-bit containers, 8 bytes for int64 sums at 4-bit ones), so a 64-feature 4-bit row is one 32-byte sector shared by two lanes.  Sums run two to a
+// 32-bit register in 16-bit halves (a shift, a mask and an add per two codes, instead of unpacking every code)
+// and are moved to Acc before a half could overflow: flush_every = floor(65535 / (max code · max weight))
+// entries, with weights at most 255 (the 8-bit adjacency); a larger weight is added straight to Acc.  A binary
+// adjacency's row shorter than flush_every (nearly all rows) runs a loop without the overflow count.
+constexpr int kGatherThreads = 256, kGatherBatch = 4;
 
-template <typename Acc>
-__device__ __forceinline__ void flush_halves(uint32_t (&half)[8], Acc (&sum)[kGatherFeatures]) {
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    // half[2i] holds features 4i (low) and 4i+2 (high), half[2i+1] features 4i+1 and 4i+3.
-    sum[4 * i] += static_cast<Acc>(half[2 * i] & 0xffffu);
-    sum[4 * i + 2] += static_cast<Acc>(half[2 * i] >> 16);
-    sum[4 * i + 1] += static_cast<Acc>(half[2 * i + 1] & 0xffffu);
-    sum[4 * i + 3] += static_cast<Acc>(half[2 * i + 1] >> 16);
-    half[2 * i] = half[2 * i + 1] = 0;
+template <int kContainer, typename Acc>
+struct GatherSlice {
+  // features per lane (16 for int64 sums of 4-bit containers: 32 of them would spill on sm_80)
+  static constexpr int kCodes = kContainer == 8 || (kContainer == 4 && sizeof(Acc) == 8) ? 16 : 32;
+  static constexpr int kWords = kCodes * kContainer / 32;      // 32-bit words per lane per entry
+  static constexpr int kPerWord = 32 / kContainer;             // codes per word
+  static constexpr int kShifts = kPerWord / 2;                 // half registers per word
+  static constexpr int kHalves = kCodes / 2;
+  static constexpr uint32_t kMask = ((1u << kContainer) - 1u) * 0x00010001u;  // field 0 of each 16-bit half
+  // Half register i·kShifts + j holds codes kPerWord·i + j (low) and kPerWord·i + j + kShifts (high).
+  static __device__ __forceinline__ int low_code(int half) { return (half / kShifts) * kPerWord + half % kShifts; }
+};
+
+// kWords consecutive 32-bit words of a packed row, one vector load (16, 8 or 4 bytes, aligned: rows are 16-byte
+// multiples and a lane's slice starts at a multiple of its own size).
+template <int kWords>
+__device__ __forceinline__ void load_slice(const uint8_t* p, uint32_t (&w)[kWords]) {
+  if constexpr (kWords == 4) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
+    w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+  } else if constexpr (kWords == 2) {
+    const uint2 v = __ldg(reinterpret_cast<const uint2*>(p));
+    w[0] = v.x, w[1] = v.y;
+  } else {
+    w[0] = __ldg(reinterpret_cast<const uint32_t*>(p));
   }
 }
 
-template <bool kWeighted, bool kCountRoom, typename Acc>
+template <int kContainer, typename Acc>
+__device__ __forceinline__ void flush_halves(uint32_t (&half)[GatherSlice<kContainer, Acc>::kHalves],
+                                             Acc (&sum)[GatherSlice<kContainer, Acc>::kCodes]) {
+  using S = GatherSlice<kContainer, Acc>;
+#pragma unroll
+  for (int h = 0; h < S::kHalves; ++h) {
+    sum[S::low_code(h)] += static_cast<Acc>(half[h] & 0xffffu);
+    sum[S::low_code(h) + S::kShifts] += static_cast<Acc>(half[h] >> 16);
+    half[h] = 0;
+  }
+}
+
+template <int kContainer, bool kWeighted, bool kCountRoom, typename Acc>
 __device__ __forceinline__ void gather_row(const SpmmArgs& p, const uint8_t* __restrict__ source_codes, int64_t begin,
-                                           int64_t end, uint32_t (&half)[8], Acc (&sum)[kGatherFeatures]) {
+                                           int64_t end, uint32_t (&half)[GatherSlice<kContainer, Acc>::kHalves],
+                                           Acc (&sum)[GatherSlice<kContainer, Acc>::kCodes]) {
+  using S = GatherSlice<kContainer, Acc>;
   int room = p.flush_every;
   for (int64_t e0 = begin; e0 < end; e0 += kGatherBatch) {
-    uint4 codes[kGatherBatch];
+    uint32_t words[kGatherBatch][S::kWords];
     uint32_t weight[kGatherBatch];
 #pragma unroll
     for (int j = 0; j < kGatherBatch; ++j) {  // every load of the batch first: four in flight
       const bool live = e0 + j < end;
       const uint32_t col = live ? static_cast<uint32_t>(__ldg(p.res_col + e0 + j)) : 0u;
       weight[j] = kWeighted && live ? static_cast<uint32_t>(__ldg(p.res_val + e0 + j)) : 0u;
-      codes[j] = live ? __ldg(reinterpret_cast<const uint4*>(source_codes + col * p.code_ld)) : make_uint4(0, 0, 0, 0);
+      if (live) {
+        load_slice<S::kWords>(source_codes + static_cast<int64_t>(col) * p.code_ld, words[j]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < S::kWords; ++i) words[j][i] = 0;  // dead entries of the last batch add nothing
+      }
     }
 #pragma unroll
     for (int j = 0; j < kGatherBatch; ++j) {
-      const uint32_t words[4] = {codes[j].x, codes[j].y, codes[j].z, codes[j].w};
       if (kWeighted && weight[j] > 255u) {  // outside the 8-bit adjacency's range: exact, the slow way
 #pragma unroll
-        for (int k = 0; k < kGatherFeatures; ++k) {
-          sum[k] += static_cast<Acc>((words[k / 4] >> (8 * (k % 4))) & 0xffu) * static_cast<Acc>(weight[j]);
+        for (int i = 0; i < S::kWords; ++i) {
+#pragma unroll
+          for (int s = 0; s < S::kPerWord; ++s) {
+            const uint32_t code = (words[j][i] >> (kContainer * s)) & ((1u << kContainer) - 1u);
+            sum[i * S::kPerWord + s] += static_cast<Acc>(code) * static_cast<Acc>(weight[j]);
+          }
         }
         continue;
       }
       if (kCountRoom) {
         if (room == 0) {
-          flush_halves(half, sum);
+          flush_halves<kContainer>(half, sum);
           room = p.flush_every;
         }
         --room;
       }
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {  // dead entries of the last batch have zero codes
-        if (kWeighted) {
-          half[2 * i] += __byte_perm(words[i], 0u, 0x4240) * weight[j];
-          half[2 * i + 1] += __byte_perm(words[i], 0u, 0x4341) * weight[j];
-        } else {
-          half[2 * i] += __byte_perm(words[i], 0u, 0x4240);
-          half[2 * i + 1] += __byte_perm(words[i], 0u, 0x4341);
+      for (int i = 0; i < S::kWords; ++i) {
+#pragma unroll
+        for (int s = 0; s < S::kShifts; ++s) {
+          const uint32_t fields = (words[j][i] >> (kContainer * s)) & S::kMask;
+          half[i * S::kShifts + s] += kWeighted ? fields * weight[j] : fields;
         }
       }
     }
   }
 }
 
-template <typename Acc, int kLanes, bool kWeighted>
+template <typename Acc, int kContainer, int kLanes, bool kWeighted>
 __global__ void __launch_bounds__(kGatherThreads) bit_spmm_gather_kernel(const SpmmArgs p, Acc* __restrict__ out_int) {
+  using S = GatherSlice<kContainer, Acc>;
   const int64_t row = (static_cast<int64_t>(blockIdx.x) * kGatherThreads + threadIdx.x) / kLanes;
   if (row >= p.rows) return;  // no warp-wide operations below
-  const int64_t f0 = static_cast<int64_t>(blockIdx.y) * kGatherFeatures * kLanes +
-                     static_cast<int64_t>(threadIdx.x % kLanes) * kGatherFeatures;
+  const int64_t f0 = (static_cast<int64_t>(blockIdx.y) * kLanes + threadIdx.x % kLanes) * S::kCodes;
   if (f0 >= p.cols) return;
-  const uint8_t* source_codes = p.codes + f0;
-  uint32_t half[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  Acc sum[kGatherFeatures];
+  const uint8_t* source_codes = p.codes + f0 * kContainer / 8;
+  uint32_t half[S::kHalves];
+  Acc sum[S::kCodes];
 #pragma unroll
-  for (int k = 0; k < kGatherFeatures; ++k) sum[k] = 0;
+  for (int h = 0; h < S::kHalves; ++h) half[h] = 0;
+#pragma unroll
+  for (int k = 0; k < S::kCodes; ++k) sum[k] = 0;
   const int64_t begin = p.res_ptr[row], end = p.res_ptr[row + 1];
   if (kWeighted || end - begin > p.flush_every) {
-    gather_row<kWeighted, true>(p, source_codes, begin, end, half, sum);
+    gather_row<kContainer, kWeighted, true>(p, source_codes, begin, end, half, sum);
   } else {
-    gather_row<false, false>(p, source_codes, begin, end, half, sum);
+    gather_row<kContainer, false, false>(p, source_codes, begin, end, half, sum);
   }
-  flush_halves(half, sum);
+  flush_halves<kContainer>(half, sum);
 
-  const int live = static_cast<int>(min(static_cast<int64_t>(kGatherFeatures), p.cols - f0));
+  const int live = static_cast<int>(min(static_cast<int64_t>(S::kCodes), p.cols - f0));
   if (p.out_float == nullptr) {
     Acc* out_row = out_int + row * p.cols + f0;
 #pragma unroll
-    for (int k = 0; k < kGatherFeatures; ++k) {
+    for (int k = 0; k < S::kCodes; ++k) {
       if (k < live) out_row[k] = sum[k];
     }
     return;
@@ -269,34 +311,33 @@ __global__ void __launch_bounds__(kGatherThreads) bit_spmm_gather_kernel(const S
   const double row_sum = static_cast<double>(p.row_sums[row]);
   const double self_weight = p.self_weight ? static_cast<double>(p.self_weight[row]) : 0.0;
   const double row_scale = p.row_scale ? static_cast<double>(p.row_scale[row]) : 1.0;
-  uint4 self_codes = make_uint4(0, 0, 0, 0);
-  if (p.self_weight) self_codes = __ldg(reinterpret_cast<const uint4*>(source_codes + row * p.code_ld));
-  const uint32_t self_words[4] = {self_codes.x, self_codes.y, self_codes.z, self_codes.w};
-  float value[kGatherFeatures];
+  uint32_t self_words[S::kWords];
 #pragma unroll
-  for (int k = 0; k < kGatherFeatures; ++k) {
+  for (int i = 0; i < S::kWords; ++i) self_words[i] = 0;
+  if (p.self_weight) load_slice<S::kWords>(source_codes + row * p.code_ld, self_words);
+  float value[S::kCodes];
+#pragma unroll
+  for (int k = 0; k < S::kCodes; ++k) {
     const int64_t f = min(f0 + k, p.cols - 1);  // past cols: computed, not stored
-    const float self_code = static_cast<float>((self_words[k / 4] >> (8 * (k % 4))) & 0xffu);
+    const float self_code =
+        static_cast<float>((self_words[k / S::kPerWord] >> (kContainer * (k % S::kPerWord))) & ((1u << kContainer) - 1u));
     value[k] = affine_epilogue(static_cast<double>(sum[k]), p.lo[f], p.scale[f], row_sum, self_weight, self_code,
                                row_scale, p.bias ? static_cast<double>(p.bias[f]) : 0.0, p.relu);
   }
   float* out_row = p.out_float + row * p.cols + f0;
-  if (live == kGatherFeatures && p.cols % 4 == 0) {  // 16-byte aligned: row * cols and f0 are multiples of 4
+  if (live == S::kCodes && p.cols % 4 == 0) {  // 16-byte aligned: row * cols and f0 are multiples of 4
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < S::kCodes / 4; ++i) {
       reinterpret_cast<float4*>(out_row)[i] =
           make_float4(value[4 * i], value[4 * i + 1], value[4 * i + 2], value[4 * i + 3]);
     }
   } else {
 #pragma unroll
-    for (int k = 0; k < kGatherFeatures; ++k) {
+    for (int k = 0; k < S::kCodes; ++k) {
       if (k < live) out_row[k] = value[k];
     }
   }
 }
-
-// Row stride of the row-major code copy: 16-byte aligned rows for the gather kernel's vector loads.
-int64_t code_row_bytes(int64_t cols) { return (std::max<int64_t>(cols, 1) + 15) / 16 * 16; }
 
 struct Operands {
   at::Tensor window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x, codes;
@@ -304,7 +345,8 @@ struct Operands {
 
 Operands check_operands(const at::Tensor& window_ptr, const at::Tensor& tile_col, const at::Tensor& tile_bits,
                         const at::Tensor& res_ptr, const at::Tensor& res_col, const std::optional<at::Tensor>& res_val,
-                        const at::Tensor& x, int64_t rows, int64_t cols, bool need_codes) {
+                        const at::Tensor& x, int64_t rows, int64_t cols, bool need_codes,
+                        const std::optional<at::Tensor>& x_codes) {
   TORCH_CHECK_VALUE(window_ptr.dim() == 1 && window_ptr.scalar_type() == at::kLong, "window_ptr must be int64[num_windows + 1]");
   TORCH_CHECK_VALUE(tile_col.dim() == 1 && tile_col.scalar_type() == at::kInt, "tile_col must be int32[num_tiles]");
   TORCH_CHECK_VALUE(tile_bits.dim() == 4 && tile_bits.scalar_type() == at::kInt && tile_bits.size(1) == tile_col.size(0) &&
@@ -332,36 +374,51 @@ Operands check_operands(const at::Tensor& window_ptr, const at::Tensor& tile_col
              at::Tensor()};
   // Index bounds are the format's invariants (BitAdjacency builds them); they are
   // not re-checked here because that would need a device-to-host copy.
-  if (need_codes || o.res_col.numel() > 0) {
-    o.codes = unpack_col_codes_padded_cuda(o.x, o.x.size(2) * 32, cols, code_row_bytes(cols));
+  check_row_codes(x_codes, o.x, cols);
+  if (x_codes.has_value()) {
+    o.codes = *x_codes;
+  } else if (need_codes || o.res_col.numel() > 0) {
+    o.codes = pack_row_codes_cuda(o.x, cols, /*col_layout=*/true);
   }
   return o;
 }
 
-template <typename Acc>
-void launch_gather(const Operands& o, SpmmArgs args, Acc* out_int, cudaStream_t stream) {
-  const int max_code = (1 << o.x.size(0)) - 1, max_weight = o.res_val.defined() ? 255 : 1;
-  args.flush_every = 65535 / (max_code * max_weight);
-  // Lanes per row: enough 16-feature slices for the row, a power of two up to a warp.
+template <typename Acc, int kContainer>
+void launch_gather_container(const SpmmArgs& args, bool weighted, Acc* out_int, cudaStream_t stream) {
+  constexpr int kCodes = GatherSlice<kContainer, Acc>::kCodes;
+  // Lanes per row: enough slices of kCodes features for the row, a power of two up to a warp.
   int lanes = 1;
-  while (lanes < 32 && lanes * kGatherFeatures < args.cols) lanes *= 2;
+  while (lanes < 32 && lanes * kCodes < args.cols) lanes *= 2;
   const int64_t rows_per_block = kGatherThreads / lanes;
   const dim3 grid(static_cast<unsigned>((args.rows + rows_per_block - 1) / rows_per_block),
-                  static_cast<unsigned>((args.cols + lanes * kGatherFeatures - 1) / (lanes * kGatherFeatures)));
+                  static_cast<unsigned>((args.cols + lanes * kCodes - 1) / (lanes * kCodes)));
   TORCH_CHECK_VALUE(grid.y <= 65535, "too many feature columns for one launch");
-  const bool weighted = o.res_val.defined();
   switch (lanes) {
-#define PYG_QUANT_GATHER_CASE(LANES)                                                                      \
-  case LANES:                                                                                             \
-    if (weighted) {                                                                                       \
-      bit_spmm_gather_kernel<Acc, LANES, true><<<grid, kGatherThreads, 0, stream>>>(args, out_int);       \
-    } else {                                                                                              \
-      bit_spmm_gather_kernel<Acc, LANES, false><<<grid, kGatherThreads, 0, stream>>>(args, out_int);      \
-    }                                                                                                     \
+#define PYG_QUANT_GATHER_CASE(LANES)                                                                            \
+  case LANES:                                                                                                   \
+    if (weighted) {                                                                                             \
+      bit_spmm_gather_kernel<Acc, kContainer, LANES, true><<<grid, kGatherThreads, 0, stream>>>(args, out_int);  \
+    } else {                                                                                                    \
+      bit_spmm_gather_kernel<Acc, kContainer, LANES, false><<<grid, kGatherThreads, 0, stream>>>(args, out_int); \
+    }                                                                                                           \
     break;
     PYG_QUANT_GATHER_CASE(1) PYG_QUANT_GATHER_CASE(2) PYG_QUANT_GATHER_CASE(4) PYG_QUANT_GATHER_CASE(8)
     PYG_QUANT_GATHER_CASE(16) PYG_QUANT_GATHER_CASE(32)
 #undef PYG_QUANT_GATHER_CASE
+  }
+}
+
+template <typename Acc>
+void launch_gather(const Operands& o, SpmmArgs args, Acc* out_int, cudaStream_t stream) {
+  const int bits = static_cast<int>(o.x.size(0));
+  const int max_code = (1 << bits) - 1, max_weight = o.res_val.defined() ? 255 : 1;
+  args.flush_every = 65535 / (max_code * max_weight);
+  const bool weighted = o.res_val.defined();
+  switch (container_bits(bits)) {
+    case 1: launch_gather_container<Acc, 1>(args, weighted, out_int, stream); break;
+    case 2: launch_gather_container<Acc, 2>(args, weighted, out_int, stream); break;
+    case 4: launch_gather_container<Acc, 4>(args, weighted, out_int, stream); break;
+    default: launch_gather_container<Acc, 8>(args, weighted, out_int, stream); break;
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -381,6 +438,7 @@ void launch(const Operands& o, SpmmArgs args, Acc* out_int) {
   args.res_val = o.res_val.defined() ? o.res_val.data_ptr<int32_t>() : nullptr;
   args.codes = o.codes.defined() ? o.codes.data_ptr<uint8_t>() : nullptr;
   args.code_ld = o.codes.defined() ? o.codes.size(1) : 0;
+  args.code_bits = container_bits(o.x.size(0));
   args.num_windows = o.window_ptr.size(0) - 1;
   const auto stream = c10::cuda::getCurrentCUDAStream();
   if (o.tile_col.size(0) == 0) {
@@ -414,9 +472,10 @@ void check_vector(const std::optional<at::Tensor>& t, at::ScalarType dtype, int6
 at::Tensor bit_spmm_int_cuda(const at::Tensor& window_ptr, const at::Tensor& tile_col, const at::Tensor& tile_bits,
                              const at::Tensor& res_ptr, const at::Tensor& res_col,
                              const std::optional<at::Tensor>& res_val, const at::Tensor& x, int64_t rows,
-                             int64_t cols, bool wide) {
+                             int64_t cols, bool wide, const std::optional<at::Tensor>& x_codes) {
   const c10::cuda::CUDAGuard guard(x.device());
-  const auto o = check_operands(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x, rows, cols, false);
+  const auto o = check_operands(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x, rows, cols, false,
+                                x_codes);
   auto out = at::empty({rows, cols}, x.options().dtype(wide ? at::kLong : at::kInt));
   if (rows == 0 || cols == 0) return out;
   SpmmArgs args{};
@@ -436,7 +495,8 @@ at::Tensor bit_spmm_affine_cuda(const at::Tensor& window_ptr, const at::Tensor& 
                                 const at::Tensor& scale, const at::Tensor& row_sums,
                                 const std::optional<at::Tensor>& self_weight,
                                 const std::optional<at::Tensor>& row_scale, const std::optional<at::Tensor>& bias,
-                                bool relu, int64_t rows, int64_t cols, bool wide) {
+                                bool relu, int64_t rows, int64_t cols, bool wide,
+                                const std::optional<at::Tensor>& x_codes) {
   const c10::cuda::CUDAGuard guard(x.device());
   check_vector(lo, at::kFloat, cols, x, "lo");
   check_vector(scale, at::kFloat, cols, x, "scale");
@@ -448,7 +508,7 @@ at::Tensor bit_spmm_affine_cuda(const at::Tensor& window_ptr, const at::Tensor& 
     TORCH_CHECK_VALUE(rows <= x.size(2) * 32, "self_weight needs a square adjacency (rows <= x's nodes)");
   }
   const auto o = check_operands(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x, rows, cols,
-                                self_weight.has_value());
+                                self_weight.has_value(), x_codes);
   auto out = at::empty({rows, cols}, x.options().dtype(at::kFloat));
   if (rows == 0 || cols == 0) return out;
   const auto lo_c = lo.contiguous(), scale_c = scale.contiguous(), row_sums_c = row_sums.contiguous();

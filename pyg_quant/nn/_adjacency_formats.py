@@ -219,10 +219,12 @@ def spmm_is_wide(max_row_sum: int, x_bits: int) -> bool:
     return max_row_sum * (2**x_bits - 1) > INT32_MAX
 
 
-def bit_spmm_codes(adj: BitAdjacency, x_planes: torch.Tensor, x_bits: int, cols: int) -> torch.Tensor:
-    """The integer product ``A · Q`` of ``adj``'s stored entries (diagonal term excluded) and column-layout codes."""
+def bit_spmm_codes(adj: BitAdjacency, x_planes: torch.Tensor, x_bits: int, cols: int,
+                   x_codes: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The integer product ``A · Q`` of ``adj``'s stored entries (diagonal term excluded) and column-layout codes
+    (``x_codes``: their cached row codes, see :func:`pyg_quant.adjacency.gathered_codes`)."""
     return ops.bit_spmm_int(adj.window_ptr, adj.tile_col, adj.tile_bits, adj.res_ptr, adj.res_col, adj.res_val,
-                            x_planes, adj.num_rows, cols, spmm_is_wide(adj.max_row_sum, x_bits))
+                            x_planes, adj.num_rows, cols, spmm_is_wide(adj.max_row_sum, x_bits), x_codes)
 
 
 @torch.library.custom_op("pyg_quant_nn::edge_spmm_int", mutates_args=())

@@ -10,7 +10,7 @@ from typing import Optional
 import torch
 
 from .._extension import LOADED, use_compiled
-from ..layout import packed_words, padded_outer
+from ..layout import packed_words, padded_outer, row_code_bytes
 from . import reference
 
 
@@ -52,6 +52,12 @@ def packed_code_sums(planes):
     return reference.packed_code_sums(planes)
 
 
+def pack_row_codes(planes, cols: int, col_layout: bool):
+    if use_compiled("pack_row_codes", planes.device):
+        return torch.ops.pyg_quant.pack_row_codes(planes, cols, col_layout)
+    return reference.pack_row_codes(planes, cols, col_layout)
+
+
 def bitmm_int(a_planes, b_planes, rows: int, cols: int, wide: bool):
     if use_compiled("bitmm_int", a_planes.device):
         return torch.ops.pyg_quant.bitmm_int(a_planes, b_planes, rows, cols, wide)
@@ -66,17 +72,18 @@ def bitmm_affine(product, row_sums, col_sums, a_lo, a_scale, b_lo, b_scale, k: i
 
 
 def bit_spmm_int(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x_planes, rows: int, cols: int,
-                 wide: bool):
-    args = (window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x_planes, rows, cols, wide)
+                 wide: bool, x_codes: Optional[torch.Tensor] = None):
+    args = (window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x_planes, rows, cols, wide, x_codes)
     if use_compiled("bit_spmm_int", x_planes.device):
         return torch.ops.pyg_quant.bit_spmm_int(*args)
     return reference.bit_spmm_int(*args)
 
 
 def bit_spmm_affine(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x_planes, lo, scale, row_sums,
-                    self_weight, row_scale, bias, relu: bool, rows: int, cols: int, wide: bool):
+                    self_weight, row_scale, bias, relu: bool, rows: int, cols: int, wide: bool,
+                    x_codes: Optional[torch.Tensor] = None):
     args = (window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x_planes, lo, scale, row_sums, self_weight,
-            row_scale, bias, relu, rows, cols, wide)
+            row_scale, bias, relu, rows, cols, wide, x_codes)
     if use_compiled("bit_spmm_affine", x_planes.device):
         return torch.ops.pyg_quant.bit_spmm_affine(*args)
     return reference.bit_spmm_affine(*args)
@@ -147,6 +154,11 @@ if LOADED:
     def _(planes):
         return planes.new_empty((planes.shape[1],), dtype=torch.int64)
 
+    @torch.library.register_fake("pyg_quant::pack_row_codes")
+    def _(planes, cols, col_layout):
+        nodes = planes.shape[2] * 32 if col_layout else planes.shape[1]
+        return planes.new_empty((nodes, row_code_bytes(cols, planes.shape[0])), dtype=torch.uint8)
+
     @torch.library.register_fake("pyg_quant::bitmm_int")
     def _(a_planes, b_planes, rows, cols, wide):
         return a_planes.new_empty((rows, cols), dtype=torch.int64 if wide else torch.int32)
@@ -156,12 +168,12 @@ if LOADED:
         return product.new_empty(product.shape, dtype=torch.float32)
 
     @torch.library.register_fake("pyg_quant::bit_spmm_int")
-    def _(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x_planes, rows, cols, wide):
+    def _(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x_planes, rows, cols, wide, x_codes=None):
         return x_planes.new_empty((rows, cols), dtype=torch.int64 if wide else torch.int32)
 
     @torch.library.register_fake("pyg_quant::bit_spmm_affine")
     def _(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x_planes, lo, scale, row_sums, self_weight,
-          row_scale, bias, relu, rows, cols, wide):
+          row_scale, bias, relu, rows, cols, wide, x_codes=None):
         return x_planes.new_empty((rows, cols), dtype=torch.float32)
 
     @torch.library.register_fake("pyg_quant::tile_plan")

@@ -9,7 +9,7 @@ from typing import Optional
 
 import torch
 
-from ..layout import PACK_ALIGN_BITS, TILE_COLS, TILE_ROWS, padded_outer, packed_words
+from ..layout import PACK_ALIGN_BITS, TILE_COLS, TILE_ROWS, container_bits, padded_outer, packed_words, row_code_bytes
 
 
 def _bit_weights(device: torch.device) -> torch.Tensor:
@@ -62,6 +62,18 @@ def unpack_codes(planes: torch.Tensor, rows: int, cols: int, col_layout: bool):
     return codes[:rows, :cols].to(torch.uint8).contiguous()
 
 
+def pack_row_codes(planes: torch.Tensor, cols: int, col_layout: bool) -> torch.Tensor:
+    """The packed row codes (:mod:`pyg_quant.layout`, "Row codes") of every padded node of ``planes``."""
+    nodes = planes.size(2) * 32 if col_layout else planes.size(1)
+    bits = planes.size(0)
+    container, row_bytes = container_bits(bits), row_code_bytes(cols, bits)
+    per_byte = 8 // container
+    codes = torch.zeros(nodes, row_bytes * per_byte, dtype=torch.int32, device=planes.device)
+    codes[:, :cols] = unpack_codes(planes, nodes, cols, col_layout).to(torch.int32)
+    shifts = torch.arange(per_byte, device=planes.device, dtype=torch.int32) * container
+    return (codes.view(nodes, row_bytes, per_byte) << shifts).sum(-1).to(torch.uint8)
+
+
 def packed_code_sums(planes: torch.Tensor) -> torch.Tensor:
     """Sum of the codes along the packed dimension, for each outer index."""
     counts = _word_bits(planes).sum(-1)  # [bits, outer_pad]
@@ -97,25 +109,25 @@ def bitmm_affine(product, row_sums, col_sums, a_lo, a_scale, b_lo, b_scale, k: i
 
 
 def bit_spmm_int(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x_planes, rows: int, cols: int,
-                 wide: bool):
+                 wide: bool, x_codes=None):
     """out[i, k] = Σ_j A_ij · Q_jk over the stored tiles plus the CSR residual, in float64."""
     device = x_planes.device
     num_windows = window_ptr.numel() - 1
     out = torch.zeros(num_windows * TILE_ROWS, cols, dtype=torch.float64, device=device)
-    x_codes = unpack_codes(x_planes, x_planes.size(2) * 32, cols, True).double()  # [nodes_pad, D]
+    codes = unpack_codes(x_planes, x_planes.size(2) * 32, cols, True).double()  # [nodes_pad, D]; x_codes unused
     if tile_col.numel() > 0:
         a_bits = _word_bits(tile_bits).double()  # [a_bits, tiles, 16, 256]
         a_weights = (2.0 ** torch.arange(a_bits.size(0), device=device, dtype=torch.float64))
         tiles = (a_bits * a_weights.view(-1, 1, 1, 1)).sum(0)  # [tiles, 16, 256]
         node = tile_col.long().view(-1, 1) * TILE_COLS + torch.arange(TILE_COLS, device=device)
-        products = torch.bmm(tiles, x_codes[node])  # [tiles, 16, D]
+        products = torch.bmm(tiles, codes[node])  # [tiles, 16, D]
         counts = window_ptr[1:] - window_ptr[:-1]
         window_of_tile = torch.repeat_interleave(torch.arange(num_windows, device=device), counts)
         out.view(num_windows, TILE_ROWS, cols).index_add_(0, window_of_tile, products)
     if res_col.numel() > 0:
         res_row = torch.repeat_interleave(torch.arange(rows, device=device), res_ptr[1:] - res_ptr[:-1])
         weight = 1.0 if res_val is None else res_val.double().view(-1, 1)
-        out.index_add_(0, res_row, x_codes[res_col.long()] * weight)
+        out.index_add_(0, res_row, codes[res_col.long()] * weight)
     return _finish(out[:rows], wide)
 
 
@@ -134,7 +146,7 @@ def affine_epilogue(product, lo, scale, row_sums, self_weight, self_codes, row_s
 
 
 def bit_spmm_affine(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x_planes, lo, scale, row_sums,
-                    self_weight, row_scale, bias, relu: bool, rows: int, cols: int, wide: bool):
+                    self_weight, row_scale, bias, relu: bool, rows: int, cols: int, wide: bool, x_codes=None):
     """The float aggregation: :func:`bit_spmm_int` followed by :func:`affine_epilogue`."""
     product = bit_spmm_int(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x_planes, rows, cols, True)
     self_codes = None

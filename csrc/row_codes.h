@@ -1,0 +1,47 @@
+#pragma once
+// The packed row-code copy of a BitTensor (pyg_quant/layout.py, "Row codes"): node r's codes, column after column,
+// in containers of container_bits(bits) bits, LSB first, in a row of row_code_bytes(cols, bits) bytes.  It is what
+// the CSR part of bit_spmm gathers: one node's codes are contiguous, and at 4 bits a 64-feature row is 32 bytes.
+#include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+
+#if defined(__CUDACC__)
+#define PYG_QUANT_ROW_CODES_FN __host__ __device__ __forceinline__
+#else
+#define PYG_QUANT_ROW_CODES_FN inline
+#endif
+
+namespace pyg_quant {
+
+// 1, 2, 4 or 8: a power of two, so that a container never straddles a byte.
+PYG_QUANT_ROW_CODES_FN int container_bits(int64_t bits) { return bits <= 1 ? 1 : bits <= 2 ? 2 : bits <= 4 ? 4 : 8; }
+
+// Rows are padded to 16 bytes (128 bits) so that every gather load is an aligned vector load.
+PYG_QUANT_ROW_CODES_FN int64_t row_code_bytes(int64_t cols, int64_t bits) {
+  const int64_t used_bits = (cols > 1 ? cols : 1) * container_bits(bits);
+  return (used_bits + 127) / 128 * 16;
+}
+
+// The code of column c in a packed row.
+PYG_QUANT_ROW_CODES_FN uint32_t row_code_at(const uint8_t* row, int64_t c, int container) {
+  const int64_t bit = c * container;
+  return (static_cast<uint32_t>(row[bit >> 3]) >> (bit & 7)) & ((1u << container) - 1u);
+}
+
+// An x_codes argument of bit_spmm: the packed row codes of column-layout x_planes over `cols` features (as
+// pack_row_codes makes them), on x_planes' device.  Its content is trusted: it is derived data, like code sums.
+inline void check_row_codes(const std::optional<at::Tensor>& x_codes, const at::Tensor& x_planes, int64_t cols) {
+  if (!x_codes.has_value()) return;
+  TORCH_CHECK_VALUE(x_codes->dim() == 2 && x_codes->scalar_type() == at::kByte && x_codes->is_contiguous() &&
+                        x_codes->size(0) == x_planes.size(2) * 32 &&
+                        x_codes->size(1) == row_code_bytes(cols, x_planes.size(0)) &&
+                        x_codes->device() == x_planes.device(),
+                    "x_codes must be the contiguous uint8 packed row codes of x_planes (pack_row_codes: [",
+                    x_planes.size(2) * 32, ", ", row_code_bytes(cols, x_planes.size(0)), "]) on its device");
+}
+
+}  // namespace pyg_quant
