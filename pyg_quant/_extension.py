@@ -20,8 +20,10 @@ except ImportError as error:  # not built, or built against another torch
         stacklevel=2,
     )
 
+# Every op csrc/library.cpp defines (tests/test_extension.py keeps the two lists equal): an op missing here
+# silently runs its torch reference.
 _OPS = ("quantize_pack", "quantize_pack_ranges", "fake_quantize", "mse_range", "unpack_codes", "packed_code_sums",
-        "bitmm_int", "bitmm_affine", "bit_spmm_int", "bit_spmm_affine", "tile_plan", "expand_tiles",
+        "pack_row_codes", "bitmm_int", "bitmm_affine", "bit_spmm_int", "bit_spmm_affine", "tile_plan", "expand_tiles",
         "quant_mlp", "expand_csr")
 _DISPATCH_KEYS = {"cpu": "CPU", "cuda": "CUDA"}
 # Filled once at import (the dispatcher query touches no device), so that

@@ -181,8 +181,11 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) bit_spmm_kernel(const Spm
 // 32-bit register in 16-bit halves (a shift, a mask and an add per two codes, instead of unpacking every code)
 // and are moved to Acc before a half could overflow: flush_every = floor(65535 / (max code · max weight))
 // entries, with weights at most 255 (the 8-bit adjacency); a larger weight is added straight to Acc.  A binary
-// adjacency's row shorter than flush_every (nearly all rows) runs a loop without the overflow count.
-constexpr int kGatherThreads = 256, kGatherBatch = 4;
+// adjacency's row shorter than flush_every (nearly all rows) runs a loop without the overflow count.  The loop is
+// bound by load latency, not bytes (1-bit rows took as long as 4-bit ones, measured): each lane keeps kGatherBatch
+// gathers in flight and loads the next batch's columns while they land (8 and a column prefetch: 30 -> ? us on a
+// 32,000-row batch, 4-bit, d = 64).
+constexpr int kGatherThreads = 256, kGatherBatch = 8;
 
 template <int kContainer, typename Acc>
 struct GatherSlice {
@@ -230,30 +233,44 @@ __device__ __forceinline__ void gather_row(const SpmmArgs& p, const uint8_t* __r
                                            Acc (&sum)[GatherSlice<kContainer, Acc>::kCodes]) {
   using S = GatherSlice<kContainer, Acc>;
   int room = p.flush_every;
+  // The batch's columns (and weights) were loaded one batch ahead, so a batch waits for one round trip (its
+  // codes), not two (its columns, then the codes they point to).
+  uint32_t col[kGatherBatch], weight[kGatherBatch];
+#pragma unroll
+  for (int j = 0; j < kGatherBatch; ++j) {
+    const bool live = begin + j < end;
+    col[j] = live ? static_cast<uint32_t>(__ldg(p.res_col + begin + j)) : 0u;
+    weight[j] = kWeighted && live ? static_cast<uint32_t>(__ldg(p.res_val + begin + j)) : 0u;
+  }
   for (int64_t e0 = begin; e0 < end; e0 += kGatherBatch) {
     uint32_t words[kGatherBatch][S::kWords];
-    uint32_t weight[kGatherBatch];
 #pragma unroll
-    for (int j = 0; j < kGatherBatch; ++j) {  // every load of the batch first: four in flight
-      const bool live = e0 + j < end;
-      const uint32_t col = live ? static_cast<uint32_t>(__ldg(p.res_col + e0 + j)) : 0u;
-      weight[j] = kWeighted && live ? static_cast<uint32_t>(__ldg(p.res_val + e0 + j)) : 0u;
-      if (live) {
-        load_slice<S::kWords>(source_codes + static_cast<int64_t>(col) * p.code_ld, words[j]);
+    for (int j = 0; j < kGatherBatch; ++j) {  // every load of the batch first: kGatherBatch in flight
+      if (e0 + j < end) {
+        load_slice<S::kWords>(source_codes + static_cast<int64_t>(col[j]) * p.code_ld, words[j]);
       } else {
 #pragma unroll
         for (int i = 0; i < S::kWords; ++i) words[j][i] = 0;  // dead entries of the last batch add nothing
       }
     }
+    uint32_t batch_weight[kGatherBatch];
 #pragma unroll
     for (int j = 0; j < kGatherBatch; ++j) {
-      if (kWeighted && weight[j] > 255u) {  // outside the 8-bit adjacency's range: exact, the slow way
+      batch_weight[j] = weight[j];
+      const int64_t next = e0 + kGatherBatch + j;
+      const bool live = next < end;
+      col[j] = live ? static_cast<uint32_t>(__ldg(p.res_col + next)) : 0u;
+      weight[j] = kWeighted && live ? static_cast<uint32_t>(__ldg(p.res_val + next)) : 0u;
+    }
+#pragma unroll
+    for (int j = 0; j < kGatherBatch; ++j) {
+      if (kWeighted && batch_weight[j] > 255u) {  // outside the 8-bit adjacency's range: exact, the slow way
 #pragma unroll
         for (int i = 0; i < S::kWords; ++i) {
 #pragma unroll
           for (int s = 0; s < S::kPerWord; ++s) {
             const uint32_t code = (words[j][i] >> (kContainer * s)) & ((1u << kContainer) - 1u);
-            sum[i * S::kPerWord + s] += static_cast<Acc>(code) * static_cast<Acc>(weight[j]);
+            sum[i * S::kPerWord + s] += static_cast<Acc>(code) * static_cast<Acc>(batch_weight[j]);
           }
         }
         continue;
@@ -270,7 +287,7 @@ __device__ __forceinline__ void gather_row(const SpmmArgs& p, const uint8_t* __r
 #pragma unroll
         for (int s = 0; s < S::kShifts; ++s) {
           const uint32_t fields = (words[j][i] >> (kContainer * s)) & S::kMask;
-          half[i * S::kShifts + s] += kWeighted ? fields * weight[j] : fields;
+          half[i * S::kShifts + s] += kWeighted ? fields * batch_weight[j] : fields;
         }
       }
     }
