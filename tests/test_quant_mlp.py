@@ -115,10 +115,21 @@ def test_gpu_equals_cpu(i):
 
 @pytest.mark.cuda
 @requires_cuda
-@pytest.mark.parametrize("i", [0, 5, 10])
-def test_gpu_equals_cpu_grid_stride(i):
-    args, _ = make_case(i, n=70_000)
-    cuda_args, _ = make_case(i, n=70_000, device="cuda")
+@pytest.mark.parametrize("n", [70_000, 70_003])  # the kernel's warps take 4 rows at a time: a partial last group
+@pytest.mark.parametrize("i", [0, 5, 10, 22])
+def test_gpu_equals_cpu_grid_stride(i, n):
+    args, _ = make_case(i, n=n)
+    cuda_args, _ = make_case(i, n=n, device="cuda")
+    assert torch.equal(torch.ops.pyg_quant.quant_mlp(*cuda_args).cpu(), torch.ops.pyg_quant.quant_mlp(*args))
+
+
+@pytest.mark.cuda
+@requires_cuda
+@pytest.mark.parametrize("n", [2, 3, 5, 33, 259])  # fewer rows than a warp's group, partial groups in later blocks
+@pytest.mark.parametrize("i", [1, 10, 13, 22])  # widest layer 256, 32, 100, 64: every instantiation
+def test_gpu_equals_cpu_row_counts(i, n):
+    args, _ = make_case(i, n=n)
+    cuda_args, _ = make_case(i, n=n, device="cuda")
     assert torch.equal(torch.ops.pyg_quant.quant_mlp(*cuda_args).cpu(), torch.ops.pyg_quant.quant_mlp(*args))
 
 

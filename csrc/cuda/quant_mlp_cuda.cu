@@ -3,14 +3,26 @@
 // A block stages every layer's weight codes once in shared memory, packed 4 to a 32-bit word and stored [k][o]
 // (word k of output o at k·out + o), so that the 32 lanes of a warp, which own consecutive output channels, read
 // 32 consecutive words (no bank conflicts); the per-channel range, code sum and bias sit beside them.  Then each
-// warp owns a row at a time (grid-stride over rows).  The row lives in registers: lane j holds columns j, j+32, ...
-// -- the same channels it computes as outputs, so a layer's output is already where the next layer's input must
-// be.  Per layer: the row's min / max with order-preserving unsigned keys and one warp reduction each
-// (__reduce_min/max_sync; a NaN makes both NaN, as amin / amax do), the range and codes with the float32 steps of
-// quantize_steps.h (the row quantizer's), the codes as bytes in the warp's shared buffer (so every lane can read
-// the whole row 16 codes at a time), the code sum by one warp reduction, the exact int32 product with __dp4a
-// (u8 x u8 -> u32, at most 256·255·255 < 2^32), and bitmm's float64 epilogue (epilogue.h).  The last layer's row
-// is stored coalesced.  Nothing but the output is allocated and nothing waits on the host.
+// warp owns kRows rows at a time (kRowsPerWarp = 4; grid-stride over groups of kRows rows).  The rows live in
+// registers: lane j holds columns j, j+32, ... of each -- the same channels it computes as outputs, so a layer's
+// output is already where the next layer's input must be.  Per layer and row: the row's min / max with
+// order-preserving unsigned keys and one warp reduction each (__reduce_min/max_sync; a NaN makes both NaN, as
+// amin / amax do), the range and codes with the float32 steps of quantize_steps.h (the row quantizer's), the codes
+// as bytes in the row's shared buffer (so every lane can read the whole row 16 codes at a time), the code sum by
+// one warp reduction, the exact int32 product with __dp4a (u8 x u8 -> u32, at most 256·255·255 < 2^32), and
+// bitmm's float64 epilogue (epilogue.h).  The last layer's rows are stored coalesced.  Nothing but the output is
+// allocated and nothing waits on the host.
+//
+// Why kRows rows a warp: the product is bound by shared-memory loads.  With one row a warp, a lane loads per row
+// and layer words/4 × (1 LDS.128 of codes + 4·kChunks LDS.32 of weights), each weight word serving that one row:
+// 4 × (1 + 8) = 36 for a 64 -> 64 layer, ~50 shared loads a row-layer with the epilogue's parameters (a GIN MLP
+// 64 -> 64 -> 64 -> 64 over 32,000 rows: ~4.9M warp-level loads, ~37K per H100 SM; it took 49 µs).  With kRows
+// rows each weight word (and each epilogue parameter) feeds kRows rows: words/4 × (kRows + 4·kChunks) per kRows
+// rows, 12 a row-layer for 64 -> 64 at kRows = 4, ~18 with the parameters.  Each row keeps its own registers
+// (h, acc), reductions and code buffer (kRows × codes_stride bytes a warp).  Rows past the end (the last group
+// only) carry zeros and store nothing; a group's rows are the same on every lane, so every warp-wide intrinsic
+// still runs on the full warp.  Registers (ptxas, sm_80 / sm_90a), kChunks 1, 2, 4, 8: 56 / 60, 64 / 64, 80 / 78,
+// 126 / 126 at kRows = 4 (40, 40, 48, 48 at one row), no spills.
 #include "quant_mlp_cuda.h"
 
 #include <ATen/ATen.h>
@@ -31,6 +43,12 @@ namespace {
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr unsigned kFullMask = 0xffffffffu;
+// Rows a warp carries at a time: each weight word loaded from shared memory feeds this many rows' __dp4a.
+constexpr int kRowsPerWarp = 4;
+
+// Rows per warp of the instantiation with `chunks` values per lane (the kernel's kRows; the host sizes the code
+// buffers and the grid with it).  kRowsPerWarp for every width: even kChunks = 8 does not spill at 4 rows.
+constexpr int rows_per_warp(int /*chunks*/) { return kRowsPerWarp; }
 
 struct MlpLayer {
   const uint8_t* w;  // [out, in] codes in global memory
@@ -67,8 +85,8 @@ __device__ __forceinline__ float from_ordered_key(unsigned k) {
   return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
 }
 
-// kChunks: values per lane (every width <= 32·kChunks).
-template <int kChunks>
+// kChunks: values per lane (every width <= 32·kChunks); kRows: rows a warp carries at a time.
+template <int kChunks, int kRows>
 __global__ void __launch_bounds__(kThreads) quant_mlp_kernel(const __grid_constant__ MlpArgs args) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ MlpLayer layers[kQuantMlpMaxLayers];
@@ -103,92 +121,128 @@ __global__ void __launch_bounds__(kThreads) quant_mlp_kernel(const __grid_consta
   __syncthreads();
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  uint8_t* codes = smem + args.codes_offset + warp * args.codes_stride;
+  // The warp's kRows code buffers, codes_stride bytes apart (a multiple of 16: uint4 reads).
+  uint8_t* codes = smem + args.codes_offset + warp * kRows * args.codes_stride;
+  const int stride = args.codes_stride;
   const int in0 = layers[0].in, out_cols = layers[args.layers - 1].out;
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarps;
-  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + warp; r < args.rows; r += warps) {
-    float h[kChunks];
-    const float* x_row = args.x + r * in0;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kWarps * kRows;
+  // r0 is the same on every lane, so is every row's validity: the warp-wide intrinsics below run on the full warp
+  // whatever the rows.  Rows past args.rows (the last group only) carry zeros through every layer and store nothing.
+  for (int64_t r0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * kRows; r0 < args.rows; r0 += step) {
+    float h[kRows][kChunks];
 #pragma unroll
-    for (int j = 0; j < kChunks; ++j) {
-      const int c = lane + 32 * j;
-      h[j] = c < in0 ? x_row[c] : 0.0f;
+    for (int i = 0; i < kRows; ++i) {
+      const bool valid = r0 + i < args.rows;
+      const float* x_row = args.x + (valid ? r0 + i : 0) * in0;
+#pragma unroll
+      for (int j = 0; j < kChunks; ++j) {
+        const int c = lane + 32 * j;
+        h[i][j] = valid && c < in0 ? x_row[c] : 0.0f;
+      }
     }
     for (int l = 0; l < args.layers; ++l) {
       const MlpLayer& L = layers[l];
       const int in = L.in, out = L.out;
-      // The row's range.
-      unsigned key_min = 0xffffffffu, key_max = 0u;
-      bool nan = false;
+      const float max_code = L.max_code;
+      // Each row's range, then its codes into its buffer, and their sum.
+      float row_lo[kRows], row_scale[kRows];
+      unsigned sum[kRows];
 #pragma unroll
-      for (int j = 0; j < kChunks; ++j) {
-        if (lane + 32 * j < in) {
-          const unsigned key = ordered_key(h[j]);
-          nan |= h[j] != h[j];
-          key_min = min(key_min, key);
-          key_max = max(key_max, key);
-        }
-      }
-      nan = __any_sync(kFullMask, nan);
-      key_min = __reduce_min_sync(kFullMask, key_min);
-      key_max = __reduce_max_sync(kFullMask, key_max);
-      const float mn = nan ? __int_as_float(0x7fffffff) : from_ordered_key(key_min);
-      const float mx = nan ? __int_as_float(0x7fffffff) : from_ordered_key(key_max);
-      const Range range = range_of(mn, mx, L.max_code);
-      // Codes into the warp's buffer, and their sum.
-      unsigned sum = 0;
+      for (int i = 0; i < kRows; ++i) {
+        unsigned key_min = 0xffffffffu, key_max = 0u;
+        bool nan = false;
 #pragma unroll
-      for (int j = 0; j < kChunks; ++j) {
-        const int c = lane + 32 * j;
-        if (c < in) {
-          const uint32_t q = code_of(h[j], range, 0.5f, L.max_code);
-          codes[c] = static_cast<uint8_t>(q);
-          sum += q;
+        for (int j = 0; j < kChunks; ++j) {
+          if (lane + 32 * j < in) {
+            const unsigned key = ordered_key(h[i][j]);
+            nan |= h[i][j] != h[i][j];
+            key_min = min(key_min, key);
+            key_max = max(key_max, key);
+          }
         }
+        nan = __any_sync(kFullMask, nan);
+        key_min = __reduce_min_sync(kFullMask, key_min);
+        key_max = __reduce_max_sync(kFullMask, key_max);
+        const float mn = nan ? __int_as_float(0x7fffffff) : from_ordered_key(key_min);
+        const float mx = nan ? __int_as_float(0x7fffffff) : from_ordered_key(key_max);
+        const Range range = range_of(mn, mx, max_code);
+        row_lo[i] = range.lo;
+        row_scale[i] = range.scale;
+        unsigned s = 0;
+#pragma unroll
+        for (int j = 0; j < kChunks; ++j) {
+          const int c = lane + 32 * j;
+          if (c < in) {
+            const uint32_t q = code_of(h[i][j], range, 0.5f, max_code);
+            codes[i * stride + c] = static_cast<uint8_t>(q);
+            s += q;
+          }
+        }
+        sum[i] = __reduce_add_sync(kFullMask, s);
       }
-      sum = __reduce_add_sync(kFullMask, sum);
       __syncwarp();
-      // The exact code product of output channels lane, lane + 32, ...
+      // The exact code products of output channels lane, lane + 32, ...: each weight word loaded feeds kRows rows.
       const uint32_t* ws = reinterpret_cast<const uint32_t*>(smem + L.w_offset);
-      const uint4* a4 = reinterpret_cast<const uint4*>(codes);
-      unsigned acc[kChunks];
+      unsigned acc[kRows][kChunks];
       int o_safe[kChunks];
 #pragma unroll
       for (int j = 0; j < kChunks; ++j) {
-        acc[j] = 0;
         o_safe[j] = min(lane + 32 * j, out - 1);
+#pragma unroll
+        for (int i = 0; i < kRows; ++i) acc[i][j] = 0;
       }
       for (int k4 = 0; k4 < L.words / 4; ++k4) {
-        const uint4 a = a4[k4];
+        uint4 a[kRows];
+#pragma unroll
+        for (int i = 0; i < kRows; ++i) a[i] = reinterpret_cast<const uint4*>(codes + i * stride)[k4];
         const uint32_t* wk = ws + 4 * k4 * out;
 #pragma unroll
         for (int j = 0; j < kChunks; ++j) {
           if (32 * j < out) {
-            acc[j] = __dp4a(a.x, wk[o_safe[j]], acc[j]);
-            acc[j] = __dp4a(a.y, wk[out + o_safe[j]], acc[j]);
-            acc[j] = __dp4a(a.z, wk[2 * out + o_safe[j]], acc[j]);
-            acc[j] = __dp4a(a.w, wk[3 * out + o_safe[j]], acc[j]);
+            const uint32_t w0 = wk[o_safe[j]], w1 = wk[out + o_safe[j]], w2 = wk[2 * out + o_safe[j]],
+                           w3 = wk[3 * out + o_safe[j]];
+#pragma unroll
+            for (int i = 0; i < kRows; ++i) {
+              acc[i][j] = __dp4a(a[i].x, w0, acc[i][j]);
+              acc[i][j] = __dp4a(a[i].y, w1, acc[i][j]);
+              acc[i][j] = __dp4a(a[i].z, w2, acc[i][j]);
+              acc[i][j] = __dp4a(a[i].w, w3, acc[i][j]);
+            }
           }
         }
       }
-      // bitmm's epilogue; the result stays in registers as the next layer's input.
+      // bitmm's epilogue; the results stay in registers as the next layer's inputs.
       const float* lo_w = reinterpret_cast<const float*>(smem + L.param_offset);
       const double* sums = reinterpret_cast<const double*>(smem + L.sums_offset);
-      const double k = static_cast<double>(in), row_sum = static_cast<double>(sum);
+      const double k = static_cast<double>(in);
 #pragma unroll
       for (int j = 0; j < kChunks; ++j) {
         const int o = lane + 32 * j;
-        h[j] = o < out ? bitmm_affine_epilogue(static_cast<double>(acc[j]), row_sum, sums[o], range.lo, range.scale,
-                                               lo_w[o], lo_w[out + o], k, lo_w[2 * out + o], L.relu != 0)
-                       : 0.0f;
+        if (o < out) {
+          const double col_sum = sums[o];
+          const float w_lo = lo_w[o], w_scale = lo_w[out + o], bias = lo_w[2 * out + o];
+#pragma unroll
+          for (int i = 0; i < kRows; ++i) {
+            h[i][j] = bitmm_affine_epilogue(static_cast<double>(acc[i][j]), static_cast<double>(sum[i]), col_sum,
+                                            row_lo[i], row_scale[i], w_lo, w_scale, k, bias, L.relu != 0);
+          }
+        } else {
+#pragma unroll
+          for (int i = 0; i < kRows; ++i) h[i][j] = 0.0f;
+        }
       }
       __syncwarp();  // every lane is done reading the codes before the next layer writes them
     }
-    float* out_row = args.out + r * out_cols;
 #pragma unroll
-    for (int j = 0; j < kChunks; ++j) {
-      const int c = lane + 32 * j;
-      if (c < out_cols) out_row[c] = h[j];
+    for (int i = 0; i < kRows; ++i) {
+      if (r0 + i < args.rows) {
+        float* out_row = args.out + (r0 + i) * out_cols;
+#pragma unroll
+        for (int j = 0; j < kChunks; ++j) {
+          const int c = lane + 32 * j;
+          if (c < out_cols) out_row[c] = h[i][j];
+        }
+      }
     }
   }
 }
@@ -249,9 +303,12 @@ at::Tensor quant_mlp_cuda(const at::Tensor& x_in, at::TensorList weight_codes, a
     offset += L.out * 8;
     max_width = std::max(max_width, std::max(L.in, L.out));
   }
+  // The kernel's instantiation: values per lane, and rows per warp (kRows code buffers per warp).
+  const int chunks = max_width <= 32 ? 1 : max_width <= 64 ? 2 : max_width <= 128 ? 4 : 8;
+  const int rows_per = rows_per_warp(chunks);
   args.codes_offset = align_up(offset, 16);
   args.codes_stride = align_up(max_width, 16);
-  const int smem = args.codes_offset + kWarps * args.codes_stride;
+  const int smem = args.codes_offset + kWarps * rows_per * args.codes_stride;
   args.x = x.data_ptr<float>();
   args.out = out.data_ptr<float>();
   args.rows = rows;
@@ -272,18 +329,19 @@ at::Tensor quant_mlp_cuda(const at::Tensor& x_in, at::TensorList weight_codes, a
     int sms = 0;
     C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
     const int64_t resident = static_cast<int64_t>(sms) * std::max(per_sm, 1);
-    const int64_t blocks = std::min<int64_t>((rows + kWarps - 1) / kWarps, resident);
+    const int64_t rows_per_block = static_cast<int64_t>(kWarps) * rows_per;
+    const int64_t blocks = std::min<int64_t>((rows + rows_per_block - 1) / rows_per_block, resident);
     kernel<<<static_cast<unsigned>(blocks), kThreads, smem, c10::cuda::getCurrentCUDAStream()>>>(args);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
-  if (max_width <= 32) {
-    launch(quant_mlp_kernel<1>);
-  } else if (max_width <= 64) {
-    launch(quant_mlp_kernel<2>);
-  } else if (max_width <= 128) {
-    launch(quant_mlp_kernel<4>);
+  if (chunks == 1) {
+    launch(quant_mlp_kernel<1, rows_per_warp(1)>);
+  } else if (chunks == 2) {
+    launch(quant_mlp_kernel<2, rows_per_warp(2)>);
+  } else if (chunks == 4) {
+    launch(quant_mlp_kernel<4, rows_per_warp(4)>);
   } else {
-    launch(quant_mlp_kernel<8>);
+    launch(quant_mlp_kernel<8, rows_per_warp(8)>);
   }
   return out;
 }
