@@ -1,17 +1,17 @@
 // quant_mlp on the GPU: the whole chain of QuantLinear bit layers in one launch.
 //
-// A block stages every layer's weight codes once in shared memory, packed 4 to a 32-bit word and stored [k][o]
-// (word k of output o at k·out + o), so that the 32 lanes of a warp, which own consecutive output channels, read
-// 32 consecutive words (no bank conflicts); the per-channel range, code sum and bias sit beside them.  Then each
-// warp owns kRows rows at a time (kRowsPerWarp = 4; grid-stride over groups of kRows rows).  The rows live in
-// registers: lane j holds columns j, j+32, ... of each -- the same channels it computes as outputs, so a layer's
-// output is already where the next layer's input must be.  Per layer and row: the row's min / max with
-// order-preserving unsigned keys and one warp reduction each (__reduce_min/max_sync; a NaN makes both NaN, as
-// amin / amax do), the range and codes with the float32 steps of quantize_steps.h (the row quantizer's), the codes
-// as bytes in the row's shared buffer (so every lane can read the whole row 16 codes at a time), the code sum by
-// one warp reduction, the exact int32 product with __dp4a (u8 x u8 -> u32, at most 256·255·255 < 2^32), and
-// bitmm's float64 epilogue (epilogue.h).  The last layer's rows are stored coalesced.  Nothing but the output is
-// allocated and nothing waits on the host.
+// A block stages every layer's weight codes once in shared memory, packed 4 to a 32-bit word and stored [k][o] (word k
+// of output o at k·out + o), so that the 32 lanes of a warp, which own consecutive output channels, read 32 consecutive
+// words (no bank conflicts); the per-channel range, code sum and bias sit beside them (a layer whose input width is a
+// multiple of 16 is staged 16 codes a load).  Then each warp owns kRows rows at a time (kRowsPerWarp = 4; grid-stride
+// over groups of kRows rows).  The rows live in registers: lane j holds columns j, j+32, ... of each -- the same
+// channels it computes as outputs, so a layer's output is already where the next layer's input must be.  Per layer and
+// row: the row's min / max with order-preserving unsigned keys and one warp reduction each (__reduce_min/max_sync; a
+// NaN makes both NaN, as amin / amax do), the range and codes with the float32 steps of quantize_steps.h (the row
+// quantizer's), the codes as bytes in the row's shared buffer (so every lane can read the whole row 16 codes at a
+// time), the code sum by one warp reduction, the exact int32 product with __dp4a (u8 x u8 -> u32, at most
+// 256·255·255 < 2^32), and bitmm's float64 epilogue (epilogue.h).  The last layer's rows are stored coalesced.
+// Nothing but the output is allocated and nothing waits on the host.
 //
 // Why kRows rows a warp: the product is bound by shared-memory loads.  With one row a warp, a lane loads per row
 // and layer words/4 × (1 LDS.128 of codes + 4·kChunks LDS.32 of weights), each weight word serving that one row:
@@ -21,7 +21,7 @@
 // rows, 12 a row-layer for 64 -> 64 at kRows = 4, ~18 with the parameters.  Each row keeps its own registers
 // (h, acc), reductions and code buffer (kRows × codes_stride bytes a warp).  Rows past the end (the last group
 // only) carry zeros and store nothing; a group's rows are the same on every lane, so every warp-wide intrinsic
-// still runs on the full warp.  Registers (ptxas, sm_80 / sm_90a), kChunks 1, 2, 4, 8: 56 / 60, 64 / 64, 80 / 78,
+// still runs on the full warp.  Registers (ptxas, sm_80 / sm_90a), kChunks 1, 2, 4, 8: 56 / 64, 64 / 64, 80 / 78,
 // 126 / 126 at kRows = 4 (40, 40, 48, 48 at one row), no spills.
 #include "quant_mlp_cuda.h"
 
@@ -63,7 +63,7 @@ struct MlpLayer {
   int sums_offset;    // code sums[out] as float64 (exact)
   float max_code;
   int relu;
-  int aligned;  // in % 4 == 0 and w 4-byte aligned: a weight row is whole 32-bit words
+  int aligned;  // 1: in % 4 == 0 and w 4-byte aligned (a weight row is whole 32-bit words); 2: the same for 16 bytes
 };
 
 struct MlpArgs {
@@ -94,20 +94,36 @@ __global__ void __launch_bounds__(kThreads) quant_mlp_kernel(const __grid_consta
   for (int l = 0; l < args.layers; ++l) {
     const MlpLayer& L = args.layer[l];
     uint32_t* ws = reinterpret_cast<uint32_t*>(smem + L.w_offset);
-    for (int i = threadIdx.x; i < L.words * L.out; i += kThreads) {
-      const int k = i / L.out, o = i - k * L.out;
-      const uint8_t* row = L.w + static_cast<int64_t>(o) * L.in;
-      uint32_t word = 0;
-      if (L.aligned && 4 * k < L.in) {  // whole 4-byte words in global memory: one load
-        word = *reinterpret_cast<const uint32_t*>(row + 4 * k);
-      } else {
-#pragma unroll
-        for (int b = 0; b < 4; ++b) {
-          const int c = 4 * k + b;
-          if (c < L.in) word |= static_cast<uint32_t>(row[c]) << (8 * b);
-        }
+    if (L.aligned == 2) {
+      // Whole 16-code groups (in % 16 == 0, so words = in / 4: no padding): thread i loads group k4 of output o
+      // with one 16-byte load and stores its 4 words at (4·k4 + b)·out + o -- consecutive threads, consecutive
+      // outputs: no bank conflicts, and a warp's load touches ~half as many cache lines as lanes for in = 64
+      // (the word-at-a-time loop below touches one line per lane and word).
+      for (int i = threadIdx.x; i < L.words / 4 * L.out; i += kThreads) {
+        const int k4 = i / L.out, o = i - k4 * L.out;
+        const uint4 v = *reinterpret_cast<const uint4*>(L.w + static_cast<int64_t>(o) * L.in + 16 * k4);
+        uint32_t* dst = ws + 4 * k4 * L.out + o;
+        dst[0] = v.x;
+        dst[L.out] = v.y;
+        dst[2 * L.out] = v.z;
+        dst[3 * L.out] = v.w;
       }
-      ws[i] = word;  // zero past the row: stale activation codes there multiply by 0
+    } else {
+      for (int i = threadIdx.x; i < L.words * L.out; i += kThreads) {
+        const int k = i / L.out, o = i - k * L.out;
+        const uint8_t* row = L.w + static_cast<int64_t>(o) * L.in;
+        uint32_t word = 0;
+        if (L.aligned && 4 * k < L.in) {  // whole 4-byte words in global memory: one load
+          word = *reinterpret_cast<const uint32_t*>(row + 4 * k);
+        } else {
+#pragma unroll
+          for (int b = 0; b < 4; ++b) {
+            const int c = 4 * k + b;
+            if (c < L.in) word |= static_cast<uint32_t>(row[c]) << (8 * b);
+          }
+        }
+        ws[i] = word;  // zero past the row: stale activation codes there multiply by 0
+      }
     }
     float* params = reinterpret_cast<float*>(smem + L.param_offset);
     double* sums = reinterpret_cast<double*>(smem + L.sums_offset);
@@ -292,7 +308,8 @@ at::Tensor quant_mlp_cuda(const at::Tensor& x_in, at::TensorList weight_codes, a
     L.in = static_cast<int>(widths[l]);
     L.out = static_cast<int>(widths[l + 1]);
     L.words = align_up((L.in + 3) / 4, 4);
-    L.aligned = L.in % 4 == 0 && reinterpret_cast<uintptr_t>(L.w) % 4 == 0 ? 1 : 0;
+    const uintptr_t w_address = reinterpret_cast<uintptr_t>(L.w);
+    L.aligned = L.in % 16 == 0 && w_address % 16 == 0 ? 2 : L.in % 4 == 0 && w_address % 4 == 0 ? 1 : 0;
     L.max_code = static_cast<float>((1 << act_bits[l]) - 1);
     L.relu = relu.get(l) ? 1 : 0;
     L.w_offset = offset;
