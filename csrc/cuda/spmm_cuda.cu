@@ -54,6 +54,7 @@ struct SpmmArgs {
   int64_t code_ld;
   int code_bits;  // their container width
   int flush_every;  // gather kernel: entries a 16-bit partial sum can take without overflowing
+  int byte_room;    // gather kernel, binary adjacency: entries an 8-bit partial sum can take (255 / max code)
   int64_t num_windows, rows, cols;
   // affine epilogue (out_float != nullptr)
   const float* lo;
@@ -185,12 +186,14 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) bit_spmm_kernel(const Spm
 // bound by load latency, not bytes (1-bit rows took as long as 4-bit ones, measured): each lane keeps kGatherBatch
 // gathers in flight and loads the next batch's columns while they land (8 and a column prefetch: 30 -> ? us on a
 // 32,000-row batch, 4-bit, d = 64).
-constexpr int kGatherThreads = 256, kGatherBatch = 8;
+constexpr int kGatherThreads = 128, kGatherBatch = 8, kByteBatch = 6;
 
 template <int kContainer, typename Acc>
 struct GatherSlice {
-  // features per lane (16 for int64 sums of 4-bit containers: 32 of them would spill on sm_80)
-  static constexpr int kCodes = kContainer == 8 || (kContainer == 4 && sizeof(Acc) == 8) ? 16 : 32;
+  // features per lane: 16 (a 64-feature row takes 4 lanes: twice the threads of 32, in fewer registers each,
+  // since a 32,000-row batch at 32 codes a lane filled under one wave at 25% occupancy, measured), 32 for 1-bit
+  // containers (one 32-bit word, the smallest vector load)
+  static constexpr int kCodes = kContainer == 1 ? 32 : 16;
   static constexpr int kWords = kCodes * kContainer / 32;      // 32-bit words per lane per entry
   static constexpr int kPerWord = 32 / kContainer;             // codes per word
   static constexpr int kShifts = kPerWord / 2;                 // half registers per word
@@ -294,27 +297,104 @@ __device__ __forceinline__ void gather_row(const SpmmArgs& p, const uint8_t* __r
   }
 }
 
+// A binary adjacency's rows at containers of 1, 2 or 4 bits: sums run four to a register in 8-bit fields (a shift,
+// a mask and an add per four codes: half the instructions of the 16-bit halves), moved to Acc every byte_room
+// entries (255 / max code: 17 at 4 bits, 85 at 2, 255 at 1), so no row length can overflow them.
+template <int kContainer, typename Acc>
+__device__ __forceinline__ void gather_row_bytes(const SpmmArgs& p, const uint8_t* __restrict__ source_codes,
+                                                 int64_t begin, int64_t end,
+                                                 Acc (&sum)[GatherSlice<kContainer, Acc>::kCodes]) {
+  using S = GatherSlice<kContainer, Acc>;
+  constexpr int kFields = 8 / kContainer;  // codes per byte: field s of byte b is code b·kFields + s of its word
+  constexpr uint32_t kMask = ((1u << kContainer) - 1u) * 0x01010101u;
+  uint32_t bytes[S::kWords][kFields];
+#pragma unroll
+  for (int i = 0; i < S::kWords; ++i) {
+#pragma unroll
+    for (int f = 0; f < kFields; ++f) bytes[i][f] = 0;
+  }
+  const auto flush = [&]() {
+#pragma unroll
+    for (int i = 0; i < S::kWords; ++i) {
+#pragma unroll
+      for (int f = 0; f < kFields; ++f) {
+#pragma unroll
+        for (int b = 0; b < 4; ++b) sum[i * S::kPerWord + b * kFields + f] += static_cast<Acc>((bytes[i][f] >> (8 * b)) & 0xffu);
+        bytes[i][f] = 0;
+      }
+    }
+  };
+  int room = p.byte_room;
+  uint32_t col[kByteBatch];  // one batch ahead, as in gather_row
+#pragma unroll
+  for (int j = 0; j < kByteBatch; ++j) col[j] = begin + j < end ? static_cast<uint32_t>(__ldg(p.res_col + begin + j)) : 0u;
+  for (int64_t e0 = begin; e0 < end; e0 += kByteBatch) {
+    uint32_t words[kByteBatch][S::kWords];
+#pragma unroll
+    for (int j = 0; j < kByteBatch; ++j) {
+      if (e0 + j < end) {
+        load_slice<S::kWords>(source_codes + static_cast<int64_t>(col[j]) * p.code_ld, words[j]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < S::kWords; ++i) words[j][i] = 0;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kByteBatch; ++j) {
+      const int64_t next = e0 + kByteBatch + j;
+      col[j] = next < end ? static_cast<uint32_t>(__ldg(p.res_col + next)) : 0u;
+    }
+    if (room < kByteBatch) {  // byte_room >= 17 > kByteBatch: one flush makes room for the whole batch
+      flush();
+      room = p.byte_room;
+    }
+    room -= kByteBatch;
+#pragma unroll
+    for (int j = 0; j < kByteBatch; ++j) {
+#pragma unroll
+      for (int i = 0; i < S::kWords; ++i) {
+#pragma unroll
+        for (int f = 0; f < kFields; ++f) bytes[i][f] += (words[j][i] >> (kContainer * f)) & kMask;
+      }
+    }
+  }
+  flush();
+}
+
+// Binary adjacency, 32-bit sums: registers capped so that 6 blocks of 128 threads share an SM at 4-bit containers
+// (80 registers) and 5 at 2-bit ones (96; 80 spill there), and a 32,000-row batch at d = 64 (128,000 threads) takes
+// one wave and a quarter instead of two (ptxas, sm_80 and sm_90a: no spills).
+template <typename Acc, int kContainer, bool kWeighted>
+constexpr int gather_min_blocks() {
+  return kWeighted || sizeof(Acc) != 4 ? 1 : kContainer == 4 ? 6 : kContainer == 2 ? 5 : 1;
+}
+
 template <typename Acc, int kContainer, int kLanes, bool kWeighted>
-__global__ void __launch_bounds__(kGatherThreads) bit_spmm_gather_kernel(const SpmmArgs p, Acc* __restrict__ out_int) {
+__global__ void __launch_bounds__(kGatherThreads, gather_min_blocks<Acc, kContainer, kWeighted>())
+    bit_spmm_gather_kernel(const SpmmArgs p, Acc* __restrict__ out_int) {
   using S = GatherSlice<kContainer, Acc>;
   const int64_t row = (static_cast<int64_t>(blockIdx.x) * kGatherThreads + threadIdx.x) / kLanes;
   if (row >= p.rows) return;  // no warp-wide operations below
   const int64_t f0 = (static_cast<int64_t>(blockIdx.y) * kLanes + threadIdx.x % kLanes) * S::kCodes;
   if (f0 >= p.cols) return;
   const uint8_t* source_codes = p.codes + f0 * kContainer / 8;
-  uint32_t half[S::kHalves];
   Acc sum[S::kCodes];
-#pragma unroll
-  for (int h = 0; h < S::kHalves; ++h) half[h] = 0;
 #pragma unroll
   for (int k = 0; k < S::kCodes; ++k) sum[k] = 0;
   const int64_t begin = p.res_ptr[row], end = p.res_ptr[row + 1];
-  if (kWeighted || end - begin > p.flush_every) {
-    gather_row<kContainer, kWeighted, true>(p, source_codes, begin, end, half, sum);
+  if constexpr (!kWeighted && kContainer <= 4) {
+    gather_row_bytes<kContainer>(p, source_codes, begin, end, sum);
   } else {
-    gather_row<kContainer, false, false>(p, source_codes, begin, end, half, sum);
+    uint32_t half[S::kHalves];
+#pragma unroll
+    for (int h = 0; h < S::kHalves; ++h) half[h] = 0;
+    if (kWeighted || end - begin > p.flush_every) {
+      gather_row<kContainer, kWeighted, true>(p, source_codes, begin, end, half, sum);
+    } else {
+      gather_row<kContainer, false, false>(p, source_codes, begin, end, half, sum);
+    }
+    flush_halves<kContainer>(half, sum);
   }
-  flush_halves<kContainer>(half, sum);
 
   const int live = static_cast<int>(min(static_cast<int64_t>(S::kCodes), p.cols - f0));
   if (p.out_float == nullptr) {
@@ -430,6 +510,7 @@ void launch_gather(const Operands& o, SpmmArgs args, Acc* out_int, cudaStream_t 
   const int bits = static_cast<int>(o.x.size(0));
   const int max_code = (1 << bits) - 1, max_weight = o.res_val.defined() ? 255 : 1;
   args.flush_every = 65535 / (max_code * max_weight);
+  args.byte_room = 255 / max_code;
   const bool weighted = o.res_val.defined();
   switch (container_bits(bits)) {
     case 1: launch_gather_container<Acc, 1>(args, weighted, out_int, stream); break;
