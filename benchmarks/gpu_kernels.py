@@ -143,7 +143,8 @@ def dense_rows(peak_tops, copy_gbps, sizes, dims, pairs, gen, max_ops=2e15):
 
 
 def cluster_batch(gen):
-    edge_index = planted_partition_graph(20, 1600, 40, 0.8, torch.Generator().manual_seed(0)).cuda()
+    # repeated pairs dropped (~1%): a real graph's binary adjacency, not a multigraph's weighted one
+    edge_index = torch.unique(planted_partition_graph(20, 1600, 40, 0.8, torch.Generator().manual_seed(0)), dim=1).cuda()
     return edge_index, 32000
 
 

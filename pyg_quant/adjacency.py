@@ -94,7 +94,7 @@ class BitAdjacency:
                 4096) or ``"auto"`` (``"csr"`` when the planned tiles would be less
                 than :data:`~pyg_quant.compact_adjacency.MIN_TILE_FILL` full, else
                 ``"tiles"``).  Default: :data:`~pyg_quant.compact_adjacency.DEFAULT_ADJACENCY`
-                (``"tiles"``), and ``"tiles"`` whenever ``min_tile_nnz`` is given.
+                (``"auto"``), and ``"tiles"`` whenever ``min_tile_nnz`` is given.
         """
         if adjacency is None:
             adjacency = check_adjacency_form(None) if min_tile_nnz is None else "tiles"

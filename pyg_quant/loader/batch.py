@@ -16,7 +16,7 @@ aligned offsets, in a single buffer, each in its *wire* form::
   with its tiles, or without (every entry in the CSR, which ``bit_spmm`` gathers
   faster than nearly empty tiles), as the batch's ``adjacency`` option says
   (``"auto"``: without when the tiles would be less than
-  :data:`~pyg_quant.compact_adjacency.MIN_TILE_FILL` full; default ``"tiles"``);
+  :data:`~pyg_quant.compact_adjacency.MIN_TILE_FILL` full; default :data:`~pyg_quant.compact_adjacency.DEFAULT_ADJACENCY`, ``"auto"``);
 * a :class:`~pyg_quant.BitTensor` travels without the padding of its outer
   dimension (re-added on access);
 * an integer tensor travels in the narrowest integer type that holds its values

@@ -184,7 +184,7 @@ class QuantClusterLoader(torch.utils.data.DataLoader):
             in 4–8).
         adjacency (str, optional): the form ``batch.adj`` decodes to on the device:
             ``"tiles"`` decodes the planned tiles (the default, None, is
-            :data:`~pyg_quant.compact_adjacency.DEFAULT_ADJACENCY`: ``"tiles"`` for now); ``"auto"`` keeps none when the plan's tiles would be less than
+            :data:`~pyg_quant.compact_adjacency.DEFAULT_ADJACENCY`, ``"auto"``); ``"auto"`` keeps none when the plan's tiles would be less than
             :data:`~pyg_quant.compact_adjacency.MIN_TILE_FILL` full (METIS cluster
             batches are ~2% full, and ``bit_spmm``'s CSR gather runs 2× faster than
             the tiles there on CUDA); ``"csr"`` never.  The bytes that travel are the same.
