@@ -177,15 +177,16 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) bit_spmm_kernel(const Spm
 
 // Tile-free adjacency: a group of kLanes lanes owns a row, and lane l of the group the features
 // [l·K, l·K + K) of the launch's slice of K·kLanes, read from the source's packed row codes with one aligned vector
-// load per entry: K = 32 codes (16, 8 or 4 bytes at containers of 4, 2 or 1 bits) or K = 16 codes (16 bytes at
-// 8-bit containers, 8 bytes for int64 sums at 4-bit ones), so a 64-feature 4-bit row is one 32-byte sector shared by two lanes.  Sums run two to a
+// load per entry: K = 16 codes (16, 8 or 4 bytes at containers of 8, 4 or 2 bits) or K = 32 at 1-bit containers
+// (4 bytes), so a 64-feature 4-bit row is one 32-byte sector shared by four lanes.  Sums run two to a
 // 32-bit register in 16-bit halves (a shift, a mask and an add per two codes, instead of unpacking every code)
 // and are moved to Acc before a half could overflow: flush_every = floor(65535 / (max code · max weight))
 // entries, with weights at most 255 (the 8-bit adjacency); a larger weight is added straight to Acc.  A binary
-// adjacency's row shorter than flush_every (nearly all rows) runs a loop without the overflow count.  The loop is
-// bound by load latency, not bytes (1-bit rows took as long as 4-bit ones, measured): each lane keeps kGatherBatch
-// gathers in flight and loads the next batch's columns while they land (8 and a column prefetch: 30 -> ? us on a
-// 32,000-row batch, 4-bit, d = 64).
+// adjacency's row shorter than flush_every runs a loop without the overflow count; a binary adjacency at containers
+// of 1 to 4 bits sums in 8-bit fields instead (gather_row_bytes).  Each lane keeps kGatherBatch gathers in flight
+// and loads the next batch's columns while they land.  What bounds it (ncu, H100, 32,000 rows, 4-bit, d = 64,
+// before the byte fields and 16-code slices): instruction issue at 25% occupancy (125 registers) in under one
+// wave, L2 at 46% of its throughput; 1-bit rows took as long as 4-bit ones.  Now 22 us there (was 28-32).
 constexpr int kGatherThreads = 128, kGatherBatch = 8, kByteBatch = 6;
 
 template <int kContainer, typename Acc>
