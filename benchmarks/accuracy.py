@@ -33,9 +33,11 @@ QuantClusterData / QuantClusterLoader (METIS parts, ``--parts`` parts,
 ``--batch-parts`` per batch, float features, edge_index shipped with each
 batch) for ``--cluster-epochs`` epochs; validation / test on the full graph.
 Its quantized runs use ``pyg_quant.qat.CLUSTER_GCN_OBSERVERS`` (``"dynamic_mse"``
-ranges for Linear inputs per node, weights per output channel and aggregated
-features per channel; ``--cluster-observers default`` gives prepare's defaults):
-a static aggregation range learnt on the batches is too wide for the full graph.
+ranges for Linear inputs per node with the input dropout's zeros kept exact in
+training, ranges learned with the weights per output channel (LSQ+), and one
+``"dynamic_mse"`` range for all aggregated features; ``--cluster-observers default``
+gives prepare's defaults): a static aggregation range learnt on the batches is too
+wide for the full graph.
 ``--only-cluster`` runs this part alone and replaces its rows in an existing
 ``--json`` (the Cora rows are kept).
 

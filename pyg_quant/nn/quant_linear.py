@@ -41,7 +41,7 @@ _UNSET = object()
 
 # ops.quant_mlp (the fused chain of bit layers) runs layers up to this many channels wide and chains of up to this
 # many layers whose weight codes fit in a block's shared memory: the limits of its CUDA kernel
-# (dev/pending-gpu/01-quant-mlp-and-expand-csr-cuda.patch, csrc/cuda/quant_mlp_cuda.h).  Longer chains run as several calls (exactly the same: each call's output is the
+# (csrc/cuda/quant_mlp_cuda.h).  Longer chains run as several calls (exactly the same: each call's output is the
 # float32 input the next layer would read).  The same rules hold on every device, so the path taken does not
 # depend on it.
 QUANT_MLP_MAX_WIDTH = 256

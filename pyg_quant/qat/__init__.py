@@ -1,9 +1,10 @@
 r"""Quantization-aware training for pyg_quant's bit-plane GNN layers.
 
 * :class:`FakeQuantize` with range observers (:mod:`.observers`: dynamic, min/max,
-  EMA, percentile, MSE-optimal clipping, static or per tensor): stochastic rounding in training (unbiased,
-  seeded), nearest in evaluation, straight-through gradients zeroed outside the
-  clipping range.
+  EMA, percentile, MSE-optimal clipping, static or per tensor, or learned with the
+  weights (LSQ+)): stochastic rounding in training (unbiased, seeded), nearest in
+  evaluation, straight-through gradients zeroed outside the clipping range;
+  ``keep_zeros`` keeps a dropout's zeros exact in training.
 * :class:`QConfig`: which quantizer each tensor of a layer gets.
 * :class:`QATLinear`, :class:`QATGCNConv`, :class:`QATGINConv`: the layers of
   :mod:`pyg_quant.nn` driven by those quantizers; fp32 master weights.
@@ -29,14 +30,14 @@ from .degree_quant import protect_mask, protection_probability
 from .fake_quantize import FakeQuantize
 from .linear import QATLinear
 from .metrics import quantization_error, quantization_errors, recommend_bits
-from .observers import (OBSERVERS, DynamicMSEObserver, DynamicObserver, EMAMinMaxObserver, MinMaxObserver,
-                        MSEObserver, Observer, PercentileObserver, make_observer)
+from .observers import (OBSERVERS, DynamicMSEObserver, DynamicObserver, EMAMinMaxObserver, LearnedObserver,
+                        MinMaxObserver, MSEObserver, Observer, PercentileObserver, make_observer)
 from .prepare import convert, fake_quantizers, prepare, quantizable_layers
-from .qconfig import CLUSTER_GCN_OBSERVERS, DYNAMIC_OBSERVERS, QConfig
+from .qconfig import AGG_GRANULARITIES, CLUSTER_GCN_OBSERVERS, DYNAMIC_OBSERVERS, QConfig
 
 __all__ = [
-    "CLUSTER_GCN_OBSERVERS", "DYNAMIC_OBSERVERS", "OBSERVERS", "DynamicMSEObserver", "DynamicObserver",
-    "EMAMinMaxObserver", "FakeQuantize", "MinMaxObserver", "MSEObserver", "Observer",
+    "AGG_GRANULARITIES", "CLUSTER_GCN_OBSERVERS", "DYNAMIC_OBSERVERS", "OBSERVERS", "DynamicMSEObserver",
+    "DynamicObserver", "EMAMinMaxObserver", "FakeQuantize", "LearnedObserver", "MinMaxObserver", "MSEObserver", "Observer",
     "PercentileObserver", "QATGCNConv", "QATGINConv", "QATLinear", "QConfig", "convert", "fake_quantizers",
     "make_observer", "prepare", "protect_mask", "protection_probability", "quantizable_layers",
     "quantization_error", "quantization_errors", "recommend_bits",

@@ -20,6 +20,23 @@ Gradient (straight-through estimator, zeroed where the value was clipped):
 .. math::
     \frac{\partial \tilde{x}}{\partial x} = \mathbb{1}[lo \le x \le hi].
 
+A ``"learned"`` range (:class:`~pyg_quant.qat.observers.LearnedObserver`, LSQ+) also gets
+gradients: with ``v = (x − lo)/s`` and ``q`` the code,
+
+.. math::
+    \frac{\partial \tilde{x}}{\partial s} = \begin{cases} q - v & 0 \le v \le 2^b - 1 \\ q & \text{else}
+    \end{cases}, \qquad
+    \frac{\partial \tilde{x}}{\partial lo} = \mathbb{1}[v < 0 \lor v > 2^b - 1],
+
+and is always rounded to nearest, in training too: the step's gradient is the rounding
+residual ``q − v``, which stochastic rounding makes zero in expectation (it would learn
+from the clipped values alone), and a weight so rounded is in training the very weight
+inference uses.
+
+``keep_zeros`` (training only): the exact zeros of ``x`` stay zero and are left out of
+the ranges, i.e. ``x̃ = Dropout(Q(x))`` rather than ``Q(Dropout(x))`` for a dropout
+before the quantizer, whose zeros inference never sees.
+
 The noise ``u`` comes from the module's own ``torch.Generator`` seeded with
 ``seed`` (one per device, so the same seed gives the same codes; on CUDA
 ``torch.rand`` with a CUDA generator is Philox), or from torch's global
@@ -71,6 +88,36 @@ class _FakeQuantizeFunction(torch.autograd.Function):
         return grad, None, None, None, None, None, None, None
 
 
+class _LearnedFakeQuantizeFunction(torch.autograd.Function):
+    """Forward: ``pyg_quant::fake_quantize`` over ``[lo, lo + L·exp(log_step)]``, rounded to nearest.  Backward: the
+    straight-through gradient to ``x`` (zero outside the range) and LSQ+'s gradients to ``lo`` and ``log_step``
+    (see the module docstring), summed over each range's values."""
+
+    @staticmethod
+    def forward(ctx, x, lo, log_step, bits, dim):
+        levels = float(2**bits - 1)
+        step = torch.exp(log_step.detach().to(torch.float32))
+        lo32 = lo.detach().to(torch.float32)
+        hi = lo32 + step * levels
+        out, inside = ops.fake_quantize(x, lo32, hi, bits, -1 if dim is None else dim, None, True, False, None)
+        ctx.save_for_backward(x, lo32, step, out, inside)
+        ctx.levels, ctx.dim = levels, dim
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, lo, step, out, inside = ctx.saved_tensors
+        view = _VIEW[ctx.dim]
+        lo_v, step_v = lo.view(view), step.view(view)
+        v = (x - lo_v) / step_v
+        q = torch.round((out - lo_v) / step_v).clamp_(0, ctx.levels)
+        reduce = (0, 1) if ctx.dim is None else ctx.dim
+        grad_x = grad * inside
+        grad_lo = grad.masked_fill(inside, 0.0).sum(reduce).reshape(lo.shape)
+        grad_step = (grad * torch.where(inside, q - v, q)).sum(reduce).reshape(step.shape)
+        return grad_x, grad_lo, grad_step * step, None, None
+
+
 class FakeQuantize(torch.nn.Module):
     r"""Fake quantization of 2-D tensors in the FakeQuantize style (observer, switches, buffers).
 
@@ -98,6 +145,10 @@ class FakeQuantize(torch.nn.Module):
         stochastic (bool): stochastic rounding in training (evaluation always rounds to nearest).
         seed (int, optional): seed of the module's generator; None uses torch's global one.
         momentum, percentile (float): observer settings (``"ema"``, ``"percentile"``, ``"mse"``).
+        groups (int, optional): the number of ranges of a ``"learned"`` observer per row (the rows of the
+            weight it quantizes).
+        keep_zeros (bool): in training, exact zeros stay zero and are left out of the ranges (see the
+            module docstring); dynamic observers only.
 
     Shapes:
         - **input:** ``[rows, cols]`` floating point (returned as float32)
@@ -107,7 +158,7 @@ class FakeQuantize(torch.nn.Module):
 
     def __init__(self, bits: int, observer: Union[str, Observer] = "dynamic", dim: Optional[int] = None,
                  stochastic: bool = True, seed: Optional[int] = None, momentum: float = 0.1,
-                 percentile: float = 0.999):
+                 percentile: float = 0.999, groups: Optional[int] = None, keep_zeros: bool = False):
         super().__init__()
         self.bits = _check_bits(bits)
         if isinstance(observer, Observer):
@@ -115,11 +166,17 @@ class FakeQuantize(torch.nn.Module):
                 raise ValueError(f"dim={dim} disagrees with the observer's dim={observer.dim}")
             dim = observer.dim
         elif isinstance(observer, str):
-            observer = make_observer(observer, check_dim(dim), momentum, percentile, self.bits)
+            observer = make_observer(observer, check_dim(dim), momentum, percentile, self.bits, groups)
         else:
             raise TypeError(f"observer must be one of {OBSERVERS} or an Observer, got {type(observer).__name__}")
         if not isinstance(stochastic, bool):
             raise TypeError(f"stochastic must be a bool, got {type(stochastic).__name__}")
+        if not isinstance(keep_zeros, bool):
+            raise TypeError(f"keep_zeros must be a bool, got {type(keep_zeros).__name__}")
+        if keep_zeros and not observer.dynamic:
+            raise ValueError("keep_zeros needs a dynamic observer (\"dynamic\" or \"dynamic_mse\"), got "
+                             f"{type(observer).__name__}")
+        self.keep_zeros = keep_zeros
         self.observer = observer
         self.dim = observer.dim
         self.stochastic = stochastic
@@ -135,8 +192,11 @@ class FakeQuantize(torch.nn.Module):
 
     # --- switches ----------------------------------------------------------------------
     def enable_observer(self, enabled: bool = True) -> "FakeQuantize":
+        """Let the range move (observe, or for a ``"learned"`` range: initialise and train), or freeze it."""
         self.observer_enabled.fill_(int(enabled))
         self._observe = bool(enabled)
+        if self.observer.learned and self.observer.initialized:
+            self._store_range()  # the range in use is the parameters' last values
         return self
 
     def disable_observer(self) -> "FakeQuantize":
@@ -211,21 +271,31 @@ class FakeQuantize(torch.nn.Module):
         view = _VIEW[self.dim]
         return lo.view(view), hi.view(view), scale.view(view), inv_scale.view(view)
 
+    def _store_range(self) -> None:
+        lo, hi = self.observer.range()
+        # to_bit's float32 scale (a tensor divisor: a Python scalar one is a multiply by its reciprocal on CUDA)
+        self.lo, self.scale = lo.clone(), (hi - lo) / torch.full_like(hi, float(2**self.bits - 1))
+
     # --- forward -----------------------------------------------------------------------
     def forward(self, x: torch.Tensor, protect: Optional[torch.Tensor] = None) -> torch.Tensor:
         check_matrix(x)
         if self.training and self._observe:
             self.observer(x)
             if not self.dynamic:
-                lo, hi = self.observer.range()
-                # to_bit's float32 scale (a tensor divisor: a Python scalar one is a multiply by its reciprocal on CUDA)
-                self.lo, self.scale = lo.clone(), (hi - lo) / torch.full_like(hi, float(2**self.bits - 1))
+                self._store_range()
         if not self._fake:
             return x
         if protect is not None and self.training and (protect.dtype != torch.bool or protect.shape != (x.size(0),)):
             raise ValueError(f"protect must be a bool tensor of shape ({x.size(0)},), got "
                              f"{protect.dtype}{list(protect.shape)}")
         x32 = x.to(torch.float32)
+        if self.observer.learned and self.training and self._observe:
+            # The range is trained: nearest rounding, LSQ+ gradients to range_lo and log_step.
+            obs = self.observer
+            out = _LearnedFakeQuantizeFunction.apply(x32, obs.range_lo, obs.log_step, self.bits, self.dim)
+            return out if protect is None else torch.where(protect.view(-1, 1), x32, out)
+        if self.keep_zeros and self.training:
+            return self._forward_keep_zeros(x32, protect)
         # Static ranges may clip, and clipped values get no gradient.  A dynamic range moves with its tensor:
         # every value keeps its straight-through gradient (a "dynamic_mse" range clips, but zeroing those
         # gradients cost ~1 pt on the planted Cluster-GCN graph at 2 bits).
@@ -240,6 +310,22 @@ class FakeQuantize(torch.nn.Module):
         else:
             out = ops.fake_quantize(x32, lo, hi, self.bits, dim, None, False, random_noise, generator)[0]
         if protect is not None and self.training:
+            out = torch.where(protect.view(-1, 1), x32, out)
+        return out
+
+    def _forward_keep_zeros(self, x32: torch.Tensor, protect: Optional[torch.Tensor]) -> torch.Tensor:
+        """Training with ``keep_zeros``: the range of the non-zero entries, zeros kept exactly (dynamic ranges, so
+        every other value keeps its straight-through gradient)."""
+        keep = x32.detach() != 0
+        lo, hi = self.observer.masked_range(x32.detach(), keep)
+        generator = self.generator(x32.device) if self.stochastic else None
+        dim = -1 if self.dim is None else self.dim
+        if x32.requires_grad:
+            out = _FakeQuantizeFunction.apply(x32, lo, hi, self.bits, dim, False, self.stochastic, generator)
+        else:
+            out = ops.fake_quantize(x32, lo, hi, self.bits, dim, None, False, self.stochastic, generator)[0]
+        out = torch.where(keep, out, torch.zeros_like(out))
+        if protect is not None:
             out = torch.where(protect.view(-1, 1), x32, out)
         return out
 
@@ -267,7 +353,7 @@ class FakeQuantize(torch.nn.Module):
         return codes
 
     def _range_tensors(self) -> tuple:
-        return () if self.dynamic else (self.observer.min_val, self.observer.max_val)
+        return () if self.dynamic else self.observer.range_tensors()
 
     def _codes_key(self, x: torch.Tensor, layout: str):
         """What the codes of ``x`` depend on besides its identity and the range tensors', or None if unknown."""
@@ -278,8 +364,9 @@ class FakeQuantize(torch.nn.Module):
                 obs = self.observer
                 if not obs.initialized:
                     return None
-                # The observer assigns fresh range tensors when it moves; in-place edits bump their versions.
-                range_versions = (obs.min_val._version, obs.max_val._version)
+                # The observer assigns fresh range tensors when it moves; in-place edits (an optimizer's step on a
+                # learned range) bump their versions.
+                range_versions = tuple(t._version for t in obs.range_tensors())
         except RuntimeError:  # the input or the observer's ranges are inference tensors: no caching
             return None
         return (version, x.data_ptr(), tuple(x.shape), x.stride(), x.dtype, layout, self.bits, range_versions)
@@ -297,4 +384,5 @@ class FakeQuantize(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return (f"bits={self.bits}, dim={self.dim}, stochastic={self.stochastic}, seed={self.seed}, "
-                f"observer_enabled={self._observe}, fake_quant_enabled={self._fake}")
+                f"observer_enabled={self._observe}, fake_quant_enabled={self._fake}"
+                + (", keep_zeros=True" if self.keep_zeros else ""))

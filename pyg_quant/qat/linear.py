@@ -117,7 +117,7 @@ class QATLinear(QuantLinear):
         super().__init__(in_channels, out_channels, bias, weight_initializer, bias_initializer,
                          weight_bits=qconfig.weight_bits, act_bits=qconfig.act_bits, stochastic=qconfig.stochastic)
         self.qconfig = qconfig
-        self.weight_quant = qconfig.weight_quantizer(_counter)
+        self.weight_quant = qconfig.weight_quantizer(_counter, out_channels)
         self.input_quant = qconfig.input_quantizer(_counter)
         self._packed = None  # (weight version key, BitTensor) while the weight quantizer is frozen
 

@@ -36,9 +36,17 @@ Kinds (the names :func:`make_observer` accepts):
   min/max; at 1–2 bits it clips the tails of a heavy-tailed activation hard,
   which min/max ranges spend most of their few levels on.
 
-A static observer (every kind but ``"dynamic"``) stores its range in the
+* ``"learned"`` — a range trained with the model (LSQ+, Bhalgat et al. 2020, after
+  Esser et al.'s LSQ): per range a learnable ``lo`` and ``log`` step, initialised to
+  the first tensor's MSE-optimal range and then moved by the task loss through
+  the rounding residual (:class:`LearnedObserver`).  For weights, whose count per
+  range is fixed (``groups`` ranges).
+
+A static observer (every kind but the dynamic ones and ``"learned"``) stores its range in the
 buffers ``min_val`` / ``max_val`` (empty until the first observation), so ranges
-travel with the state dict and freeze when the observer stops observing.
+travel with the state dict and freeze when the observer stops observing; a
+``"learned"`` range is two :class:`~torch.nn.Parameter` s (``range_lo``,
+``log_step``), frozen the same way.
 """
 import math
 from typing import Optional, Tuple
@@ -49,7 +57,7 @@ from .. import ops
 
 from ..nn._quantize import check_finite as _check_finite
 
-OBSERVERS = ("dynamic", "minmax", "ema", "percentile", "mse", "dynamic_mse")
+OBSERVERS = ("dynamic", "minmax", "ema", "percentile", "mse", "dynamic_mse", "learned")
 
 
 def check_dim(dim) -> Optional[int]:
@@ -119,6 +127,8 @@ class Observer(torch.nn.Module):
     dynamic = False
     #: The range of every tensor is its own min/max (the fused fake-quantize kernel computes it itself).
     own_extrema = False
+    #: The range is trained by the loss (:class:`LearnedObserver`), not observed.
+    learned = False
 
     def __init__(self, dim: Optional[int] = None):
         super().__init__()
@@ -160,6 +170,11 @@ class Observer(torch.nn.Module):
             raise ValueError(f"{type(self).__name__} has observed nothing yet")
         return tensor_range(x, self.dim)
 
+    def range_tensors(self) -> tuple:
+        """The tensors that hold the stored range: a cache of codes is valid while they are the same objects with
+        the same versions."""
+        return (self.min_val, self.max_val)
+
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
         # The buffers' shapes are set by the data; take the saved shapes instead of rejecting them.
@@ -188,6 +203,27 @@ class DynamicObserver(Observer):
         if x is None:
             raise ValueError("a dynamic observer's range is that of the tensor being quantized; pass x")
         return tensor_range(x, self.dim)
+
+    def masked_range(self, x: torch.Tensor, keep: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The range of ``x``'s entries where ``keep`` only (``FakeQuantize(keep_zeros=True)``)."""
+        return masked_tensor_range(x, keep, self.dim)
+
+
+def _masked_view(x: torch.Tensor, keep: torch.Tensor, dim: Optional[int]):
+    """``x``, ``keep`` and the reduction dimension, a per-tensor range being one row of all values."""
+    if dim is None:
+        return x.reshape(1, -1), keep.reshape(1, -1), 1
+    return x, keep, dim
+
+
+def masked_tensor_range(x: torch.Tensor, keep: torch.Tensor, dim: Optional[int]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """:func:`tensor_range` over the entries where ``keep`` (bool, ``x``'s shape); ``(0, 0)`` for a range with none."""
+    x, keep, reduce = _masked_view(x.detach().to(torch.float32), keep, dim)
+    inf = torch.full_like(x, float("inf"))
+    lo = torch.where(keep, x, inf).amin(reduce)
+    hi = torch.where(keep, x, -inf).amax(reduce)
+    empty = ~keep.any(reduce)
+    return lo.masked_fill(empty, 0.0), hi.masked_fill(empty, 0.0)
 
 
 class MinMaxObserver(Observer):
@@ -260,6 +296,34 @@ def mse_ranges(x: torch.Tensor, dim: Optional[int], bits: int,
     return ops.mse_range(x.detach().to(torch.float32), -1 if dim is None else dim, bits, tuple(grid))
 
 
+def masked_mse_ranges(x: torch.Tensor, keep: torch.Tensor, dim: Optional[int], bits: int,
+                      grid=MSE_GRID) -> Tuple[torch.Tensor, torch.Tensor]:
+    r""":func:`mse_ranges` over the entries where ``keep`` (bool, ``x``'s shape) only.
+
+    The same candidates (from the kept entries' min/max) and the same round-to-nearest
+    codes (:func:`pyg_quant.ops.fake_quantize`), errors summed in float64 over the kept
+    entries, the first (widest) candidate winning ties; with every entry kept it equals
+    :func:`mse_ranges`.  ``(0, 0)`` for a range with no kept entry.
+    """
+    x = x.detach().to(torch.float32).contiguous()
+    lo, hi = masked_tensor_range(x, keep, dim)
+    xv, kv, reduce = _masked_view(x, keep, dim)
+    c = torch.minimum(torch.clamp(lo, min=0.0), hi)
+    best_lo, best_hi, best_err = lo, hi, None
+    for a in grid:
+        a = torch.tensor(a, dtype=torch.float32)  # the kernel's float32 factor
+        c_lo, c_hi = c + a * (lo - c), c + a * (hi - c)
+        out = ops.fake_quantize(xv, c_lo, c_hi, bits, reduce, None, False, False, None)[0]
+        err = ((out - xv).double().square() * kv).sum(reduce)
+        if best_err is None:
+            best_lo, best_hi, best_err = c_lo, c_hi, err
+        else:
+            better = err < best_err
+            best_lo, best_hi = torch.where(better, c_lo, best_lo), torch.where(better, c_hi, best_hi)
+            best_err = torch.where(better, err, best_err)
+    return best_lo, best_hi
+
+
 class MSEObserver(EMAMinMaxObserver):
     r"""Moving averages of the batch's MSE-optimal clipping range for ``bits``-bit codes (:func:`mse_ranges`).
 
@@ -307,13 +371,101 @@ class DynamicMSEObserver(DynamicObserver):
             raise ValueError("a dynamic observer's range is that of the tensor being quantized; pass x")
         return mse_ranges(x, self.dim, self.bits)
 
+    def masked_range(self, x: torch.Tensor, keep: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        return masked_mse_ranges(x, keep, self.dim, self.bits)
+
     def extra_repr(self) -> str:
         return f"dim={self.dim}, bits={self.bits}"
 
 
+class LearnedObserver(Observer):
+    r"""A range trained by the loss (LSQ+): learnable ``range_lo`` and ``log_step``, one of each per range.
+
+    With ``L = 2^bits − 1`` levels, the range is ``[lo, lo + L·s]``, ``s = exp(log_step)``
+    (a log step: Adam's steps on it are relative, and ``s`` stays positive).  The first
+    tensor seen in training sets both to its MSE-optimal range (:func:`mse_ranges`); from
+    then on the optimizer moves them with the model's weights (the gradients are
+    :class:`~pyg_quant.qat.FakeQuantize`'s: with ``v = (x − lo)/s`` and ``q`` its code,
+    ``∂x̃/∂s = q − v`` inside the range and ``q`` outside, ``∂x̃/∂lo = 0`` inside and 1
+    outside, ``∂x̃/∂x = 1`` inside and 0 outside).  The parameters must exist when the
+    optimizer is built, so their number (``groups``) is fixed at construction: the output
+    channels of a weight ``[out, in]`` per row, 1 per tensor.  Frozen (no longer
+    initialised or trained) when the quantizer stops observing, as by
+    :func:`~pyg_quant.qat.convert`; until it has seen a tensor, each tensor is quantized
+    over its own MSE-optimal range.
+
+    Args:
+        dim (int, optional): the reduction dimension (``1`` per row, ``None`` per tensor).
+        groups (int): the number of ranges (rows for ``dim=1``, 1 for ``dim=None``).
+        bits (int): the width of the codes.
+    """
+
+    learned = True
+
+    def __init__(self, dim: Optional[int] = None, groups: int = 1, bits: int = 8):
+        torch.nn.Module.__init__(self)
+        self.dim = check_dim(dim)
+        if self.dim == 0:
+            raise ValueError("a learned range is per row (dim=1) or per tensor (dim=None)")
+        if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+            raise ValueError(f"groups must be a positive int, got {groups!r}")
+        if self.dim is None and groups != 1:
+            raise ValueError(f"a per-tensor learned range has groups=1, got {groups}")
+        if isinstance(bits, bool) or not isinstance(bits, int) or not 1 <= bits <= 8:
+            raise ValueError(f"bits must be an int in 1..8, got {bits!r}")
+        self.bits = bits
+        self.range_lo = torch.nn.Parameter(torch.zeros(groups))
+        self.log_step = torch.nn.Parameter(torch.zeros(groups))
+        self.register_buffer("observed", torch.zeros(1, dtype=torch.uint8))
+        self._observed = False  # mirror of the buffer (reading a CUDA buffer would sync)
+
+    @property
+    def initialized(self) -> bool:
+        return self._observed
+
+    @torch.no_grad()
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Initialise the range from ``x`` (its MSE-optimal range) if nothing was seen yet."""
+        check_matrix(x)
+        if not self._observed:
+            lo, hi = mse_ranges(x, self.dim, self.bits)
+            if lo.numel() != self.range_lo.numel():
+                raise ValueError(f"LearnedObserver(dim={self.dim}) has {self.range_lo.numel()} ranges but x of "
+                                 f"shape {tuple(x.shape)} has {lo.numel()}")
+            step = (hi - lo) / float(2**self.bits - 1)
+            tiny = torch.finfo(torch.float32).tiny
+            self.range_lo.copy_(lo)
+            self.log_step.copy_(torch.log(step.clamp_min(tiny)))
+            self.observed.fill_(1)
+            self._observed = True
+        return x
+
+    def range(self, x: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``(lo, hi)`` of the learned range (float32, detached), or ``x``'s MSE-optimal range before any training."""
+        if not self._observed:
+            if x is None:
+                raise ValueError("LearnedObserver has observed nothing yet")
+            return mse_ranges(x, self.dim, self.bits)
+        lo = self.range_lo.detach().to(torch.float32)
+        return lo, lo + torch.exp(self.log_step.detach().to(torch.float32)) * float(2**self.bits - 1)
+
+    def range_tensors(self) -> tuple:
+        return (self.range_lo, self.log_step)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        torch.nn.Module._load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                                              unexpected_keys, error_msgs)
+        self._observed = bool(self.observed.item())
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, groups={self.range_lo.numel()}, bits={self.bits}"
+
+
 def make_observer(kind: str, dim: Optional[int] = None, momentum: float = 0.1,
-                  percentile: float = 0.999, bits: int = 8) -> Observer:
-    """An observer by name (one of :data:`OBSERVERS`); ``bits`` is used by ``"mse"`` and ``"dynamic_mse"``."""
+                  percentile: float = 0.999, bits: int = 8, groups: Optional[int] = None) -> Observer:
+    """An observer by name (one of :data:`OBSERVERS`); ``bits`` is used by ``"mse"``, ``"dynamic_mse"`` and
+    ``"learned"``, ``groups`` (the number of ranges) by ``"learned"`` (which requires it for ``dim=1``)."""
     if kind == "dynamic":
         return DynamicObserver(dim)
     if kind == "minmax":
@@ -326,4 +478,10 @@ def make_observer(kind: str, dim: Optional[int] = None, momentum: float = 0.1,
         return MSEObserver(dim, bits, momentum)
     if kind == "dynamic_mse":
         return DynamicMSEObserver(dim, bits)
+    if kind == "learned":
+        if groups is None:
+            if dim is not None:
+                raise ValueError('observer "learned" per row needs groups (the number of rows)')
+            groups = 1
+        return LearnedObserver(dim, groups, bits)
     raise ValueError(f"observer must be one of {OBSERVERS}, got {kind!r}")

@@ -135,7 +135,8 @@ def prepare(model: torch.nn.Module, bits: Optional[int] = None, *, weight_bits=_
             ``weight_bits``, ``act_bits``, ``stochastic`` and ``qconfig_kwargs`` must be left out).
         **qconfig_kwargs: more :class:`QConfig` fields: ``weight_observer``,
             ``input_observer``, ``agg_observer`` (``"dynamic"``, ``"minmax"``, ``"ema"``,
-            ``"percentile"``, ``"mse"``, ``"dynamic_mse"``), ``momentum``, ``percentile``, ``seed``, ``degree_quant``.
+            ``"percentile"``, ``"mse"``, ``"dynamic_mse"``; ``"learned"`` for weights),
+            ``keep_zeros``, ``agg_granularity``, ``momentum``, ``percentile``, ``seed``, ``degree_quant``.
 
     Returns the prepared model, in the training mode ``model`` was in.
     """
