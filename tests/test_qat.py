@@ -889,3 +889,22 @@ def test_qat_training_reaches_accuracy():
     accuracy = test_accuracy(model, data)
     assert accuracy >= 0.9, accuracy
     assert test_accuracy(qat.convert(model), data) == accuracy
+
+
+@pytest.mark.parametrize("observer", ["mse", "ema"])
+def test_stored_range_of_a_dead_channel_never_makes_nan(observer):
+    """A channel that stays zero (a dead ReLU) makes an EMA range decay by 0.9 a step; after ~850 steps its width
+    is subnormal, 1 / scale overflows to inf and (x - lo) * inf is NaN (seen in GIN QAT on an H100, channel 28 of
+    an aggregation quantizer at step 827).  The stored range must collapse to zero width instead."""
+    torch.manual_seed(0)
+    fq = qat.FakeQuantize(4, observer, dim=0, stochastic=True, seed=3)
+    fq.train()
+    for step in range(1000):
+        x = torch.randn(64, 3).relu()  # as after a ReLU: the low end stays exactly 0
+        if step >= 5:
+            x[:, 1] = 0.0
+        out = fq(x)
+        assert torch.isfinite(out).all(), step
+    lo, hi = fq.observer.range()
+    assert float(hi[1] - lo[1]) == 0.0 and float(lo[1]) == 0.0
+    assert torch.equal(out[:, 1], torch.zeros(64))

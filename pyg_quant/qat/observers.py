@@ -116,6 +116,9 @@ def tensor_quantiles(x: torch.Tensor, dim: Optional[int], q: float) -> Tuple[tor
     return lo.reshape(-1), hi.reshape(-1)
 
 
+_MIN_RANGE_WIDTH = 255 * torch.finfo(torch.float32).tiny
+
+
 class Observer(torch.nn.Module):
     r"""Base class: ``forward(x)`` records ``x``'s range (and returns ``x`` untouched).
 
@@ -157,6 +160,10 @@ class Observer(torch.nn.Module):
                                  f"of shape {tuple(x.shape)} has {lo.numel()}; per-row ranges of varying rows "
                                  "need observer='dynamic'")
             lo, hi = self.combine(lo.to(self.min_val.device), hi.to(self.min_val.device))
+        # A range narrower than 255 normal float32 steps has a subnormal scale at up to 8 bits, whose inverse
+        # overflows: (x - lo) * inf is NaN.  An EMA range gets there on a channel that stays zero (a dead ReLU:
+        # 0.9 a step, ~830 steps).  Such a range is collapsed to zero width, where every value quantizes to lo.
+        hi = torch.where(hi - lo < _MIN_RANGE_WIDTH, lo, hi)
         # Assigning a buffer keeps it registered; the shape is set by the first batch.  Both are fresh tensors
         # (reductions or the combination's arithmetic), never views of x: no copy is needed.
         self.min_val, self.max_val = lo, hi
