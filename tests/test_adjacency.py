@@ -714,3 +714,19 @@ def test_adjacency_form_bad_arguments():
         compact.expand(tiles="csr")
     with pytest.raises(TypeError, match="tiles"):
         compact.expand(tiles=1)
+
+
+@pytest.mark.parametrize("op", ["expand_tiles", "expand_csr"])
+def test_expand_rejects_unsorted_or_negative_residual_rows(op):
+    """A residual whose rows are out of order (or negative) would land entries in the wrong CSR rows, or leave
+    output slots unwritten; the CPU kernels check it (the end-of-rows count alone let a reversed order pass)."""
+    edge_index = random_edges(60, 60, 300, 23)
+    compact = pq.BitAdjacency.compact_from_edge_index(edge_index, 60, min_tile_nnz=4097)
+    assert compact.res_row.numel() > 2 and compact.res_row[0] < compact.res_row[-1]
+    for res_row in (compact.res_row.flip(0), torch.cat([compact.res_row[:1] * 0 - 1, compact.res_row[1:]])):
+        common = (compact.tile_key, compact.row_count, compact.entry_col, compact.entry_val, res_row)
+        with pytest.raises(RuntimeError, match="res_row must be sorted and in range"):
+            if op == "expand_tiles":
+                torch.ops.pyg_quant.expand_tiles(*common, compact.res_val, 60, 60, compact.planes)
+            else:
+                torch.ops.pyg_quant.expand_csr(*common, compact.res_col, compact.res_val, 60, 60)

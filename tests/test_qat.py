@@ -893,7 +893,7 @@ def test_qat_training_reaches_accuracy():
 
 @pytest.mark.parametrize("observer", ["mse", "ema"])
 def test_stored_range_of_a_dead_channel_never_makes_nan(observer):
-    """A channel that stays zero (a dead ReLU) makes an EMA range decay by 0.9 a step; after ~850 steps its width
+    """A channel that stays zero (a dead ReLU) makes an EMA range decay by 0.9 a step; after ~830 steps its width
     is subnormal, 1 / scale overflows to inf and (x - lo) * inf is NaN (seen in GIN QAT on an H100, channel 28 of
     an aggregation quantizer at step 827).  The stored range must collapse to zero width instead."""
     torch.manual_seed(0)
@@ -905,6 +905,38 @@ def test_stored_range_of_a_dead_channel_never_makes_nan(observer):
             x[:, 1] = 0.0
         out = fq(x)
         assert torch.isfinite(out).all(), step
-    lo, hi = fq.observer.range()
+    lo, hi = fq.range()
     assert float(hi[1] - lo[1]) == 0.0 and float(lo[1]) == 0.0
     assert torch.equal(out[:, 1], torch.zeros(64))
+
+
+def test_narrow_loaded_or_learned_ranges_never_make_nan():
+    """The same overflow through the other ways a range reaches the quantizer: a saved state, and a learned step
+    (forward, LSQ+ gradients, evaluation)."""
+    torch.manual_seed(1)
+    x = torch.randn(64, 3).relu()
+    x[:, 1] = 0.0
+    fq = qat.FakeQuantize(4, "ema", dim=0, stochastic=False)
+    fq.train()
+    fq(torch.rand(64, 3))
+    state = fq.state_dict()
+    state["observer.min_val"] = torch.zeros(3)
+    state["observer.max_val"] = torch.tensor([1.0, 1e-39, 1.0])
+    fq.load_state_dict(state)
+    fq.eval()
+    out = fq(x)
+    assert torch.isfinite(out).all() and torch.equal(out[:, 1], torch.zeros(64))
+
+    learned = qat.FakeQuantize(4, "learned", dim=1, groups=64)
+    learned.train()
+    learned(x)
+    with torch.no_grad():
+        learned.observer.range_lo.zero_()
+        learned.observer.log_step.fill_(-95.0)
+    xg = x.clone().requires_grad_()
+    out = learned(xg)
+    out.sum().backward()
+    for t in (out, xg.grad, learned.observer.range_lo.grad, learned.observer.log_step.grad):
+        assert torch.isfinite(t).all()
+    learned.eval()
+    assert torch.isfinite(learned(x)).all()

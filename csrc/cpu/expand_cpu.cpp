@@ -18,6 +18,33 @@ int64_t count_at(const at::Tensor& row_count, const void* data, int64_t index) {
   return row_count.scalar_type() == at::kByte ? static_cast<const uint8_t*>(data)[index]
                                               : static_cast<const int16_t*>(data)[index];
 }
+
+// The first tile of every window (bounds[w], w = 0..num_windows) from the sorted, in-range tile keys.
+void window_bounds(const char* op, const int32_t* key, int64_t num_tiles, int64_t col_tiles, int64_t num_windows,
+                   int64_t* bounds) {
+  for (int64_t i = 0; i < num_tiles; ++i) {
+    TORCH_CHECK(key[i] >= 0 && key[i] < num_windows * col_tiles && (i == 0 || key[i] > key[i - 1]), op,
+                ": tile_key must be sorted and in range");
+  }
+  int64_t t = 0;
+  for (int64_t w = 0; w <= num_windows; ++w) {
+    while (t < num_tiles && key[t] / col_tiles < w) ++t;
+    bounds[w] = t;
+  }
+}
+
+// The first residual entry of every row (bounds[r], r = 0..num_rows) from the sorted, in-range residual rows.
+void row_bounds(const char* op, const int32_t* res_row, int64_t num_res, int64_t num_rows, int64_t* bounds) {
+  for (int64_t k = 0; k < num_res; ++k) {
+    TORCH_CHECK(res_row[k] >= 0 && res_row[k] < num_rows && (k == 0 || res_row[k] >= res_row[k - 1]), op,
+                ": res_row must be sorted and in range");
+  }
+  int64_t j = 0;
+  for (int64_t r = 0; r <= num_rows; ++r) {
+    while (j < num_res && res_row[j] < r) ++j;
+    bounds[r] = j;
+  }
+}
 }  // namespace
 
 namespace {
@@ -82,27 +109,12 @@ ExpandedTiles expand_tiles_cpu(const at::Tensor& tile_key_in, const at::Tensor& 
   at::Tensor tile_col = at::empty({num_tiles}, tile_key.options());
   int64_t* wptr = window_ptr.data_ptr<int64_t>();
   int32_t* tcol = tile_col.data_ptr<int32_t>();
-  int64_t t = 0;
-  for (int64_t w = 0; w <= num_windows; ++w) {
-    while (t < num_tiles && key[t] / col_tiles < w) ++t;
-    wptr[w] = t;
-  }
-  TORCH_CHECK(num_tiles == 0 || (key[0] >= 0 && key[num_tiles - 1] < num_windows * col_tiles && wptr[num_windows] == num_tiles),
-              "expand_tiles: tile_key must be sorted and in range");
-  for (int64_t i = 0; i < num_tiles; ++i) {
-    TORCH_CHECK(i == 0 || key[i] > key[i - 1], "expand_tiles: tile_key must be sorted and in range");
-    tcol[i] = key[i] % col_tiles;
-  }
+  window_bounds("expand_tiles", key, num_tiles, col_tiles, num_windows, wptr);
+  for (int64_t i = 0; i < num_tiles; ++i) tcol[i] = key[i] % col_tiles;
 
-  const int32_t* rrow = res_row.data_ptr<int32_t>();
   at::Tensor res_ptr = at::empty({num_rows + 1}, i64);
   int64_t* rptr = res_ptr.data_ptr<int64_t>();
-  int64_t j = 0;
-  for (int64_t r = 0; r <= num_rows; ++r) {
-    while (j < num_res && rrow[j] < r) ++j;
-    rptr[r] = j;
-  }
-  TORCH_CHECK(rptr[num_rows] == num_res, "expand_tiles: res_row must be sorted and in range");
+  row_bounds("expand_tiles", res_row.data_ptr<int32_t>(), num_res, num_rows, rptr);
 
   at::Tensor tile_bits = at::zeros({planes, num_tiles, kTileRows, kTileWords}, tile_key.options());
   uint32_t* bits = reinterpret_cast<uint32_t*>(tile_bits.data_ptr<int32_t>());
@@ -160,29 +172,12 @@ ExpandedCsr expand_csr_cpu(const at::Tensor& tile_key_in, const at::Tensor& row_
   const int64_t nnz = num_entries + num_res;
   const auto i64 = tile_key.options().dtype(at::kLong);
 
-  // Tile boundaries of every window (tile_key sorted, in range).
+  // Tile boundaries of every window and residual boundaries of every row; columns in range.
   const int32_t* key = tile_key.data_ptr<int32_t>();
-  std::vector<int64_t> wptr(num_windows + 1);
-  int64_t t = 0;
-  for (int64_t w = 0; w <= num_windows; ++w) {
-    while (t < num_tiles && key[t] / col_tiles < w) ++t;
-    wptr[w] = t;
-  }
-  TORCH_CHECK(num_tiles == 0 || (key[0] >= 0 && key[num_tiles - 1] < num_windows * col_tiles && wptr[num_windows] == num_tiles),
-              "expand_csr: tile_key must be sorted and in range");
-  for (int64_t i = 1; i < num_tiles; ++i) {
-    TORCH_CHECK(key[i] > key[i - 1], "expand_csr: tile_key must be sorted and in range");
-  }
-  // Residual boundaries of every row (res_row sorted, in range); columns in range.
-  const int32_t* rrow = res_row.data_ptr<int32_t>();
+  std::vector<int64_t> wptr(num_windows + 1), rptr(num_rows + 1);
+  window_bounds("expand_csr", key, num_tiles, col_tiles, num_windows, wptr.data());
+  row_bounds("expand_csr", res_row.data_ptr<int32_t>(), num_res, num_rows, rptr.data());
   const int32_t* rcol = res_col.data_ptr<int32_t>();
-  std::vector<int64_t> rptr(num_rows + 1);
-  int64_t j = 0;
-  for (int64_t r = 0; r <= num_rows; ++r) {
-    while (j < num_res && rrow[j] < r) ++j;
-    rptr[r] = j;
-  }
-  TORCH_CHECK(rptr[num_rows] == num_res, "expand_csr: res_row must be sorted and in range");
   for (int64_t k = 0; k < num_res; ++k) {
     TORCH_CHECK(rcol[k] >= 0 && rcol[k] < num_cols, "expand_csr: res_col must be in [0, num_cols)");
   }

@@ -31,8 +31,9 @@ struct Layer {
   bool relu;
 };
 
-// Σ_k a[k]·w[k] over uint8 codes, exact in int32 (the caller checked in·255·255 < 2^31).  SSE2: 16 codes at a
-// time widened to int16 (codes <= 255 fit) and multiplied pairwise into int32 (pmaddwd: at most 2·255² each).
+// Σ_k a[k]·w[k] over uint8 codes, exact in int32 (check_quant_mlp_args bounds in·(2^a − 1)·(2^w − 1)).
+// SSE2: 16 codes at a time widened to int16 (codes <= 255 fit) and multiplied pairwise into int32 (pmaddwd: at
+// most 2·255² each).
 inline int32_t dot_u8(const uint8_t* a, const uint8_t* w, int64_t n) {
   int64_t k = 0;
   int32_t acc = 0;

@@ -418,23 +418,6 @@ at::Tensor unpack_codes_cuda(const at::Tensor& planes_in, int64_t rows, int64_t 
   return codes;
 }
 
-at::Tensor unpack_col_codes_padded_cuda(const at::Tensor& planes_in, int64_t rows, int64_t cols, int64_t ld) {
-  TORCH_CHECK_VALUE(planes_in.dim() == 3 && planes_in.scalar_type() == at::kInt, "planes must be int32[bits, outer, words]");
-  const auto planes = planes_in.contiguous();
-  const int64_t bits = planes.size(0), outer = planes.size(1), words = planes.size(2);
-  TORCH_CHECK_VALUE(outer >= cols && words * 32 >= rows && ld >= cols, "rows/cols exceed the planes' padded shape");
-  const c10::cuda::CUDAGuard guard(planes.device());
-  auto codes = at::empty({rows, ld}, planes.options().dtype(at::kByte));
-  if (rows * ld == 0) return codes;
-  const dim3 grid((rows + 31) / 32, (ld + 31) / 32);
-  TORCH_CHECK_VALUE(grid.y <= 65535, "too many columns for one launch");
-  unpack_cols_kernel<<<grid, dim3(32, 8), 0, c10::cuda::getCurrentCUDAStream()>>>(
-      reinterpret_cast<const uint32_t*>(planes.data_ptr<int32_t>()), codes.data_ptr<uint8_t>(), rows, cols, ld, words,
-      bits, outer * words);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return codes;
-}
-
 at::Tensor pack_row_codes_cuda(const at::Tensor& planes_in, int64_t cols, bool col_layout) {
   TORCH_CHECK_VALUE(planes_in.dim() == 3 && planes_in.scalar_type() == at::kInt, "planes must be int32[bits, outer, words]");
   const auto planes = planes_in.contiguous();

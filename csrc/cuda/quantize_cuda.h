@@ -8,9 +8,6 @@ namespace pyg_quant {
 at::Tensor quantize_pack_cuda(const at::Tensor& x, const at::Tensor& lo, const at::Tensor& inv_scale,
                               int64_t bits, bool col_layout, const std::optional<at::Tensor>& noise);
 at::Tensor unpack_codes_cuda(const at::Tensor& planes, int64_t rows, int64_t cols, bool col_layout);
-// Column-layout planes as row-major codes uint8[rows, ld], columns cols..ld-1 zero (ld >= cols): the gather form
-// of node features for the CSR part of bit_spmm, one contiguous, 16-byte-aligned row per node when ld % 16 == 0.
-at::Tensor unpack_col_codes_padded_cuda(const at::Tensor& planes, int64_t rows, int64_t cols, int64_t ld);
 // The packed row codes of planes (csrc/row_codes.h), as pack_row_codes_cpu: the gather form of node features for the
 // CSR part of bit_spmm.
 at::Tensor pack_row_codes_cuda(const at::Tensor& planes, int64_t cols, bool col_layout);

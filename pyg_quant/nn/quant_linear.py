@@ -301,9 +301,8 @@ def run_fused_mlp(module, x) -> Optional[Tensor]:
     width = x.size(-1)
     for lin in linears:
         weight, bias = lin.weight, lin.bias
-        if (isinstance(weight, torch.nn.parameter.UninitializedParameter) or weight.dtype != torch.float32
-                or weight.dim() != 2 or weight.size(1) != width or max(weight.shape) > QUANT_MLP_MAX_WIDTH
-                or (bias is not None and bias.dtype != torch.float32) or not bit_kernels_apply(lin, x, weight, bias)):
+        if (not lin._fusable() or weight.dtype != torch.float32 or weight.size(1) != width
+                or not bit_kernels_apply(lin, x, weight, bias)):
             return None
         width = weight.size(0)
     check_finite(x, "x")

@@ -49,7 +49,7 @@ import torch
 
 from .. import ops
 from ..bit_tensor import BitTensor, _check_bits
-from .observers import OBSERVERS, Observer, check_dim, check_matrix, make_observer
+from .observers import OBSERVERS, Observer, check_dim, check_matrix, collapse_narrow_range, learned_step, make_observer
 
 _VIEW = {None: (1, 1), 0: (1, -1), 1: (-1, 1)}
 
@@ -96,7 +96,7 @@ class _LearnedFakeQuantizeFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, lo, log_step, bits, dim):
         levels = float(2**bits - 1)
-        step = torch.exp(log_step.detach().to(torch.float32))
+        step = learned_step(log_step, bits)
         lo32 = lo.detach().to(torch.float32)
         hi = lo32 + step * levels
         out, inside = ops.fake_quantize(x, lo32, hi, bits, -1 if dim is None else dim, None, True, False, None)
@@ -261,8 +261,9 @@ class FakeQuantize(torch.nn.Module):
 
     # --- ranges ------------------------------------------------------------------------
     def range(self, x: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
-        """``(lo, hi)`` in use for ``x`` (float32, 1-D)."""
-        return self.observer.range(x)
+        """``(lo, hi)`` in use for ``x`` (float32, 1-D); ranges too narrow for a finite inverse scale are
+        collapsed (:func:`~pyg_quant.qat.observers.collapse_narrow_range`)."""
+        return collapse_narrow_range(*self.observer.range(x))
 
     def qparams(self, x: Optional[torch.Tensor] = None):
         """``(lo, hi, scale, inv_scale)`` for ``x``, float32, shaped to broadcast against ``x``."""
@@ -272,7 +273,7 @@ class FakeQuantize(torch.nn.Module):
         return lo.view(view), hi.view(view), scale.view(view), inv_scale.view(view)
 
     def _store_range(self) -> None:
-        lo, hi = self.observer.range()
+        lo, hi = self.range()
         # to_bit's float32 scale (a tensor divisor: a Python scalar one is a multiply by its reciprocal on CUDA)
         self.lo, self.scale = lo.clone(), (hi - lo) / torch.full_like(hi, float(2**self.bits - 1))
 
@@ -317,7 +318,7 @@ class FakeQuantize(torch.nn.Module):
         """Training with ``keep_zeros``: the range of the non-zero entries, zeros kept exactly (dynamic ranges, so
         every other value keeps its straight-through gradient)."""
         keep = x32.detach() != 0
-        lo, hi = self.observer.masked_range(x32.detach(), keep)
+        lo, hi = collapse_narrow_range(*self.observer.masked_range(x32.detach(), keep))
         generator = self.generator(x32.device) if self.stochastic else None
         dim = -1 if self.dim is None else self.dim
         if x32.requires_grad:

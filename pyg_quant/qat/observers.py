@@ -119,6 +119,22 @@ def tensor_quantiles(x: torch.Tensor, dim: Optional[int], q: float) -> Tuple[tor
 _MIN_RANGE_WIDTH = 255 * torch.finfo(torch.float32).tiny
 
 
+def collapse_narrow_range(lo: torch.Tensor, hi: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(lo, hi)`` with every range narrower than 255 normal float32 steps collapsed to zero width (``hi = lo``).
+
+    Such a range has a subnormal scale at up to 8 bits, whose inverse overflows: ``(x - lo) · inf`` is NaN in the
+    fake quantizer (the bit path's codes clamp it to 0, so the two would disagree).  An EMA range gets there on a
+    channel that stays zero (a dead ReLU: 0.9 a step, ~830 steps); a saved state can hold one too.  At zero width
+    every value quantizes to ``lo``.  A NaN range stays NaN."""
+    return lo, torch.where(hi - lo < _MIN_RANGE_WIDTH, lo, hi)
+
+
+def learned_step(log_step: torch.Tensor, bits: int) -> torch.Tensor:
+    """A learned range's float32 step ``exp(log_step)`` (detached), no smaller than that of the narrowest range
+    :func:`collapse_narrow_range` keeps, so that ``1 / step`` stays finite in LSQ+'s gradients too."""
+    return torch.exp(log_step.detach().to(torch.float32)).clamp_min(_MIN_RANGE_WIDTH / float(2**bits - 1))
+
+
 class Observer(torch.nn.Module):
     r"""Base class: ``forward(x)`` records ``x``'s range (and returns ``x`` untouched).
 
@@ -160,10 +176,6 @@ class Observer(torch.nn.Module):
                                  f"of shape {tuple(x.shape)} has {lo.numel()}; per-row ranges of varying rows "
                                  "need observer='dynamic'")
             lo, hi = self.combine(lo.to(self.min_val.device), hi.to(self.min_val.device))
-        # A range narrower than 255 normal float32 steps has a subnormal scale at up to 8 bits, whose inverse
-        # overflows: (x - lo) * inf is NaN.  An EMA range gets there on a channel that stays zero (a dead ReLU:
-        # 0.9 a step, ~830 steps).  Such a range is collapsed to zero width, where every value quantizes to lo.
-        hi = torch.where(hi - lo < _MIN_RANGE_WIDTH, lo, hi)
         # Assigning a buffer keeps it registered; the shape is set by the first batch.  Both are fresh tensors
         # (reductions or the combination's arithmetic), never views of x: no copy is needed.
         self.min_val, self.max_val = lo, hi
@@ -454,7 +466,7 @@ class LearnedObserver(Observer):
                 raise ValueError("LearnedObserver has observed nothing yet")
             return mse_ranges(x, self.dim, self.bits)
         lo = self.range_lo.detach().to(torch.float32)
-        return lo, lo + torch.exp(self.log_step.detach().to(torch.float32)) * float(2**self.bits - 1)
+        return lo, lo + learned_step(self.log_step, self.bits) * float(2**self.bits - 1)
 
     def range_tensors(self) -> tuple:
         return (self.range_lo, self.log_step)
