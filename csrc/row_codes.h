@@ -18,7 +18,7 @@
 namespace pyg_quant {
 
 // 1, 2, 4 or 8: a power of two, so that a container never straddles a byte.
-PYG_QUANT_ROW_CODES_FN int container_bits(int64_t bits) { return bits <= 1 ? 1 : bits <= 2 ? 2 : bits <= 4 ? 4 : 8; }
+constexpr PYG_QUANT_ROW_CODES_FN int container_bits(int64_t bits) { return bits <= 1 ? 1 : bits <= 2 ? 2 : bits <= 4 ? 4 : 8; }
 
 // Rows are padded to 16 bytes (128 bits) so that every gather load is an aligned vector load.
 PYG_QUANT_ROW_CODES_FN int64_t row_code_bytes(int64_t cols, int64_t bits) {

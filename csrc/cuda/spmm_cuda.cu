@@ -177,8 +177,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) bit_spmm_kernel(const Spm
 
 // Tile-free adjacency: a group of kLanes lanes owns a row, and lane l of the group the features
 // [l·K, l·K + K) of the launch's slice of K·kLanes, read from the source's packed row codes with one aligned vector
-// load per entry: K = 16 codes (16, 8 or 4 bytes at containers of 8, 4 or 2 bits) or K = 32 at 1-bit containers
-// (4 bytes), so a 64-feature 4-bit row is one 32-byte sector shared by four lanes.  Sums run two to a
+// load per entry: K = 16 codes at containers of 8 or 2 bits (16 or 4 bytes), 8 at 4 bits and 32 at 1 bit (4 bytes),
+// so a 64-feature 4-bit row is one 32-byte sector shared by eight lanes.  Sums run two to a
 // 32-bit register in 16-bit halves (a shift, a mask and an add per two codes, instead of unpacking every code)
 // and are moved to Acc before a half could overflow: flush_every = floor(65535 / (max code · max weight))
 // entries, with weights at most 255 (the 8-bit adjacency); a larger weight is added straight to Acc.  A binary
@@ -191,10 +191,10 @@ constexpr int kGatherThreads = 128, kGatherBatch = 8, kByteBatch = 6;
 
 template <int kContainer, typename Acc>
 struct GatherSlice {
-  // features per lane: 16 (a 64-feature row takes 4 lanes: twice the threads of 32, in fewer registers each,
-  // since a 32,000-row batch at 32 codes a lane filled under one wave at 25% occupancy, measured), 32 for 1-bit
-  // containers (one 32-bit word, the smallest vector load)
-  static constexpr int kCodes = kContainer == 1 ? 32 : 16;
+  // features per lane: 16 at 2 and 8 bits (a 64-feature row takes 4 lanes: twice the threads of 32, in fewer
+  // registers each, since a 32,000-row batch at 32 codes a lane filled under one wave at 25% occupancy, measured),
+  // 8 at 4 bits and 32 at 1 bit (one 32-bit word: more lanes a row, more loads in flight; see gather_min_blocks)
+  static constexpr int kCodes = kContainer == 1 ? 32 : kContainer == 4 ? 8 : 16;
   static constexpr int kWords = kCodes * kContainer / 32;      // 32-bit words per lane per entry
   static constexpr int kPerWord = 32 / kContainer;             // codes per word
   static constexpr int kShifts = kPerWord / 2;                 // half registers per word
@@ -362,12 +362,19 @@ __device__ __forceinline__ void gather_row_bytes(const SpmmArgs& p, const uint8_
   flush();
 }
 
-// Binary adjacency, 32-bit sums: registers capped so that 6 blocks of 128 threads share an SM at 4-bit containers
-// (80 registers) and 5 at 2-bit ones (96; 80 spill there), and a 32,000-row batch at d = 64 (128,000 threads) takes
-// one wave and a quarter instead of two (ptxas, sm_80 and sm_90a: no spills).
+// Binary adjacency, 32-bit sums: registers capped so that more threads share an SM.  At 4-bit containers a lane owns
+// one 32-bit word of codes (8 features: a 64-feature row takes 8 lanes, one 32-byte sector per entry): 12 blocks of
+// 128 threads an SM on sm_90 (40 registers), 10 on sm_80 (48; its ptxas spills at 40), against 6 blocks of 80
+// registers with 16 codes a lane, which left a 32,000-row batch at d = 64 in 1.3 waves with a quarter of the
+// loads in flight.  At 2-bit containers 5 blocks (96 registers; 80 spill).  ptxas: no spills.
 template <typename Acc, int kContainer, bool kWeighted>
 constexpr int gather_min_blocks() {
-  return kWeighted || sizeof(Acc) != 4 ? 1 : kContainer == 4 ? 6 : kContainer == 2 ? 5 : 1;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  constexpr int kFourBitBlocks = 10;
+#else
+  constexpr int kFourBitBlocks = 12;
+#endif
+  return kWeighted || sizeof(Acc) != 4 ? 1 : kContainer == 4 ? kFourBitBlocks : kContainer == 2 ? 5 : 1;
 }
 
 template <typename Acc, int kContainer, int kLanes, bool kWeighted>
@@ -413,26 +420,28 @@ __global__ void __launch_bounds__(kGatherThreads, gather_min_blocks<Acc, kContai
 #pragma unroll
   for (int i = 0; i < S::kWords; ++i) self_words[i] = 0;
   if (p.self_weight) load_slice<S::kWords>(source_codes + row * p.code_ld, self_words);
-  float value[S::kCodes];
-#pragma unroll
-  for (int k = 0; k < S::kCodes; ++k) {
-    const int64_t f = min(f0 + k, p.cols - 1);  // past cols: computed, not stored
-    const float self_code =
-        static_cast<float>((self_words[k / S::kPerWord] >> (kContainer * (k % S::kPerWord))) & ((1u << kContainer) - 1u));
-    value[k] = affine_epilogue(static_cast<double>(sum[k]), p.lo[f], p.scale[f], row_sum, self_weight, self_code,
-                               row_scale, p.bias ? static_cast<double>(p.bias[f]) : 0.0, p.relu);
-  }
   float* out_row = p.out_float + row * p.cols + f0;
-  if (live == S::kCodes && p.cols % 4 == 0) {  // 16-byte aligned: row * cols and f0 are multiples of 4
+  const bool vector_store = live == S::kCodes && p.cols % 4 == 0;  // 16-byte aligned: row·cols and f0 are multiples of 4
+  // Four codes at a time, each group stored before the next is computed (fewer live registers: the kernel is capped).
 #pragma unroll
-    for (int i = 0; i < S::kCodes / 4; ++i) {
-      reinterpret_cast<float4*>(out_row)[i] =
-          make_float4(value[4 * i], value[4 * i + 1], value[4 * i + 2], value[4 * i + 3]);
+  for (int g = 0; g < S::kCodes / 4; ++g) {
+    float value[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int k = 4 * g + i;
+      const int64_t f = min(f0 + k, p.cols - 1);  // past cols: computed, not stored
+      const float self_code = static_cast<float>((self_words[k / S::kPerWord] >> (kContainer * (k % S::kPerWord))) &
+                                                 ((1u << kContainer) - 1u));
+      value[i] = affine_epilogue(static_cast<double>(sum[k]), p.lo[f], p.scale[f], row_sum, self_weight, self_code,
+                                 row_scale, p.bias ? static_cast<double>(p.bias[f]) : 0.0, p.relu);
     }
-  } else {
+    if (vector_store) {
+      reinterpret_cast<float4*>(out_row)[g] = make_float4(value[0], value[1], value[2], value[3]);
+    } else {
 #pragma unroll
-    for (int k = 0; k < S::kCodes; ++k) {
-      if (k < live) out_row[k] = value[k];
+      for (int i = 0; i < 4; ++i) {
+        if (4 * g + i < live) out_row[4 * g + i] = value[i];
+      }
     }
   }
 }
