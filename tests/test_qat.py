@@ -355,6 +355,25 @@ def test_qat_training_step_makes_no_host_sync(kind, settings):
     assert sum(ops.values()) > 20 and not syncing, syncing
 
 
+def test_gin_one_plus_eps_follows_a_changed_eps():
+    """QATGINConv keeps 1 + eps between calls while eps is a constant buffer; an eps changed in place (a loaded
+    state) must be seen at the next call."""
+    torch.manual_seed(0)
+    conv = qat.prepare(GINConv(Sequential(Linear(8, 8), ReLU(), Linear(8, 4)), eps=0.0), bits=8,
+                       skip_last=False, stochastic=False).eval()
+    x, edge_index = randn(10, 8, 42), torch.tensor([[0, 1, 2, 3, 4], [1, 2, 3, 4, 0]])
+    with torch.no_grad():
+        conv(x, edge_index)
+        conv.eps.fill_(0.5)
+        moved = conv(x, edge_index)
+    fresh = copy.deepcopy(conv)
+    fresh.__dict__.pop("_one_plus_eps_cache", None)
+    with torch.no_grad():
+        assert torch.equal(moved, fresh(x, edge_index))
+        conv.eps.fill_(0.0)
+        assert not torch.equal(moved, conv(x, edge_index))
+
+
 # --- keep_zeros -------------------------------------------------------------------------------
 @pytest.mark.parametrize("kind", ["dynamic", "dynamic_mse"])
 @pytest.mark.parametrize("dim", [None, 1])
