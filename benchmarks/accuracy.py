@@ -177,9 +177,23 @@ def accuracies(model, data, edge_index):
     return [float((pred[m] == data.y[m]).float().mean()) for m in (data.val_mask, data.test_mask)]
 
 
+def param_groups(model, weight_decay: float) -> list:
+    """The optimizer's parameter groups: ``weight_decay`` on the model's weights, none on learned quantization ranges.
+
+    A learned range (LSQ+: ``range_lo``, ``log_step`` of a :class:`~pyg_quant.qat.LearnedObserver`) is fitted to
+    the values it quantizes; decay would pull its offset to 0 and its step to 1 (``log_step`` to 0), which is not a
+    regulariser of the model.  LSQ and LSQ+ leave their step sizes undecayed as well.
+    """
+    ranges = {id(p) for m in model.modules() if isinstance(m, qat.LearnedObserver) for p in m.parameters()}
+    groups = [{"params": [p for p in model.parameters() if id(p) not in ranges], "weight_decay": weight_decay}]
+    if ranges:
+        groups.append({"params": [p for p in model.parameters() if id(p) in ranges], "weight_decay": 0.0})
+    return groups
+
+
 def train_full_batch(model, data, epochs: int, lr: float = 0.01, weight_decay: float = 5e-4):
     """200 epochs of full-batch Adam; returns (test acc at best val, best val, state at best val)."""
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
+    optimizer = torch.optim.Adam(param_groups(model, weight_decay), lr=lr)
     best = (-1.0, 0.0, None)
     for _ in range(epochs):
         model.train()
@@ -203,7 +217,7 @@ def check_convert(model, state, data, val_acc: float, test_acc: float) -> None:
 
 
 def train_cluster(model, data, loader, epochs: int, device, lr: float = 0.01, weight_decay: float = 5e-4):
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
+    optimizer = torch.optim.Adam(param_groups(model, weight_decay), lr=lr)
     full = data.to(device)
     best = (-1.0, 0.0, None)
     for _ in range(epochs):

@@ -272,6 +272,108 @@ def test_learned_range_freezes_and_recodes_after_a_step():
     assert torch.equal(fresh.eval()(w), fq.eval()(w))
 
 
+def test_frozen_learned_range_rounds_to_nearest_in_training():
+    """A learned range rounds to nearest in training whether it is trained or frozen (stochastic=True or not):
+    frozen, the training forward must be the evaluation forward, not a stochastic draw."""
+    w = randn(6, 40, 39)
+    fq = qat.FakeQuantize(2, "learned", dim=1, groups=6, stochastic=True, seed=0)
+    fq.train()(w)  # initialise
+    fq.disable_observer()
+    first, second = fq(w.clone().requires_grad_()), fq(w)
+    want = fq.eval()(w)
+    assert torch.equal(first.detach(), want) and torch.equal(second, want)
+
+
+def count_ops(fn) -> dict:
+    """The ATen / pyg_quant operators ``fn()`` dispatches, by name."""
+    from collections import Counter
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Counting(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops[str(func)] += 1
+            return func(*args, **(kwargs or {}))
+
+    with Counting() as counting:
+        fn()
+    return counting.ops
+
+
+@pytest.mark.parametrize("kind", ["mse", "learned"])
+def test_training_steps_leave_the_range_buffers_to_their_readers(kind):
+    """lo / scale copy the range in use, which nothing in the forward reads: a training step does not write them
+    (no clone / full_like / div), yet every way of reading them (attribute, state_dict, freezing) sees the range
+    in use, after an optimizer's in-place step on a learned range too."""
+    x = randn(16, 5, 40)
+    fq = qat.FakeQuantize(4, kind, dim=1 if kind == "learned" else 0, groups=16 if kind == "learned" else None)
+    fq.train()(x)
+    ops = count_ops(lambda: fq(x))
+    assert not {"aten.clone.default", "aten.full_like.default", "aten.div.Tensor"} & set(ops), ops
+    if kind == "learned":
+        with torch.no_grad():
+            fq.observer.log_step.add_(0.25)  # what an optimizer does, unseen by the quantizer
+    else:
+        fq(x * 3.0)  # the range moves
+    lo, hi = fq.range()
+    scale = (hi - lo) / torch.full_like(hi, 15.0)
+    assert torch.equal(fq.lo, lo) and torch.equal(fq.scale, scale)
+    if kind != "learned":
+        fq(x * 5.0)
+    state = fq.state_dict()
+    lo, hi = fq.range()
+    assert torch.equal(state["lo"], lo) and torch.equal(state["scale"], (hi - lo) / torch.full_like(hi, 15.0))
+    fresh = qat.FakeQuantize(4, kind, dim=fq.dim, groups=16 if kind == "learned" else None)
+    fresh.load_state_dict(state)
+    assert torch.equal(fresh.scale, state["scale"]) and torch.equal(fresh.eval()(x), fq.eval()(x))
+
+
+@pytest.mark.parametrize("settings", [{}, qat.CLUSTER_GCN_OBSERVERS])
+@pytest.mark.parametrize("kind", ["gcn", "gin"])
+def test_qat_training_step_makes_no_host_sync(kind, settings):
+    """After the first step (which builds and checks the graph), a QAT training step reads nothing back from the
+    device: no .item() / bool() (aten._local_scalar_dense) and no op whose output size depends on the data."""
+    data = planted_graph(nodes=120, seed=41)
+    torch.manual_seed(0)
+    model = qat.prepare({"gcn": lambda: GCN(16, 8, 4), "gin": lambda: GIN(16, 8, 4)}[kind](), bits=4,
+                        skip_last=False, **settings).train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+
+    def forward_backward():
+        optimizer.zero_grad()
+        F.cross_entropy(model(data.x, data.edge_index), data.y).backward()
+
+    forward_backward()
+    optimizer.step()
+    ops = count_ops(forward_backward)
+    syncing = {op: n for op, n in ops.items()
+               if op.startswith(("aten._local_scalar_dense", "aten.nonzero", "aten.masked_select", "aten.unique"))}
+    assert sum(ops.values()) > 20 and not syncing, syncing
+
+
+def test_gin_one_plus_eps_follows_a_changed_eps():
+    """QATGINConv keeps 1 + eps between calls while eps is a constant buffer; an eps changed in place (a loaded
+    state) must be seen at the next call."""
+    torch.manual_seed(0)
+    conv = qat.prepare(GINConv(Sequential(Linear(8, 8), ReLU(), Linear(8, 4)), eps=0.0), bits=8,
+                       skip_last=False, stochastic=False).eval()
+    x, edge_index = randn(10, 8, 42), torch.tensor([[0, 1, 2, 3, 4], [1, 2, 3, 4, 0]])
+    with torch.no_grad():
+        conv(x, edge_index)
+        conv.eps.fill_(0.5)
+        moved = conv(x, edge_index)
+    fresh = copy.deepcopy(conv)
+    fresh.__dict__.pop("_one_plus_eps_cache", None)
+    with torch.no_grad():
+        assert torch.equal(moved, fresh(x, edge_index))
+        conv.eps.fill_(0.0)
+        assert not torch.equal(moved, conv(x, edge_index))
+
+
 # --- keep_zeros -------------------------------------------------------------------------------
 @pytest.mark.parametrize("kind", ["dynamic", "dynamic_mse"])
 @pytest.mark.parametrize("dim", [None, 1])

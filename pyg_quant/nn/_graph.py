@@ -204,6 +204,25 @@ class QuantGraph:
         cache[dtype] = pair
         return pair
 
+    def column(self, values: Optional[torch.Tensor], dtype: torch.dtype) -> Optional[torch.Tensor]:
+        """A per-node vector of this graph (``deg_inv_sqrt``, ``diag``) as an ``[N, 1]`` column of ``dtype``.
+
+        A graph the layers share lives across layers and steps, and a GCN layer scales by ``deg_inv_sqrt``
+        twice a call: the column is made once per vector and dtype (a cast and a view fewer per use), unless it
+        carries a gradient (an autograd view cannot outlive its step) or ``torch.compile`` is tracing.
+        """
+        if values is None:
+            return None
+        if values.requires_grad or is_compiling():
+            return values.to(dtype).view(-1, 1)
+        cache = self.__dict__.setdefault("_columns", {})
+        hit = cache.get((id(values), dtype))
+        if hit is not None and hit[0] is values:  # the entry holds values, so its id cannot be reused
+            return hit[1]
+        column = values.to(dtype).view(-1, 1)
+        cache[(id(values), dtype)] = (values, column)
+        return column
+
     def aggregate_float(self, y: torch.Tensor) -> torch.Tensor:
         """``Â · y`` along dim -2 (any leading batch dims), autograd-friendly, in ``y``'s dtype.
 
@@ -226,7 +245,7 @@ class QuantGraph:
         if self.diag is not None:
             # A slice of all rows would still cost a slice_backward (a zero fill and a copy) in every backward.
             self_features = y if y.size(-2) == self.num_dst else y[..., :self.num_dst, :]
-            out = out + self.diag.to(y.dtype).view(-1, 1) * self_features
+            out = out + self.column(self.diag, y.dtype) * self_features
         return out
 
     def _pack(self) -> tuple:

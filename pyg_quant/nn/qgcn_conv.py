@@ -229,7 +229,7 @@ class QGCNConv(MessagePassing):
         h = self.lin(x)
         deg_inv_sqrt = graph.deg_inv_sqrt
         if deg_inv_sqrt is not None:
-            h = h * deg_inv_sqrt.to(h.dtype).view(-1, 1)
+            h = h * graph.column(deg_inv_sqrt, h.dtype)
         act_bits = self.act_bits
         if act_bits is not None and graph.can_run_bits and bit_kernels:
             matrix, restore = node_matrix(h)
@@ -252,7 +252,7 @@ class QGCNConv(MessagePassing):
             h = restore(fake_quantize(matrix, act_bits, 0, self.stochastic and self.training))
         out = graph.aggregate_float(h)
         if deg_inv_sqrt is not None:
-            out = out * deg_inv_sqrt.to(out.dtype).view(-1, 1)
+            out = out * graph.column(deg_inv_sqrt, out.dtype)
         if self.bias is not None:
             out = out + self.bias
         return self._finish(out, x, bit_kernels)

@@ -218,9 +218,21 @@ class QGINConv(MessagePassing):
         if x_dst is not None:
             target = dequantize(x_dst) if isinstance(x_dst, BitTensor) else x_dst
             target = target.to_dense() if target.is_sparse else target
-            out = out + (1 + self.eps) * target
+            out = out + self._one_plus_eps() * target
         out = self._apply_nn(out, bit_kernels)
         return requantize_output(out, self.out_bits, self.out_dim, bit_kernels)
+
+    def _one_plus_eps(self) -> Tensor:
+        """``1 + eps``, made once while ``eps`` is a constant buffer (one op fewer a call, every step); a trained
+        ``eps`` (or an inference tensor, which has no version counter) gets it made at every call."""
+        eps = self.eps
+        if eps.requires_grad or eps.is_inference():
+            return 1 + eps
+        key = (eps.data_ptr(), eps._version, eps.device)  # a loaded state or .to() changes one of them
+        cached = self.__dict__.get("_one_plus_eps_cache")
+        if cached is None or cached[0] != key:
+            cached = self.__dict__["_one_plus_eps_cache"] = (key, 1 + eps)
+        return cached[1]
 
     def _apply_nn(self, x, bit_kernels: bool):
         """``self.nn(x)``; with the bit kernels, a Sequential of QuantLinear (+ ReLU) layers runs as one fused

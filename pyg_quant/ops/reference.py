@@ -337,20 +337,48 @@ def mse_range(x, dim: int, bits: int, grid):
         x, dim = x.reshape(-1, 1), 0
     lo, hi = _own_range(x, dim)
     view = _group_view(dim)
-    lo, hi = lo.reshape(view), hi.reshape(view)
+    return mse_search(x, lo, hi, dim, grid, lambda c_lo, c_hi: _fake_values(x, c_lo.view(view), c_hi.view(view),
+                                                                             bits, 0.5))
+
+
+_GRID_TENSORS = {}
+
+
+def _grid_tensors(grid) -> tuple:
+    """The factors of ``grid`` as 0-d float32 CPU tensors (the kernels' float32 factors), made once per grid: a 0-d
+    CPU tensor is a scalar argument on any device, so no copy to the device is made per candidate."""
+    grid = tuple(float(a) for a in grid)
+    tensors = _GRID_TENSORS.get(grid)
+    if tensors is None:
+        tensors = _GRID_TENSORS[grid] = tuple(torch.tensor(a, dtype=torch.float32) for a in grid)
+    return tensors
+
+
+def mse_search(x, lo, hi, dim: int, grid, fake, keep: Optional[torch.Tensor] = None):
+    r"""The search of :func:`mse_range` from given extremes: per group, the candidate range with the least error.
+
+    Candidates ``[c + a(lo − c), c + a(hi − c)]`` for each ``a`` in ``grid``, ``c = clamp(0, lo, hi)``;
+    ``fake(c_lo, c_hi)`` gives ``x``'s round-to-nearest values over the candidate (1-D ranges, one per
+    group); the error is ``Σ (x − x̃)²`` along ``dim``, in float32 per element, squared and summed in
+    float64, over the entries where ``keep`` (bool, ``x``'s shape) if given; the first (widest)
+    candidate wins ties.  ``x`` is 2-D, ``lo`` / ``hi`` 1-D, one per group along ``dim`` (0 or 1).
+    """
     center = torch.minimum(torch.clamp(torch.zeros_like(lo), min=lo), hi)
+    lo_span, hi_span = lo - center, hi - center
     best_err = best_lo = best_hi = None
-    for a in grid:
-        a32 = torch.tensor(a, dtype=torch.float32, device=x.device)
-        c_lo, c_hi = center + a32 * (lo - center), center + a32 * (hi - center)
-        err = (_fake_values(x, c_lo, c_hi, bits, 0.5) - x).double().square().sum(dim, keepdim=True)
+    for a in _grid_tensors(grid):
+        c_lo, c_hi = center + a * lo_span, center + a * hi_span
+        err = (fake(c_lo, c_hi) - x).double().square()
+        if keep is not None:
+            err = err * keep
+        err = err.sum(dim)
         if best_err is None:
             best_err, best_lo, best_hi = err, c_lo, c_hi
         else:
             better = err < best_err
             best_err = torch.where(better, err, best_err)
             best_lo, best_hi = torch.where(better, c_lo, best_lo), torch.where(better, c_hi, best_hi)
-    return best_lo.reshape(-1), best_hi.reshape(-1)
+    return best_lo, best_hi
 
 
 def quant_mlp(x, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits, weight_bits, relu):

@@ -150,7 +150,7 @@ class QATGCNConv(_QATConvMixin, QGCNConv):
         h = self.lin(x, protect=protect)
         deg_inv_sqrt = graph.deg_inv_sqrt
         if deg_inv_sqrt is not None:
-            h = h * deg_inv_sqrt.to(h.dtype).view(-1, 1)
+            h = h * graph.column(deg_inv_sqrt, h.dtype)
         fq = self.agg_quant
         if fq is not None and fq.quantizes and graph.can_run_bits and bit_kernels:
             out = graph.aggregate_bits(fq.quantize(h, "col"))
@@ -159,7 +159,7 @@ class QATGCNConv(_QATConvMixin, QGCNConv):
                 h = fq(h, protect)
             out = _aggregate_float(graph, h, self.training)
         if deg_inv_sqrt is not None:
-            out = out * deg_inv_sqrt.to(out.dtype).view(-1, 1)
+            out = out * graph.column(deg_inv_sqrt, out.dtype)
         if self.bias is not None:
             out = out + self.bias
         return out
@@ -261,7 +261,7 @@ class QATGINConv(_QATConvMixin, QGINConv):
                 source = fq(x_src, self._protect(graph, num_src)) if fq is not None else x_src
                 out = _aggregate_float(graph, source, self.training)
         if x_dst is not None:
-            out = torch.addcmul(out, 1 + self.eps, x_dst)  # out + (1 + eps)·x_dst in one pass
+            out = torch.addcmul(out, self._one_plus_eps(), x_dst)  # out + (1 + eps)·x_dst in one pass
         return self.nn(out)
 
 

@@ -52,6 +52,8 @@ from ..bit_tensor import BitTensor, _check_bits
 from .observers import OBSERVERS, Observer, check_dim, check_matrix, collapse_narrow_range, learned_step, make_observer
 
 _VIEW = {None: (1, 1), 0: (1, -1), 1: (-1, 1)}
+#: The buffers that hold a copy of the range in use, written when read (see ``FakeQuantize._store_range``).
+_RANGE_BUFFERS = ("lo", "scale")
 
 
 def qparams_from_range(lo: torch.Tensor, hi: torch.Tensor, bits: int):
@@ -97,7 +99,7 @@ class _LearnedFakeQuantizeFunction(torch.autograd.Function):
     def forward(ctx, x, lo, log_step, bits, dim):
         levels = float(2**bits - 1)
         step = learned_step(log_step, bits)
-        lo32 = lo.detach().to(torch.float32)
+        lo32 = lo.to(torch.float32)  # grad mode is off in forward: no detach needed
         hi = lo32 + step * levels
         out, inside = ops.fake_quantize(x, lo32, hi, bits, -1 if dim is None else dim, None, True, False, None)
         ctx.save_for_backward(x, lo32, step, out, inside)
@@ -113,8 +115,10 @@ class _LearnedFakeQuantizeFunction(torch.autograd.Function):
         q = torch.round((out - lo_v) / step_v).clamp_(0, ctx.levels)
         reduce = (0, 1) if ctx.dim is None else ctx.dim
         grad_x = grad * inside
-        grad_lo = grad.masked_fill(inside, 0.0).sum(reduce).reshape(lo.shape)
-        grad_step = (grad * torch.where(inside, q - v, q)).sum(reduce).reshape(step.shape)
+        grad_lo = grad.masked_fill(inside, 0.0).sum(reduce)
+        grad_step = (grad * torch.where(inside, q - v, q)).sum(reduce)
+        if ctx.dim is None:  # a per-tensor sum is 0-d, the range (1,); a per-row sum has the range's shape already
+            grad_lo, grad_step = grad_lo.view(lo.shape), grad_step.view(step.shape)
         return grad_x, grad_lo, grad_step * step, None, None
 
 
@@ -133,7 +137,10 @@ class FakeQuantize(torch.nn.Module):
     ``(rows,)``; empty for a dynamic observer, whose range is every input's
     own), ``observer_enabled`` and ``fake_quant_enabled`` (uint8 switches, as
     in ``torch.ao.quantization.FakeQuantize``).  Until a static observer has
-    seen data, inputs are quantized over their own range.
+    seen data, inputs are quantized over their own range.  ``lo`` and ``scale``
+    are a copy of the observer's range that nothing in the forward reads: they
+    are written when read (as ``fq.lo`` / ``fq.scale``, by ``state_dict()``,
+    or when the range is frozen), not at every training step.
 
     Args:
         bits (int): 1..8.
@@ -181,12 +188,13 @@ class FakeQuantize(torch.nn.Module):
         self.dim = observer.dim
         self.stochastic = stochastic
         self.seed = _check_seed(seed)
+        # Python mirrors of the two switches: reading a CUDA buffer in forward would sync the device.
+        self._observe, self._fake = True, True
+        self._range_moved = False  # the observer moved since lo / scale were written (see _store_range)
         self.register_buffer("lo", torch.empty(0))
         self.register_buffer("scale", torch.empty(0))
         self.register_buffer("observer_enabled", torch.ones(1, dtype=torch.uint8))
         self.register_buffer("fake_quant_enabled", torch.ones(1, dtype=torch.uint8))
-        # Python mirrors of the two switches: reading a CUDA buffer in forward would sync the device.
-        self._observe, self._fake = True, True
         self._generators: Dict[str, torch.Generator] = {}
         self._codes = None  # the last quantize() result and what it depends on (see quantize)
 
@@ -195,8 +203,8 @@ class FakeQuantize(torch.nn.Module):
         """Let the range move (observe, or for a ``"learned"`` range: initialise and train), or freeze it."""
         self.observer_enabled.fill_(int(enabled))
         self._observe = bool(enabled)
-        if self.observer.learned and self.observer.initialized:
-            self._store_range()  # the range in use is the parameters' last values
+        if self._range_buffers_stale():
+            self._store_range()  # the frozen range, in the buffers
         return self
 
     def disable_observer(self) -> "FakeQuantize":
@@ -272,18 +280,48 @@ class FakeQuantize(torch.nn.Module):
         view = _VIEW[self.dim]
         return lo.view(view), hi.view(view), scale.view(view), inv_scale.view(view)
 
+    def _range_buffers_stale(self) -> bool:
+        """Whether ``lo`` / ``scale`` may differ from the range in use: the observer moved since they were written,
+        or it is a learned range that is still trained (the optimizer moves it in place, unseen here)."""
+        if self.dynamic or not self.observer.initialized:
+            return False
+        # (.get: a module pickled before this flag existed)
+        return self.__dict__.get("_range_moved", False) or (self.observer.learned and self._observe)
+
     def _store_range(self) -> None:
-        lo, hi = self.range()
-        # to_bit's float32 scale (a tensor divisor: a Python scalar one is a multiply by its reciprocal on CUDA)
-        self.lo, self.scale = lo.clone(), (hi - lo) / torch.full_like(hi, float(2**self.bits - 1))
+        """Write the range in use into the ``lo`` / ``scale`` buffers.
+
+        Nothing in the forward reads them (the observer's own tensors are the range), so a training step does not
+        write them (7 ops a step); they are written where they can be seen: when read as attributes
+        (:meth:`__getattr__`), by ``state_dict()`` and when the range is frozen.
+        """
+        self._range_moved = False
+        # Ordinary tensors even when read under inference mode (convert may run there): a buffer that is an
+        # inference tensor keeps no version counter.
+        with torch.inference_mode(False), torch.no_grad():
+            lo, hi = self.range()
+            # to_bit's float32 scale (a tensor divisor: a Python scalar one is a multiply by its reciprocal on CUDA).
+            # Into _buffers directly: assigning the attribute would check hasattr(self, "lo"), i.e. __getattr__.
+            self._buffers["lo"] = lo.clone()
+            self._buffers["scale"] = (hi - lo) / torch.full_like(hi, float(2**self.bits - 1))
+
+    def __getattr__(self, name: str):
+        # nn.Module keeps buffers outside __dict__, so every read of fq.lo / fq.scale comes here.
+        if name in _RANGE_BUFFERS and self._range_buffers_stale():
+            self._store_range()
+        return super().__getattr__(name)
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        if self._range_buffers_stale():
+            self._store_range()
+        super()._save_to_state_dict(destination, prefix, keep_vars)
 
     # --- forward -----------------------------------------------------------------------
     def forward(self, x: torch.Tensor, protect: Optional[torch.Tensor] = None) -> torch.Tensor:
         check_matrix(x)
         if self.training and self._observe:
             self.observer(x)
-            if not self.dynamic:
-                self._store_range()
+            self._range_moved = not self.dynamic
         if not self._fake:
             return x
         if protect is not None and self.training and (protect.dtype != torch.bool or protect.shape != (x.size(0),)):
@@ -294,14 +332,18 @@ class FakeQuantize(torch.nn.Module):
             # The range is trained: nearest rounding, LSQ+ gradients to range_lo and log_step.
             obs = self.observer
             out = _LearnedFakeQuantizeFunction.apply(x32, obs.range_lo, obs.log_step, self.bits, self.dim)
-            return out if protect is None else torch.where(protect.view(-1, 1), x32, out)
-        if self.keep_zeros and self.training:
-            return self._forward_keep_zeros(x32, protect)
-        # Static ranges may clip, and clipped values get no gradient.  A dynamic range moves with its tensor:
-        # every value keeps its straight-through gradient (a "dynamic_mse" range clips, but zeroing those
-        # gradients cost ~1 pt on the planted Cluster-GCN graph at 2 bits).
-        lo, hi = (None, None) if self.observer.own_extrema else self.range(x32.detach())
-        random_noise = self.stochastic and self.training
+            return self._protected(out, x32, protect)
+        keep = x32.detach() != 0 if self.keep_zeros and self.training else None
+        if keep is not None:
+            # The range of the non-zero entries (a dynamic range: every other value keeps its gradient).
+            lo, hi = collapse_narrow_range(*self.observer.masked_range(x32, keep))
+        else:
+            # Static ranges may clip, and clipped values get no gradient.  A dynamic range moves with its tensor:
+            # every value keeps its straight-through gradient (a "dynamic_mse" range clips, but zeroing those
+            # gradients cost ~1 pt on the planted Cluster-GCN graph at 2 bits).  The observers detach x themselves.
+            lo, hi = (None, None) if self.observer.own_extrema else self.range(x32)
+        # A learned range rounds to nearest, frozen too: its weights are then the very weights inference uses.
+        random_noise = self.stochastic and self.training and not self.observer.learned
         generator = self.generator(x32.device) if random_noise else None
         # One fused op (pyg_quant::fake_quantize: the noise, to_bit's float32 steps, the dequantization, the
         # clipping mask), wrapped in one autograd node where a gradient is wanted.
@@ -310,25 +352,15 @@ class FakeQuantize(torch.nn.Module):
             out = _FakeQuantizeFunction.apply(x32, lo, hi, self.bits, dim, not self.dynamic, random_noise, generator)
         else:
             out = ops.fake_quantize(x32, lo, hi, self.bits, dim, None, False, random_noise, generator)[0]
-        if protect is not None and self.training:
-            out = torch.where(protect.view(-1, 1), x32, out)
-        return out
+        if keep is not None:
+            out = torch.where(keep, out, torch.zeros_like(out))  # the zeros stay exact zeros
+        return self._protected(out, x32, protect)
 
-    def _forward_keep_zeros(self, x32: torch.Tensor, protect: Optional[torch.Tensor]) -> torch.Tensor:
-        """Training with ``keep_zeros``: the range of the non-zero entries, zeros kept exactly (dynamic ranges, so
-        every other value keeps its straight-through gradient)."""
-        keep = x32.detach() != 0
-        lo, hi = collapse_narrow_range(*self.observer.masked_range(x32.detach(), keep))
-        generator = self.generator(x32.device) if self.stochastic else None
-        dim = -1 if self.dim is None else self.dim
-        if x32.requires_grad:
-            out = _FakeQuantizeFunction.apply(x32, lo, hi, self.bits, dim, False, self.stochastic, generator)
-        else:
-            out = ops.fake_quantize(x32, lo, hi, self.bits, dim, None, False, self.stochastic, generator)[0]
-        out = torch.where(keep, out, torch.zeros_like(out))
-        if protect is not None:
-            out = torch.where(protect.view(-1, 1), x32, out)
-        return out
+    def _protected(self, out: torch.Tensor, x32: torch.Tensor, protect: Optional[torch.Tensor]) -> torch.Tensor:
+        """``out`` with the rows of ``protect`` (Degree-Quant's mask, training only) passed through as ``x32``."""
+        if protect is None or not self.training:
+            return out
+        return torch.where(protect.view(-1, 1), x32, out)
 
     def quantize(self, x: torch.Tensor, layout: str = "row") -> BitTensor:
         """The round-to-nearest codes of ``x`` as a :class:`BitTensor` (the bit kernels' operand).

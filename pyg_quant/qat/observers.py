@@ -54,6 +54,7 @@ from typing import Optional, Tuple
 import torch
 
 from .. import ops
+from ..ops import reference
 
 from ..nn._quantize import check_finite as _check_finite
 
@@ -89,9 +90,10 @@ def check_finite(x: torch.Tensor, name: str = "x") -> None:
     _check_finite(x, name)
 
 
+@torch.no_grad()  # ranges take no gradient (and no_grad dispatches no detach op, as x.detach() would)
 def tensor_range(x: torch.Tensor, dim: Optional[int]) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(min, max)`` of ``x`` reduced over ``dim``, float32 1-D."""
-    x = x.detach().to(torch.float32)
+    x = x.to(torch.float32)
     if dim is None:
         lo, hi = torch.aminmax(x)
         return lo.view(1), hi.view(1)
@@ -129,10 +131,11 @@ def collapse_narrow_range(lo: torch.Tensor, hi: torch.Tensor) -> Tuple[torch.Ten
     return lo, torch.where(hi - lo < _MIN_RANGE_WIDTH, lo, hi)
 
 
+@torch.no_grad()
 def learned_step(log_step: torch.Tensor, bits: int) -> torch.Tensor:
     """A learned range's float32 step ``exp(log_step)`` (detached), no smaller than that of the narrowest range
     :func:`collapse_narrow_range` keeps, so that ``1 / step`` stays finite in LSQ+'s gradients too."""
-    return torch.exp(log_step.detach().to(torch.float32)).clamp_min(_MIN_RANGE_WIDTH / float(2**bits - 1))
+    return torch.exp(log_step.to(torch.float32)).clamp_min(_MIN_RANGE_WIDTH / float(2**bits - 1))
 
 
 class Observer(torch.nn.Module):
@@ -235,9 +238,10 @@ def _masked_view(x: torch.Tensor, keep: torch.Tensor, dim: Optional[int]):
     return x, keep, dim
 
 
+@torch.no_grad()
 def masked_tensor_range(x: torch.Tensor, keep: torch.Tensor, dim: Optional[int]) -> Tuple[torch.Tensor, torch.Tensor]:
     """:func:`tensor_range` over the entries where ``keep`` (bool, ``x``'s shape); ``(0, 0)`` for a range with none."""
-    x, keep, reduce = _masked_view(x.detach().to(torch.float32), keep, dim)
+    x, keep, reduce = _masked_view(x.to(torch.float32), keep, dim)
     inf = torch.full_like(x, float("inf"))
     lo = torch.where(keep, x, inf).amin(reduce)
     hi = torch.where(keep, x, -inf).amax(reduce)
@@ -312,35 +316,26 @@ def mse_ranges(x: torch.Tensor, dim: Optional[int], bits: int,
     the min/max and ``c = clamp(0, lo, hi)``; the error is ``Σ (x − x̃)²`` along ``dim``, the
     first (widest) candidate wins ties.  Float32 1-D, like :func:`tensor_range`.
     """
-    return ops.mse_range(x.detach().to(torch.float32), -1 if dim is None else dim, bits, tuple(grid))
+    with torch.no_grad():  # no gradient, and no detach op dispatched
+        return ops.mse_range(x.to(torch.float32), -1 if dim is None else dim, bits, tuple(grid))
 
 
 def masked_mse_ranges(x: torch.Tensor, keep: torch.Tensor, dim: Optional[int], bits: int,
                       grid=MSE_GRID) -> Tuple[torch.Tensor, torch.Tensor]:
     r""":func:`mse_ranges` over the entries where ``keep`` (bool, ``x``'s shape) only.
 
-    The same candidates (from the kept entries' min/max) and the same round-to-nearest
-    codes (:func:`pyg_quant.ops.fake_quantize`), errors summed in float64 over the kept
-    entries, the first (widest) candidate winning ties; with every entry kept it equals
-    :func:`mse_ranges`.  ``(0, 0)`` for a range with no kept entry.
+    The reference search (:func:`pyg_quant.ops.reference.mse_search`) from the kept entries'
+    min/max, with the compiled round-to-nearest codes (:func:`pyg_quant.ops.fake_quantize`) and
+    the errors of the kept entries only; with every entry kept it equals :func:`mse_ranges`.
+    ``(0, 0)`` for a range with no kept entry.
     """
-    x = x.detach().to(torch.float32).contiguous()
-    lo, hi = masked_tensor_range(x, keep, dim)
-    xv, kv, reduce = _masked_view(x, keep, dim)
-    c = torch.minimum(torch.clamp(lo, min=0.0), hi)
-    best_lo, best_hi, best_err = lo, hi, None
-    for a in grid:
-        a = torch.tensor(a, dtype=torch.float32)  # the kernel's float32 factor
-        c_lo, c_hi = c + a * (lo - c), c + a * (hi - c)
-        out = ops.fake_quantize(xv, c_lo, c_hi, bits, reduce, None, False, False, None)[0]
-        err = ((out - xv).double().square() * kv).sum(reduce)
-        if best_err is None:
-            best_lo, best_hi, best_err = c_lo, c_hi, err
-        else:
-            better = err < best_err
-            best_lo, best_hi = torch.where(better, c_lo, best_lo), torch.where(better, c_hi, best_hi)
-            best_err = torch.where(better, err, best_err)
-    return best_lo, best_hi
+    with torch.no_grad():
+        x = x.to(torch.float32).contiguous()
+        lo, hi = masked_tensor_range(x, keep, dim)
+        xv, kv, reduce = _masked_view(x, keep, dim)
+        return reference.mse_search(
+            xv, lo, hi, reduce, grid, lambda c_lo, c_hi: ops.fake_quantize(xv, c_lo, c_hi, bits, reduce, None, False,
+                                                                           False, None)[0], kv)
 
 
 class MSEObserver(EMAMinMaxObserver):
@@ -465,7 +460,7 @@ class LearnedObserver(Observer):
             if x is None:
                 raise ValueError("LearnedObserver has observed nothing yet")
             return mse_ranges(x, self.dim, self.bits)
-        lo = self.range_lo.detach().to(torch.float32)
+        lo = self.range_lo.detach().to(torch.float32)  # a tensor of its own, not the Parameter
         return lo, lo + learned_step(self.log_step, self.bits) * float(2**self.bits - 1)
 
     def range_tensors(self) -> tuple:
