@@ -105,6 +105,53 @@ def _check_bitmm_int(dev, shape):
         assert _equal_on_cpu(pq.bitmm_int(a, b), want.to(torch.int32))
 
 
+def _check_bitmm_int_planes(dev, s, t, rows, cols, outer_a, outer_b, words, seed):
+    """Random planes, padding rows and words included (every bit random: no zero tiles for a wrong offset,
+    phase or swizzle to hide behind), against the CPU kernel."""
+    a = _random_planes(s, outer_a, words, seed)
+    b = _random_planes(t, outer_b, words, seed + 1)
+    want = OPS.bitmm_int(a, b, rows, cols, False)
+    assert want.abs().sum() > 0
+    got = OPS.bitmm_int(a.to(dev), b.to(dev), rows, cols, False)
+    assert got.device.type == dev and _equal_on_cpu(got, want), (s, t, rows, cols, outer_a, outer_b, words)
+
+
+# Shapes for the sm_90 kernel's edges (bitmm_wgmma_cuda.cu: 128 x 256 tiles for one plane pair, 128 x 128 for
+# several, 128 x 64 for N <= 64; K chunks of 4, 2 or 1 k256 steps = 32, 16 or 8 words; 2-CTA clusters over M
+# sharing B).  (s, t, rows, cols, outer_a, outer_b, words); elsewhere they run the mma.sync kernel.
+TMA_EDGES = [
+    # 37 steps: 10 chunks of 4 (the last one step), 4 stages wrapping 2.5 times; 3 M tiles (a cluster's second
+    # CTA past the operand); 2 N tiles, the second's far half of B wholly past the operand
+    (1, 1, 300, 300, 320, 320, 37 * 8),
+    (1, 1, 200, 64, 384, 192, 9 * 8),  # N <= 64 (n64); planes padded well past rows/cols
+    (1, 1, 129, 100, 192, 128, 3 * 8),  # 2 chunks of 2 steps (64-byte swizzle), 2 stages
+    (1, 1, 70, 33, 128, 64, 8),  # one step (32-byte swizzle), one chunk, one M tile
+    (1, 1, 256, 512, 256, 512, 4096),  # K = 131072 bits: 128 chunks, stage phases flip 32 times
+    (1, 3, 257, 130, 320, 192, 21 * 8),  # several pairs, 2 N tiles of 128 (2 valid columns in the second)
+    (2, 7, 190, 300, 192, 320, 40 * 8),  # 14 pairs (even); 2-step chunks (the planes' smem)
+    (3, 5, 130, 65, 192, 128, 13 * 8),  # 15 pairs: a lone last pair per chunk
+    (8, 8, 100, 200, 128, 256, 20 * 8),  # 64 pairs: 1-step chunks, 3 stages, 20 chunks
+    (8, 8, 64, 40, 64, 64, 8 * 8),  # 64 pairs, n64
+    (5, 1, 64, 64, 64, 64, 8),
+    (4, 4, 1000, 1000, 1024, 1024, 8 * 8),
+]
+# Grids below and above one wave of an H100 / H200 (132 SMs): 34 x 2 and 142 x 3 blocks.
+TMA_WAVES = [(2, 3, 4100, 200, 4160, 256, 16), (1, 1, 17925, 520, 17984, 576, 16)]
+
+
+def _check_bitmm_int_misaligned(dev):
+    """Planes that start 4 bytes off a 16-byte boundary (a view with a storage offset): copied, not faulted."""
+    s, t, rows, cols, words = 2, 3, 150, 70, 24
+    a_buf = _random_planes(1, 1, s * 192 * words + 1, 5).view(-1)
+    b_buf = _random_planes(1, 1, t * 128 * words + 1, 6).view(-1)
+    a, b = a_buf[1:].view(s, 192, words), b_buf[1:].view(t, 128, words)
+    want = OPS.bitmm_int(a, b, rows, cols, False)
+    a_dev, b_dev = a_buf.to(dev)[1:].view(s, 192, words), b_buf.to(dev)[1:].view(t, 128, words)
+    assert dev == "cpu" or a_dev.data_ptr() % 16 != 0
+    for wide in (False, True):
+        assert _equal_on_cpu(OPS.bitmm_int(a_dev, b_dev, rows, cols, wide), want.long() if wide else want)
+
+
 def _check_bitmm_float(dev, shape):
     M, K, N = shape
     for (s, t), (a_dim, b_dim) in itertools.product([(1, 1), (3, 5), (8, 8), (2, 7)], [(None, None), (1, 0)]):
@@ -349,6 +396,24 @@ def test_bitmm_int_gpu_equals_cpu_long_k(shape):
         assert _equal_on_cpu(OPS.bitmm_int(a.planes, b.planes, M, N, True), want.long()), (s, t)
 
 
+@pytest.mark.parametrize("case", TMA_EDGES, ids=lambda c: "s{}t{}_{}x{}_w{}".format(c[0], c[1], c[2], c[3], c[6]))
+def test_bitmm_int_gpu_equals_cpu_pipeline_edges(case):
+    """The sm_90 TMA pipeline's edges: partial last chunks, stage phases wrapping, partial and empty tiles, every
+    chunk length, 1 to 64 plane pairs, padded planes."""
+    s, t, rows, cols, outer_a, outer_b, words = case
+    _check_bitmm_int_planes(DEV, s, t, rows, cols, outer_a, outer_b, words, seed=rows + 7 * words)
+
+
+@pytest.mark.parametrize("case", TMA_WAVES, ids=lambda c: f"{c[2]}x{c[3]}")
+def test_bitmm_int_gpu_equals_cpu_waves(case):
+    s, t, rows, cols, outer_a, outer_b, words = case
+    _check_bitmm_int_planes(DEV, s, t, rows, cols, outer_a, outer_b, words, seed=cols)
+
+
+def test_bitmm_int_gpu_misaligned_planes():
+    _check_bitmm_int_misaligned(DEV)
+
+
 def _cuda_kernel_names(fn):
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         fn()
@@ -367,10 +432,10 @@ def test_bitmm_int_takes_wgmma_on_sm90():
     for s, t, n in [(1, 1, 300), (1, 1, 64), (4, 4, 100), (8, 8, 200)]:
         a, b = _bitmm_operands(DEV, 300, 1000, n, s, t)
         names = _cuda_kernel_names(lambda: OPS.bitmm_int(a.planes, b.planes, 300, n, False))
-        assert any("bitmm_wgmma_kernel" in name for name in names), (s, t, names)
+        assert any("bitmm_wgmma_tma_kernel" in name for name in names), (s, t, names)
     # int64 results stay on the mma.sync kernel
     names = _cuda_kernel_names(lambda: OPS.bitmm_int(a.planes, b.planes, 300, n, True))
-    assert not any("bitmm_wgmma_kernel" in name for name in names) and any("bitmm_kernel" in n for n in names), names
+    assert not any("bitmm_wgmma" in name for name in names) and any("bitmm_kernel" in n for n in names), names
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 1), (37, 300, 19), (300, 600, 300)], ids=lambda s: "x".join(map(str, s)))

@@ -202,8 +202,14 @@ at::Tensor bitmm_int_cuda(const at::Tensor& a_in, const at::Tensor& b_in, int64_
   TORCH_CHECK_VALUE(a_in.device() == b_in.device(), "a_planes and b_planes must be on one device");
   TORCH_CHECK_VALUE((cols + kBlockN - 1) / kBlockN <= 65535, "too many output columns for one launch");
   const c10::cuda::CUDAGuard guard(a_in.device());
-  const auto a = a_in.contiguous();
-  const auto b = b_in.contiguous();
+  // Both kernels copy 16-byte pieces of the planes (cp.async, TMA): a view that starts off a 16-byte boundary
+  // (a storage offset, not what to_bit makes) is copied first.
+  auto aligned = [](const at::Tensor& x) {
+    const auto c = x.contiguous();
+    return reinterpret_cast<uintptr_t>(c.data_ptr()) % 16 == 0 ? c : c.clone();
+  };
+  const auto a = aligned(a_in);
+  const auto b = aligned(b_in);
   auto out = at::empty({rows, cols}, a.options().dtype(wide ? at::kLong : at::kInt));
   if (rows == 0 || cols == 0) return out;
   if (wide) {

@@ -9,8 +9,9 @@ at::Tensor bitmm_int_cuda(const at::Tensor& a_planes, const at::Tensor& b_planes
 // The wgmma path (bitmm_wgmma_cuda.cu): true when `device` is sm_90 and the build has its sm_90a image.
 bool bitmm_wgmma_available(const at::Device& device);
 // Writes the int32 product into `out` [rows, cols] and returns true, or returns false
-// (nothing launched) where the wgmma kernel does not apply: not sm_90/sm_90a, or the
-// planes need more shared memory than three pipeline stages of the smallest chunk.
+// (nothing launched) where the wgmma kernel does not apply: not sm_90/sm_90a, no
+// cuTensorMapEncodeTiled in the driver, planes off a 16-byte boundary, K = 0, an
+// operand past the tensor maps' int32 coordinates or the grid's 65535 M tiles.
 bool bitmm_int_wgmma(const at::Tensor& a_planes, const at::Tensor& b_planes, int64_t rows, int64_t cols,
                      at::Tensor& out);
 

@@ -1,54 +1,68 @@
-// Any-bitwidth GEMM on Hopper's warpgroup tensor cores (wgmma m64nNk256 .b1 .and.popc, sm_90a).
+// Any-bitwidth GEMM on Hopper's warpgroup tensor cores (wgmma m64nNk256 .b1 .and.popc, sm_90a), fed by the bulk
+// tensor copy engine (TMA) in a warp-specialised pipeline.
 //
-// Same operands and result as bitmm_kernel (bitmm_cuda.cu): A row-layout planes
-// [s, M_pad, W], B col-layout planes [t, N_pad, W], int32
-// C[M, N] = Σ_{p,q} 2^(p+q) · popc(A_p AND B_q).
+// Same operands and result as bitmm_kernel (bitmm_cuda.cu): A row-layout planes [s, M_pad, W], B col-layout
+// planes [t, N_pad, W], int32 C[M, N] = Σ_{p,q} 2^(p+q) · popc(A_p AND B_q).
 //
-// A block of two warpgroups (256 threads) computes a 128 x kBlockN tile,
-// warpgroup w the rows 64w..64w+63 against all kBlockN columns.  K is walked in
-// chunks of kSteps k256 steps; a chunk of every plane of the tile's rows and
-// columns is copied into shared memory with cp.async, in wgmma's K-major
-// swizzled layout (one row's chunk = kSteps * 32 contiguous bytes, 16-byte
-// pieces permuted; wgmma.cuh), `stages` chunks deep.  The MMAs run asynchronously:
-// while the tensor cores work on chunk c, the copies of chunks c+1..c+stages-2
-// are in flight, and the stage of chunk c-2 is refilled only after every
-// warpgroup has seen chunk c-1's MMAs retire (wgmma.wait_group 1, then the
-// block barrier).
+// Block: three warpgroups (384 threads), a 128 x kBlockN output tile (n256 for one plane pair, n128 for several,
+// n64 when N <= 64).  Warpgroup 0 is the producer: one thread issues the TMA copies, the warpgroup gives its
+// registers away (setmaxnreg 40).  Warpgroups 1 and 2 are the consumers (setmaxnreg 232), rows 0-63 and 64-127 of
+// the tile against all kBlockN columns.  K is walked in chunks of kSteps k256 steps (kSteps x 32 bytes of every
+// plane row); a stage holds one chunk of every plane of the tile's A rows and B columns in wgmma's K-major swizzled
+// layout, which the TMA writes itself (box = kSteps * 32 bytes x rows, swizzle span = the row), `stages` deep.
 //
-// One plane pair (s = t = 1): the MMAs accumulate straight into the result.
-// Several: the MMAs of one pair (p, q) over a chunk run into one of two partial
-// accumulators and are folded into the result shifted by p + q once they
-// retire, while the next pair's MMAs run into the other one; each plane's tile
-// is copied once per chunk and read by every pair that uses it.
+// Pipeline, per stage: a `full` mbarrier (1 arrival: the producer's arrive.expect_tx of the stage's bytes, then the
+// copies' complete_tx) and an `empty` mbarrier (one arrival per consumer warp of every CTA in the cluster).  The
+// producer waits on `empty`, arms `full` and issues the copies; a consumer warpgroup waits on `full`, issues its
+// MMAs, and once wgmma.wait_group says a chunk's MMAs have retired (their shared-memory reads are done) each of its
+// warps arrives on that stage's `empty` barrier in every CTA of the cluster.  No block-wide barrier in the loop:
+// the copies run as far ahead as the stages allow, and the two consumer warpgroups drift freely.
+//
+// Why a 2-CTA cluster sharing B (TMA multicast), with the arithmetic.  At the measured 15.6 binary POPS one
+// m64n256k256 (8.4M ops) takes ~128 SM cycles (15.6e15 / 132 SMs / ~1.85 GHz ≈ 64K ops per cycle).  A 128 x 256
+// tile's k256 step (2 MMAs, 256 cycles) reads A 128 x 32 B = 4 KB and B 256 x 32 B = 8 KB: 48 B per SM cycle,
+// 132 x 1.85e9 x 48 ≈ 11.7 TB/s from L2 at peak, twice what H100's L2 delivers (~5.5-7 TB/s), so 50% of peak was
+// the ceiling of the unshared tile.  Two CTAs of a cluster take the M tiles 2i and 2i+1 of one N tile; each
+// copies its own A tile (4 KB per step) and half of the common B tile (4 KB), multicast into both: 8 KB per SM
+// per 256 cycles = 32 B/cycle, 7.8 TB/s at peak, 3.9 TB/s at 50%.  Rejected: a third consumer warpgroup (192 x
+// 256: 6 + 8 KB per 384 cycles = 37 B/cycle, 9 TB/s at peak, and 3 x 128 accumulator registers); a 4-CTA
+// cluster (4 + 2 KB = 24 B/cycle) would cut L2 traffic further, but 132 SMs are 66 TPC pairs and 4-CTA clusters
+// leave SMs of some GPCs idle — the next step if L2 still bounds this one.  An A tile is read by every N tile of
+// its rows: the n-fastest grid runs those CTAs together, so A comes from DRAM once (and from L2 once per N tile).
+//
+// One plane pair (s = t = 1): the MMAs accumulate straight into the result.  Several: the MMAs of one pair (p, q)
+// over a chunk run into one of two partial accumulators and are folded into the result shifted by p + q once they
+// retire, while the next pair's MMAs run into the other; each plane's tile is copied once per chunk and read by
+// every pair that uses it.
+//
+// Edges: rows past the padded operands and words past K are zero-filled by the TMA (and counted in the
+// transaction bytes), so a partial last chunk or tile needs no predication; a box that would start wholly outside
+// an operand (the unused second CTA of a cluster when the M tiles are odd, the far half of B in the last N tile)
+// is pointed at the operand's last row instead: it only feeds output rows/columns that are never stored.
 #include "bitmm_cuda.h"
 
 #include <algorithm>
-#include <type_traits>
+#include <cstdint>
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cuda.h>
+#include <cuda_runtime.h>
 
-#include "bmma.cuh"
+#include "tma.cuh"
 #include "wgmma.cuh"
 
 namespace pyg_quant {
 namespace {
 using namespace pyg_quant::cuda;
 
-constexpr int kBlockM = 128, kWarpgroupM = 64, kThreads = 256, kMaxStages = 8;
-constexpr int kSlotBytes = 16;  // one cp.async
-
-__device__ __forceinline__ void cp_async_wait_pending(int pending) {
-  switch (pending) {  // wait_group takes an immediate
-    case 0: cp_async_wait<0>(); break;
-    case 1: cp_async_wait<1>(); break;
-    case 2: cp_async_wait<2>(); break;
-    case 3: cp_async_wait<3>(); break;
-    case 4: cp_async_wait<4>(); break;
-    default: cp_async_wait<5>(); break;
-  }
-}
+constexpr int kBlockM = 128, kThreads = 384, kMaxStages = 8;
+constexpr int kCluster = 2;  // CTAs sharing one B tile (multicast); consecutive M tiles
+[[maybe_unused]] constexpr int kWarpgroupM = 64, kConsumerWarps = 8;
+// 40 + 2 x 232 = 504 registers per thread row: 504 x 128 = 64,512 of the SM's 65,536 (entry: 168 x 384).
+[[maybe_unused]] constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+constexpr int kAlignSlack = 1024;  // the 128-byte swizzle repeats every 1024 bytes: stages start 1024-aligned
 
 template <int kRegs>
 __device__ __forceinline__ void fold_shifted(int32_t (&acc)[kRegs], const int32_t (&part)[kRegs], int shift) {
@@ -56,187 +70,286 @@ __device__ __forceinline__ void fold_shifted(int32_t (&acc)[kRegs], const int32_
   for (int i = 0; i < kRegs; ++i) acc[i] += part[i] << shift;
 }
 
+#ifdef PYG_QUANT_WGMMA
+// A consumer warp's stage release: its share of the MMAs that read the stage has retired (wgmma.wait_group), so
+// every CTA whose copies refill this stage (all of them: B is multicast) may overwrite it.
+__device__ __forceinline__ void release_stage(uint32_t empty_bar, int lane) {
+  if (lane == 0) {
+#pragma unroll
+    for (int r = 0; r < kCluster; ++r) mbar_arrive_cluster(empty_bar, r);
+  }
+}
+#endif
+
 template <int kBlockN, bool kOnePair, int kSteps>
 __global__ void __launch_bounds__(kThreads, 1)
-    bitmm_wgmma_kernel(const uint32_t* __restrict__ a, const uint32_t* __restrict__ b, int s, int t, int64_t a_outer,
-                       int64_t b_outer, int64_t words, int64_t rows, int64_t cols, int stages,
-                       int32_t* __restrict__ out) {
+    bitmm_wgmma_tma_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map,
+                           int s, int t, int a_outer, int b_outer, int64_t words, int64_t rows, int64_t cols,
+                           int stages, int32_t* __restrict__ out) {
 #ifdef PYG_QUANT_WGMMA
-  constexpr int kRowBytes = kSteps * 32;   // one plane row's share of a chunk
-  constexpr int kCols = kRowBytes / kSlotBytes;
+  constexpr int kRowBytes = kSteps * 32;  // one plane row's share of a chunk = the TMA box's inner extent
   constexpr int kRegs = kBlockN / 2;
-  static_assert(kThreads % kCols == 0, "a thread copies the same 16-byte piece of every row it copies");
-  extern __shared__ __align__(1024) uint4 smem[];  // the 128-byte swizzle repeats every 1024 bytes
-  const int a_rows = s * kBlockM, b_rows = t * kBlockN;
-  const int stage_bytes = (a_rows + b_rows) * kRowBytes;
+  constexpr int kHalfN = kBlockN / kCluster;  // B rows each CTA of the cluster copies (and multicasts)
+  constexpr SmemSwizzle kSwizzle = swizzle_for_row_bytes<kRowBytes>();
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  // Same offset in every CTA (same kernel, same layout): multicast copies and remote arrives rely on it.
+  const uint32_t smem_base = (smem_u32(smem_raw) + (kAlignSlack - 1)) & ~static_cast<uint32_t>(kAlignSlack - 1);
+  const uint32_t a_bytes = static_cast<uint32_t>(s * kBlockM * kRowBytes);
+  const uint32_t stage_bytes = a_bytes + static_cast<uint32_t>(t * kBlockN * kRowBytes);
+  const uint32_t full_bars = smem_base + static_cast<uint32_t>(stages) * stage_bytes;  // 8 bytes each
+  const uint32_t empty_bars = full_bars + 8u * static_cast<uint32_t>(stages);
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kBlockN;  // n fastest: blocks sharing A rows run together
   const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kBlockM;
-  const int warpgroup = threadIdx.x / 128;
   const int64_t chunk_words = kSteps * 8;
   const int64_t num_chunks = (words + chunk_words - 1) / chunk_words;
+  const int warpgroup = threadIdx.x / 128;
 
-  // Stage layout: the rows of A's planes (s x kBlockM), then B's (t x kBlockN),
-  // each kRowBytes at a pitch of kRowBytes, swizzled: 16-byte piece c of stage
-  // row r sits at swizzle_offset(16 (r kCols + c)).  Each thread copies one
-  // fixed piece (tid % kCols) of rows tid / kCols, + kRowsPerPass, ... of every
-  // plane, so its source pointers advance by constant strides (the copy loop is
-  // a few instructions per 16 bytes; with only 8 warps a slot it must be).
-  // Consecutive threads copy consecutive pieces of a row: whole 32-byte sectors
-  // from global memory, and 8 threads fill one 128-byte line of shared memory
-  // (distinct banks).  Rows past the padded operand and words past K are
-  // zero-filled.
-  constexpr int kRowsPerPass = kThreads / kCols;
-  const int piece = threadIdx.x % kCols, first_row = threadIdx.x / kCols;
-  const int64_t a_plane = a_outer * words, b_plane = b_outer * words, pass_words = kRowsPerPass * words;
-  const int a_valid_rows = static_cast<int>(std::min<int64_t>(a_outer - m0, kBlockM));
-  const int b_valid_rows = static_cast<int>(std::min<int64_t>(b_outer - n0, kBlockN));
-  const uint32_t* a_first = a + (m0 + first_row) * words + piece * 4;
-  const uint32_t* b_first = b + (n0 + first_row) * words + piece * 4;
-  char* const smem_bytes = reinterpret_cast<char*>(smem);
-  auto copy_plane_rows = [&](char* stage, int stage_row0, const uint32_t* src, bool k_valid, int valid_rows,
-                             auto plane_rows) {
-    constexpr int kPlaneRows = decltype(plane_rows)::value;
-#pragma unroll
-    for (int pass = 0; pass < (kPlaneRows + kRowsPerPass - 1) / kRowsPerPass; ++pass) {
-      const int r = first_row + pass * kRowsPerPass;
-      if (kPlaneRows % kRowsPerPass == 0 || r < kPlaneRows) {
-        const bool valid = k_valid && r < valid_rows;
-        const uint32_t offset = static_cast<uint32_t>(((stage_row0 + r) * kCols + piece) * kSlotBytes);
-        cp_async_16(stage + swizzle_offset<kRowBytes>(offset), valid ? src + pass * pass_words : a,
-                    valid ? kSlotBytes : 0);
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < stages; ++i) {
+      mbar_init(full_bars + 8u * i, 1);
+      mbar_init(empty_bars + 8u * i, kCluster * kConsumerWarps);
+    }
+    fence_mbarrier_init_cluster();
+  }
+  __syncwarp();  // the cluster barrier is .aligned: warp 0 arrives converged
+  // Every CTA's barriers exist before any peer's multicast copy or remote arrive can reach them.
+  cluster_sync();
+
+  if (warpgroup == 0) {
+    setmaxnreg_dec<kProducerRegs>();
+    if (threadIdx.x == 0) {
+      prefetch_tensormap(&a_map);
+      prefetch_tensormap(&b_map);
+      const uint32_t rank = cluster_ctarank();
+      const uint16_t all_ctas = static_cast<uint16_t>((1u << kCluster) - 1);
+      // Box origins, clamped into the operand (see the header: such boxes only feed unstored outputs).
+      const int a_row = static_cast<int>(std::min<int64_t>(m0, a_outer - 1));
+      const int b_row = static_cast<int>(std::min<int64_t>(n0 + rank * kHalfN, b_outer - 1));
+      const uint32_t b_half = a_bytes + rank * static_cast<uint32_t>(kHalfN * kRowBytes);
+      int stage = 0;
+      uint32_t phase = 0;
+      for (int64_t chunk = 0; chunk < num_chunks; ++chunk) {
+        // Round r of a stage waits for the consumers' r-th release (phase r - 1 of `empty`, 16 arrivals: every
+        // consumer warp of both CTAs); round 0 waits on parity 1, the phase "before" a fresh barrier's, which
+        // passes at once.
+        mbar_wait(empty_bars + 8u * stage, phase ^ 1u);
+        const uint32_t full = full_bars + 8u * stage;
+        const uint32_t dst = smem_base + static_cast<uint32_t>(stage) * stage_bytes;
+        // All bytes that land in this CTA's stage: its A tile and both halves of B (the peer's half arrives by the
+        // peer's multicast, possibly before this arm: the transaction count may dip below zero meanwhile, the phase
+        // cannot complete without this arrival).
+        mbar_arrive_expect_tx(full, stage_bytes);
+        const int k = static_cast<int>(chunk * chunk_words);
+        for (int p = 0; p < s; ++p)
+          tma_load_3d(dst + static_cast<uint32_t>(p * kBlockM * kRowBytes), &a_map, full, k, a_row, p);
+        for (int q = 0; q < t; ++q)
+          tma_load_3d_multicast(dst + b_half + static_cast<uint32_t>(q * kBlockN * kRowBytes), &b_map, full, k, b_row,
+                                q, all_ctas);
+        if (++stage == stages) {
+          stage = 0;
+          phase ^= 1u;
+        }
       }
     }
-  };
-  auto load_chunk = [&](int64_t chunk, int stage_index) {
-    if (chunk < num_chunks) {
-      char* stage = smem_bytes + stage_index * stage_bytes;
-      const int64_t k0 = chunk * chunk_words;
-      const bool k_valid = k0 + piece * 4 < words;
-      for (int p = 0; p < s; ++p)
-        copy_plane_rows(stage, p * kBlockM, a_first + p * a_plane + k0, k_valid, a_valid_rows,
-                        std::integral_constant<int, kBlockM>());
-      for (int q = 0; q < t; ++q)
-        copy_plane_rows(stage, a_rows + q * kBlockN, b_first + q * b_plane + k0, k_valid, b_valid_rows,
-                        std::integral_constant<int, kBlockN>());
+    __syncwarp();
+    // A CTA leaves only when its peer is done: the peer's consumers still arrive on this CTA's `empty` barriers,
+    // and the peer waits for this CTA's multicast halves of B.
+    cluster_sync();
+  } else {
+    setmaxnreg_inc<kConsumerRegs>();
+    const int consumer = warpgroup - 1;
+    const int lane = threadIdx.x % 32;
+    auto a_desc = [&](uint32_t stage_addr, int plane, int step) {
+      return smem_descriptor_at(
+          stage_addr + static_cast<uint32_t>((plane * kBlockM + consumer * kWarpgroupM) * kRowBytes + step * 32),
+          16, 8 * kRowBytes, kSwizzle);
+    };
+    auto b_desc = [&](uint32_t stage_addr, int plane, int step) {
+      return smem_descriptor_at(stage_addr + a_bytes + static_cast<uint32_t>(plane * kBlockN * kRowBytes + step * 32),
+                                16, 8 * kRowBytes, kSwizzle);
+    };
+
+    // One pair: the first MMA overwrites acc (scale-d = 0), so it starts undefined; initialising it would put
+    // register moves between the asynchronous MMAs of consecutive chunks, and ptxas would serialise them.
+    int32_t acc[kRegs];
+    if constexpr (!kOnePair) {
+#pragma unroll
+      for (int i = 0; i < kRegs; ++i) acc[i] = 0;
     }
-    cp_async_commit();  // an empty group past the end keeps the wait counts uniform
-  };
-  constexpr SmemSwizzle kSwizzle = swizzle_for_row_bytes<kRowBytes>();
-  auto a_desc = [&](const char* stage, int plane, int step) {
-    return smem_descriptor(stage + (plane * kBlockM + warpgroup * kWarpgroupM) * kRowBytes + step * 32, kSlotBytes,
-                           8 * kRowBytes, kSwizzle);
-  };
-  auto b_desc = [&](const char* stage, int plane, int step) {
-    return smem_descriptor(stage + (a_rows + plane * kBlockN) * kRowBytes + step * 32, kSlotBytes, 8 * kRowBytes,
-                           kSwizzle);
-  };
+    int32_t part[2][kOnePair ? 1 : kRegs];
 
-  // One pair: the first MMA overwrites acc (scale-d = 0), so it starts
-  // undefined; initialising it would put register moves between the
-  // asynchronous MMAs of consecutive chunks, and ptxas would serialise them.
-  int32_t acc[kRegs];
-  if constexpr (!kOnePair) {
-#pragma unroll
-    for (int i = 0; i < kRegs; ++i) acc[i] = 0;
-  }
-  int32_t part[2][kOnePair ? 1 : kRegs];
-
-  // Chunk c lives in stage c % stages; counters instead of 64-bit remainders.
-  int load_stage = 0;
-  for (int st = 0; st < stages - 2; ++st, ++load_stage) load_chunk(st, load_stage);
-  int compute_stage = 0;
-  for (int64_t chunk = 0; chunk < num_chunks; ++chunk) {
-    cp_async_wait_pending(stages - 3);  // this thread's copies of `chunk` have landed
-    fence_proxy_async_shared();
-    __syncthreads();  // everyone's have; and chunk - 2's MMAs have retired in both warpgroups
-    load_chunk(chunk + stages - 2, load_stage);
-    load_stage = load_stage + 1 == stages ? 0 : load_stage + 1;
-    const char* stage = smem_bytes + compute_stage * stage_bytes;
-    compute_stage = compute_stage + 1 == stages ? 0 : compute_stage + 1;
+    int stage = 0;
+    uint32_t phase = 0;
     if constexpr (kOnePair) {
-      wgmma_fence();
-#pragma unroll
-      for (int k = 0; k < kSteps; ++k) wgmma_b1<kBlockN>(acc, a_desc(stage, 0, k), b_desc(stage, 0, k), chunk > 0 || k > 0);
-      wgmma_commit();
-      wgmma_wait<1>();
-    } else {
-      auto issue_pair = [&](int32_t(&part_acc)[kRegs], int p, int q) {
+      int previous = 0;
+      for (int64_t chunk = 0; chunk < num_chunks; ++chunk) {
+        mbar_wait(full_bars + 8u * stage, phase);
+        const uint32_t stage_addr = smem_base + static_cast<uint32_t>(stage) * stage_bytes;
         wgmma_fence();
 #pragma unroll
-        for (int k = 0; k < kSteps; ++k) wgmma_b1<kBlockN>(part_acc, a_desc(stage, p, k), b_desc(stage, q, k), k > 0);
+        for (int k = 0; k < kSteps; ++k)
+          wgmma_b1<kBlockN>(acc, a_desc(stage_addr, 0, k), b_desc(stage_addr, 0, k), chunk > 0 || k > 0);
         wgmma_commit();
-      };
-      // Two pairs at a time, into part[0] and part[1]: the first is folded
-      // while the second's MMAs run.  Each iteration retires all it issued
-      // (ptxas keeps wgmma asynchronous only when it can see, within straight
-      // code, which accumulator a wait retires).
+        // This chunk's MMAs stay in flight; the previous chunk's have retired: its stage goes back.  (The last
+        // chunk's stage is never released: no copy waits for it.)
+        wgmma_wait<1>();
+        if (chunk > 0) release_stage(empty_bars + 8u * previous, lane);
+        previous = stage;
+        if (++stage == stages) {
+          stage = 0;
+          phase ^= 1u;
+        }
+      }
+      wgmma_wait<0>();
+    } else {
       const int pairs = s * t;
-      for (int j = 0; j < pairs; j += 2) {
-        const bool second = j + 1 < pairs;
-        issue_pair(part[0], j / t, j % t);
-        if (second) issue_pair(part[1], (j + 1) / t, (j + 1) % t);
-        if (second) {
-          wgmma_wait<1>();
+      for (int64_t chunk = 0; chunk < num_chunks; ++chunk) {
+        mbar_wait(full_bars + 8u * stage, phase);
+        const uint32_t stage_addr = smem_base + static_cast<uint32_t>(stage) * stage_bytes;
+        auto issue_pair = [&](int32_t(&part_acc)[kRegs], int p, int q) {
+          wgmma_fence();
+#pragma unroll
+          for (int k = 0; k < kSteps; ++k)
+            wgmma_b1<kBlockN>(part_acc, a_desc(stage_addr, p, k), b_desc(stage_addr, q, k), k > 0);
+          wgmma_commit();
+        };
+        // Two pairs at a time, into part[0] and part[1]: the first is folded while the second's MMAs run.  Each
+        // iteration retires all it issued, and the lone last pair has a branch of its own: ptxas keeps wgmma
+        // asynchronous only when every path shows which accumulator a wait retires (with one `if (second)` before
+        // the waits and another before the second fold it assumed the path through neither and injected a wait).
+        for (int j = 0; j < pairs; j += 2) {
+          if (j + 1 < pairs) {
+            issue_pair(part[0], j / t, j % t);
+            issue_pair(part[1], (j + 1) / t, (j + 1) % t);
+            wgmma_wait<1>();
+            fence_registers(part[0]);
+            fold_shifted(acc, part[0], j / t + j % t);
+            wgmma_wait<0>();
+            fence_registers(part[1]);
+            fold_shifted(acc, part[1], (j + 1) / t + (j + 1) % t);
+          } else {
+            issue_pair(part[0], j / t, j % t);
+            wgmma_wait<0>();
+            fence_registers(part[0]);
+            fold_shifted(acc, part[0], j / t + j % t);
+          }
+        }
+        release_stage(empty_bars + 8u * stage, lane);  // every MMA of this chunk has retired
+        if (++stage == stages) {
+          stage = 0;
+          phase ^= 1u;
+        }
+      }
+    }
+
+    const int warp = (threadIdx.x / 32) % 4;
+    const int64_t row0 = m0 + consumer * kWarpgroupM + warp * 16 + lane / 4;
+    const bool pairs_aligned = cols % 2 == 0;
+#pragma unroll
+    for (int j = 0; j < kBlockN / 8; ++j) {
+      const int64_t col = n0 + 8 * j + 2 * (lane % 4);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int64_t row = row0 + 8 * half;
+        if (row >= rows || col >= cols) continue;
+        int32_t* dst = out + row * cols + col;
+        if (pairs_aligned) {  // col is even, so both fit and dst is 8-byte aligned
+          *reinterpret_cast<int2*>(dst) = make_int2(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
         } else {
-          wgmma_wait<0>();
-        }
-        fence_registers(part[0]);
-        fold_shifted(acc, part[0], j / t + j % t);
-        if (second) {
-          wgmma_wait<0>();
-          fence_registers(part[1]);
-          fold_shifted(acc, part[1], (j + 1) / t + (j + 1) % t);
+          dst[0] = acc[4 * j + 2 * half];
+          if (col + 1 < cols) dst[1] = acc[4 * j + 2 * half + 1];
         }
       }
     }
-  }
-  wgmma_wait<0>();
-  cp_async_wait<0>();
-  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-  const int64_t row0 = m0 + warpgroup * kWarpgroupM + warp * 16 + lane / 4;
-  const bool pairs_aligned = cols % 2 == 0;
-#pragma unroll
-  for (int j = 0; j < kBlockN / 8; ++j) {
-    const int64_t col = n0 + 8 * j + 2 * (lane % 4);
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int64_t row = row0 + 8 * half;
-      if (row >= rows || col >= cols) continue;
-      int32_t* dst = out + row * cols + col;
-      if (pairs_aligned) {  // col is even, so both fit and dst is 8-byte aligned
-        *reinterpret_cast<int2*>(dst) = make_int2(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
-      } else {
-        dst[0] = acc[4 * j + 2 * half];
-        if (col + 1 < cols) dst[1] = acc[4 * j + 2 * half + 1];
-      }
-    }
+    __syncwarp();
+    cluster_sync();
   }
 #else
   __trap();  // the host launches this only on sm_90 with the sm_90a image built
 #endif
 }
 
+// cuTensorMapEncodeTiled from the driver the runtime already loaded (no link against libcuda); null when the
+// driver lacks it.
+using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+EncodeTiledFn encode_tiled() {
+  static const EncodeTiledFn fn = [] {
+    void* entry = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+    const cudaError_t err =
+        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &entry, 12000, cudaEnableDefault, &found);
+#else
+    const cudaError_t err = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &entry, cudaEnableDefault, &found);
+#endif
+    if (err != cudaSuccess) (void)cudaGetLastError();  // not sticky; keep it from surfacing at the next check
+    return err == cudaSuccess && found == cudaDriverEntryPointSuccess ? reinterpret_cast<EncodeTiledFn>(entry)
+                                                                      : nullptr;
+  }();
+  return fn;
+}
+
+// planes [count, outer, words] int32 as a 3-D tensor map (words innermost), boxes of box_words x box_rows x 1
+// plane, swizzled across the box's row (box_words * 4 = 32, 64 or 128 bytes).
+bool encode_planes(CUtensorMap* map, const at::Tensor& planes, int box_words, int box_rows) {
+  const EncodeTiledFn encode = encode_tiled();
+  if (encode == nullptr) return false;
+  const cuuint64_t words = planes.size(2), outer = planes.size(1);
+  const cuuint64_t dims[3] = {words, outer, static_cast<cuuint64_t>(planes.size(0))};
+  const cuuint64_t strides[2] = {words * 4, outer * words * 4};  // bytes, of dims 1 and 2
+  const cuuint32_t box[3] = {static_cast<cuuint32_t>(box_words), static_cast<cuuint32_t>(box_rows), 1};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  const CUtensorMapSwizzle swizzle = box_words == 32   ? CU_TENSOR_MAP_SWIZZLE_128B
+                                     : box_words == 16 ? CU_TENSOR_MAP_SWIZZLE_64B
+                                                       : CU_TENSOR_MAP_SWIZZLE_32B;
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_INT32, 3, planes.data_ptr(), dims, strides, box, element_strides,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;  // FILL_NONE: zeros outside the tensor
+}
+
 template <int kBlockN, bool kOnePair, int kSteps>
-void launch_wgmma(const at::Tensor& a, const at::Tensor& b, int64_t rows, int64_t cols, int stages, size_t smem,
-                  at::Tensor& out) {
-  auto kernel = bitmm_wgmma_kernel<kBlockN, kOnePair, kSteps>;
+bool launch_tma(const at::Tensor& a, const at::Tensor& b, int64_t rows, int64_t cols, int stages, size_t smem,
+                at::Tensor& out) {
+  CUtensorMap a_map, b_map;
+  if (!encode_planes(&a_map, a, kSteps * 8, kBlockM) || !encode_planes(&b_map, b, kSteps * 8, kBlockN / kCluster))
+    return false;
+  auto kernel = bitmm_wgmma_tma_kernel<kBlockN, kOnePair, kSteps>;
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  const dim3 grid((cols + kBlockN - 1) / kBlockN, (rows + kBlockM - 1) / kBlockM);
-  kernel<<<grid, kThreads, smem, c10::cuda::getCurrentCUDAStream()>>>(
-      reinterpret_cast<const uint32_t*>(a.data_ptr<int32_t>()), reinterpret_cast<const uint32_t*>(b.data_ptr<int32_t>()),
-      a.size(0), b.size(0), a.size(1), b.size(1), a.size(2), rows, cols, stages, out.data_ptr<int32_t>());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  const int64_t m_tiles = (rows + kBlockM - 1) / kBlockM;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>((cols + kBlockN - 1) / kBlockN),
+                        static_cast<unsigned>((m_tiles + kCluster - 1) / kCluster * kCluster));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem;
+  config.stream = c10::cuda::getCurrentCUDAStream();
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeClusterDimension;
+  attribute[0].val.clusterDim.x = 1;
+  attribute[0].val.clusterDim.y = kCluster;
+  attribute[0].val.clusterDim.z = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, a_map, b_map, static_cast<int>(a.size(0)),
+                                    static_cast<int>(b.size(0)), static_cast<int>(a.size(1)),
+                                    static_cast<int>(b.size(1)), a.size(2), rows, cols, stages,
+                                    out.data_ptr<int32_t>()));
+  return true;
 }
 
 template <int kBlockN, bool kOnePair>
-void launch_wgmma_steps(int steps, const at::Tensor& a, const at::Tensor& b, int64_t rows, int64_t cols, int stages,
-                        size_t smem, at::Tensor& out) {
+bool launch_tma_steps(int steps, const at::Tensor& a, const at::Tensor& b, int64_t rows, int64_t cols, int stages,
+                      size_t smem, at::Tensor& out) {
   switch (steps) {
-    case 1: launch_wgmma<kBlockN, kOnePair, 1>(a, b, rows, cols, stages, smem, out); break;
-    case 2: launch_wgmma<kBlockN, kOnePair, 2>(a, b, rows, cols, stages, smem, out); break;
-    default: launch_wgmma<kBlockN, kOnePair, 4>(a, b, rows, cols, stages, smem, out); break;
+    case 1: return launch_tma<kBlockN, kOnePair, 1>(a, b, rows, cols, stages, smem, out);
+    case 2: return launch_tma<kBlockN, kOnePair, 2>(a, b, rows, cols, stages, smem, out);
+    default: return launch_tma<kBlockN, kOnePair, 4>(a, b, rows, cols, stages, smem, out);
   }
 }
+
+bool aligned16(const at::Tensor& x) { return reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0; }
 
 }  // namespace
 
@@ -255,37 +368,39 @@ bool bitmm_wgmma_available(const at::Device& device) {
 bool bitmm_int_wgmma(const at::Tensor& a, const at::Tensor& b, int64_t rows, int64_t cols, at::Tensor& out) {
   if (!bitmm_wgmma_available(a.device())) return false;
   const int s = a.size(0), t = b.size(0);
+  const int64_t words = a.size(2), k_steps = words / 8;
+  // What the tensor maps and the kernel's int32 coordinates take; otherwise the mma.sync kernel runs.  (The
+  // planes' rows are padded to 64 and K to 256 bits, so the row pitch is a multiple of 32 bytes.)
+  if (k_steps == 0 || !aligned16(a) || !aligned16(b) || a.size(1) >= (int64_t{1} << 31) ||
+      b.size(1) >= (int64_t{1} << 31) || words >= (int64_t{1} << 31))
+    return false;
   const bool one_pair = s == 1 && t == 1;
-  // One pair keeps a single accumulator and can afford n256 (128 registers);
-  // several keep three (result + two partials), so n128 at most.
+  // One pair keeps a single accumulator and can afford n256 (128 registers); several keep three (result + two
+  // partials), so n128 at most.
   const int block_n = cols <= 64 ? 64 : (cols <= 128 || !one_pair ? 128 : 256);
-  const int64_t k_steps = a.size(2) / 8;
   int smem_optin = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, a.device().index()));
-  const int64_t smem_limit = smem_optin;
-  auto stage_bytes = [&](int steps) { return static_cast<int64_t>(s * kBlockM + t * block_n) * 2 * steps * kSlotBytes; };
-  // Chunks of 4, 2 or 1 k256 steps (128, 64 or 32-byte swizzled rows): the
-  // longest that leaves three stages.  Measured on an H100: longer chunks beat
-  // deeper pipelines (16384 x 16384 x 512, one pair: 4 steps x 4 stages 5.2
-  // POPS, 2 x 8 4.6; 4 x 4 bits: 2 x 3 4.9, 1 x 7 2.9), the per-chunk barrier
-  // and fold cost more than the copies' latency.
-  auto stages_for = [&](int steps) { return std::min<int64_t>(kMaxStages, smem_limit / stage_bytes(steps)); };
+  auto stage_bytes = [&](int steps) { return static_cast<int64_t>(s * kBlockM + t * block_n) * 32 * steps; };
+  auto stages_for = [&](int steps) {
+    return std::min<int64_t>(kMaxStages, (smem_optin - kAlignSlack) / (stage_bytes(steps) + 16));
+  };
+  // Chunks of 4, 2 or 1 k256 steps (128, 64 or 32-byte swizzled rows): the longest that leaves three stages
+  // (two at least), so that the copies of two chunks are in flight while the MMAs of a third run.
   int steps = k_steps >= 4 ? 4 : (k_steps >= 2 ? 2 : 1);
   while (steps > 1 && stages_for(steps) < 3) steps /= 2;
   const int64_t chunks = (k_steps + steps - 1) / steps;
-  const int64_t stages = std::min<int64_t>(stages_for(steps), chunks + 2);
-  if (stages < 3 || (rows + kBlockM - 1) / kBlockM > 65535) return false;  // the mma.sync kernel takes it
-  const size_t smem = static_cast<size_t>(stages * stage_bytes(steps));
+  const int64_t stages = std::min<int64_t>(stages_for(steps), std::max<int64_t>(2, chunks));
+  const int64_t m_slots = ((rows + kBlockM - 1) / kBlockM + kCluster - 1) / kCluster * kCluster;
+  if (stages < 2 || m_slots > 65535) return false;
+  const size_t smem = static_cast<size_t>(kAlignSlack + stages * (stage_bytes(steps) + 16));
   const int st = static_cast<int>(stages);
   if (one_pair) {
-    if (block_n == 64) launch_wgmma_steps<64, true>(steps, a, b, rows, cols, st, smem, out);
-    else if (block_n == 128) launch_wgmma_steps<128, true>(steps, a, b, rows, cols, st, smem, out);
-    else launch_wgmma_steps<256, true>(steps, a, b, rows, cols, st, smem, out);
-  } else {
-    if (block_n == 64) launch_wgmma_steps<64, false>(steps, a, b, rows, cols, st, smem, out);
-    else launch_wgmma_steps<128, false>(steps, a, b, rows, cols, st, smem, out);
+    if (block_n == 64) return launch_tma_steps<64, true>(steps, a, b, rows, cols, st, smem, out);
+    if (block_n == 128) return launch_tma_steps<128, true>(steps, a, b, rows, cols, st, smem, out);
+    return launch_tma_steps<256, true>(steps, a, b, rows, cols, st, smem, out);
   }
-  return true;
+  if (block_n == 64) return launch_tma_steps<64, false>(steps, a, b, rows, cols, st, smem, out);
+  return launch_tma_steps<128, false>(steps, a, b, rows, cols, st, smem, out);
 }
 
 }  // namespace pyg_quant

@@ -14,8 +14,10 @@
 //   contiguous at a pitch of W bytes, with its 16-byte chunk j stored at chunk
 //   j ^ ((byte offset >> 7) & (W/16 - 1)) (swizzle_offset below); an 8-row group
 //   spans 8W bytes (`stride_bytes`), the k-th step of a row starts 32k bytes
-//   into it, and the region is 8W-byte aligned.  A row's chunk is copied with one
-//   16-byte cp.async, and 8 consecutive 16-byte stores hit distinct banks.
+//   into it, and the region is 8W-byte aligned.  This is the layout a TMA box of
+//   W bytes x rows writes with the tensor map's W-byte swizzle (bitmm_wgmma_cuda.cu),
+//   and the one 16-byte stores would write at swizzle_offset (8 consecutive ones hit
+//   distinct banks).
 // A 16-byte chunk of a plane row is 4 words of pyg_quant/layout.py, so planes
 // are copied in verbatim.
 //
@@ -33,11 +35,16 @@ namespace cuda {
 
 enum class SmemSwizzle : uint64_t { kNone = 0, k128B = 1, k64B = 2, k32B = 3 };
 
-__device__ __forceinline__ uint64_t smem_descriptor(const void* smem, uint32_t lead_bytes, uint32_t stride_bytes,
-                                                    SmemSwizzle swizzle = SmemSwizzle::kNone) {
-  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+// `addr`: a 32-bit shared-window offset (what __cvta_generic_to_shared gives).
+__device__ __forceinline__ uint64_t smem_descriptor_at(uint32_t addr, uint32_t lead_bytes, uint32_t stride_bytes,
+                                                       SmemSwizzle swizzle = SmemSwizzle::kNone) {
   return static_cast<uint64_t>((addr >> 4) & 0x3FFF) | (static_cast<uint64_t>((lead_bytes >> 4) & 0x3FFF) << 16) |
          (static_cast<uint64_t>((stride_bytes >> 4) & 0x3FFF) << 32) | (static_cast<uint64_t>(swizzle) << 62);
+}
+
+__device__ __forceinline__ uint64_t smem_descriptor(const void* smem, uint32_t lead_bytes, uint32_t stride_bytes,
+                                                    SmemSwizzle swizzle = SmemSwizzle::kNone) {
+  return smem_descriptor_at(static_cast<uint32_t>(__cvta_generic_to_shared(smem)), lead_bytes, stride_bytes, swizzle);
 }
 
 // Where byte `offset` (from an 8W-aligned base) of a W-byte-swizzled region lives.
