@@ -177,8 +177,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) bit_spmm_kernel(const Spm
 
 // Tile-free adjacency: a group of kLanes lanes owns a row, and lane l of the group the features
 // [l·K, l·K + K) of the launch's slice of K·kLanes, read from the source's packed row codes with one aligned vector
-// load per entry: K = 16 codes at containers of 8 or 2 bits (16 or 4 bytes), 8 at 4 bits and 32 at 1 bit (4 bytes),
-// so a 64-feature 4-bit row is one 32-byte sector shared by eight lanes.  Sums run two to a
+// load per entry: K = 16 codes (16, 8 or 4 bytes at containers of 8, 4 or 2 bits) or K = 32 at 1-bit containers
+// (4 bytes), so a 64-feature 4-bit row is one 32-byte sector shared by four lanes.  Sums run two to a
 // 32-bit register in 16-bit halves (a shift, a mask and an add per two codes, instead of unpacking every code)
 // and are moved to Acc before a half could overflow: flush_every = floor(65535 / (max code · max weight))
 // entries, with weights at most 255 (the 8-bit adjacency); a larger weight is added straight to Acc.  A binary
@@ -191,10 +191,10 @@ constexpr int kGatherThreads = 128, kGatherBatch = 8, kByteBatch = 6;
 
 template <int kContainer, typename Acc>
 struct GatherSlice {
-  // features per lane: 16 at 2 and 8 bits (a 64-feature row takes 4 lanes: twice the threads of 32, in fewer
-  // registers each, since a 32,000-row batch at 32 codes a lane filled under one wave at 25% occupancy, measured),
-  // 8 at 4 bits and 32 at 1 bit (one 32-bit word: more lanes a row, more loads in flight; see gather_min_blocks)
-  static constexpr int kCodes = kContainer == 1 ? 32 : kContainer == 4 ? 8 : 16;
+  // features per lane: 16 (a 64-feature row takes 4 lanes: twice the threads of 32, in fewer registers each,
+  // since a 32,000-row batch at 32 codes a lane filled under one wave at 25% occupancy, measured), 32 for 1-bit
+  // containers (one 32-bit word, the smallest vector load)
+  static constexpr int kCodes = kContainer == 1 ? 32 : 16;
   static constexpr int kWords = kCodes * kContainer / 32;      // 32-bit words per lane per entry
   static constexpr int kPerWord = 32 / kContainer;             // codes per word
   static constexpr int kShifts = kPerWord / 2;                 // half registers per word
@@ -362,19 +362,14 @@ __device__ __forceinline__ void gather_row_bytes(const SpmmArgs& p, const uint8_
   flush();
 }
 
-// Binary adjacency, 32-bit sums: registers capped so that more threads share an SM.  At 4-bit containers a lane owns
-// one 32-bit word of codes (8 features: a 64-feature row takes 8 lanes, one 32-byte sector per entry): 12 blocks of
-// 128 threads an SM on sm_90 (40 registers), 10 on sm_80 (48; its ptxas spills at 40), against 6 blocks of 80
-// registers with 16 codes a lane, which left a 32,000-row batch at d = 64 in 1.3 waves with a quarter of the
-// loads in flight.  At 2-bit containers 5 blocks (96 registers; 80 spill).  ptxas: no spills.
+// Binary adjacency, 32-bit sums: registers capped so that 6 blocks of 128 threads share an SM at 4-bit containers
+// (80 registers) and 5 at 2-bit ones (96; 80 spill there), and a 32,000-row batch at d = 64 (128,000 threads) takes
+// one wave and a quarter instead of two (ptxas, sm_80 and sm_90a: no spills).  Tried and measured on an H100: 8 codes
+// a lane at 4-bit containers (a 32-bit word: twice the lanes and loads in flight, 12 blocks of 40 registers) took
+// 25.5 us against 22.3 on the products-scale batch at d = 64, so the width of a lane's slice is not what bounds it.
 template <typename Acc, int kContainer, bool kWeighted>
 constexpr int gather_min_blocks() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-  constexpr int kFourBitBlocks = 10;
-#else
-  constexpr int kFourBitBlocks = 12;
-#endif
-  return kWeighted || sizeof(Acc) != 4 ? 1 : kContainer == 4 ? kFourBitBlocks : kContainer == 2 ? 5 : 1;
+  return kWeighted || sizeof(Acc) != 4 ? 1 : kContainer == 4 ? 6 : kContainer == 2 ? 5 : 1;
 }
 
 template <typename Acc, int kContainer, int kLanes, bool kWeighted>
