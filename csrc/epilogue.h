@@ -33,24 +33,13 @@ PYG_QUANT_HOST_DEVICE float affine_epilogue(double product, float lo, float scal
 // in float64, in exactly this order (pyg_quant/ops/reference.py evaluates the same
 // expression), rounded to float32 once; the bias is then added in float32, as an
 // unfused `out + bias` would.
-//
-// The same with the row's terms (k·la, la, ra, row_sum) and the column's (lb, rb, col_sum) already in float64: a
-// caller that reuses them across a row or a column converts each once (on the GPU a float64 conversion issues at a
-// quarter of the float64 multiply rate, and the per-element conversions were most of quant_mlp's epilogue).
-// Same operations in the same order, so the same value bit for bit.
-PYG_QUANT_HOST_DEVICE float bitmm_affine_epilogue_terms(double product, double k_la, double la, double ra,
-                                                        double row_sum, double lb, double rb, double col_sum,
-                                                        float bias, bool relu) {
-  const double v = k_la * lb + la * rb * col_sum + ra * lb * row_sum + (ra * rb) * product;
-  const float f = static_cast<float>(v) + bias;
-  return relu && !(f > 0.0f) ? 0.0f : f;
-}
-
 PYG_QUANT_HOST_DEVICE float bitmm_affine_epilogue(double product, double row_sum, double col_sum, float a_lo,
                                                   float a_scale, float b_lo, float b_scale, double k, float bias,
                                                   bool relu) {
-  const double la = a_lo, ra = a_scale;
-  return bitmm_affine_epilogue_terms(product, k * la, la, ra, row_sum, b_lo, b_scale, col_sum, bias, relu);
+  const double la = a_lo, ra = a_scale, lb = b_lo, rb = b_scale;
+  const double v = k * la * lb + la * rb * col_sum + ra * lb * row_sum + (ra * rb) * product;
+  const float f = static_cast<float>(v) + bias;
+  return relu && !(f > 0.0f) ? 0.0f : f;
 }
 
 }  // namespace pyg_quant

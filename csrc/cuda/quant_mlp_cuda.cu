@@ -59,8 +59,8 @@ struct MlpLayer {
   int in, out;
   int words;          // 32-bit words of a weight row in shared memory: ceil(in / 4) rounded up to a multiple of 4
   int w_offset;       // byte offsets into the dynamic shared memory: weight words, then
-  int bias_offset;    // bias[out] (float32), then
-  int terms_offset;   // the epilogue's column terms as float64: code sums[out] (exact), lo[out], scale[out]
+  int param_offset;   // lo[out], scale[out], bias[out] (float32), then
+  int sums_offset;    // code sums[out] as float64 (exact)
   float max_code;
   int relu;
   int aligned;  // 1: in % 4 == 0 and w 4-byte aligned (a weight row is whole 32-bit words); 2: the same for 16 bytes
@@ -125,13 +125,13 @@ __global__ void __launch_bounds__(kThreads) quant_mlp_kernel(const __grid_consta
         ws[i] = word;  // zero past the row: stale activation codes there multiply by 0
       }
     }
-    float* bias = reinterpret_cast<float*>(smem + L.bias_offset);
-    double* terms = reinterpret_cast<double*>(smem + L.terms_offset);
+    float* params = reinterpret_cast<float*>(smem + L.param_offset);
+    double* sums = reinterpret_cast<double*>(smem + L.sums_offset);
     for (int o = threadIdx.x; o < L.out; o += kThreads) {
-      bias[o] = L.bias ? L.bias[o] : 0.0f;
-      terms[o] = static_cast<double>(L.sums[o]);
-      terms[L.out + o] = static_cast<double>(L.lo[o]);
-      terms[2 * L.out + o] = static_cast<double>(L.scale[o]);
+      params[o] = L.lo[o];
+      params[L.out + o] = L.scale[o];
+      params[2 * L.out + o] = L.bias ? L.bias[o] : 0.0f;
+      sums[o] = static_cast<double>(L.sums[o]);
     }
   }
   __syncthreads();
@@ -227,23 +227,24 @@ __global__ void __launch_bounds__(kThreads) quant_mlp_kernel(const __grid_consta
           }
         }
       }
-      // bitmm's epilogue; the results stay in registers as the next layer's inputs.  The float64 terms are
-      // converted once: a row's here, a column's when the block staged them.  From the SASS: converting all of them
-      // at every output took 8 float64 conversions an output, which issue at a quarter of the float64 multiply rate
-      // (~8 of the 27 us of GIN's 64 -> 64 -> 64 over 32,000 rows); now 2 an output and 3 a row.
-      const float* bias = reinterpret_cast<const float*>(smem + L.bias_offset);
-      const double* terms = reinterpret_cast<const double*>(smem + L.terms_offset);
+      // bitmm's epilogue; the results stay in registers as the next layer's inputs.
+      const float* lo_w = reinterpret_cast<const float*>(smem + L.param_offset);
+      const double* sums = reinterpret_cast<const double*>(smem + L.sums_offset);
       const double k = static_cast<double>(in);
 #pragma unroll
-      for (int i = 0; i < kRows; ++i) {
-        const double la = row_lo[i], ra = row_scale[i], code_sum = static_cast<double>(sum[i]);
+      for (int j = 0; j < kChunks; ++j) {
+        const int o = lane + 32 * j;
+        if (o < out) {
+          const double col_sum = sums[o];
+          const float w_lo = lo_w[o], w_scale = lo_w[out + o], bias = lo_w[2 * out + o];
 #pragma unroll
-        for (int j = 0; j < kChunks; ++j) {
-          const int o = lane + 32 * j;
-          h[i][j] = o < out ? bitmm_affine_epilogue_terms(static_cast<double>(acc[i][j]), k * la, la, ra, code_sum,
-                                                          terms[out + o], terms[2 * out + o], terms[o], bias[o],
-                                                          L.relu != 0)
-                            : 0.0f;
+          for (int i = 0; i < kRows; ++i) {
+            h[i][j] = bitmm_affine_epilogue(static_cast<double>(acc[i][j]), static_cast<double>(sum[i]), col_sum,
+                                            row_lo[i], row_scale[i], w_lo, w_scale, k, bias, L.relu != 0);
+          }
+        } else {
+#pragma unroll
+          for (int i = 0; i < kRows; ++i) h[i][j] = 0.0f;
         }
       }
       __syncwarp();  // every lane is done reading the codes before the next layer writes them
@@ -313,10 +314,10 @@ at::Tensor quant_mlp_cuda(const at::Tensor& x_in, at::TensorList weight_codes, a
     L.relu = relu.get(l) ? 1 : 0;
     L.w_offset = offset;
     offset += L.words * L.out * 4;
-    L.bias_offset = offset;
-    offset = align_up(offset + L.out * 4, 8);
-    L.terms_offset = offset;
-    offset += 3 * L.out * 8;
+    L.param_offset = offset;
+    offset = align_up(offset + 3 * L.out * 4, 8);
+    L.sums_offset = offset;
+    offset += L.out * 8;
     max_width = std::max(max_width, std::max(L.in, L.out));
   }
   // The kernel's instantiation: values per lane, and rows per warp (kRows code buffers per warp).
