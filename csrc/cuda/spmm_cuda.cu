@@ -189,7 +189,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) bit_spmm_kernel(const Spm
 // and loads the next batch's columns while they land.  What bounds it (ncu, H100, 32,000 rows, 4-bit, d = 64,
 // before the byte fields and 16-code slices): instruction issue at 25% occupancy (125 registers) in under one
 // wave, L2 at 46% of its throughput; 1-bit rows took as long as 4-bit ones.  Now 22 us there (was 28-32).
-constexpr int kGatherThreads = 128, kGatherBatch = 8, kByteBatch = 6;
+constexpr int kGatherThreads = 128, kGatherBatch = 8, kByteBatch = 12;
+static_assert(kByteBatch <= 17, "gather_row_bytes flushes once a batch: a batch must fit in 255 / 15 entries");
 
 template <int kContainer, typename Acc>
 struct GatherSlice {
