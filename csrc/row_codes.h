@@ -32,16 +32,30 @@ PYG_QUANT_ROW_CODES_FN uint32_t row_code_at(const uint8_t* row, int64_t c, int c
   return (static_cast<uint32_t>(row[bit >> 3]) >> (bit & 7)) & ((1u << container) - 1u);
 }
 
+// The shape of pack_row_codes(planes, cols, col_layout) after checking its arguments (CPU and CUDA alike): one row
+// of row_bytes per node, nodes = the planes' padded node count.
+struct RowCodesShape {
+  int64_t bits, outer, words, nodes, row_bytes;
+};
+
+inline RowCodesShape row_codes_shape(const at::Tensor& planes, int64_t cols, bool col_layout) {
+  TORCH_CHECK_VALUE(planes.dim() == 3 && planes.scalar_type() == at::kInt, "planes must be int32[bits, outer, words]");
+  const int64_t bits = planes.size(0), outer = planes.size(1), words = planes.size(2);
+  TORCH_CHECK_VALUE(bits >= 1 && bits <= 8, "planes must hold 1 to 8 bit planes");
+  TORCH_CHECK_VALUE(cols >= 0 && cols <= (col_layout ? outer : words * 32), "cols exceeds the planes' padded shape");
+  return {bits, outer, words, col_layout ? words * 32 : outer, row_code_bytes(cols, bits)};
+}
+
 // An x_codes argument of bit_spmm: the packed row codes of column-layout x_planes over `cols` features (as
 // pack_row_codes makes them), on x_planes' device.  Its content is trusted: it is derived data, like code sums.
 inline void check_row_codes(const std::optional<at::Tensor>& x_codes, const at::Tensor& x_planes, int64_t cols) {
   if (!x_codes.has_value()) return;
+  const RowCodesShape shape = row_codes_shape(x_planes, cols, /*col_layout=*/true);
   TORCH_CHECK_VALUE(x_codes->dim() == 2 && x_codes->scalar_type() == at::kByte && x_codes->is_contiguous() &&
-                        x_codes->size(0) == x_planes.size(2) * 32 &&
-                        x_codes->size(1) == row_code_bytes(cols, x_planes.size(0)) &&
+                        x_codes->size(0) == shape.nodes && x_codes->size(1) == shape.row_bytes &&
                         x_codes->device() == x_planes.device(),
                     "x_codes must be the contiguous uint8 packed row codes of x_planes (pack_row_codes: [",
-                    x_planes.size(2) * 32, ", ", row_code_bytes(cols, x_planes.size(0)), "]) on its device");
+                    shape.nodes, ", ", shape.row_bytes, "]) on its device");
 }
 
 }  // namespace pyg_quant

@@ -90,18 +90,38 @@ void check_expand_csr_args(const at::Tensor& tile_key, const at::Tensor& row_cou
   TORCH_CHECK(res_col.device() == tile_key.device(), "expand_csr: all tensors must be on one device");
 }
 
+ExpandOperands expand_operands(const at::Tensor& tile_key, const at::Tensor& row_count, const at::Tensor& entry_col,
+                               const std::optional<at::Tensor>& entry_val, const at::Tensor& res_row,
+                               const std::optional<at::Tensor>& res_col, const std::optional<at::Tensor>& res_val,
+                               int64_t num_rows, int64_t num_cols) {
+  ExpandOperands o;
+  o.tile_key = tile_key.contiguous();
+  o.row_count = row_count.contiguous();
+  o.entry_col = entry_col.contiguous();
+  o.entry_val = entry_val ? entry_val->contiguous() : at::Tensor();
+  o.res_row = res_row.contiguous();
+  o.res_col = res_col ? res_col->contiguous() : at::Tensor();
+  o.res_val = res_val ? res_val->contiguous() : at::Tensor();
+  o.num_tiles = o.tile_key.size(0);
+  o.num_entries = o.entry_col.size(0);
+  o.num_res = o.res_row.size(0);
+  o.col_tiles = (num_cols + 255) / 256;
+  o.num_windows = (num_rows + kTileRows - 1) / kTileRows;
+  return o;
+}
+
 ExpandedTiles expand_tiles_cpu(const at::Tensor& tile_key_in, const at::Tensor& row_count_in,
                                const at::Tensor& entry_col_in, const std::optional<at::Tensor>& entry_val_in,
                                const at::Tensor& res_row_in, const std::optional<at::Tensor>& res_val_in,
                                int64_t num_rows, int64_t num_cols, int64_t planes) {
   check_expand_args(tile_key_in, row_count_in, entry_col_in, entry_val_in, res_row_in, res_val_in, num_rows, num_cols,
                     planes);
-  const at::Tensor tile_key = tile_key_in.contiguous(), row_count = row_count_in.contiguous();
-  const at::Tensor entry_col = entry_col_in.contiguous(), res_row = res_row_in.contiguous();
-  const at::Tensor entry_val = entry_val_in ? entry_val_in->contiguous() : at::Tensor();
-  const at::Tensor res_val = res_val_in ? res_val_in->contiguous() : at::Tensor();
-  const int64_t num_tiles = tile_key.size(0), num_entries = entry_col.size(0), num_res = res_row.size(0);
-  const int64_t col_tiles = (num_cols + 255) / 256, num_windows = (num_rows + kTileRows - 1) / kTileRows;
+  const ExpandOperands o = expand_operands(tile_key_in, row_count_in, entry_col_in, entry_val_in, res_row_in,
+                                           std::nullopt, res_val_in, num_rows, num_cols);
+  const at::Tensor &tile_key = o.tile_key, &row_count = o.row_count, &entry_col = o.entry_col, &res_row = o.res_row;
+  const at::Tensor &entry_val = o.entry_val, &res_val = o.res_val;
+  const int64_t num_tiles = o.num_tiles, num_entries = o.num_entries, num_res = o.num_res;
+  const int64_t col_tiles = o.col_tiles, num_windows = o.num_windows;
   const auto i64 = tile_key.options().dtype(at::kLong);
 
   const int32_t* key = tile_key.data_ptr<int32_t>();
@@ -162,13 +182,12 @@ ExpandedCsr expand_csr_cpu(const at::Tensor& tile_key_in, const at::Tensor& row_
                            const std::optional<at::Tensor>& res_val_in, int64_t num_rows, int64_t num_cols) {
   check_expand_csr_args(tile_key_in, row_count_in, entry_col_in, entry_val_in, res_row_in, res_col_in, res_val_in,
                         num_rows, num_cols);
-  const at::Tensor tile_key = tile_key_in.contiguous(), row_count = row_count_in.contiguous();
-  const at::Tensor entry_col = entry_col_in.contiguous(), res_row = res_row_in.contiguous();
-  const at::Tensor res_col = res_col_in.contiguous();
-  const at::Tensor entry_val = entry_val_in ? entry_val_in->contiguous() : at::Tensor();
-  const at::Tensor res_val = res_val_in ? res_val_in->contiguous() : at::Tensor();
-  const int64_t num_tiles = tile_key.size(0), num_entries = entry_col.size(0), num_res = res_row.size(0);
-  const int64_t col_tiles = (num_cols + 255) / 256, num_windows = (num_rows + kTileRows - 1) / kTileRows;
+  const ExpandOperands o = expand_operands(tile_key_in, row_count_in, entry_col_in, entry_val_in, res_row_in,
+                                           res_col_in, res_val_in, num_rows, num_cols);
+  const at::Tensor &tile_key = o.tile_key, &row_count = o.row_count, &entry_col = o.entry_col, &res_row = o.res_row;
+  const at::Tensor &res_col = o.res_col, &entry_val = o.entry_val, &res_val = o.res_val;
+  const int64_t num_entries = o.num_entries, num_res = o.num_res, num_tiles = o.num_tiles;
+  const int64_t col_tiles = o.col_tiles, num_windows = o.num_windows;
   const int64_t nnz = num_entries + num_res;
   const auto i64 = tile_key.options().dtype(at::kLong);
 

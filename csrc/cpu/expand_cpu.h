@@ -29,6 +29,18 @@ void check_expand_csr_args(const at::Tensor& tile_key, const at::Tensor& row_cou
                            const at::Tensor& res_col, const std::optional<at::Tensor>& res_val, int64_t num_rows,
                            int64_t num_cols);
 
+// A checked plan made contiguous, and its sizes: the common start of expand_tiles and expand_csr on every backend
+// (on CUDA, after the device guard).  entry_val, res_col and res_val are undefined when not given.
+struct ExpandOperands {
+  at::Tensor tile_key, row_count, entry_col, entry_val, res_row, res_col, res_val;
+  int64_t num_tiles, num_entries, num_res, col_tiles, num_windows;
+};
+
+ExpandOperands expand_operands(const at::Tensor& tile_key, const at::Tensor& row_count, const at::Tensor& entry_col,
+                               const std::optional<at::Tensor>& entry_val, const at::Tensor& res_row,
+                               const std::optional<at::Tensor>& res_col, const std::optional<at::Tensor>& res_val,
+                               int64_t num_rows, int64_t num_cols);
+
 ExpandedCsr expand_csr_cpu(const at::Tensor& tile_key, const at::Tensor& row_count, const at::Tensor& entry_col,
                            const std::optional<at::Tensor>& entry_val, const at::Tensor& res_row,
                            const at::Tensor& res_col, const std::optional<at::Tensor>& res_val, int64_t num_rows,

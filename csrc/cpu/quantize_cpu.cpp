@@ -233,12 +233,9 @@ at::Tensor unpack_codes_cpu(const at::Tensor& planes_in, int64_t rows, int64_t c
 }
 
 at::Tensor pack_row_codes_cpu(const at::Tensor& planes_in, int64_t cols, bool col_layout) {
-  TORCH_CHECK_VALUE(planes_in.dim() == 3 && planes_in.scalar_type() == at::kInt, "planes must be int32[bits, outer, words]");
+  const RowCodesShape shape = row_codes_shape(planes_in, cols, col_layout);
   const auto planes = planes_in.contiguous();
-  const int64_t bits = planes.size(0), outer = planes.size(1), words = planes.size(2);
-  TORCH_CHECK_VALUE(bits >= 1 && bits <= 8, "planes must hold 1 to 8 bit planes");
-  TORCH_CHECK_VALUE(cols >= 0 && cols <= (col_layout ? outer : words * 32), "cols exceeds the planes' padded shape");
-  const int64_t nodes = col_layout ? words * 32 : outer, row_bytes = row_code_bytes(cols, bits);
+  const int64_t bits = shape.bits, words = shape.words, nodes = shape.nodes, row_bytes = shape.row_bytes;
   const int container = container_bits(bits);
   auto codes = at::zeros({nodes, row_bytes}, planes.options().dtype(at::kByte));
   const uint32_t* in = reinterpret_cast<const uint32_t*>(planes.data_ptr<int32_t>());

@@ -183,12 +183,11 @@ ExpandedTiles expand_tiles_cuda(const at::Tensor& tile_key_in, const at::Tensor&
                     planes);
   const c10::cuda::CUDAGuard guard(tile_key_in.device());
   const auto stream = c10::cuda::getCurrentCUDAStream();
-  const at::Tensor tile_key = tile_key_in.contiguous(), row_count = row_count_in.contiguous();
-  const at::Tensor entry_col = entry_col_in.contiguous(), res_row = res_row_in.contiguous();
-  const at::Tensor entry_val = entry_val_in ? entry_val_in->contiguous() : at::Tensor();
-  const at::Tensor res_val = res_val_in ? res_val_in->contiguous() : at::Tensor();
-  const int64_t num_tiles = tile_key.size(0), num_res = res_row.size(0);
-  const int64_t col_tiles = (num_cols + 255) / 256, num_windows = (num_rows + kTileRows - 1) / kTileRows;
+  const ExpandOperands o = expand_operands(tile_key_in, row_count_in, entry_col_in, entry_val_in, res_row_in,
+                                           std::nullopt, res_val_in, num_rows, num_cols);
+  const at::Tensor &tile_key = o.tile_key, &row_count = o.row_count, &entry_col = o.entry_col, &res_row = o.res_row;
+  const at::Tensor &entry_val = o.entry_val, &res_val = o.res_val;
+  const int64_t num_tiles = o.num_tiles, num_res = o.num_res, col_tiles = o.col_tiles, num_windows = o.num_windows;
   const auto i64 = tile_key.options().dtype(at::kLong);
 
   at::Tensor window_ptr = at::empty({num_windows + 1}, i64);
@@ -231,13 +230,12 @@ ExpandedCsr expand_csr_cuda(const at::Tensor& tile_key_in, const at::Tensor& row
                         num_rows, num_cols);
   const c10::cuda::CUDAGuard guard(tile_key_in.device());
   const auto stream = c10::cuda::getCurrentCUDAStream();
-  const at::Tensor tile_key = tile_key_in.contiguous(), row_count = row_count_in.contiguous();
-  const at::Tensor entry_col = entry_col_in.contiguous(), res_row = res_row_in.contiguous();
-  const at::Tensor res_col = res_col_in.contiguous();
-  const at::Tensor entry_val = entry_val_in ? entry_val_in->contiguous() : at::Tensor();
-  const at::Tensor res_val = res_val_in ? res_val_in->contiguous() : at::Tensor();
-  const int64_t num_tiles = tile_key.size(0), num_entries = entry_col.size(0), num_res = res_row.size(0);
-  const int64_t col_tiles = (num_cols + 255) / 256, num_windows = (num_rows + kTileRows - 1) / kTileRows;
+  const ExpandOperands o = expand_operands(tile_key_in, row_count_in, entry_col_in, entry_val_in, res_row_in,
+                                           res_col_in, res_val_in, num_rows, num_cols);
+  const at::Tensor &tile_key = o.tile_key, &row_count = o.row_count, &entry_col = o.entry_col, &res_row = o.res_row;
+  const at::Tensor &res_col = o.res_col, &entry_val = o.entry_val, &res_val = o.res_val;
+  const int64_t num_tiles = o.num_tiles, num_entries = o.num_entries, num_res = o.num_res;
+  const int64_t col_tiles = o.col_tiles, num_windows = o.num_windows;
   const int64_t nnz = num_entries + num_res;
   const bool weighted = entry_val.defined() || res_val.defined();
   const auto i64 = tile_key.options().dtype(at::kLong);

@@ -222,6 +222,13 @@ __device__ __forceinline__ void load_slice(const uint8_t* p, uint32_t (&w)[kWord
   }
 }
 
+// Node `col`'s slice of the packed row codes: one IMAD.WIDE.U32 with a 32-bit row pitch (code_ld is at most a few
+// hundred bytes; the 64-bit product of a 64-bit pitch took four instructions and a constant reload per entry).
+__device__ __forceinline__ const uint8_t* code_slice(const uint8_t* __restrict__ source_codes, uint32_t col,
+                                                     uint32_t code_ld) {
+  return source_codes + static_cast<uint64_t>(col) * code_ld;
+}
+
 template <int kContainer, typename Acc>
 __device__ __forceinline__ void flush_halves(uint32_t (&half)[GatherSlice<kContainer, Acc>::kHalves],
                                              Acc (&sum)[GatherSlice<kContainer, Acc>::kCodes]) {
@@ -254,7 +261,7 @@ __device__ __forceinline__ void gather_row(const SpmmArgs& p, const uint8_t* __r
 #pragma unroll
     for (int j = 0; j < kGatherBatch; ++j) {  // every load of the batch first: kGatherBatch in flight
       if (e0 + j < end) {
-        load_slice<S::kWords>(source_codes + static_cast<int64_t>(col[j]) * p.code_ld, words[j]);
+        load_slice<S::kWords>(code_slice(source_codes, col[j], static_cast<uint32_t>(p.code_ld)), words[j]);
       } else {
 #pragma unroll
         for (int i = 0; i < S::kWords; ++i) words[j][i] = 0;  // dead entries of the last batch add nothing
@@ -299,13 +306,6 @@ __device__ __forceinline__ void gather_row(const SpmmArgs& p, const uint8_t* __r
       }
     }
   }
-}
-
-// Node `col`'s slice of the packed row codes: one IMAD.WIDE.U32 with a 32-bit row pitch (code_ld is at most a few
-// hundred bytes; the 64-bit product of a 64-bit pitch took four instructions and a constant reload per entry).
-__device__ __forceinline__ const uint8_t* code_slice(const uint8_t* __restrict__ source_codes, uint32_t col,
-                                                     uint32_t code_ld) {
-  return source_codes + static_cast<uint64_t>(col) * code_ld;
 }
 
 // A binary adjacency's rows at containers of 1, 2 or 4 bits: sums run four to a register in 8-bit fields (a shift,

@@ -193,7 +193,7 @@ class QGINConv(MessagePassing):
         if act_bits is not None and graph.can_run_bits and bit_kernels:
             if already_quantized and x_dst is x_src and x_src.dim in (None, 0):
                 # (A + (1+eps)·I)·X on the same codes: the self term runs in the kernel's epilogue
-                fused = graph.aggregate_bits_fused(x_src, self_weight=(1 + self.eps.detach()).reshape(()))
+                fused = graph.aggregate_bits_fused(x_src, self_weight=self._one_plus_eps().detach().reshape(()))
                 if fused is not None:
                     return requantize_output(self._apply_nn(fused, bit_kernels), self.out_bits, self.out_dim,
                                              bit_kernels)
