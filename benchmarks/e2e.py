@@ -920,20 +920,26 @@ def run_training(args, device, data: Data, rec: Recorder, runner: Runner) -> Non
     for kind in args.models:
         torch.manual_seed(args.seed)
         init = make_pyg(args, kind).state_dict()
-        variants = [("PyG fp32 edge_index", "PyG", "edge_index", "fp32 x"),
-                    ("PyG fp32 CSR", "PyG", "CSR", "fp32 x"),
-                    (f"QAT {qb}-bit edge_index", "QAT", "edge_index", "fp32 x"),
-                    (f"QAT {qb}-bit edge_index, {qb}-bit x", "QAT", "edge_index", "bit x")]
+        variants = [("PyG fp32 edge_index", "PyG", "edge_index", "fp32 x", False),
+                    ("PyG fp32 CSR", "PyG", "CSR", "fp32 x", False),
+                    ("PyG fp32 edge_index, captured step", "PyG", "edge_index", "fp32 x", True),
+                    (f"QAT {qb}-bit edge_index", "QAT", "edge_index", "fp32 x", False),
+                    (f"QAT {qb}-bit edge_index, captured step", "QAT", "edge_index", "fp32 x", True),
+                    (f"QAT {qb}-bit edge_index, {qb}-bit x", "QAT", "edge_index", "bit x", False)]
+        variants = [v for v in variants if args.train_variants is None
+                    or any(want in v[0] for want in args.train_variants)]
         log(f"== training {kind}: {len(variants)} variants")
-        for label, impl, adjacency, xform in variants:
-            row = dict(model=kind, label="train " + label, impl=impl, adjacency=adjacency, features=xform)
+        for label, impl, adjacency, xform, captured in variants:
+            row = dict(model=kind, label="train " + label, impl=impl, adjacency=adjacency, features=xform,
+                       captured=captured)
             rec.data["training"].append(row)
             if not runner.allowed(f"train {kind} {label}", 10):
                 row["skipped"] = True
                 rec.save()
                 continue
             try:
-                run_train_variant(args, device, data, rec, runner, kind, row, init, impl, adjacency, xform, pinned)
+                run_train_variant(args, device, data, rec, runner, kind, row, init, impl, adjacency, xform, pinned,
+                                  captured)
             except Exception as error:  # noqa: BLE001
                 row["error"] = rec.error(f"training {kind} {label}", error)
             finally:
@@ -942,14 +948,17 @@ def run_training(args, device, data: Data, rec: Recorder, runner: Runner) -> Non
                 rec.save()
 
 
-def run_train_variant(args, device, data, rec, runner, kind, row, init, impl, adjacency, xform, pinned):
+def run_train_variant(args, device, data, rec, runner, kind, row, init, impl, adjacency, xform, pinned,
+                      captured=False):
     model = make_pyg(args, kind, normalize=(adjacency == "edge_index" or kind != "GCN"))
     model.load_state_dict(init)
     model = model.to(device)
     if impl == "QAT":
         model = pq.qat.prepare(model, bits=args.qat_bits)
     model.train()
-    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+    # A captured step takes Adam's update into its graph when the optimizer is capturable (step counts on the device).
+    opt = torch.optim.Adam(model.parameters(), lr=args.lr, **({"capturable": True} if captured and runner.cuda else {}))
+    step = pq.CapturedTrainStep(model, opt, F.cross_entropy) if captured else None
     nb = data.nb
     if xform == "bit x":  # the QAT model fed the loader's 4-bit features: one QuantBatch copy a batch
         host = [QuantBatch.from_fields({"x": data.feats[args.qat_bits][b], "edge_index": data.edge_index[b],
@@ -977,6 +986,9 @@ def run_train_variant(args, device, data, rec, runner, kind, row, init, impl, ad
     def epoch(batches):
         total = torch.zeros((), device=device)
         for x, adj, y in batches():
+            if step is not None:
+                total += step(x, adj, target=y)
+                continue
             opt.zero_grad(set_to_none=True)
             loss = F.cross_entropy(model(x, adj), y)
             loss.backward()
@@ -984,12 +996,19 @@ def run_train_variant(args, device, data, rec, runner, kind, row, init, impl, ad
             total += loss.detach()
         losses.append(total)  # read after timing: no host sync inside the epoch from the script
 
+    # A captured step runs its first epoch eagerly and captures in its second (one graph per batch shape).
+    warm = {} if step is None or not runner.cuda else dict(warmup=max(2, args.warmup))
     if resident is not None:
-        row["resident"] = runner.measure(lambda: epoch(lambda: iter(resident)), reps=args.train_reps)
+        t = time.perf_counter()
+        row["resident"] = runner.measure(lambda: epoch(lambda: iter(resident)), reps=args.train_reps, **warm)
+        if step is not None:
+            row["captured_graphs"] = step.num_graphs
+            row["capture_disabled"] = step.disabled_reason
+            row["warmup_and_capture_s"] = round(time.perf_counter() - t - sum(row["resident"]["times_ms"]) / 1e3, 2)
         log(f"  {kind} {row['label']:40s} resident {row['resident']['median_ms']:9.1f} ms/epoch")
         rec.save()
     row["h2d"] = runner.measure(lambda: epoch(batches_h2d), reps=args.train_reps,
-                                **({} if runner.cuda else dict(warmup=0)))
+                                **(warm if runner.cuda else dict(warmup=0)))
     row["mean_loss_first_last_epoch"] = [float(losses[0]) / nb, float(losses[-1]) / nb]
     row["epochs_trained"] = len(losses)
     log(f"  {kind} {row['label']:40s} +H2D     {row['h2d']['median_ms']:9.1f} ms/epoch  "
@@ -1113,7 +1132,12 @@ def tables(rec: Recorder, args) -> str:
         a, b = r.get("time_vs_pyg_fp32_edge_index", {}), r.get("time_vs_pyg_fastest", {})
         loss = r.get("mean_loss_first_last_epoch")
         pred = "" if small else fmt(PREDICTED.get((r["model"], r["label"], "+H2D")))
-        lines.append(f"| {r['model']} | {r['label']} | {fmt(med(r, 'resident'), 1)} | {fmt(med(r, 'h2d'), 1)} | "
+        label = r["label"]
+        if r.get("capture_disabled"):
+            label += f" (ran eagerly: {r['capture_disabled'][:50]})"
+        elif r.get("captured_graphs"):
+            label += f" ({r['captured_graphs']} graphs, {fmt(r.get('warmup_and_capture_s'), 1)} s to warm up)"
+        lines.append(f"| {r['model']} | {label} | {fmt(med(r, 'resident'), 1)} | {fmt(med(r, 'h2d'), 1)} | "
                      f"{fmt(r.get('h2d_mb_per_epoch'), 0)} | {fmt(a.get('resident'))} / {fmt(a.get('h2d'))} | "
                      f"{fmt(b.get('resident'))} / {fmt(b.get('h2d'))} | "
                      f"{f'{loss[0]:.3f} → {loss[1]:.3f}' if loss else ''} | {pred} |")
@@ -1124,8 +1148,11 @@ def plot(rec: Recorder, args, path: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    models = list(args.models)
-    fig, axes = plt.subplots(1, len(models) + 1, figsize=(7 * (len(models) + 1), 7))
+    # One panel per model with inference rows (none in a training-only run), then training.
+    models = [kind for kind in args.models if any(r["model"] == kind and med(r, "resident")
+                                                  for r in rec.data["inference"])]
+    fig, axes = plt.subplots(1, len(models) + 1, figsize=(7 * (len(models) + 1), 7), squeeze=False)
+    axes = axes[0]
     for ax, kind in zip(axes, models):
         rows = [r for r in rec.data["inference"] if r["model"] == kind and med(r, "resident")]
         labels = [r["label"] for r in rows]
@@ -1193,6 +1220,8 @@ def parse_args(argv=None):
     p.add_argument("--no-graphs", dest="graphs", action="store_false", help="skip the CUDA-graph variants")
     p.add_argument("--reps", type=int, default=None, help="timed epochs per measurement (median)")
     p.add_argument("--train-reps", type=int, default=None)
+    p.add_argument("--train-variants", default=None, type=lambda s: s.split(","),
+                   help="only the training variants whose label contains one of these (comma-separated)")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--time-budget", type=float, default=None,

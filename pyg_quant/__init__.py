@@ -10,12 +10,14 @@ from .bitmm import bitmm, bitmm_int
 from . import loader  # noqa: E402  (pyg_quant.loader: QuantClusterData, QuantClusterLoader)
 from .nn import QGCNConv, QGINConv  # noqa: E402  (pyg_quant.nn: drop-in quantized PyG layers)
 from . import qat  # noqa: E402  (pyg_quant.qat: quantization-aware training, prepare/convert)
+from .captured_step import CapturedTrainStep  # noqa: E402  (training steps replayed from CUDA graphs)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BitAdjacency",
     "BitTensor",
+    "CapturedTrainStep",
     "QGCNConv",
     "QGINConv",
     "backends",

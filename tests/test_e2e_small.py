@@ -49,7 +49,8 @@ def test_e2e_tiny_cpu(tmp_path):
         assert by_label[(kind, "pyg_quant 4-bit")]["h2d_mb_per_epoch"] < by_label[(kind, "PyG fp32 CSR")]["h2d_mb_per_epoch"]
 
     training = saved["training"]
-    assert len(training) == 2 * 4
+    assert len(training) == 2 * 6
+    assert sum(row["captured"] for row in training) == 2 * 2  # run eagerly on the CPU: nothing captured
     for row in training:
         assert "error" not in row and not row.get("skipped"), row
         first, last = row["mean_loss_first_last_epoch"]

@@ -28,7 +28,7 @@ from ..adjacency import BitAdjacency
 from ..bitmm import INT32_MAX
 from ..compact_adjacency import DEFAULT_MIN_TILE_NNZ, CompactAdjacency, distinct_entries
 from ..layout import TILE_COLS, TILE_ROWS
-from ._graph_cache import index_bounds
+from ._graph_cache import deferred_index_check, host_read, index_bounds
 from ._quantize import is_compiling
 
 
@@ -66,12 +66,15 @@ class EdgeSet:
 def _check_index_range(edge_index: torch.Tensor, flow: str, num_src: int, num_dst: int, name: str) -> None:
     if is_compiling() or edge_index.numel() == 0:
         return
+    if deferred_index_check(edge_index, lambda tensor: _check_index_range(tensor, flow, num_src, num_dst, name)):
+        return  # a captured step: checked on each batch before its replay
 
     def compute():
         # The four extrema in one reduction and one host synchronisation (a sync per extremum
         # cost three per layer call, each stalling the launch queue on a GPU).
         lows, highs = torch.aminmax(edge_index, dim=1)
-        (low_0, low_1), (high_0, high_1) = torch.stack((lows, highs)).tolist()
+        with host_read():
+            (low_0, low_1), (high_0, high_1) = torch.stack((lows, highs)).tolist()
         return min(low_0, low_1), high_0, high_1
 
     low, high_0, high_1 = index_bounds(edge_index, compute)

@@ -34,6 +34,13 @@ is being captured (what is built there lives in the capture's private memory poo
 most :data:`MAX_ENTRIES` graphs are kept, the least recently used going first, so device
 memory stays bounded.  :func:`graph_cache_disabled` turns the cache off for a block.
 
+A capture by :class:`~pyg_quant.CapturedTrainStep` opens a :func:`capture_scope`: inside
+it the layers share one graph per tensor as usual (kept in the scope, dropped with it),
+and the range check of an ``edge_index`` whose bounds are not remembered is deferred (a
+host synchronisation cannot be captured): the step runs it on each batch it copies into
+the captured buffers, before the replay.  Without a scope, an unchecked ``edge_index``
+cannot be captured (:func:`deferred_index_check` raises).
+
 The index bounds of the tensors graphs were built from (three ints each, no device memory)
 are remembered for many more tensors (:data:`MAX_BOUNDS`), under the same identity and
 signature rules: rebuilding the evicted graph of a tensor seen before (a training epoch over
@@ -62,6 +69,84 @@ _enabled = True
 _bounds: "OrderedDict[int, Tuple[weakref.ref, tuple, Tuple[int, int, int]]]" = OrderedDict()
 # The user's tensor whose graph is being built (the builder sees its detached alias).
 _building: contextvars.ContextVar = contextvars.ContextVar("pyg_quant_graph_building", default=None)
+# Whether CapturedTrainStep is looking for host synchronisations (see watching_syncs).
+_watching: contextvars.ContextVar = contextvars.ContextVar("pyg_quant_watching_syncs", default=False)
+# The CaptureScope of the CUDA graph being captured by CapturedTrainStep, if any.
+_scope: contextvars.ContextVar = contextvars.ContextVar("pyg_quant_capture_scope", default=None)
+
+
+class CaptureScope:
+    """What one captured step shares and defers: its graphs, and the index checks to run before each replay.
+
+    ``index_checks`` holds ``(data_ptr, shape, check)``: ``check(tensor)`` raises the layer's ValueError for a
+    tensor whose indices do not fit; ``data_ptr`` / ``shape`` identify the captured buffer it was deferred for.
+    """
+
+    def __init__(self):
+        self.graphs = {}
+        self.index_checks = []
+
+
+@contextmanager
+def capture_scope() -> Iterator[CaptureScope]:
+    """Opens a :class:`CaptureScope` for the block (a capture of one step)."""
+    scope = CaptureScope()
+    token = _scope.set(scope)
+    try:
+        yield scope
+    finally:
+        _scope.reset(token)
+
+
+def deferred_index_check(edge_index: torch.Tensor, check: Callable[[torch.Tensor], None]) -> bool:
+    """While a CUDA graph is captured, defer ``check(edge_index)`` (True) unless its bounds are remembered (False).
+
+    Outside a capture it returns False: the caller checks now.  Inside one without a
+    :func:`capture_scope` it raises, since the check's host synchronisation cannot be captured.
+    """
+    if not _capturing(edge_index) or _remembered_bounds(edge_index) is not None:
+        return False
+    scope = _scope.get()
+    if scope is None:
+        raise RuntimeError("the node indices of an edge_index seen for the first time cannot be checked while a CUDA "
+                           "graph is captured (the check reads them on the host): run the step once before capturing "
+                           "it, or capture it with pyg_quant.CapturedTrainStep, which checks every batch it replays")
+    scope.index_checks.append((edge_index.data_ptr(), tuple(edge_index.shape), check))
+    return True
+
+
+@contextmanager
+def watching_syncs() -> Iterator[None]:
+    """A block that looks for host synchronisations (``torch.cuda.set_sync_debug_mode``): the index checks
+    (:func:`host_read`) pause the debug mode, since a captured step defers them."""
+    token = _watching.set(True)
+    try:
+        yield
+    finally:
+        _watching.reset(token)
+
+
+@contextmanager
+def host_read() -> Iterator[None]:
+    """Around an intended host read (an index check) inside :func:`watching_syncs`: not reported as a sync."""
+    if not _watching.get():
+        yield
+        return
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode(0)
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+
+
+def run_index_check(check: Callable[[torch.Tensor], None], edge_index: torch.Tensor) -> None:
+    """``check(edge_index)`` for the user's own tensor, so that its bounds are remembered (one sync per tensor)."""
+    token = _building.set(edge_index)
+    try:
+        check(edge_index)
+    finally:
+        _building.reset(token)
 
 
 @contextmanager
@@ -132,23 +217,33 @@ def _forget_when_dead(table: OrderedDict, key: Hashable) -> Callable[[weakref.re
     return forget
 
 
-def index_bounds(edge_index: torch.Tensor, compute: Callable[[], Tuple[int, int, int]]) -> Tuple[int, int, int]:
-    """``compute()`` (the ``[2, E]`` tensor's lowest index and the highest of each row: a host sync), or the bounds
-    remembered for the tensor whose graph :func:`cached_graph` is building from ``edge_index`` (its alias)."""
+def _remembered_bounds(edge_index: torch.Tensor) -> Optional[Tuple[int, int, int]]:
+    """The bounds remembered for the tensor whose graph is being built from ``edge_index``, or None."""
     source = _building.get()
     signature = _signature(edge_index)
     if source is None or signature is None or _signature(source) != signature:
-        return compute()
+        return None
     entry = _bounds.get(id(source))
     if entry is not None and entry[0]() is source and entry[1] == signature:
         _bounds.move_to_end(id(source))
         return entry[2]
-    bounds = compute()
-    _bounds[id(source)] = (weakref.ref(source, _forget_when_dead(_bounds, id(source))), signature, bounds)
-    while len(_bounds) > MAX_BOUNDS:
-        _bounds.popitem(last=False)
-    return bounds
+    return None
 
+
+def index_bounds(edge_index: torch.Tensor, compute: Callable[[], Tuple[int, int, int]]) -> Tuple[int, int, int]:
+    """``compute()`` (the ``[2, E]`` tensor's lowest index and the highest of each row: a host sync), or the bounds
+    remembered for the tensor whose graph :func:`cached_graph` is building from ``edge_index`` (its alias)."""
+    bounds = _remembered_bounds(edge_index)
+    if bounds is not None:
+        return bounds
+    bounds = compute()
+    source = _building.get()
+    signature = _signature(edge_index)
+    if source is not None and signature is not None and _signature(source) == signature:
+        _bounds[id(source)] = (weakref.ref(source, _forget_when_dead(_bounds, id(source))), signature, bounds)
+        while len(_bounds) > MAX_BOUNDS:
+            _bounds.popitem(last=False)
+    return bounds
 
 
 def cached_graph(edge_index, options: Hashable, build: Callable[[Any], Any]):
@@ -164,6 +259,19 @@ def cached_graph(edge_index, options: Hashable, build: Callable[[Any], Any]):
     """
     if not _cacheable(edge_index):
         return build(edge_index)
+    scope = _scope.get()
+    if scope is not None and _capturing(edge_index):
+        # One graph per tensor within the captured step; it lives in the capture's memory pool, so it goes with the
+        # scope.  The entry holds the tensor, so its id is not reused while the scope lasts.
+        key = (id(edge_index), options)
+        entry = scope.graphs.get(key)
+        if entry is None or entry[0] is not edge_index:
+            token = _building.set(edge_index)
+            try:
+                entry = scope.graphs[key] = (edge_index, build(edge_index.detach()))
+            finally:
+                _building.reset(token)
+        return entry[1]
     signature = _signature(edge_index)
     if signature is None:
         return build(edge_index)

@@ -20,7 +20,8 @@ r"""Quantization-aware training for pyg_quant's bit-plane GNN layers.
 Typical use::
 
     model = pyg_quant.qat.prepare(float_model, bits=4)      # stochastic rounding, last layer fp32
-    ... train model as usual ...
+    ... train model as usual ...                           # on a GPU, pyg_quant.CapturedTrainStep replays
+                                                            # each batch shape's step from a CUDA graph
     inference = pyg_quant.qat.convert(model)
     with torch.no_grad():
         out = inference(x, edge_index)                      # bit kernels, frozen ranges

@@ -48,8 +48,10 @@ travel with the state dict and freeze when the observer stops observing; a
 ``"learned"`` range is two :class:`~torch.nn.Parameter` s (``range_lo``,
 ``log_step``), frozen the same way.
 """
+import contextvars
 import math
-from typing import Optional, Tuple
+from contextlib import contextmanager
+from typing import Iterator, Optional, Tuple
 
 import torch
 
@@ -120,6 +122,20 @@ def tensor_quantiles(x: torch.Tensor, dim: Optional[int], q: float) -> Tuple[tor
 
 _MIN_RANGE_WIDTH = 255 * torch.finfo(torch.float32).tiny
 
+# Set by pyg_quant.CapturedTrainStep: stored ranges move in place, so a captured CUDA graph keeps reading and
+# writing the module's own buffers (a fresh tensor made during a capture would live in the graph's memory pool).
+_in_place: contextvars.ContextVar = contextvars.ContextVar("pyg_quant_observers_in_place", default=False)
+
+
+@contextmanager
+def ranges_in_place() -> Iterator[None]:
+    """Observers update their stored ranges in place (copies) instead of assigning fresh tensors, in this block."""
+    token = _in_place.set(True)
+    try:
+        yield
+    finally:
+        _in_place.reset(token)
+
 
 def collapse_narrow_range(lo: torch.Tensor, hi: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(lo, hi)`` with every range narrower than 255 normal float32 steps collapsed to zero width (``hi = lo``).
@@ -179,8 +195,14 @@ class Observer(torch.nn.Module):
                                  f"of shape {tuple(x.shape)} has {lo.numel()}; per-row ranges of varying rows "
                                  "need observer='dynamic'")
             lo, hi = self.combine(lo.to(self.min_val.device), hi.to(self.min_val.device))
+            if _in_place.get():
+                # A captured step (pyg_quant.CapturedTrainStep) reads and writes these very tensors at every replay.
+                self.min_val.copy_(lo)
+                self.max_val.copy_(hi)
+                return x
         # Assigning a buffer keeps it registered; the shape is set by the first batch.  Both are fresh tensors
-        # (reductions or the combination's arithmetic), never views of x: no copy is needed.
+        # (reductions or the combination's arithmetic), never views of x: no copy is needed, and a range handed
+        # out before (a BitTensor's lo) keeps its values.
         self.min_val, self.max_val = lo, hi
         return x
 
