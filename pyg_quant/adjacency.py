@@ -5,7 +5,7 @@ message *targets* and columns *sources* (PyG's ``source_to_target`` flow:
 ``edge_index[0]`` is the source ``j``, ``edge_index[1]`` the target ``i``), so
 ``bit_spmm(adj, x)[i] = Σ_{(j→i)} x[j]``.
 """
-from typing import Optional, Tuple, Union
+from typing import Callable, Optional, Tuple, Union
 
 import torch
 
@@ -55,7 +55,7 @@ class BitAdjacency:
     """
 
     _TENSORS = ("window_ptr", "tile_col", "tile_bits", "res_ptr", "res_col", "res_val", "diag", "row_sums")
-    __slots__ = _TENSORS + ("num_rows", "num_cols", "nnz", "max_row_sum")
+    __slots__ = _TENSORS + ("num_rows", "num_cols", "nnz", "max_row_sum", "_derived")
 
     def __init__(self, window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val: Optional[torch.Tensor],
                  num_rows: int, num_cols: int, diag: Optional[torch.Tensor], row_sums: torch.Tensor,
@@ -65,6 +65,31 @@ class BitAdjacency:
         self.num_rows, self.num_cols = int(num_rows), int(num_cols)
         self.diag, self.row_sums = diag, row_sums
         self.nnz, self.max_row_sum = int(nnz), int(max_row_sum)
+        self._derived = None
+
+    def derived(self, name: str, compute: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """``compute()``, kept on this adjacency for the next call with the same ``name``.
+
+        For per-node vectors that every layer of a model derives from the same batch (GCN's
+        ``D^{-1/2}``): computed once per adjacency instead of once per layer.  ``compute``
+        must be a function of this adjacency's tensors, which are never edited in place.
+        Nothing is kept while a CUDA graph is captured (the result would live in the capture's
+        memory pool and hold values only once the graph has run) or ``torch.compile`` traces,
+        nor a result that requires grad; results made in inference mode serve inference mode only.
+        """
+        if torch.compiler.is_compiling():
+            return compute()
+        key = (name, torch.is_inference_mode_enabled())
+        table = getattr(self, "_derived", None)
+        if table is not None and key in table:
+            return table[key]
+        value = compute()
+        if value.requires_grad or (value.is_cuda and torch.cuda.is_current_stream_capturing()):
+            return value
+        if table is None:
+            table = self._derived = {}
+        table[key] = value
+        return value
 
     @classmethod
     def from_edge_index(cls, edge_index: torch.Tensor,

@@ -583,3 +583,38 @@ def test_bad_inputs():
     conv.flow = "target_to_source"
     with pytest.raises(ValueError, match="target_to_source"):
         conv(x, to_torch_csr_tensor(edge_index, size=(60, 60)))
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode", "grad"])
+def test_layers_on_one_bit_adjacency_share_its_normalization(monkeypatch, mode):
+    """D^-1/2 of a BitAdjacency that carries its self-loops is made once for all layers (and every later call),
+    with the same outputs as when every layer makes its own."""
+    from pyg_quant.nn._graph import QuantGraph
+
+    edge_index = random_edges(120, 120, 900, 5)
+    x = torch.randn(120, 12, generator=gen(6))
+    torch.manual_seed(0)
+    convs = [QGCNConv(12, 12, bits=4), QGCNConv(12, 12, bits=4), QGCNConv(12, 5, bits=None)]
+
+    def run(adj):
+        h = x
+        for conv in convs:
+            h = conv(h, adj)
+        return h
+
+    context = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode, "grad": torch.enable_grad}[mode]
+    with context():
+        expected = run(pq.BitAdjacency.from_edge_index(edge_index, 120, self_loops=1).to("cpu"))  # a fresh memo
+        calls = []
+        degree = QuantGraph.degree
+        monkeypatch.setattr(QuantGraph, "degree", lambda graph: calls.append(None) or degree(graph))
+        adj = pq.BitAdjacency.from_edge_index(edge_index, 120, self_loops=1)
+        first, second = run(adj), run(adj)
+    assert len(calls) == 1
+    assert torch.equal(first, expected) and torch.equal(second, expected)
+    # the adjacency without self-loops is decoded and gets them added by the layer: nothing is kept then
+    calls.clear()
+    with context():
+        bare = pq.BitAdjacency.from_edge_index(edge_index, 120)
+        run(bare)
+    assert len(calls) == 3

@@ -205,8 +205,15 @@ class QGCNConv(MessagePassing):
             fill = 2.0 if self.improved and not unweighted_edge_index else 1.0
         graph = QuantGraph(edges, fill, adj_bits)
         if self.normalize:
-            deg_inv_sqrt = graph.degree().pow(-0.5)
-            graph.deg_inv_sqrt = deg_inv_sqrt.masked_fill(deg_inv_sqrt == float("inf"), 0.0)
+            def deg_inv_sqrt() -> Tensor:
+                d = graph.degree().pow(-0.5)
+                return d.masked_fill(d == float("inf"), 0.0)
+
+            # A BitAdjacency that carries its self-loops is the whole Â: every layer of the model called on it gets
+            # the same D^-1/2, made once (the graph cache does not see BitAdjacency inputs).
+            prebuilt = graph.prebuilt
+            graph.deg_inv_sqrt = (prebuilt.derived("gcn_deg_inv_sqrt", deg_inv_sqrt) if prebuilt is not None
+                                  else deg_inv_sqrt())
         return graph
 
     def forward(self, x: Union[Tensor, BitTensor], edge_index, edge_weight: Optional[Tensor] = None):
