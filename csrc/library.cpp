@@ -14,6 +14,7 @@ TORCH_LIBRARY(pyg_quant, m) {
       "bool random_noise=False, Generator? generator=None) -> (Tensor, Tensor)");
   m.def("mse_range(Tensor x, int dim, int bits, float[] grid) -> (Tensor, Tensor)");
   m.def("unpack_codes(Tensor planes, int rows, int cols, bool col_layout) -> Tensor");
+  m.def("dequantize(Tensor planes, int rows, int cols, bool col_layout, Tensor lo, Tensor scale, int dim) -> Tensor");
   m.def("packed_code_sums(Tensor planes) -> Tensor");
   m.def("pack_row_codes(Tensor planes, int cols, bool col_layout) -> Tensor");
   m.def("bitmm_int(Tensor a_planes, Tensor b_planes, int rows, int cols, bool wide) -> Tensor");

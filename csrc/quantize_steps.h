@@ -44,6 +44,11 @@ PYG_QUANT_HOST_DEVICE float f32_div(float a, float b) {
 #endif
 }
 
+// A code's value, to_val's recipe: lo + scale * q, each operation rounded to float32.
+PYG_QUANT_HOST_DEVICE float value_of(uint32_t q, float lo, float scale) {
+  return f32_add(lo, f32_mul(scale, static_cast<float>(q)));
+}
+
 // One range of to_bit: lo = min, scale and its inverse (0 when scale is 0) correctly rounded.
 struct Range {
   float lo, scale, inv;

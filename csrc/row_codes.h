@@ -46,6 +46,28 @@ inline RowCodesShape row_codes_shape(const at::Tensor& planes, int64_t cols, boo
   return {bits, outer, words, col_layout ? words * 32 : outer, row_code_bytes(cols, bits)};
 }
 
+// The planes of unpack_codes / dequantize: int32 [bits, outer, words] holding a rows x cols matrix.
+inline void check_unpack_shape(const at::Tensor& planes, int64_t rows, int64_t cols, bool col_layout) {
+  TORCH_CHECK_VALUE(planes.dim() == 3 && planes.scalar_type() == at::kInt, "planes must be int32[bits, outer, words]");
+  TORCH_CHECK_VALUE(planes.size(0) >= 1 && planes.size(0) <= 8, "planes must hold 1 to 8 bit planes");
+  TORCH_CHECK_VALUE(rows >= 0 && cols >= 0, "rows and cols must be non-negative");
+  TORCH_CHECK_VALUE(planes.size(1) >= (col_layout ? cols : rows) && planes.size(2) * 32 >= (col_layout ? rows : cols),
+                    "rows/cols exceed the planes' padded shape");
+}
+
+// The ranges of dequantize: float32 lo / scale with one entry per group, dim -1 (one), 0 (per column) or 1 (per
+// row), on the planes' device.
+inline void check_dequantize_ranges(const at::Tensor& planes, const at::Tensor& lo, const at::Tensor& scale,
+                                    int64_t rows, int64_t cols, int64_t dim) {
+  TORCH_CHECK_VALUE(dim >= -1 && dim <= 1, "dim must be -1 (per tensor), 0 (per column) or 1 (per row), got ", dim);
+  const int64_t groups = dim < 0 ? 1 : (dim == 0 ? cols : rows);
+  for (const auto* t : {&lo, &scale}) {
+    TORCH_CHECK_VALUE(t->scalar_type() == at::kFloat && t->numel() == groups,
+                      "lo and scale must be float32 with ", groups, " entries (dim=", dim, "), got ", t->numel());
+    TORCH_CHECK_VALUE(t->device() == planes.device(), "lo and scale must be on the planes' device");
+  }
+}
+
 // An x_codes argument of bit_spmm: the packed row codes of column-layout x_planes over `cols` features (as
 // pack_row_codes makes them), on x_planes' device.  Its content is trusted: it is derived data, like code sums.
 inline void check_row_codes(const std::optional<at::Tensor>& x_codes, const at::Tensor& x_planes, int64_t cols) {

@@ -22,9 +22,9 @@ except ImportError as error:  # not built, or built against another torch
 
 # Every op csrc/library.cpp defines (tests/test_extension.py keeps the two lists equal): an op missing here
 # silently runs its torch reference.
-_OPS = ("quantize_pack", "quantize_pack_ranges", "fake_quantize", "mse_range", "unpack_codes", "packed_code_sums",
-        "pack_row_codes", "bitmm_int", "bitmm_affine", "bit_spmm_int", "bit_spmm_affine", "tile_plan", "expand_tiles",
-        "quant_mlp", "expand_csr")
+_OPS = ("quantize_pack", "quantize_pack_ranges", "fake_quantize", "mse_range", "unpack_codes", "dequantize",
+        "packed_code_sums", "pack_row_codes", "bitmm_int", "bitmm_affine", "bit_spmm_int", "bit_spmm_affine",
+        "tile_plan", "expand_tiles", "quant_mlp", "expand_csr")
 _DISPATCH_KEYS = {"cpu": "CPU", "cuda": "CUDA"}
 # Filled once at import (the dispatcher query touches no device), so that
 # torch.compile traces has_kernel as a plain dict lookup.

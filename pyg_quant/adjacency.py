@@ -55,7 +55,7 @@ class BitAdjacency:
     """
 
     _TENSORS = ("window_ptr", "tile_col", "tile_bits", "res_ptr", "res_col", "res_val", "diag", "row_sums")
-    __slots__ = _TENSORS + ("num_rows", "num_cols", "nnz", "max_row_sum", "_derived")
+    __slots__ = _TENSORS + ("num_rows", "num_cols", "nnz", "max_row_sum", "_derived", "_captured")
 
     def __init__(self, window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val: Optional[torch.Tensor],
                  num_rows: int, num_cols: int, diag: Optional[torch.Tensor], row_sums: torch.Tensor,
@@ -66,6 +66,9 @@ class BitAdjacency:
         self.diag, self.row_sums = diag, row_sums
         self.nnz, self.max_row_sum = int(nnz), int(max_row_sum)
         self._derived = None
+        # Made while a CUDA graph is captured (decoded inside the graph): its tensors live in the capture's pool.
+        self._captured = (row_sums.is_cuda and not torch.compiler.is_compiling()
+                          and torch.cuda.is_current_stream_capturing())
 
     def derived(self, name: str, compute: Callable[[], torch.Tensor]) -> torch.Tensor:
         """``compute()``, kept on this adjacency for the next call with the same ``name``.
@@ -74,8 +77,10 @@ class BitAdjacency:
         ``D^{-1/2}``): computed once per adjacency instead of once per layer.  ``compute``
         must be a function of this adjacency's tensors, which are never edited in place.
         Nothing is kept while a CUDA graph is captured (the result would live in the capture's
-        memory pool and hold values only once the graph has run) or ``torch.compile`` traces,
-        nor a result that requires grad; results made in inference mode serve inference mode only.
+        memory pool and hold values only once the graph has run), unless the adjacency itself was
+        made in a capture (decoded inside the graph: its own tensors are the pool's already), nor
+        while ``torch.compile`` traces, nor a result that requires grad; results made in inference
+        mode serve inference mode only.
         """
         if torch.compiler.is_compiling():
             return compute()
@@ -84,7 +89,8 @@ class BitAdjacency:
         if table is not None and key in table:
             return table[key]
         value = compute()
-        if value.requires_grad or (value.is_cuda and torch.cuda.is_current_stream_capturing()):
+        if value.requires_grad or (value.is_cuda and torch.cuda.is_current_stream_capturing()
+                                   and not getattr(self, "_captured", False)):
             return value
         if table is None:
             table = self._derived = {}

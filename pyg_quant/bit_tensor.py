@@ -192,6 +192,6 @@ def to_val(bt: BitTensor) -> torch.Tensor:
     """Dequantizes: ``lo + scale · q`` as float32 ``[rows, cols]``."""
     if not isinstance(bt, BitTensor):
         raise TypeError(f"bt must be a BitTensor, got {type(bt).__name__}")
-    q = bt.codes().to(torch.float32)
-    view = {None: (1, 1), 0: (1, -1), 1: (-1, 1)}[bt.dim]
-    return bt.lo.view(view) + bt.scale.view(view) * q
+    # One pass over the planes (each operation rounded to float32 as in lo + scale * q), not unpack + cast + two.
+    return ops.dequantize(bt.planes, bt.rows, bt.cols, bt.layout == "col", bt.lo, bt.scale,
+                          -1 if bt.dim is None else bt.dim)

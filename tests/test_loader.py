@@ -776,3 +776,48 @@ def test_edge_attributes_need_edge_index(karate):
     ours, theirs = loader_pairs(cd, 2, bits=4)
     for o, t in zip(ours, theirs):
         assert torch.equal(o.edge_weight, t.edge_weight)
+
+
+@requires_cuda
+@pytest.mark.cuda
+def test_gcn_on_an_adjacency_decoded_in_a_cuda_graph_normalizes_once(monkeypatch):
+    """An adjacency decoded inside a captured forward keeps its D^-1/2 for the other layers of that forward (its
+    tensors are the capture's already): one degree computation in the graph, outputs equal to eager replays."""
+    from pyg_quant.nn._graph import QuantGraph
+
+    g = gen(11)
+    src, dst = torch.randint(300, (2, 4000), generator=g)
+    hosts = [QuantBatch.from_fields({"adj": pq.BitAdjacency.compact_from_edge_index(
+        torch.stack([s_, dst]), 300, self_loops=1),
+        "x": pq.to_bit(torch.randn(300, 8, generator=g), 4, dim=0, layout="col")}, pin_memory=True)
+        for s_ in (src, 299 - src)]
+    first = hosts[0].to("cuda")
+    buffer = first.buffer.clone()
+    torch.manual_seed(0)
+    convs = torch.nn.ModuleList([pq.QGCNConv(8, 8, bits=4), pq.QGCNConv(8, 8, bits=4),
+                                 pq.QGCNConv(8, 3, bits=None)]).cuda().eval()
+
+    def forward(batch):
+        h = batch.x
+        for conv in convs:
+            h = conv(h, batch.adj)
+        return h
+
+    calls = []
+    degree = QuantGraph.degree
+    monkeypatch.setattr(QuantGraph, "degree", lambda graph: calls.append(None) or degree(graph))
+    with torch.no_grad():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            forward(QuantBatch(buffer, first._specs, first._meta))
+        torch.cuda.current_stream().wait_stream(side)
+        calls.clear()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = forward(QuantBatch(buffer, first._specs, first._meta))
+        assert len(calls) == 1
+        for host in hosts[::-1] + hosts:
+            buffer.copy_(host.buffer, non_blocking=True)
+            graph.replay()
+            assert torch.equal(out, forward(host.to("cuda")))

@@ -1,6 +1,8 @@
 """to_bit / to_val: rounding error bounds, ranges, stochastic rounding (determinism and
 unbiasedness), and the BitTensor container (to, nbytes, pin_memory, as_layout)."""
 
+import itertools
+
 import pytest
 import torch
 
@@ -389,3 +391,54 @@ def check_pack_row_codes(dev):
 def test_pack_row_codes_cpu():
     check_pack_row_codes("cpu")
 
+
+
+def _dequantize_cases(shape, seed):
+    """Random planes of every width and layout, with random ranges for each granularity (never all zeros)."""
+    rows, cols = shape
+    g = gen(seed)
+    for bits, col_layout, dim in itertools.product((1, 2, 3, 4, 7, 8), (False, True), (-1, 0, 1)):
+        outer, packed = (cols, rows) if col_layout else (rows, cols)
+        planes = torch.randint(-2**31, 2**31, (bits, round_up(outer, 64), round_up(packed, 256) // 32), generator=g,
+                               dtype=torch.int64).to(torch.int32)
+        groups = 1 if dim < 0 else (cols if dim == 0 else rows)
+        lo = torch.randn(groups, generator=g) * 3
+        scale = torch.rand(groups, generator=g) * 0.7 + 1e-3
+        yield planes, rows, cols, col_layout, lo, scale, dim
+
+
+needs_compiled_cpu = pytest.mark.skipif(not pq.backends()["cpu"], reason="needs the compiled CPU backend")
+
+
+@needs_compiled_cpu
+@pytest.mark.parametrize("shape", [(1, 1), (31, 33), (257, 255), (100, 513), (1000, 3)],
+                         ids=lambda s: f"{s[0]}x{s[1]}")
+def test_dequantize_op_equals_the_torch_steps(shape):
+    """pyg_quant::dequantize is lo + scale * q with each step rounded to float32, as to_val's torch steps."""
+    for planes, rows, cols, col_layout, lo, scale, dim in _dequantize_cases(shape, sum(shape)):
+        want = ref.dequantize(planes, rows, cols, col_layout, lo, scale, dim)
+        got = torch.ops.pyg_quant.dequantize(planes, rows, cols, col_layout, lo, scale, dim)
+        assert got.dtype == torch.float32 and torch.equal(got, want), (col_layout, dim, planes.size(0))
+
+
+@needs_compiled_cpu
+def test_dequantize_op_rejects_bad_arguments():
+    planes = torch.zeros(4, 64, 8, dtype=torch.int32)
+    lo, scale = torch.zeros(5), torch.ones(5)
+    with pytest.raises(ValueError, match="dim must be"):
+        torch.ops.pyg_quant.dequantize(planes, 10, 5, True, lo, scale, 2)
+    with pytest.raises(ValueError, match="5 entries"):
+        torch.ops.pyg_quant.dequantize(planes, 10, 5, True, lo[:3], scale[:3], 0)
+    with pytest.raises(ValueError, match="float32"):
+        torch.ops.pyg_quant.dequantize(planes, 10, 5, True, lo.double(), scale.double(), 0)
+    with pytest.raises(ValueError, match="padded shape"):
+        torch.ops.pyg_quant.dequantize(planes, 10, 65, True, torch.zeros(65), torch.ones(65), 0)
+
+
+def test_to_val_keeps_the_gradient_of_ranges():
+    """A BitTensor whose ranges require grad dequantizes through the differentiable torch steps."""
+    bt = pq.to_bit(torch.randn(20, 6, generator=gen(3)), 4, dim=0, layout="col")
+    lo = bt.lo.clone().requires_grad_(True)
+    out = pq.to_val(bt._replace(lo=lo))
+    out.sum().backward()
+    assert torch.equal(lo.grad, torch.full_like(lo, 20.0))

@@ -208,16 +208,13 @@ at::Tensor quantize_pack_cpu(const at::Tensor& x_in, const at::Tensor& lo_in, co
   return planes;
 }
 
-at::Tensor unpack_codes_cpu(const at::Tensor& planes_in, int64_t rows, int64_t cols, bool col_layout) {
-  TORCH_CHECK_VALUE(planes_in.dim() == 3 && planes_in.scalar_type() == at::kInt, "planes must be int32[bits, outer, words]");
-  const auto planes = planes_in.contiguous();
-  const int64_t bits = planes.size(0), words = planes.size(2);
-  TORCH_CHECK_VALUE(planes.size(1) >= (col_layout ? cols : rows) && words * 32 >= (col_layout ? rows : cols),
-                    "rows/cols exceed the planes' padded shape");
-  auto codes = at::empty({rows, cols}, planes.options().dtype(at::kByte));
+namespace {
+
+// Every code of the rows x cols matrix in `planes`, as store(r, c, q), rows in parallel.
+template <typename Store>
+void for_each_code(const at::Tensor& planes, int64_t rows, int64_t cols, bool col_layout, const Store& store) {
+  const int64_t bits = planes.size(0), words = planes.size(2), plane_stride = planes.stride(0);
   const uint32_t* in = reinterpret_cast<const uint32_t*>(planes.data_ptr<int32_t>());
-  uint8_t* out = codes.data_ptr<uint8_t>();
-  const int64_t plane_stride = planes.stride(0);
   at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       for (int64_t c = 0; c < cols; ++c) {
@@ -225,11 +222,39 @@ at::Tensor unpack_codes_cpu(const at::Tensor& planes_in, int64_t rows, int64_t c
         const uint32_t* word = in + o * words + (e >> 5);
         uint32_t q = 0;
         for (int64_t p = 0; p < bits; ++p) q |= ((word[p * plane_stride] >> (e & 31)) & 1u) << p;
-        out[r * cols + c] = static_cast<uint8_t>(q);
+        store(r, c, q);
       }
     }
   });
+}
+
+}  // namespace
+
+at::Tensor unpack_codes_cpu(const at::Tensor& planes_in, int64_t rows, int64_t cols, bool col_layout) {
+  check_unpack_shape(planes_in, rows, cols, col_layout);
+  const auto planes = planes_in.contiguous();
+  auto codes = at::empty({rows, cols}, planes.options().dtype(at::kByte));
+  uint8_t* out = codes.data_ptr<uint8_t>();
+  for_each_code(planes, rows, cols, col_layout,
+                [&](int64_t r, int64_t c, uint32_t q) { out[r * cols + c] = static_cast<uint8_t>(q); });
   return codes;
+}
+
+at::Tensor dequantize_cpu(const at::Tensor& planes_in, int64_t rows, int64_t cols, bool col_layout,
+                          const at::Tensor& lo_in, const at::Tensor& scale_in, int64_t dim) {
+  check_unpack_shape(planes_in, rows, cols, col_layout);
+  check_dequantize_ranges(planes_in, lo_in, scale_in, rows, cols, dim);
+  const auto planes = planes_in.contiguous();
+  const auto lo_t = lo_in.contiguous(), scale_t = scale_in.contiguous();
+  auto values = at::empty({rows, cols}, planes.options().dtype(at::kFloat));
+  float* out = values.data_ptr<float>();
+  const float* lo = lo_t.data_ptr<float>();
+  const float* scale = scale_t.data_ptr<float>();
+  for_each_code(planes, rows, cols, col_layout, [&](int64_t r, int64_t c, uint32_t q) {
+    const int64_t g = dim < 0 ? 0 : (dim == 0 ? c : r);
+    out[r * cols + c] = value_of(q, lo[g], scale[g]);
+  });
+  return values;
 }
 
 at::Tensor pack_row_codes_cpu(const at::Tensor& planes_in, int64_t cols, bool col_layout) {

@@ -7,6 +7,9 @@ namespace pyg_quant {
 at::Tensor quantize_pack_cpu(const at::Tensor& x, const at::Tensor& lo, const at::Tensor& inv_scale,
                              int64_t bits, bool col_layout, const std::optional<at::Tensor>& noise);
 at::Tensor unpack_codes_cpu(const at::Tensor& planes, int64_t rows, int64_t cols, bool col_layout);
+// lo + scale * code as float32 [rows, cols] (to_val), ranges per tensor (dim -1), column (0) or row (1).
+at::Tensor dequantize_cpu(const at::Tensor& planes, int64_t rows, int64_t cols, bool col_layout,
+                          const at::Tensor& lo, const at::Tensor& scale, int64_t dim);
 at::Tensor packed_code_sums_cpu(const at::Tensor& planes);
 // The packed row codes of planes (csrc/row_codes.h): uint8[nodes, row_code_bytes(cols, bits)], nodes = the planes'
 // padded node count (words * 32 in column layout, outer in row layout).

@@ -82,7 +82,29 @@ __global__ void quantize_pack_cols_kernel(CodeArgs args, uint32_t* out, int64_t 
   }
 }
 
-__global__ void unpack_rows_kernel(const uint32_t* planes, uint8_t* codes, int64_t rows, int64_t cols, int64_t words,
+// What the unpack kernels write for code q at (r, c): the code (unpack_codes), or its value (dequantize).
+struct CodeStore {
+  uint8_t* out;
+  int64_t ld;
+  __device__ __forceinline__ void operator()(int64_t r, int64_t c, uint32_t q) const {
+    out[r * ld + c] = static_cast<uint8_t>(q);
+  }
+};
+
+struct ValueStore {
+  float* out;
+  int64_t ld;
+  const float* __restrict__ lo;
+  const float* __restrict__ scale;
+  int dim;  // -1 per tensor, 0 per column, 1 per row
+  __device__ __forceinline__ void operator()(int64_t r, int64_t c, uint32_t q) const {
+    const int64_t g = dim < 0 ? 0 : (dim == 0 ? c : r);
+    out[r * ld + c] = value_of(q, __ldg(lo + g), __ldg(scale + g));
+  }
+};
+
+template <typename Store>
+__global__ void unpack_rows_kernel(const uint32_t* planes, Store store, int64_t rows, int64_t cols, int64_t words,
                                    int bits, int64_t plane_stride) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * cols; i += stride) {
@@ -90,14 +112,15 @@ __global__ void unpack_rows_kernel(const uint32_t* planes, uint8_t* codes, int64
     const uint32_t* word = planes + r * words + (c >> 5);
     uint32_t q = 0;
     for (int p = 0; p < bits; ++p) q |= ((word[p * plane_stride] >> (c & 31)) & 1u) << p;
-    codes[i] = static_cast<uint8_t>(q);
+    store(r, c, q);
   }
 }
 
 // Column layout: word (c, w) holds rows 32w..32w+31 of column c; a block
-// decodes 32 rows x 32 columns and writes the codes row-major (coalesced).
-// Columns cols..ld-1 of the output (row stride ld) are written as zeros.
-__global__ void unpack_cols_kernel(const uint32_t* planes, uint8_t* codes, int64_t rows, int64_t cols, int64_t ld,
+// decodes 32 rows x 32 columns and writes them row-major (coalesced).
+// Columns cols..ld-1 of the output get code 0.
+template <typename Store>
+__global__ void unpack_cols_kernel(const uint32_t* planes, Store store, int64_t rows, int64_t cols, int64_t ld,
                                    int64_t words, int bits, int64_t plane_stride) {
   __shared__ uint8_t tile[32][33];
   const int64_t w = blockIdx.x;
@@ -114,7 +137,7 @@ __global__ void unpack_cols_kernel(const uint32_t* planes, uint8_t* codes, int64
   __syncthreads();
   for (int i = ty; i < 32; i += 8) {
     const int64_t r = w * 32 + i, c = c0 + tx;
-    if (r < rows && c < ld) codes[r * ld + c] = tile[i][tx];
+    if (r < rows && c < ld) store(r, c, tile[i][tx]);
   }
 }
 
@@ -479,27 +502,46 @@ at::Tensor quantize_pack_cuda(const at::Tensor& x_in, const at::Tensor& lo_in, c
   return planes;
 }
 
-at::Tensor unpack_codes_cuda(const at::Tensor& planes_in, int64_t rows, int64_t cols, bool col_layout) {
-  TORCH_CHECK_VALUE(planes_in.dim() == 3 && planes_in.scalar_type() == at::kInt, "planes must be int32[bits, outer, words]");
-  const auto planes = planes_in.contiguous();
+// The unpack kernel of the planes' layout, writing through `store` (planes contiguous, shape checked).
+template <typename Store>
+void launch_unpack(const at::Tensor& planes, int64_t rows, int64_t cols, bool col_layout, Store store) {
+  if (rows * cols == 0) return;
   const int64_t bits = planes.size(0), outer = planes.size(1), words = planes.size(2);
-  TORCH_CHECK_VALUE(outer >= (col_layout ? cols : rows) && words * 32 >= (col_layout ? rows : cols),
-                    "rows/cols exceed the planes' padded shape");
-  const c10::cuda::CUDAGuard guard(planes.device());
-  auto codes = at::empty({rows, cols}, planes.options().dtype(at::kByte));
-  if (rows * cols == 0) return codes;
   const uint32_t* in = reinterpret_cast<const uint32_t*>(planes.data_ptr<int32_t>());
   const auto stream = c10::cuda::getCurrentCUDAStream();
   if (!col_layout) {
-    unpack_rows_kernel<<<blocks_for(rows * cols, 256), 256, 0, stream>>>(in, codes.data_ptr<uint8_t>(), rows, cols, words,
-                                                                         bits, outer * words);
+    unpack_rows_kernel<<<blocks_for(rows * cols, 256), 256, 0, stream>>>(in, store, rows, cols, words,
+                                                                         static_cast<int>(bits), outer * words);
   } else {
-    const dim3 grid((rows + 31) / 32, (cols + 31) / 32);
-    unpack_cols_kernel<<<grid, dim3(32, 8), 0, stream>>>(in, codes.data_ptr<uint8_t>(), rows, cols, cols, words,
-                                                         bits, outer * words);
+    const dim3 grid(static_cast<unsigned>((rows + 31) / 32), static_cast<unsigned>((cols + 31) / 32));
+    TORCH_CHECK_VALUE(grid.y <= 65535, "too many columns for one launch");
+    unpack_cols_kernel<<<grid, dim3(32, 8), 0, stream>>>(in, store, rows, cols, cols, words, static_cast<int>(bits),
+                                                         outer * words);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+at::Tensor unpack_codes_cuda(const at::Tensor& planes_in, int64_t rows, int64_t cols, bool col_layout) {
+  check_unpack_shape(planes_in, rows, cols, col_layout);
+  const c10::cuda::CUDAGuard guard(planes_in.device());
+  const auto planes = planes_in.contiguous();
+  auto codes = at::empty({rows, cols}, planes.options().dtype(at::kByte));
+  launch_unpack(planes, rows, cols, col_layout, CodeStore{codes.data_ptr<uint8_t>(), cols});
   return codes;
+}
+
+at::Tensor dequantize_cuda(const at::Tensor& planes_in, int64_t rows, int64_t cols, bool col_layout,
+                           const at::Tensor& lo_in, const at::Tensor& scale_in, int64_t dim) {
+  check_unpack_shape(planes_in, rows, cols, col_layout);
+  check_dequantize_ranges(planes_in, lo_in, scale_in, rows, cols, dim);
+  const c10::cuda::CUDAGuard guard(planes_in.device());
+  const auto planes = planes_in.contiguous();
+  const auto lo = lo_in.contiguous(), scale = scale_in.contiguous();
+  auto values = at::empty({rows, cols}, planes.options().dtype(at::kFloat));
+  launch_unpack(planes, rows, cols, col_layout,
+                ValueStore{values.data_ptr<float>(), cols, lo.data_ptr<float>(), scale.data_ptr<float>(),
+                           static_cast<int>(dim)});
+  return values;
 }
 
 at::Tensor pack_row_codes_cuda(const at::Tensor& planes_in, int64_t cols, bool col_layout) {

@@ -8,6 +8,9 @@ namespace pyg_quant {
 at::Tensor quantize_pack_cuda(const at::Tensor& x, const at::Tensor& lo, const at::Tensor& inv_scale,
                               int64_t bits, bool col_layout, const std::optional<at::Tensor>& noise);
 at::Tensor unpack_codes_cuda(const at::Tensor& planes, int64_t rows, int64_t cols, bool col_layout);
+// lo + scale * code as float32 [rows, cols] (to_val), ranges per tensor (dim -1), column (0) or row (1).
+at::Tensor dequantize_cuda(const at::Tensor& planes, int64_t rows, int64_t cols, bool col_layout,
+                          const at::Tensor& lo, const at::Tensor& scale, int64_t dim);
 // The packed row codes of planes (csrc/row_codes.h), as pack_row_codes_cpu: the gather form of node features for the
 // CSR part of bit_spmm.
 at::Tensor pack_row_codes_cuda(const at::Tensor& planes, int64_t cols, bool col_layout);

@@ -46,6 +46,14 @@ def unpack_codes(planes, rows: int, cols: int, col_layout: bool):
     return reference.unpack_codes(planes, rows, cols, col_layout)
 
 
+def dequantize(planes, rows: int, cols: int, col_layout: bool, lo, scale, dim: int):
+    # The compiled op has no backward: ranges that carry a gradient take the (differentiable) torch steps.
+    plain = not (lo.requires_grad or scale.requires_grad) and lo.dtype == scale.dtype == torch.float32
+    if plain and use_compiled("dequantize", planes.device):
+        return torch.ops.pyg_quant.dequantize(planes, rows, cols, col_layout, lo, scale, dim)
+    return reference.dequantize(planes, rows, cols, col_layout, lo, scale, dim)
+
+
 def packed_code_sums(planes):
     if use_compiled("packed_code_sums", planes.device):
         return torch.ops.pyg_quant.packed_code_sums(planes)
@@ -149,6 +157,10 @@ if LOADED:
     @torch.library.register_fake("pyg_quant::unpack_codes")
     def _(planes, rows, cols, col_layout):
         return planes.new_empty((rows, cols), dtype=torch.uint8)
+
+    @torch.library.register_fake("pyg_quant::dequantize")
+    def _(planes, rows, cols, col_layout, lo, scale, dim):
+        return planes.new_empty((rows, cols), dtype=torch.float32)
 
     @torch.library.register_fake("pyg_quant::packed_code_sums")
     def _(planes):

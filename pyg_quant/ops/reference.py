@@ -62,6 +62,14 @@ def unpack_codes(planes: torch.Tensor, rows: int, cols: int, col_layout: bool):
     return codes[:rows, :cols].to(torch.uint8).contiguous()
 
 
+def dequantize(planes: torch.Tensor, rows: int, cols: int, col_layout: bool, lo: torch.Tensor, scale: torch.Tensor,
+               dim: int) -> torch.Tensor:
+    """``lo + scale · q`` as float32 ``[rows, cols]`` (``to_val``), ranges per tensor (``dim=-1``), column or row."""
+    q = unpack_codes(planes, rows, cols, col_layout).to(torch.float32)
+    view = {-1: (1, 1), 0: (1, -1), 1: (-1, 1)}[dim]
+    return lo.view(view) + scale.view(view) * q
+
+
 def pack_row_codes(planes: torch.Tensor, cols: int, col_layout: bool) -> torch.Tensor:
     """The packed row codes (:mod:`pyg_quant.layout`, "Row codes") of every padded node of ``planes``."""
     nodes = planes.size(2) * 32 if col_layout else planes.size(1)
