@@ -794,8 +794,9 @@ def test_gcn_on_an_adjacency_decoded_in_a_cuda_graph_normalizes_once(monkeypatch
     first = hosts[0].to("cuda")
     buffer = first.buffer.clone()
     torch.manual_seed(0)
+    # Every layer on the bit kernels: a bits=None layer decodes the adjacency into edges, which syncs.
     convs = torch.nn.ModuleList([pq.QGCNConv(8, 8, bits=4), pq.QGCNConv(8, 8, bits=4),
-                                 pq.QGCNConv(8, 3, bits=None)]).cuda().eval()
+                                 pq.QGCNConv(8, 3, bits=4)]).cuda().eval()
 
     def forward(batch):
         h = batch.x
