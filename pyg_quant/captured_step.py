@@ -28,7 +28,8 @@ other change (``load_state_dict``, ``.to()``, a replaced buffer) drops every gra
 the next calls warm up and capture again.  The ``edge_index`` inputs of pyg_quant's layers
 are range-checked on every batch before it is copied in (once per tensor: resident batches
 are read once), as the eager layers do.  Graphs of all shapes share one memory pool (they
-replay one at a time, on the current stream); the loss returned is a copy.
+replay one at a time, on the current stream); each keeps its own copy of the inputs (the
+buffers it reads), so ``max_graphs`` bounds that memory; the loss returned is a copy.
 
 Requirements: the inputs and targets are strided CUDA tensors (or hashable constants
 such as None), the step reads no data-dependent size on the host (a host sync cannot be
