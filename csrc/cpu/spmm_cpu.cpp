@@ -30,10 +30,14 @@ constexpr int64_t kTileWords64 = 4;  // 256 columns
 constexpr int64_t kSparseTileBitsPerPlanePair = 64;
 }  // namespace
 
-at::Tensor bit_spmm_int_cpu(const at::Tensor& window_ptr_in, const at::Tensor& tile_col_in,
-                            const at::Tensor& tile_bits_in, const at::Tensor& res_ptr_in, const at::Tensor& res_col_in,
-                            const std::optional<at::Tensor>& res_val_in, const at::Tensor& x_in, int64_t rows,
-                            int64_t cols, bool wide, const std::optional<at::Tensor>& x_codes) {
+namespace {
+
+// bit_spmm_int; `unpacked` (if given) receives x's unpacked codes [nodes_pad, cols] when the product needed them
+// (undefined otherwise), so that the affine epilogue's self term does not unpack them again.
+at::Tensor bit_spmm_int_impl(const at::Tensor& window_ptr_in, const at::Tensor& tile_col_in,
+                             const at::Tensor& tile_bits_in, const at::Tensor& res_ptr_in, const at::Tensor& res_col_in,
+                             const std::optional<at::Tensor>& res_val_in, const at::Tensor& x_in, int64_t rows,
+                             int64_t cols, bool wide, const std::optional<at::Tensor>& x_codes, at::Tensor* unpacked) {
   TORCH_CHECK_VALUE(window_ptr_in.dim() == 1 && window_ptr_in.scalar_type() == at::kLong, "window_ptr must be int64[num_windows + 1]");
   TORCH_CHECK_VALUE(tile_col_in.dim() == 1 && tile_col_in.scalar_type() == at::kInt, "tile_col must be int32[num_tiles]");
   TORCH_CHECK_VALUE(tile_bits_in.dim() == 4 && tile_bits_in.scalar_type() == at::kInt && tile_bits_in.size(1) == tile_col_in.size(0) &&
@@ -155,7 +159,18 @@ at::Tensor bit_spmm_int_cpu(const at::Tensor& window_ptr_in, const at::Tensor& t
       }
     }
   });
+  if (unpacked != nullptr) *unpacked = codes;
   return out;
+}
+
+}  // namespace
+
+at::Tensor bit_spmm_int_cpu(const at::Tensor& window_ptr, const at::Tensor& tile_col, const at::Tensor& tile_bits,
+                            const at::Tensor& res_ptr, const at::Tensor& res_col,
+                            const std::optional<at::Tensor>& res_val, const at::Tensor& x, int64_t rows, int64_t cols,
+                            bool wide, const std::optional<at::Tensor>& x_codes) {
+  return bit_spmm_int_impl(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x, rows, cols, wide, x_codes,
+                           nullptr);
 }
 
 namespace {
@@ -180,12 +195,14 @@ at::Tensor bit_spmm_affine_cpu(const at::Tensor& window_ptr, const at::Tensor& t
   check_vector(self_weight, at::kFloat, rows, "self_weight");
   check_vector(row_scale, at::kFloat, rows, "row_scale");
   check_vector(bias, at::kFloat, cols, "bias");
-  const auto product = bit_spmm_int_cpu(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x, rows, cols,
-                                        /*wide=*/true, x_codes);
-  at::Tensor codes;
+  at::Tensor codes;  // x's codes, unpacked once for the product and the self term
+  const auto product = bit_spmm_int_impl(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x, rows, cols,
+                                         /*wide=*/true, x_codes, &codes);
   if (self_weight.has_value()) {
     TORCH_CHECK_VALUE(rows <= x.size(2) * 32, "self_weight needs a square adjacency (rows <= x's nodes)");
-    codes = unpack_codes_cpu(x.contiguous(), x.size(2) * 32, cols, /*col_layout=*/true);
+    if (!codes.defined()) codes = unpack_codes_cpu(x.contiguous(), x.size(2) * 32, cols, /*col_layout=*/true);
+  } else {
+    codes = at::Tensor();
   }
   const auto lo_c = lo.contiguous(), scale_c = scale.contiguous(), row_sums_c = row_sums.contiguous();
   const auto self_c = self_weight.has_value() ? self_weight->contiguous() : at::Tensor();
