@@ -56,7 +56,7 @@ _DEBUG_MODE_NOTICE = "Synchronization debug mode is a prototype"  # what setting
 
 
 class _NotCapturable(RuntimeError):
-    pass
+    """Why a step cannot be captured; the step then runs eagerly from that call on."""
 
 
 class _Captured:
@@ -142,7 +142,7 @@ class CapturedTrainStep:
             return self._eager(inputs, targets)
         self._restore_grads()
         entry = self._graphs.get(key)
-        if entry is not None and self._state_key() != self._state:
+        if entry is not None and not self._state_unchanged():
             self.reset()
             entry = None
         if entry is None:
@@ -239,10 +239,10 @@ class CapturedTrainStep:
 
     def _capture(self, key, values, num_inputs: int) -> _Captured:
         device = next(v.device for v in values if isinstance(v, Tensor))
-        if self._state is not None and self._state_key() != self._state:
+        if self._state is not None and not self._state_unchanged():
             self.reset()
         watched, params = self._watch_list(), self._parameters()
-        state = self._state_key(watched)
+        state = self._state_key(watched, params)
         static = [v.detach().clone().requires_grad_(v.requires_grad) if isinstance(v, Tensor) else v for v in values]
         graph = torch.cuda.CUDAGraph()
         self._register_generators(graph, device)
@@ -257,7 +257,7 @@ class CapturedTrainStep:
             _end_generator_captures(device, self._generators(device))
             raise _NotCapturable(str(error).split("\n")[0]) from error
         after = self._watch_list()
-        if (self._state_key(watched) != state or len(after) != len(watched)
+        if (self._state_key(watched, params) != state or len(after) != len(watched)
                 or any(a[0] is not b[0] or a[1] != b[1] for a, b in zip(after, watched))):
             raise _NotCapturable("the step replaced a parameter, gradient, buffer or optimizer state tensor")
         index_checks = []
@@ -315,13 +315,15 @@ class CapturedTrainStep:
             watched.extend((state, name) for name, v in state.items() if isinstance(v, Tensor))
         return watched
 
-    def _state_key(self, watched: Optional[list] = None) -> tuple:
+    def _state_key(self, watched: list, params: List[torch.nn.Parameter]) -> tuple:
         """Where every watched tensor and gradient lives (a replaced tensor, or one moved by ``.data =``, differs)."""
-        watched = self._watched if watched is None else watched
-        params = self._grad_params if watched is self._watched else self._parameters()
         return (id(self.optimizer.state), len(self.optimizer.state),
                 tuple(table[name].data_ptr() for table, name in watched),
                 tuple(0 if p.grad is None else p.grad.data_ptr() for p in params))
+
+    def _state_unchanged(self) -> bool:
+        """Whether the tensors the graphs read and write are still the captured ones."""
+        return self._state_key(self._watched, self._grad_params) == self._state
 
     def _restore_grads(self) -> None:
         """Gives back the captured ``.grad`` tensors that the caller's ``optimizer.zero_grad()`` set to None (every

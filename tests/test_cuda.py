@@ -15,7 +15,7 @@ from pyg_quant.ops import reference as ref
 
 from conftest import (CUDA_OK, assert_fp32_close, deq64, dense_from_edges, gen, mag64, randn, random_edges,
                       ref_codes, round_up)
-from test_quantize import _dequantize_cases, check_pack_row_codes, grid_data
+from test_quantize import check_pack_row_codes, dequantize_cases, grid_data
 
 pytestmark = [
     pytest.mark.cuda,
@@ -84,7 +84,7 @@ def _check_unpack_and_sums(dev, shape):
         got_sums = OPS.packed_code_sums(planes.to(dev))
         assert _equal_on_cpu(got_sums, want_sums)
         assert torch.equal(want_sums, ref.packed_code_sums(planes))
-    for planes, rows_, cols_, col, lo, scale, dim in _dequantize_cases(shape, rows + 7 * cols):
+    for planes, rows_, cols_, col, lo, scale, dim in dequantize_cases(shape, rows + 7 * cols):
         want = OPS.dequantize(planes, rows_, cols_, col, lo, scale, dim)
         got = OPS.dequantize(planes.to(dev), rows_, cols_, col, lo.to(dev), scale.to(dev), dim)
         assert got.device.type == dev and _equal_on_cpu(got, want), (col, dim, planes.size(0))

@@ -393,7 +393,7 @@ def test_pack_row_codes_cpu():
 
 
 
-def _dequantize_cases(shape, seed):
+def dequantize_cases(shape, seed):
     """Random planes of every width and layout, with random ranges for each granularity (never all zeros)."""
     rows, cols = shape
     g = gen(seed)
@@ -415,7 +415,7 @@ needs_compiled_cpu = pytest.mark.skipif(not pq.backends()["cpu"], reason="needs 
                          ids=lambda s: f"{s[0]}x{s[1]}")
 def test_dequantize_op_equals_the_torch_steps(shape):
     """pyg_quant::dequantize is lo + scale * q with each step rounded to float32, as to_val's torch steps."""
-    for planes, rows, cols, col_layout, lo, scale, dim in _dequantize_cases(shape, sum(shape)):
+    for planes, rows, cols, col_layout, lo, scale, dim in dequantize_cases(shape, sum(shape)):
         want = ref.dequantize(planes, rows, cols, col_layout, lo, scale, dim)
         got = torch.ops.pyg_quant.dequantize(planes, rows, cols, col_layout, lo, scale, dim)
         assert got.dtype == torch.float32 and torch.equal(got, want), (col_layout, dim, planes.size(0))

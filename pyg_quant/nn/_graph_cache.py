@@ -140,13 +140,20 @@ def host_read() -> Iterator[None]:
         torch.cuda.set_sync_debug_mode(previous)
 
 
-def run_index_check(check: Callable[[torch.Tensor], None], edge_index: torch.Tensor) -> None:
-    """``check(edge_index)`` for the user's own tensor, so that its bounds are remembered (one sync per tensor)."""
+@contextmanager
+def _building_from(edge_index: torch.Tensor) -> Iterator[None]:
+    """The graph built in this block is the user's ``edge_index``'s (its bounds are remembered under it)."""
     token = _building.set(edge_index)
     try:
-        check(edge_index)
+        yield
     finally:
         _building.reset(token)
+
+
+def run_index_check(check: Callable[[torch.Tensor], None], edge_index: torch.Tensor) -> None:
+    """``check(edge_index)`` for the user's own tensor, so that its bounds are remembered (one sync per tensor)."""
+    with _building_from(edge_index):
+        check(edge_index)
 
 
 @contextmanager
@@ -217,12 +224,21 @@ def _forget_when_dead(table: OrderedDict, key: Hashable) -> Callable[[weakref.re
     return forget
 
 
-def _remembered_bounds(edge_index: torch.Tensor) -> Optional[Tuple[int, int, int]]:
-    """The bounds remembered for the tensor whose graph is being built from ``edge_index``, or None."""
+def _bounds_owner(edge_index: torch.Tensor) -> Optional[Tuple[torch.Tensor, tuple]]:
+    """``(the user's tensor whose graph is being built from edge_index, its signature)``, or None."""
     source = _building.get()
     signature = _signature(edge_index)
     if source is None or signature is None or _signature(source) != signature:
         return None
+    return source, signature
+
+
+def _remembered_bounds(edge_index: torch.Tensor, owner=None) -> Optional[Tuple[int, int, int]]:
+    """The bounds remembered for the tensor whose graph is being built from ``edge_index``, or None."""
+    owner = _bounds_owner(edge_index) if owner is None else owner
+    if owner is None:
+        return None
+    source, signature = owner
     entry = _bounds.get(id(source))
     if entry is not None and entry[0]() is source and entry[1] == signature:
         _bounds.move_to_end(id(source))
@@ -233,16 +249,17 @@ def _remembered_bounds(edge_index: torch.Tensor) -> Optional[Tuple[int, int, int
 def index_bounds(edge_index: torch.Tensor, compute: Callable[[], Tuple[int, int, int]]) -> Tuple[int, int, int]:
     """``compute()`` (the ``[2, E]`` tensor's lowest index and the highest of each row: a host sync), or the bounds
     remembered for the tensor whose graph :func:`cached_graph` is building from ``edge_index`` (its alias)."""
-    bounds = _remembered_bounds(edge_index)
+    owner = _bounds_owner(edge_index)
+    if owner is None:
+        return compute()
+    bounds = _remembered_bounds(edge_index, owner)
     if bounds is not None:
         return bounds
+    source, signature = owner
     bounds = compute()
-    source = _building.get()
-    signature = _signature(edge_index)
-    if source is not None and signature is not None and _signature(source) == signature:
-        _bounds[id(source)] = (weakref.ref(source, _forget_when_dead(_bounds, id(source))), signature, bounds)
-        while len(_bounds) > MAX_BOUNDS:
-            _bounds.popitem(last=False)
+    _bounds[id(source)] = (weakref.ref(source, _forget_when_dead(_bounds, id(source))), signature, bounds)
+    while len(_bounds) > MAX_BOUNDS:
+        _bounds.popitem(last=False)
     return bounds
 
 
@@ -266,11 +283,8 @@ def cached_graph(edge_index, options: Hashable, build: Callable[[Any], Any]):
         key = (id(edge_index), options)
         entry = scope.graphs.get(key)
         if entry is None or entry[0] is not edge_index:
-            token = _building.set(edge_index)
-            try:
+            with _building_from(edge_index):
                 entry = scope.graphs[key] = (edge_index, build(edge_index.detach()))
-            finally:
-                _building.reset(token)
         return entry[1]
     signature = _signature(edge_index)
     if signature is None:
@@ -280,11 +294,8 @@ def cached_graph(edge_index, options: Hashable, build: Callable[[Any], Any]):
     if entry is not None and entry[0]() is edge_index and entry[1] == signature:
         _entries.move_to_end(key)
         return entry[2]
-    token = _building.set(edge_index)
-    try:
+    with _building_from(edge_index):
         graph = build(edge_index.detach())
-    finally:
-        _building.reset(token)
     if _capturing(edge_index) or _holds_autograd_history(graph):
         return graph
     _entries[key] = (weakref.ref(edge_index, _forget_when_dead(_entries, key)), signature, graph)  # replaces a stale entry
