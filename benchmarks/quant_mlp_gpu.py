@@ -1,9 +1,10 @@
 """ops.quant_mlp (one kernel for a chain of QuantLinear bit layers) against the layer-by-layer bit path.
 
 GPU timings (median of CUDA-event timings, eager and, where capturable, 20 calls in one CUDA graph) on a
-32,000-node batch with 64 features: the MLP alone (QuantLinear 64→64, ReLU, 64→64, ReLU, 64→64 at 1, 4, 8 bits;
-fused vs quantize + bitmm_float per layer) and a whole eval QGINConv forward on a BitAdjacency (fused vs
-unfused).  Every fused output is checked equal (torch.equal) to the unfused one.
+32,000-node batch with 64 features: the MLP alone (QuantLinear 64→64, ReLU, 64→64, ReLU, 64→64 at 1, 4, 8 bits, and
+GIN's first and last MLPs 100→64→64 and 64→64→47; fused vs quantize + bitmm_float per layer) and a whole eval
+QGINConv forward on a BitAdjacency (fused vs unfused).  Every fused output is checked equal (torch.equal) to the
+unfused one.
 
     python benchmarks/quant_mlp_gpu.py --out results.json
 """
@@ -76,23 +77,27 @@ def main():
     results = {"device": torch.cuda.get_device_name(0), "rows": []}
     n, d = 32_000, 64
     x = torch.randn(n, d, device=device)
-    for bits in (1, 4, 8):
+    # GIN 3x64's MLPs on a products-scale batch (the first layer reads 100 features, the last gives 47 classes)
+    chains = [([d, d, d, d], bits) for bits in (1, 4, 8)] + [([100, d, d], 4), ([d, d, 47], 4), ([d, d, 47], 8)]
+    for widths, bits in chains:
         torch.manual_seed(bits)
-        lins = [QuantLinear(d, d, bits=bits).to(device).eval() for _ in range(3)]
-        relus = (True, True, False)
+        lins = [QuantLinear(widths[i], widths[i + 1], bits=bits).to(device).eval() for i in range(len(widths) - 1)]
+        relus = [True] * (len(lins) - 1) + [False]
+        h0 = x if widths[0] == d else torch.randn(n, widths[0], device=device)
 
         def fused():
-            return _quant_mlp(x, lins, relus)
+            return _quant_mlp(h0, lins, relus)
 
         def unfused():
-            h = x
+            h = h0
             for lin, relu in zip(lins, relus):
                 h = bitmm_float(quantize(h, bits, 1, "row"), lin.quantized_weight(), lin.bias.detach(), relu)
             return h
 
         with torch.no_grad():
-            same = torch.equal(fused(), unfused())
-            row = {"what": f"MLP 3x{d}, {bits} bits, {n} rows", "equal": same,
+            got = fused()
+            same = torch.equal(got, unfused())
+            row = {"what": f"MLP {'-'.join(map(str, widths))}, {bits} bits, {n} rows", "equal": same,
                    "fused_us": time_eager(fused), "unfused_us": time_eager(unfused),
                    "fused_graph_us": time_graph(fused), "unfused_graph_us": time_graph(unfused)}
         print(row, flush=True)

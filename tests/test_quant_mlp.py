@@ -133,6 +133,41 @@ def test_gpu_equals_cpu_row_counts(i, n):
     assert torch.equal(torch.ops.pyg_quant.quant_mlp(*cuda_args).cpu(), torch.ops.pyg_quant.quant_mlp(*args))
 
 
+def non_finite_case(i):
+    args, wts = make_case(i, n=259)
+    x = args[0].clone()
+    x[7, 0] = float("nan")
+    x[40, -1] = float("inf")
+    x[41, 0] = float("-inf")
+    x[200, :] = float("nan")
+    return (x,) + tuple(args[1:]), wts
+
+
+def same_values(got, want):
+    return torch.equal(got.isnan(), want.isnan()) and torch.equal(torch.nan_to_num(got), torch.nan_to_num(want))
+
+
+@requires_compiled
+@pytest.mark.parametrize("i", [0, 5, 10, 13, 22])
+def test_non_finite_rows_equal_composition_cpu(i):
+    """A NaN makes its row's range NaN (as amin / amax do; a ReLU then zeroes it), an infinity makes it infinite."""
+    args, wts = non_finite_case(i)
+    got = torch.ops.pyg_quant.quant_mlp(*args)
+    assert same_values(got, composition(args[0], wts, args[5], args[6], args[8]))
+    assert got[8].isfinite().all()
+
+
+@pytest.mark.cuda
+@requires_cuda
+@pytest.mark.parametrize("i", [0, 5, 10, 13, 22])
+def test_gpu_equals_cpu_non_finite_rows(i):
+    """The same values on both devices."""
+    args, _ = non_finite_case(i)
+    cuda_args = tuple([t.to("cuda") if isinstance(t, torch.Tensor) else t for t in a] if isinstance(a, list) else
+                      a.to("cuda") if isinstance(a, torch.Tensor) else a for a in args)
+    assert same_values(torch.ops.pyg_quant.quant_mlp(*cuda_args).cpu(), torch.ops.pyg_quant.quant_mlp(*args))
+
+
 # --- layers -----------------------------------------------------------------------------
 def count_calls(monkeypatch):
     calls = []

@@ -7,9 +7,9 @@
 // over groups of kRows rows).  The rows live in registers: lane j holds columns j, j+32, ... of each -- the same
 // channels it computes as outputs, so a layer's output is already where the next layer's input must be.  Per layer and
 // row: the row's min / max with order-preserving unsigned keys and one warp reduction each (__reduce_min/max_sync; a
-// NaN makes both NaN, as amin / amax do), the range and codes with the float32 steps of quantize_steps.h (the row
-// quantizer's), the codes as bytes in the row's shared buffer (so every lane can read the whole row 16 codes at a
-// time), the code sum by one warp reduction, the exact int32 product with __dp4a (u8 x u8 -> u32, at most
+// NaN makes both NaN, as amin / amax do), the range (lane i forms row i's, read back with shuffles) and codes with
+// the float32 steps of quantize_steps.h (the row quantizer's), the codes as bytes in the row's shared buffer (so
+// every lane can read the whole row 16 codes at a time), the code sum by one warp reduction, the exact int32 product with __dp4a (u8 x u8 -> u32, at most
 // 256·255·255 < 2^32), and bitmm's float64 epilogue (epilogue.h).  The last layer's rows are stored coalesced.
 // Nothing but the output is allocated and nothing waits on the host.
 //
@@ -36,6 +36,7 @@
 #include "epilogue.h"
 #include "quant_mlp_args.h"
 #include "quantize_steps.h"
+#include "cuda/ordered_key.cuh"
 
 namespace pyg_quant {
 namespace {
@@ -76,18 +77,10 @@ struct MlpArgs {
   int64_t rows;
 };
 
-__device__ __forceinline__ unsigned ordered_key(float v) {
-  const unsigned b = __float_as_uint(v);
-  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-}
-
-__device__ __forceinline__ float from_ordered_key(unsigned k) {
-  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
-}
-
 // kChunks: values per lane (every width <= 32·kChunks); kRows: rows a warp carries at a time.
 template <int kChunks, int kRows>
 __global__ void __launch_bounds__(kThreads) quant_mlp_kernel(const __grid_constant__ MlpArgs args) {
+  static_assert(kRows <= 32, "lane i forms row i's range");
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ MlpLayer layers[kQuantMlpMaxLayers];
   if (threadIdx.x < args.layers) layers[threadIdx.x] = args.layer[threadIdx.x];
@@ -160,28 +153,38 @@ __global__ void __launch_bounds__(kThreads) quant_mlp_kernel(const __grid_consta
       const MlpLayer& L = layers[l];
       const int in = L.in, out = L.out;
       const float max_code = L.max_code;
-      // Each row's range, then its codes into its buffer, and their sum.
-      float row_lo[kRows], row_scale[kRows];
-      unsigned sum[kRows];
+      // Each row's extrema as ordered keys, one warp reduction each.  A NaN makes both NaN, as amin / amax do: a
+      // positive NaN keys above +inf and a negative one below -inf, so the reduced keys tell whether a row holds one.
+      // Lane i < kRows then forms row i's range (the two IEEE divisions run once for all the rows, not once a row)
+      // and every lane reads the rows' ranges back with shuffles.
+      float mn = 0.0f, mx = 0.0f;
 #pragma unroll
       for (int i = 0; i < kRows; ++i) {
         unsigned key_min = 0xffffffffu, key_max = 0u;
-        bool nan = false;
 #pragma unroll
         for (int j = 0; j < kChunks; ++j) {
           if (lane + 32 * j < in) {
-            const unsigned key = ordered_key(h[i][j]);
-            nan |= h[i][j] != h[i][j];
+            const unsigned key = cuda::ordered_key(h[i][j]);
             key_min = min(key_min, key);
             key_max = max(key_max, key);
           }
         }
-        nan = __any_sync(kFullMask, nan);
         key_min = __reduce_min_sync(kFullMask, key_min);
         key_max = __reduce_max_sync(kFullMask, key_max);
-        const float mn = nan ? __int_as_float(0x7fffffff) : from_ordered_key(key_min);
-        const float mx = nan ? __int_as_float(0x7fffffff) : from_ordered_key(key_max);
-        const Range range = range_of(mn, mx, max_code);
+        if (lane == i) {
+          const bool nan = key_max > cuda::ordered_key(INFINITY) || key_min < cuda::ordered_key(-INFINITY);
+          mn = nan ? __int_as_float(0x7fffffff) : cuda::from_ordered_key(key_min);
+          mx = nan ? __int_as_float(0x7fffffff) : cuda::from_ordered_key(key_max);
+        }
+      }
+      const Range own = range_of(mn, mx, max_code);
+      // Then each row's codes into its buffer, and their sum.
+      float row_lo[kRows], row_scale[kRows];
+      unsigned sum[kRows];
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) {
+        const Range range{__shfl_sync(kFullMask, own.lo, i), __shfl_sync(kFullMask, own.scale, i),
+                          __shfl_sync(kFullMask, own.inv, i)};
         row_lo[i] = range.lo;
         row_scale[i] = range.scale;
         unsigned s = 0;

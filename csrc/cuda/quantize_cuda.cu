@@ -8,6 +8,7 @@
 #include "quantize_ranges.h"
 #include "quantize_steps.h"
 #include "row_codes.h"
+#include "cuda/ordered_key.cuh"
 
 #include <ATen/ATen.h>
 #include <type_traits>
@@ -320,14 +321,10 @@ __global__ void quantize_pack_row_ranges_kernel(const float* __restrict__ x, con
 // the order of the atomics; a buffer of zeros stands for "nothing seen yet", below every encoded value.
 // A positive NaN encodes above +inf and a negative one's complement above every other, so any NaN reaches the
 // maximum or the minimum, and pass 2 then makes both NaN, as amin/amax do.
-__device__ __forceinline__ unsigned long long ordered_bits(float v) {
-  const uint32_t b = __float_as_uint(v);
-  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-}
+__device__ __forceinline__ unsigned long long ordered_bits(float v) { return cuda::ordered_key(v); }
 
 __device__ __forceinline__ float from_ordered_bits(unsigned long long e) {
-  const uint32_t b = static_cast<uint32_t>(e);
-  return __uint_as_float((b & 0x80000000u) ? (b & 0x7fffffffu) : ~b);
+  return cuda::from_ordered_key(static_cast<uint32_t>(e));
 }
 
 // Pass 1 (column layout): extrema of 32 columns over 256-row slabs, one atomic per column and block.  (16 loads in
