@@ -36,7 +36,7 @@ TORCH_LIBRARY(pyg_quant, m) {
       "Tensor? res_val, int num_rows, int num_cols, int planes) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "quant_mlp(Tensor x, Tensor[] weight_codes, Tensor[] weight_lo, Tensor[] weight_scale, Tensor[] weight_sums, "
-      "Tensor?[] bias, int[] act_bits, int[] weight_bits, bool[] relu) -> Tensor");
+      "Tensor?[] bias, int[] act_bits, int[] weight_bits, bool[] relu, Tensor? row_scale=None) -> Tensor");
   m.def(
       "expand_csr(Tensor tile_key, Tensor row_count, Tensor entry_col, Tensor? entry_val, Tensor res_row, "
       "Tensor res_col, Tensor? res_val, int num_rows, int num_cols) -> (Tensor, Tensor, Tensor, Tensor)");

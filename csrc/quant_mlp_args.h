@@ -12,13 +12,14 @@ namespace pyg_quant {
 
 constexpr int64_t kQuantMlpInt32Max = 2147483647;
 
-// The widths C_0 .. C_L of the chain.
+// The widths C_0 .. C_L of the chain (row_scale: optional float32 [rows], multiplied into each output row last).
 inline std::vector<int64_t> check_quant_mlp_args(const at::Tensor& x, at::TensorList weight_codes,
                                                  at::TensorList weight_lo, at::TensorList weight_scale,
                                                  at::TensorList weight_sums,
                                                  const c10::List<std::optional<at::Tensor>>& bias,
                                                  at::IntArrayRef act_bits, at::IntArrayRef weight_bits,
-                                                 const c10::List<bool>& relu) {
+                                                 const c10::List<bool>& relu,
+                                                 const std::optional<at::Tensor>& row_scale) {
   TORCH_CHECK_VALUE(x.dim() == 2 && x.scalar_type() == at::kFloat, "x must be a 2-D float32 tensor, got ",
                     x.scalar_type(), " with ", x.dim(), " dimensions");
   const int64_t layers = static_cast<int64_t>(weight_codes.size());
@@ -65,6 +66,13 @@ inline std::vector<int64_t> check_quant_mlp_args(const at::Tensor& x, at::Tensor
                       " overflows int32 (in_channels=", widths.back(), ", act_bits=", act_bits[l],
                       ", weight_bits=", weight_bits[l], ")");
     widths.push_back(out);
+  }
+  if (row_scale.has_value()) {
+    const at::Tensor& s = *row_scale;
+    TORCH_CHECK_VALUE(s.dim() == 1 && s.size(0) == x.size(0) && s.scalar_type() == at::kFloat,
+                      "row_scale must be float32 [", x.size(0), "] (one scale per row of x), got ", s.scalar_type(),
+                      " ", s.sizes());
+    TORCH_CHECK_VALUE(s.device() == x.device(), "row_scale is on ", s.device(), " but x is on ", x.device());
   }
   return widths;
 }

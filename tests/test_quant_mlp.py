@@ -10,12 +10,13 @@ import torch
 from torch.nn import ReLU, Sequential
 
 import pyg_quant as pq
+import pyg_quant.nn.qgcn_conv as qgcn_module
 import pyg_quant.nn.qgin_conv as qgin_module
 import pyg_quant.nn.quant_linear as ql_module
 from pyg_quant import ops
 from pyg_quant.bit_tensor import BitTensor
 from pyg_quant.bitmm import bitmm_float
-from pyg_quant.nn import QGINConv, QuantLinear
+from pyg_quant.nn import QGCNConv, QGINConv, QuantLinear
 from pyg_quant.nn._quantize import quantize
 from pyg_quant.ops import reference as ref
 
@@ -131,6 +132,37 @@ def test_gpu_equals_cpu_row_counts(i, n):
     args, _ = make_case(i, n=n)
     cuda_args, _ = make_case(i, n=n, device="cuda")
     assert torch.equal(torch.ops.pyg_quant.quant_mlp(*cuda_args).cpu(), torch.ops.pyg_quant.quant_mlp(*args))
+
+
+def row_scale_for(n, seed):
+    """A per-row scale with zeros (isolated nodes' D^-1/2), negatives and large values."""
+    scale = torch.randn(n, generator=gen(seed)) * 3
+    scale[::7] = 0.0
+    scale[1::11] = 1e20
+    return scale
+
+
+@requires_compiled
+@pytest.mark.parametrize("i", CASES[:12])
+def test_row_scale_multiplies_the_output_rows_cpu(i):
+    args, wts = make_case(i)
+    scale = row_scale_for(args[0].size(0), i)
+    want = composition(args[0], wts, args[5], args[6], args[8]) * scale.view(-1, 1)
+    assert torch.equal(torch.ops.pyg_quant.quant_mlp(*args, scale), want)
+    assert torch.equal(ops.quant_mlp(*args, row_scale=scale), want)
+    assert torch.equal(ref.quant_mlp(*args, row_scale=scale), want)
+
+
+@pytest.mark.cuda
+@requires_cuda
+@pytest.mark.parametrize("n", [1, 5, 259, 70_003])
+@pytest.mark.parametrize("i", [1, 10, 13, 22])  # every instantiation of the kernel
+def test_gpu_row_scale_equals_cpu(i, n):
+    args, _ = make_case(i, n=n)
+    cuda_args, _ = make_case(i, n=n, device="cuda")
+    scale = row_scale_for(n, i)
+    got = torch.ops.pyg_quant.quant_mlp(*cuda_args, scale.cuda())
+    assert torch.equal(got.cpu(), torch.ops.pyg_quant.quant_mlp(*args, scale))
 
 
 def non_finite_case(i):
@@ -322,6 +354,47 @@ def test_qgin_conv_other_mlps_not_fused(monkeypatch):
     assert calls == []
 
 
+@requires_compiled
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("bits", [(4, 4), (2, 7), (8, 8)])
+def test_qgcn_conv_folds_its_normalization_into_the_linear_layer(monkeypatch, device, bits):
+    """Eval QGCNConv runs D^-1/2 (X W) as one quant_mlp call with a row scale: the same bits as the layer then a
+    multiply, on edge_index and on a BitAdjacency; other inputs keep the layer-then-multiply path."""
+    weight_bits, act_bits = bits
+    torch.manual_seed(0)
+    conv = QGCNConv(100, 16, weight_bits=weight_bits, act_bits=act_bits).to(device).eval()
+    x, edge_index = gin_graph(d=100, device=device)
+    scaled = []
+    original = ops.quant_mlp
+
+    def counted(*args):
+        scaled.append(len(args) > 9 and args[9] is not None)  # row_scale
+        return original(*args)
+
+    monkeypatch.setattr(ql_module.ops, "quant_mlp", counted)
+    adjacency = pq.BitAdjacency.from_edge_index(edge_index, x.size(0), self_loops=1)
+    with torch.no_grad():
+        for adj in (edge_index, adjacency):
+            scaled.clear()
+            got = conv(x, adj)
+            assert scaled == [True]
+            with monkeypatch.context() as m:
+                m.setattr(qgcn_module, "run_row_scaled_linear", lambda lin, x, scale: None)
+                scaled.clear()
+                want = conv(x, adj)
+                assert scaled == [False]
+            assert torch.equal(got, want)
+        scaled.clear()
+        conv(x.double(), edge_index)  # float64 features: the layer, then the multiply
+        assert scaled == [False]
+    handle = conv.lin.register_forward_hook(lambda *a: None)  # a hook must see the layer run
+    with torch.no_grad():
+        scaled.clear()
+        conv(x, edge_index)
+    handle.remove()
+    assert scaled == [False]
+
+
 # --- errors -----------------------------------------------------------------------------
 @requires_compiled
 def test_errors_name_the_argument():
@@ -358,9 +431,13 @@ def test_errors_name_the_argument():
         (layer(6, 9, 1), r"act_bits\[1\]"),
         (layer(7, 0), r"weight_bits\[0\]"),
     ]
+    bad += [(list(args) + [scale], "row_scale") for scale in
+            (torch.ones(x.size(0) + 1), torch.ones(x.size(0)).double(), torch.ones(x.size(0), 1))]
     for bad_args, name in bad:
         with pytest.raises(ValueError, match=name):
             op(*bad_args)
+    with pytest.raises(ValueError, match="row_scale"):
+        ref.quant_mlp(*args, row_scale=torch.ones(x.size(0) + 1))
     # the int32 bound: 40,000 inputs of 8 x 8 bits
     wide = (torch.randn(2, 40_000), [torch.zeros(1, 40_000, dtype=torch.uint8)], [torch.zeros(1)], [torch.ones(1)],
             [torch.zeros(1, dtype=torch.int64)], [None], [8], [8], [False])

@@ -59,9 +59,10 @@ inline int32_t dot_u8(const uint8_t* a, const uint8_t* w, int64_t n) {
 at::Tensor quant_mlp_cpu(const at::Tensor& x_in, at::TensorList weight_codes, at::TensorList weight_lo,
                          at::TensorList weight_scale, at::TensorList weight_sums,
                          const c10::List<std::optional<at::Tensor>>& bias, at::IntArrayRef act_bits,
-                         at::IntArrayRef weight_bits, const c10::List<bool>& relu) {
+                         at::IntArrayRef weight_bits, const c10::List<bool>& relu,
+                         const std::optional<at::Tensor>& row_scale) {
   const std::vector<int64_t> widths = check_quant_mlp_args(x_in, weight_codes, weight_lo, weight_scale, weight_sums,
-                                                           bias, act_bits, weight_bits, relu);
+                                                           bias, act_bits, weight_bits, relu, row_scale);
   const int64_t layers = static_cast<int64_t>(weight_codes.size()), rows = x_in.size(0);
   const at::Tensor x = x_in.contiguous();
   std::vector<at::Tensor> keep;  // contiguous copies live until the end
@@ -84,6 +85,8 @@ at::Tensor quant_mlp_cpu(const at::Tensor& x_in, at::TensorList weight_codes, at
   const int64_t max_width = *std::max_element(widths.begin(), widths.end());
   const float* xp = x.data_ptr<float>();
   float* op = out.data_ptr<float>();
+  const at::Tensor scales = row_scale.has_value() ? row_scale->contiguous() : at::Tensor();
+  const float* sp = scales.defined() ? scales.data_ptr<float>() : nullptr;
   at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
     std::vector<float> buffer_a(max_width), buffer_b(max_width);
     std::vector<uint8_t> codes(max_width);
@@ -117,6 +120,10 @@ at::Tensor quant_mlp_cpu(const at::Tensor& x_in, at::TensorList weight_codes, at
                                           layer.bias ? layer.bias[o] : 0.0f, layer.relu);
         }
         h = next;
+      }
+      if (sp != nullptr) {
+        float* row = op + r * out_cols;
+        for (int64_t o = 0; o < out_cols; ++o) row[o] = row[o] * sp[r];
       }
     }
   });

@@ -8,10 +8,12 @@ namespace pyg_quant {
 
 // A chain of QuantLinear bit layers on each row: per layer, per-row quantization of the input to act_bits[l]
 // (quantize_steps.h), the exact int32 product with the uint8 weight codes [out, in], bitmm's affine epilogue
-// (epilogue.h) with bias[l] and relu[l].  Equals quantize(h, act_bits, 1, "row") + bitmm_float bit for bit.
+// (epilogue.h) with bias[l] and relu[l].  Equals quantize(h, act_bits, 1, "row") + bitmm_float bit for bit; with
+// row_scale, each output row is then multiplied by its scale (one float32 multiply, as `out * row_scale[:, None]`).
 at::Tensor quant_mlp_cpu(const at::Tensor& x, at::TensorList weight_codes, at::TensorList weight_lo,
                          at::TensorList weight_scale, at::TensorList weight_sums,
                          const c10::List<std::optional<at::Tensor>>& bias, at::IntArrayRef act_bits,
-                         at::IntArrayRef weight_bits, const c10::List<bool>& relu);
+                         at::IntArrayRef weight_bits, const c10::List<bool>& relu,
+                         const std::optional<at::Tensor>& row_scale);
 
 }  // namespace pyg_quant

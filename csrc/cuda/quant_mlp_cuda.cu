@@ -9,8 +9,10 @@
 // row: the row's min / max with order-preserving unsigned keys and one warp reduction each (__reduce_min/max_sync; a
 // NaN makes both NaN, as amin / amax do), the range (lane i forms row i's, read back with shuffles) and codes with
 // the float32 steps of quantize_steps.h (the row quantizer's), the codes as bytes in the row's shared buffer (so
-// every lane can read the whole row 16 codes at a time), the code sum by one warp reduction, the exact int32 product with __dp4a (u8 x u8 -> u32, at most
-// 256·255·255 < 2^32), and bitmm's float64 epilogue (epilogue.h).  The last layer's rows are stored coalesced.
+// every lane can read the whole row 16 codes at a time), the code sum by one warp reduction, the exact int32
+// product with __dp4a (u8 x u8 -> u32, at most 256·255·255 < 2^32), and bitmm's float64 epilogue (epilogue.h).
+// The last layer's rows are stored coalesced, times their row_scale when one is given (GCN's D^-1/2 folded into
+// its linear layer).
 // Nothing but the output is allocated and nothing waits on the host.
 //
 // Why kRows rows a warp: the product is bound by shared-memory loads.  With one row a warp, a lane loads per row
@@ -74,6 +76,7 @@ struct MlpArgs {
   int codes_stride;
   const float* x;
   float* out;
+  const float* row_scale;  // nullptr: none
   int64_t rows;
 };
 
@@ -252,14 +255,18 @@ __global__ void __launch_bounds__(kThreads) quant_mlp_kernel(const __grid_consta
       }
       __syncwarp();  // every lane is done reading the codes before the next layer writes them
     }
+    // Lane i < kRows reads row i's scale; x · 1 is x for every float32 (NaNs stay NaNs).
+    const float own_scale =
+        args.row_scale && lane < kRows && r0 + lane < args.rows ? __ldg(args.row_scale + r0 + lane) : 1.0f;
 #pragma unroll
     for (int i = 0; i < kRows; ++i) {
+      const float scale = __shfl_sync(kFullMask, own_scale, i);
       if (r0 + i < args.rows) {
         float* out_row = args.out + (r0 + i) * out_cols;
 #pragma unroll
         for (int j = 0; j < kChunks; ++j) {
           const int c = lane + 32 * j;
-          if (c < out_cols) out_row[c] = h[i][j];
+          if (c < out_cols) out_row[c] = __fmul_rn(h[i][j], scale);
         }
       }
     }
@@ -273,9 +280,10 @@ int align_up(int n, int m) { return (n + m - 1) / m * m; }
 at::Tensor quant_mlp_cuda(const at::Tensor& x_in, at::TensorList weight_codes, at::TensorList weight_lo,
                           at::TensorList weight_scale, at::TensorList weight_sums,
                           const c10::List<std::optional<at::Tensor>>& bias, at::IntArrayRef act_bits,
-                          at::IntArrayRef weight_bits, const c10::List<bool>& relu) {
+                          at::IntArrayRef weight_bits, const c10::List<bool>& relu,
+                          const std::optional<at::Tensor>& row_scale) {
   const std::vector<int64_t> widths = check_quant_mlp_args(x_in, weight_codes, weight_lo, weight_scale, weight_sums,
-                                                           bias, act_bits, weight_bits, relu);
+                                                           bias, act_bits, weight_bits, relu, row_scale);
   const int64_t layers = static_cast<int64_t>(weight_codes.size());
   TORCH_CHECK_VALUE(layers <= kQuantMlpMaxLayers, "weight_codes: the CUDA kernel takes at most ",
                     kQuantMlpMaxLayers, " layers, got ", layers);
@@ -331,6 +339,10 @@ at::Tensor quant_mlp_cuda(const at::Tensor& x_in, at::TensorList weight_codes, a
   const int smem = args.codes_offset + kWarps * rows_per * args.codes_stride;
   args.x = x.data_ptr<float>();
   args.out = out.data_ptr<float>();
+  if (row_scale.has_value()) {
+    keep.push_back(row_scale->contiguous());
+    args.row_scale = keep.back().data_ptr<float>();
+  }
   args.rows = rows;
   if (rows == 0) return out;
 

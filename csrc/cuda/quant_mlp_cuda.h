@@ -14,6 +14,7 @@ constexpr int64_t kQuantMlpMaxLayers = 8;
 at::Tensor quant_mlp_cuda(const at::Tensor& x, at::TensorList weight_codes, at::TensorList weight_lo,
                           at::TensorList weight_scale, at::TensorList weight_sums,
                           const c10::List<std::optional<at::Tensor>>& bias, at::IntArrayRef act_bits,
-                          at::IntArrayRef weight_bits, const c10::List<bool>& relu);
+                          at::IntArrayRef weight_bits, const c10::List<bool>& relu,
+                          const std::optional<at::Tensor>& row_scale);
 
 }  // namespace pyg_quant

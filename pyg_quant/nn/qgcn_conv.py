@@ -13,7 +13,7 @@ from ._common import (check_aggr, check_node_dim, check_out_dim, node_matrix, qu
 from ._graph import QuantGraph
 from ._graph_cache import cached_graph
 from ._quantize import check_bits, fake_quantize, quantize
-from .quant_linear import _UNSET, QuantLinear, bit_kernels_apply, resolve_bits
+from .quant_linear import _UNSET, QuantLinear, bit_kernels_apply, resolve_bits, run_row_scaled_linear
 
 
 class QGCNConv(MessagePassing):
@@ -233,10 +233,14 @@ class QGCNConv(MessagePassing):
         bit_kernels = bit_kernels_apply(self, x, edge_weight, self.lin.weight, self.bias)
         graph = self._graph(x, edge_index, edge_weight)
 
-        h = self.lin(x)
         deg_inv_sqrt = graph.deg_inv_sqrt
-        if deg_inv_sqrt is not None:
-            h = h * graph.column(deg_inv_sqrt, h.dtype)
+        h = None
+        if deg_inv_sqrt is not None:  # D^-1/2 (X W): on the fused bit path, the kernel's last float32 multiply
+            h = run_row_scaled_linear(self.lin, x, graph.column(deg_inv_sqrt, torch.float32))
+        if h is None:
+            h = self.lin(x)
+            if deg_inv_sqrt is not None:
+                h = h * graph.column(deg_inv_sqrt, h.dtype)
         act_bits = self.act_bits
         if act_bits is not None and graph.can_run_bits and bit_kernels:
             matrix, restore = node_matrix(h)

@@ -222,9 +222,10 @@ class QuantLinear(Linear):
                 f"bias={self.bias is not None}{', ' + quant if quant else ''})")
 
 
-def _quant_mlp(x2: Tensor, linears, relus) -> Tensor:
+def _quant_mlp(x2: Tensor, linears, relus, row_scale: Optional[Tensor] = None) -> Tensor:
     """``ops.quant_mlp`` of a 2-D input through ``linears`` (each followed by ReLU where ``relus`` says), in as
-    few calls as the kernel's limits allow (consecutive layers grouped greedily)."""
+    few calls as the kernel's limits allow (consecutive layers grouped greedily); ``row_scale`` (float32 ``[rows]``)
+    multiplies the output rows in the last call."""
     h = x2.detach().to(torch.float32).contiguous()
     start = 0
     while start < len(linears):
@@ -240,7 +241,7 @@ def _quant_mlp(x2: Tensor, linears, relus) -> Tensor:
         h = ops.quant_mlp(h, [w[0] for w in weights], [w[1] for w in weights], [w[2] for w in weights],
                           [w[3] for w in weights], [None if lin.bias is None else lin.bias.detach() for lin in group],
                           [lin.act_bits for lin in group], [lin.weight_bits for lin in group],
-                          list(relus[start:end]))
+                          list(relus[start:end]), row_scale if end == len(linears) else None)
         start = end
     return h
 
@@ -284,6 +285,30 @@ def _has_hooks(module: torch.nn.Module) -> bool:
     return bool(module._forward_hooks or module._forward_pre_hooks)
 
 
+def _no_hooks(*modules) -> bool:
+    global_hooks = (getattr(torch.nn.modules.module, "_global_forward_hooks", None),
+                    getattr(torch.nn.modules.module, "_global_forward_pre_hooks", None))
+    return not any(global_hooks) and not any(_has_hooks(m) for m in modules)
+
+
+def run_row_scaled_linear(lin, x, row_scale: Tensor) -> Optional[Tensor]:
+    r"""``lin(x) * row_scale[:, None]`` as one :func:`pyg_quant.ops.quant_mlp` call (the multiply is the kernel's
+    last step, the same float32 product) when ``lin`` is a :class:`QuantLinear` that would run its fused bit kernel
+    on the 2-D float32 ``x`` now (as :func:`run_fused_mlp` asks) and ``row_scale`` is float32 ``[N]`` or
+    ``[N, 1]``; None otherwise (call ``lin``, then scale).  GCN's ``D^{-1/2} X W`` is this.
+    """
+    if (not isinstance(lin, QuantLinear) or lin.weight_bits is None or lin.act_bits is None
+            or not isinstance(x, Tensor) or x.dtype != torch.float32 or x.is_sparse or x.dim() != 2
+            or row_scale.dtype != torch.float32 or row_scale.numel() != x.size(0) or not _no_hooks(lin)):
+        return None
+    weight, bias = lin.weight, lin.bias
+    if (not lin._fusable() or weight.dtype != torch.float32 or weight.size(1) != x.size(1)
+            or not bit_kernels_apply(lin, x, weight, bias)):
+        return None
+    check_finite(x, "x")
+    return _quant_mlp(x, (lin,), (False,), row_scale.reshape(-1))
+
+
 def run_fused_mlp(module, x) -> Optional[Tensor]:
     r"""``module(x)`` as one :func:`pyg_quant.ops.quant_mlp` call when :func:`fused_mlp_plan` matches and every
     layer would run its bit kernels on ``x`` now (``eval()``, no gradient asked for), with float32 weights and
@@ -294,9 +319,7 @@ def run_fused_mlp(module, x) -> Optional[Tensor]:
     if plan is None or not isinstance(x, Tensor) or x.dtype != torch.float32 or x.is_sparse or x.dim() < 1:
         return None
     linears, relus = plan
-    global_hooks = (getattr(torch.nn.modules.module, "_global_forward_hooks", None),
-                    getattr(torch.nn.modules.module, "_global_forward_pre_hooks", None))
-    if any(global_hooks) or _has_hooks(module) or any(_has_hooks(c) for c in module._modules.values()):
+    if not _no_hooks(module, *module._modules.values()):
         return None
     width = x.size(-1)
     for lin in linears:

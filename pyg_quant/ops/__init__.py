@@ -111,10 +111,11 @@ def expand_tiles(tile_key, row_count, entry_col, entry_val, res_row, res_val, nu
     return reference.expand_tiles(*args)
 
 
-def quant_mlp(x, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits, weight_bits, relu):
+def quant_mlp(x, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits, weight_bits, relu,
+              row_scale=None):
     """A chain of QuantLinear bit layers in one op (see :func:`reference.quant_mlp` for the definition)."""
     args = (x, list(weight_codes), list(weight_lo), list(weight_scale), list(weight_sums), list(bias),
-            [int(b) for b in act_bits], [int(b) for b in weight_bits], [bool(r) for r in relu])
+            [int(b) for b in act_bits], [int(b) for b in weight_bits], [bool(r) for r in relu], row_scale)
     if use_compiled("quant_mlp", x.device):
         return torch.ops.pyg_quant.quant_mlp(*args)
     return reference.quant_mlp(*args)
@@ -205,7 +206,7 @@ if LOADED:
                 tile_key.new_empty((num_rows,), dtype=torch.int64))
 
     @torch.library.register_fake("pyg_quant::quant_mlp")
-    def _(x, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits, weight_bits, relu):
+    def _(x, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits, weight_bits, relu, row_scale=None):
         return x.new_empty((x.shape[0], weight_codes[-1].shape[0]), dtype=torch.float32)
 
     @torch.library.register_fake("pyg_quant::expand_csr")

@@ -389,13 +389,15 @@ def mse_search(x, lo, hi, dim: int, grid, fake, keep: Optional[torch.Tensor] = N
     return best_lo, best_hi
 
 
-def quant_mlp(x, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits, weight_bits, relu):
+def quant_mlp(x, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits, weight_bits, relu,
+              row_scale=None):
     r"""A chain of QuantLinear bit layers: for each layer ``l``, ``h`` quantized per row to ``act_bits[l]``
     (the float32 steps of :func:`pyg_quant.to_bit`), the exact code product with ``weight_codes[l]``
     (``[out, in]`` uint8, one range ``weight_lo/weight_scale[l]`` per output channel, code sums
     ``weight_sums[l]``), :func:`bitmm_affine` with ``bias[l]`` and ``relu[l]``.  This is
     ``quantize(h, act_bits[l], 1, "row")`` followed by ``bitmm_float`` (what ``QuantLinear`` runs), written
-    with this module's ops; ``weight_bits`` only bounds the codes (the product must fit in int32).
+    with this module's ops; ``weight_bits`` only bounds the codes (the product must fit in int32).  With
+    ``row_scale`` (float32 ``[rows]``), each output row is then multiplied by its scale in float32.
     """
     if len(weight_codes) < 1:
         raise ValueError("weight_codes must hold at least one layer")
@@ -413,4 +415,9 @@ def quant_mlp(x, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_b
         product = (q.double() @ codes.double().t()).round().to(torch.int64)
         h = bitmm_affine(product, q.sum(1), weight_sums[l], lo.reshape(-1), scale.reshape(-1), weight_lo[l],
                          weight_scale[l], codes.size(1), bias[l], bool(relu[l]))
+    if row_scale is not None:
+        if row_scale.dim() != 1 or row_scale.numel() != h.size(0) or row_scale.dtype != torch.float32:
+            raise ValueError(f"row_scale must be float32 [{h.size(0)}] (one scale per row of x), got "
+                             f"{row_scale.dtype} {tuple(row_scale.shape)}")
+        h = h * row_scale.view(-1, 1)
     return h
