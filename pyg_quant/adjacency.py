@@ -258,16 +258,19 @@ class BitAdjacency:
                 f"self_loops={self.diag is not None})")
 
 
-def _float_vector(value, length: int, device: torch.device, name: str) -> Optional[torch.Tensor]:
-    """None, a Python number or a 1-D tensor of ``length`` -> float32 ``[length]`` on ``device`` (or None)."""
+def _float_vector(value, length: int, device: torch.device, name: str,
+                  scalar: bool = False) -> Optional[torch.Tensor]:
+    """None, a Python number or a 1-D tensor of ``length`` -> float32 ``[length]`` on ``device`` (or None); with
+    ``scalar``, a number or a 0-dim tensor becomes ``[1]``, which the op broadcasts (no fill kernel)."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float, torch.Tensor)):
         raise TypeError(f"{name} must be a number or a tensor, got {type(value).__name__}")
     if not isinstance(value, torch.Tensor):
-        return torch.full((length,), float(value), dtype=torch.float32, device=device)
+        return torch.full((1 if scalar else length,), float(value), dtype=torch.float32, device=device)
     if value.dim() == 0:
-        return value.detach().to(device=device, dtype=torch.float32).expand(length).contiguous()
+        value = value.detach().to(device=device, dtype=torch.float32)
+        return value.reshape(1) if scalar else value.expand(length).contiguous()
     if value.dim() != 1 or value.numel() != length:
         raise ValueError(f"{name} must have {length} entries, got shape {tuple(value.shape)}")
     if value.device != device:
@@ -315,7 +318,7 @@ def bit_spmm(adj: BitAdjacency, x: BitTensor, *, self_weight=None, row_scale=Non
     if not isinstance(relu, bool):
         raise TypeError(f"relu must be a bool, got {type(relu).__name__}")
     rows, cols, device = adj.num_rows, x.cols, x.device
-    self_term = _float_vector(self_weight, rows, device, "self_weight")
+    self_term = _float_vector(self_weight, rows, device, "self_weight", scalar=True)
     if self_term is not None and adj.num_rows != adj.num_cols:
         raise ValueError("self_weight needs a square adjacency (num_rows == num_cols)")
     if adj.diag is not None:

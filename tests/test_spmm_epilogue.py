@@ -136,8 +136,29 @@ def test_compiled_epilogue_validates_vectors():
     base = [adj.window_ptr, adj.tile_col, adj.tile_bits, adj.res_ptr, adj.res_col, adj.res_val, x.planes,
             x.lo, x.scale, adj.row_sums, None, None, None, False, n, f, False]
     for index, bad in ((7, torch.zeros(f + 1)), (8, torch.zeros(f, dtype=torch.float64)),
-                       (9, adj.row_sums.int()), (11, torch.ones(n - 1)), (12, torch.ones(f + 2))):
+                       (9, adj.row_sums.int()), (10, torch.ones(2)), (10, torch.ones(1, 1)), (11, torch.ones(n - 1)),
+                       (12, torch.ones(f + 2))):
         args = list(base)
         args[index] = bad
         with pytest.raises(ValueError):
             torch.ops.pyg_quant.bit_spmm_affine(*args)
+
+
+@requires_compiled
+@pytest.mark.parametrize("min_tile_nnz", [16, 10**9])  # tiles + CSR residual, CSR only
+def test_one_self_weight_for_every_row_equals_its_expansion(min_tile_nnz, device):
+    """A single self_weight (GIN's scalar 1 + eps) is read for every row, not expanded to a vector first."""
+    n, f = 301, 37
+    adj = pq.BitAdjacency.from_edge_index(_graph(n, 2500, 11), n, self_loops=1, min_tile_nnz=min_tile_nnz).to(device)
+    x = pq.to_bit(randn(n, f, 3, shift=0.4).to(device), 4, dim=0, layout="col")
+    weight = torch.tensor([1.375], device=device)
+    row_scale = (torch.rand(n, generator=gen(5)) + 0.1).to(device)
+    codes = pq.adjacency.gathered_codes(adj, x, True)
+    args = [adj.window_ptr, adj.tile_col, adj.tile_bits, adj.res_ptr, adj.res_col, adj.res_val, x.planes, x.lo,
+            x.scale, adj.row_sums, weight, row_scale, None, True, n, f, False, codes]
+    one = torch.ops.pyg_quant.bit_spmm_affine(*args)
+    args[10] = weight.expand(n).contiguous()
+    assert torch.equal(one, torch.ops.pyg_quant.bit_spmm_affine(*args))
+    assert torch.equal(pq.bit_spmm(adj, x, self_weight=weight[0]), pq.bit_spmm(adj, x, self_weight=1.375))
+    assert torch.equal(pq.bit_spmm(adj, x, self_weight=weight[0]),
+                       pq.bit_spmm(adj, x, self_weight=torch.full((n,), 1.375, device=device)))

@@ -19,6 +19,7 @@
 #include "popcount.h"
 #include "quantize_cpu.h"
 #include "row_codes.h"
+#include "spmm_args.h"
 
 namespace pyg_quant {
 namespace {
@@ -192,7 +193,8 @@ at::Tensor bit_spmm_affine_cpu(const at::Tensor& window_ptr, const at::Tensor& t
   check_vector(lo, at::kFloat, cols, "lo");
   check_vector(scale, at::kFloat, cols, "scale");
   check_vector(row_sums, at::kLong, rows, "row_sums");
-  check_vector(self_weight, at::kFloat, rows, "self_weight");
+  const int64_t self_len = self_weight_length(self_weight, rows);
+  check_vector(self_weight, at::kFloat, self_len, "self_weight");
   check_vector(row_scale, at::kFloat, rows, "row_scale");
   check_vector(bias, at::kFloat, cols, "bias");
   at::Tensor codes;  // x's codes, unpacked once for the product and the self term
@@ -220,7 +222,7 @@ at::Tensor bit_spmm_affine_cpu(const at::Tensor& window_ptr, const at::Tensor& t
   float* out_p = out.data_ptr<float>();
   at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {
-      const double self_w = self_p ? static_cast<double>(self_p[row]) : 0.0;
+      const double self_w = self_p ? static_cast<double>(self_p[self_len == 1 ? 0 : row]) : 0.0;
       const double row_s = row_scale_p ? static_cast<double>(row_scale_p[row]) : 1.0;
       for (int64_t d = 0; d < cols; ++d) {
         const float self_code = code_p ? static_cast<float>(code_p[row * cols + d]) : 0.0f;

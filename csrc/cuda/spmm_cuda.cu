@@ -33,6 +33,7 @@
 #include "epilogue.h"
 #include "quantize_cuda.h"
 #include "row_codes.h"
+#include "spmm_args.h"
 
 namespace pyg_quant {
 namespace {
@@ -63,6 +64,7 @@ struct SpmmArgs {
   const float* scale;
   const int64_t* row_sums;
   const float* self_weight;
+  int64_t self_weight_stride;  // 1: one weight a row; 0: one for every row
   const float* row_scale;
   const float* bias;
   bool relu;
@@ -167,7 +169,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) bit_spmm_kernel(const Spm
   const double bias = p.bias ? static_cast<double>(p.bias[d]) : 0.0;
   for (int r = 0; r < live_rows; ++r) {
     const int64_t row = row0 + r;
-    const double self_weight = p.self_weight ? static_cast<double>(p.self_weight[row]) : 0.0;
+    const double self_weight =
+        p.self_weight ? static_cast<double>(p.self_weight[row * p.self_weight_stride]) : 0.0;
     const float self_code =
         p.self_weight ? static_cast<float>(row_code_at(p.codes + row * p.code_ld, d, p.code_bits)) : 0.0f;
     const double row_scale = p.row_scale ? static_cast<double>(p.row_scale[row]) : 1.0;
@@ -441,7 +444,7 @@ __global__ void __launch_bounds__(kGatherThreads, gather_min_blocks<Acc, kContai
     return;
   }
   const double row_sum = static_cast<double>(p.row_sums[row]);
-  const double self_weight = p.self_weight ? static_cast<double>(p.self_weight[row]) : 0.0;
+  const double self_weight = p.self_weight ? static_cast<double>(p.self_weight[row * p.self_weight_stride]) : 0.0;
   const double row_scale = p.row_scale ? static_cast<double>(p.row_scale[row]) : 1.0;
   uint32_t self_words[S::kWords];
 #pragma unroll
@@ -638,7 +641,8 @@ at::Tensor bit_spmm_affine_cuda(const at::Tensor& window_ptr, const at::Tensor& 
   check_vector(lo, at::kFloat, cols, x, "lo");
   check_vector(scale, at::kFloat, cols, x, "scale");
   check_vector(row_sums, at::kLong, rows, x, "row_sums");
-  check_vector(self_weight, at::kFloat, rows, x, "self_weight");
+  const int64_t self_len = self_weight_length(self_weight, rows);
+  check_vector(self_weight, at::kFloat, self_len, x, "self_weight");
   check_vector(row_scale, at::kFloat, rows, x, "row_scale");
   check_vector(bias, at::kFloat, cols, x, "bias");
   if (self_weight.has_value()) {
@@ -659,6 +663,7 @@ at::Tensor bit_spmm_affine_cuda(const at::Tensor& window_ptr, const at::Tensor& 
   args.scale = scale_c.data_ptr<float>();
   args.row_sums = row_sums_c.data_ptr<int64_t>();
   args.self_weight = self_c.defined() ? self_c.data_ptr<float>() : nullptr;
+  args.self_weight_stride = self_len == 1 ? 0 : 1;
   args.row_scale = row_scale_c.defined() ? row_scale_c.data_ptr<float>() : nullptr;
   args.bias = bias_c.defined() ? bias_c.data_ptr<float>() : nullptr;
   args.relu = relu;
