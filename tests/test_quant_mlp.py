@@ -359,7 +359,8 @@ def test_qgin_conv_other_mlps_not_fused(monkeypatch):
 @pytest.mark.parametrize("bits", [(4, 4), (2, 7), (8, 8)])
 def test_qgcn_conv_folds_its_normalization_into_the_linear_layer(monkeypatch, device, bits):
     """Eval QGCNConv runs D^-1/2 (X W) as one quant_mlp call with a row scale: the same bits as the layer then a
-    multiply, on edge_index and on a BitAdjacency; other inputs keep the layer-then-multiply path."""
+    multiply, on edge_index and on a BitAdjacency, from floats and from column codes; float64 features and a hooked
+    layer keep the layer-then-multiply path."""
     weight_bits, act_bits = bits
     torch.manual_seed(0)
     conv = QGCNConv(100, 16, weight_bits=weight_bits, act_bits=act_bits).to(device).eval()
@@ -373,15 +374,16 @@ def test_qgcn_conv_folds_its_normalization_into_the_linear_layer(monkeypatch, de
 
     monkeypatch.setattr(ql_module.ops, "quant_mlp", counted)
     adjacency = pq.BitAdjacency.from_edge_index(edge_index, x.size(0), self_loops=1)
+    column_codes = pq.to_bit(x, 4, dim=0, layout="col")  # the loader's features: read as the floats they hold
     with torch.no_grad():
-        for adj in (edge_index, adjacency):
+        for features, adj in ((x, edge_index), (x, adjacency), (column_codes, adjacency)):
             scaled.clear()
-            got = conv(x, adj)
+            got = conv(features, adj)
             assert scaled == [True]
             with monkeypatch.context() as m:
                 m.setattr(qgcn_module, "run_row_scaled_linear", lambda lin, x, scale: None)
                 scaled.clear()
-                want = conv(x, adj)
+                want = conv(features, adj)
                 assert scaled == [False]
             assert torch.equal(got, want)
         scaled.clear()

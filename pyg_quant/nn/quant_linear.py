@@ -294,9 +294,12 @@ def _no_hooks(*modules) -> bool:
 def run_row_scaled_linear(lin, x, row_scale: Tensor) -> Optional[Tensor]:
     r"""``lin(x) * row_scale[:, None]`` as one :func:`pyg_quant.ops.quant_mlp` call (the multiply is the kernel's
     last step, the same float32 product) when ``lin`` is a :class:`QuantLinear` that would run its fused bit kernel
-    on the 2-D float32 ``x`` now (as :func:`run_fused_mlp` asks) and ``row_scale`` is float32 ``[N]`` or
-    ``[N, 1]``; None otherwise (call ``lin``, then scale).  GCN's ``D^{-1/2} X W`` is this.
+    on the 2-D float32 ``x`` now (as :func:`run_fused_mlp` asks; a :class:`BitTensor` that the layer reads as the
+    floats it holds counts as those floats) and ``row_scale`` is float32 ``[N]`` or ``[N, 1]``; None otherwise (call
+    ``lin``, then scale).  GCN's ``D^{-1/2} X W`` is this.
     """
+    if isinstance(lin, QuantLinear) and isinstance(x, BitTensor) and not fits(x, lin.act_bits, (None, 1)):
+        x = dequantize(x)  # what the layer would read (codes it cannot use as they are)
     if (not isinstance(lin, QuantLinear) or lin.weight_bits is None or lin.act_bits is None
             or not isinstance(x, Tensor) or x.dtype != torch.float32 or x.is_sparse or x.dim() != 2
             or row_scale.dtype != torch.float32 or row_scale.numel() != x.size(0) or not _no_hooks(lin)):
