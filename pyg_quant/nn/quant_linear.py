@@ -298,15 +298,16 @@ def run_row_scaled_linear(lin, x, row_scale: Tensor) -> Optional[Tensor]:
     floats it holds counts as those floats) and ``row_scale`` is float32 ``[N]`` or ``[N, 1]``; None otherwise (call
     ``lin``, then scale).  GCN's ``D^{-1/2} X W`` is this.
     """
-    if isinstance(lin, QuantLinear) and isinstance(x, BitTensor) and not fits(x, lin.act_bits, (None, 1)):
-        x = dequantize(x)  # what the layer would read (codes it cannot use as they are)
-    if (not isinstance(lin, QuantLinear) or lin.weight_bits is None or lin.act_bits is None
-            or not isinstance(x, Tensor) or x.dtype != torch.float32 or x.is_sparse or x.dim() != 2
-            or row_scale.dtype != torch.float32 or row_scale.numel() != x.size(0) or not _no_hooks(lin)):
+    if (not isinstance(lin, QuantLinear) or lin.weight_bits is None or lin.act_bits is None or not _no_hooks(lin)
+            or not lin._fusable() or lin.weight.dtype != torch.float32 or row_scale.dtype != torch.float32
+            or not bit_kernels_apply(lin, lin.weight, lin.bias)):
         return None
-    weight, bias = lin.weight, lin.bias
-    if (not lin._fusable() or weight.dtype != torch.float32 or weight.size(1) != x.size(1)
-            or not bit_kernels_apply(lin, x, weight, bias)):
+    if isinstance(x, BitTensor):
+        if fits(x, lin.act_bits, (None, 1)):
+            return None  # codes the layer multiplies as they are
+        x = dequantize(x)  # what the layer reads
+    if (not isinstance(x, Tensor) or x.dtype != torch.float32 or x.is_sparse or x.dim() != 2
+            or row_scale.numel() != x.size(0) or lin.weight.size(1) != x.size(1) or not bit_kernels_apply(lin, x)):
         return None
     check_finite(x, "x")
     return _quant_mlp(x, (lin,), (False,), row_scale.reshape(-1))
