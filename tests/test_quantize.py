@@ -316,9 +316,12 @@ def test_quantize_pack_ranges_equals_reference(device, shape, dim, layout, noise
         x[2, 1] = 3e38
     u = torch.rand(shape, generator=g) if noise else None
     for bits in range(1, 9):
-        expected = ref.quantize_pack_ranges(x, bits, dim, layout == "col", u)
-        got = pq.ops.quantize_pack_ranges(x.to(device), bits, dim, layout == "col", None if u is None else u.to(device))
-        for name, a, b in zip(("planes", "lo", "scale", "code_sums"), got, expected):
+        row_codes = bits % 2 == 1 or layout == "col"  # the row codes too (written by the column quantizer on a GPU)
+        expected = ref.quantize_pack_ranges(x, bits, dim, layout == "col", u, row_codes)
+        got = pq.ops.quantize_pack_ranges(x.to(device), bits, dim, layout == "col", None if u is None else u.to(device),
+                                          row_codes)
+        assert len(got) == 5 and (row_codes or got[4].numel() == 0)
+        for name, a, b in zip(("planes", "lo", "scale", "code_sums", "row_codes"), got, expected):
             assert a.device.type == device
             a = a.cpu()
             assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), (name, bits)
@@ -333,9 +336,9 @@ def test_quantize_pack_ranges_propagates_nan_like_reference(device, dim, layout)
     x[5, 7] = float("nan")
     x[40, 60] = -float("nan")
     for bits in (1, 4, 8):
-        expected = ref.quantize_pack_ranges(x, bits, dim, layout == "col", None)
-        got = pq.ops.quantize_pack_ranges(x.to(device), bits, dim, layout == "col", None)
-        for name, a, b in zip(("planes", "lo", "scale", "code_sums"), got, expected):
+        expected = ref.quantize_pack_ranges(x, bits, dim, layout == "col", None, True)
+        got = pq.ops.quantize_pack_ranges(x.to(device), bits, dim, layout == "col", None, True)
+        for name, a, b in zip(("planes", "lo", "scale", "code_sums", "row_codes"), got, expected):
             a = a.cpu()
             assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.isnan(), b.isnan()), (name, bits)
             assert torch.equal(torch.nan_to_num(a, 0.0), torch.nan_to_num(b, 0.0)), (name, bits)
@@ -352,6 +355,21 @@ def test_layer_quantizer_attaches_code_sums():
         assert torch.equal(bt.scale, expected.scale)
         assert torch.equal(bt.code_sums(), expected.code_sums())
         assert (bt._code_sums is not None) == (dim is not None)
+
+
+@pytest.mark.cuda
+@requires_cuda
+@pytest.mark.parametrize("shape", [(32_000, 64), (1000, 100), (33, 1), (257, 47)])
+def test_layer_quantizer_on_gpu_attaches_row_codes(shape):
+    """Per-column codes on a GPU come with their row codes (what bit_spmm gathers), written by the quantizer
+    itself: equal to pack_row_codes of the planes, at every width."""
+    from pyg_quant.nn._quantize import quantize
+    x = randn(*shape, seed=11, spread=2).cuda()
+    for bits in range(1, 9):
+        bt = quantize(x, bits, 0, "col")
+        assert bt._row_codes is not None
+        assert torch.equal(bt._row_codes, pq.ops.pack_row_codes(bt.planes, bt.cols, True)), bits
+        assert torch.equal(bt._row_codes.cpu(), quantize(x.cpu(), bits, 0, "col").row_codes()), bits
 
 
 def test_quantize_pack_ranges_bad_arguments():

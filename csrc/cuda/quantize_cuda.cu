@@ -374,7 +374,7 @@ __global__ void __launch_bounds__(256) quantize_pack_col_ranges_kernel(
     const float* __restrict__ x, const float* __restrict__ noise, int64_t rows, int64_t cols, int64_t words,
     const unsigned long long* __restrict__ max_bits, const unsigned long long* __restrict__ min_bits,
     uint32_t* __restrict__ out, int64_t plane_stride, float* __restrict__ lo_out, float* __restrict__ scale_out,
-    unsigned long long* __restrict__ sums) {
+    unsigned long long* __restrict__ sums, uint32_t* __restrict__ row_codes, int64_t row_words) {
   constexpr float kMaxCode = static_cast<float>((1 << kBits) - 1);
   constexpr int kPerThread = kColSlabs * 4;  // 32 rows a slab, 8 thread rows
   __shared__ uint8_t tile[kColSlabs][32][33];
@@ -437,6 +437,27 @@ __global__ void __launch_bounds__(256) quantize_pack_col_ranges_kernel(
 #pragma unroll
     for (int r = 0; r < 8; ++r) column_sum += partial_sums[r][tx];
     if (column_sum != 0) atomicAdd(sums + c, column_sum);
+  }
+  if (row_codes != nullptr) {
+    // The row codes of the block's nodes and columns, straight from the tile (pack_row_codes without a second pass
+    // over the planes): this block's 32 columns are row words j0 .. j0 + kOutWords - 1 of every node; the last
+    // column block also zeroes the row padding past the columns (1-bit containers: 64 columns fill half of 128 bits).
+    constexpr int kContainer = container_bits(kBits), kPerWord = 32 / kContainer, kOutWords = 32 / kPerWord;
+    const int64_t j0 = static_cast<int64_t>(blockIdx.y) * kOutWords;
+    const int64_t j_end = blockIdx.y + 1 == gridDim.y ? row_words : min(row_words, j0 + kOutWords);
+    const int span = static_cast<int>(j_end - j0);
+    for (int i = ty * 32 + tx; i < kColSlabs * 32 * span; i += 256) {
+      const int jj = i % span, node_in_block = i / span, slab = node_in_block / 32, r = node_in_block % 32;
+      if (w0 + slab >= words) continue;
+      uint32_t packed = 0;
+      if (jj < kOutWords) {
+#pragma unroll
+        for (int e = 0; e < kPerWord; ++e) {
+          packed |= static_cast<uint32_t>(tile[slab][r][jj * kPerWord + e]) << (e * kContainer);
+        }
+      }
+      row_codes[((w0 + slab) * 32 + r) * row_words + j0 + jj] = packed;
+    }
   }
 }
 
@@ -591,8 +612,8 @@ namespace {
 // Ranges per column, codes in column layout (the layers' features before A·X): three launches (zeros for the
 // reductions and sums, extrema, quantize + pack + sums) in place of amin, amax, the range arithmetic, the pack
 // and the sums.
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_pack_col_ranges(
-    const at::Tensor& x_in, int64_t bits, const std::optional<at::Tensor>& noise_in) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_pack_col_ranges(
+    const at::Tensor& x_in, int64_t bits, const std::optional<at::Tensor>& noise_in, bool want_row_codes) {
   check_quantize_ranges_args(x_in, bits, 0, noise_in);
   const c10::cuda::CUDAGuard guard(x_in.device());
   const auto x = x_in.contiguous();
@@ -601,6 +622,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_pack_col_ran
   const int64_t outer_pad = round_up(cols, kOuterAlign), words = packed_words(rows);
   auto planes = at::empty({bits, outer_pad, words}, x.options().dtype(at::kInt));
   auto lo = at::empty({cols}, x.options()), scale = at::empty({cols}, x.options());
+  const int64_t row_bytes = row_code_bytes(cols, bits);
+  auto codes = want_row_codes ? at::empty({words * 32, row_bytes}, x.options().dtype(at::kByte))
+                              : at::empty({0, 0}, x.options().dtype(at::kByte));
   // One zeroed buffer: code sums (padded columns stay 0), then the encoded maxima and minima.
   auto scratch = at::zeros({outer_pad + 2 * cols}, x.options().dtype(at::kLong));
   auto* sums = reinterpret_cast<unsigned long long*>(scratch.data_ptr<int64_t>());
@@ -620,20 +644,29 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_pack_col_ran
     quantize_pack_col_ranges_kernel<decltype(bits_tag)::value><<<grid, dim3(32, 8), 0, stream>>>(
         x.data_ptr<float>(), noise.defined() ? noise.data_ptr<float>() : nullptr, rows, cols, words,
         sums + outer_pad, sums + outer_pad + cols, reinterpret_cast<uint32_t*>(planes.data_ptr<int32_t>()),
-        outer_pad * words, lo.data_ptr<float>(), scale.data_ptr<float>(), sums);
+        outer_pad * words, lo.data_ptr<float>(), scale.data_ptr<float>(), sums,
+        want_row_codes ? reinterpret_cast<uint32_t*>(codes.data_ptr<uint8_t>()) : nullptr, row_bytes / 4);
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return {planes, lo, scale, scratch.narrow(0, 0, outer_pad)};
+  return {planes, lo, scale, scratch.narrow(0, 0, outer_pad), codes};
 }
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_pack_ranges_cuda(
-    const at::Tensor& x_in, int64_t bits, int64_t dim, bool col_layout, const std::optional<at::Tensor>& noise_in) {
-  if (dim == 0 && col_layout) return quantize_pack_col_ranges(x_in, bits, noise_in);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_pack_ranges_cuda(
+    const at::Tensor& x_in, int64_t bits, int64_t dim, bool col_layout, const std::optional<at::Tensor>& noise_in,
+    bool row_codes) {
+  if (dim == 0 && col_layout) return quantize_pack_col_ranges(x_in, bits, noise_in, row_codes);
+  const auto with_row_codes = [&](std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> result) {
+    const at::Tensor& planes = std::get<0>(result);
+    at::Tensor codes = row_codes ? pack_row_codes_cuda(planes, x_in.size(1), col_layout)
+                                 : at::empty({0, 0}, planes.options().dtype(at::kByte));
+    return std::make_tuple(std::get<0>(result), std::get<1>(result), std::get<2>(result), std::get<3>(result),
+                           codes);
+  };
   if (dim != 1 || col_layout) {
-    return quantize_pack_ranges_composed(x_in, bits, dim, col_layout, noise_in, quantize_pack_cuda,
-                                         packed_code_sums_cuda);
+    return with_row_codes(quantize_pack_ranges_composed(x_in, bits, dim, col_layout, noise_in, quantize_pack_cuda,
+                                                        packed_code_sums_cuda));
   }
   check_quantize_ranges_args(x_in, bits, dim, noise_in);
   const c10::cuda::CUDAGuard guard(x_in.device());
@@ -666,7 +699,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_pack_ranges_
   };
   dispatch_bits(bits, launch_lanes);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return {planes, lo, scale, sums};
+  return with_row_codes({planes, lo, scale, sums});
 }
 
 }  // namespace pyg_quant

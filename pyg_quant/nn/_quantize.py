@@ -64,10 +64,14 @@ def quantize(x: torch.Tensor, bits: int, dim: Optional[int], layout: str) -> Bit
         lo, scale, inv_scale = _ranges(x32, bits, dim)
         planes = ops.quantize_pack(x32, lo, inv_scale, bits, layout == "col", None)
         return BitTensor(planes, (x32.size(0), x32.size(1)), bits, layout, lo.reshape(-1), scale.reshape(-1), dim)
-    # Ranges, codes and code sums in one op (one kernel for per-row ranges in row layout on the GPU).
-    planes, lo, scale, code_sums = ops.quantize_pack_ranges(x32, bits, dim, layout == "col", None)
+    # Ranges, codes and code sums in one op (one kernel for per-row ranges in row layout on the GPU).  Per-column
+    # codes on the GPU are what bit_spmm gathers as row codes: the quantizer writes those in the same pass.
+    row_codes = x32.is_cuda and dim == 0 and layout == "col"
+    planes, lo, scale, code_sums, codes = ops.quantize_pack_ranges(x32, bits, dim, layout == "col", None, row_codes)
     out = BitTensor(planes, (x32.size(0), x32.size(1)), bits, layout, lo, scale, dim)
     out._code_sums = code_sums
+    if row_codes:
+        out._row_codes = codes
     return out
 
 

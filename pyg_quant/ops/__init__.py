@@ -20,10 +20,12 @@ def quantize_pack(x, lo, inv_scale, bits: int, col_layout: bool, noise: Optional
     return reference.quantize_pack(x, lo, inv_scale, bits, col_layout, noise)
 
 
-def quantize_pack_ranges(x, bits: int, dim: int, col_layout: bool, noise: Optional[torch.Tensor] = None):
+def quantize_pack_ranges(x, bits: int, dim: int, col_layout: bool, noise: Optional[torch.Tensor] = None,
+                         row_codes: bool = False):
+    """``(planes, lo, scale, code_sums, row_codes)``: see :func:`reference.quantize_pack_ranges`."""
     if use_compiled("quantize_pack_ranges", x.device):
-        return torch.ops.pyg_quant.quantize_pack_ranges(x, bits, dim, col_layout, noise)
-    return reference.quantize_pack_ranges(x, bits, dim, col_layout, noise)
+        return torch.ops.pyg_quant.quantize_pack_ranges(x, bits, dim, col_layout, noise, row_codes)
+    return reference.quantize_pack_ranges(x, bits, dim, col_layout, noise, row_codes)
 
 
 def fake_quantize(x, lo: Optional[torch.Tensor], hi: Optional[torch.Tensor], bits: int, dim: int,
@@ -140,11 +142,15 @@ if LOADED:
         return x.new_empty((bits, padded_outer(outer), packed_words(packed)), dtype=torch.int32)
 
     @torch.library.register_fake("pyg_quant::quantize_pack_ranges")
-    def _(x, bits, dim, col_layout, noise):
+    def _(x, bits, dim, col_layout, noise, row_codes=False):
         outer, packed = (x.shape[1], x.shape[0]) if col_layout else (x.shape[0], x.shape[1])
         ranges = x.shape[0] if dim == 1 else x.shape[1]
+        nodes = packed_words(packed) * 32 if col_layout else padded_outer(outer)
+        codes = (x.new_empty((nodes, row_code_bytes(x.shape[1], bits)), dtype=torch.uint8) if row_codes
+                 else x.new_empty((0, 0), dtype=torch.uint8))
         return (x.new_empty((bits, padded_outer(outer), packed_words(packed)), dtype=torch.int32),
-                x.new_empty((ranges,)), x.new_empty((ranges,)), x.new_empty((padded_outer(outer),), dtype=torch.int64))
+                x.new_empty((ranges,)), x.new_empty((ranges,)), x.new_empty((padded_outer(outer),), dtype=torch.int64),
+                codes)
 
     @torch.library.register_fake("pyg_quant::fake_quantize")
     def _(x, lo, hi, bits, dim, noise, with_mask, random_noise=False, generator=None):

@@ -285,14 +285,18 @@ def expand_csr(tile_key, row_count, entry_col, entry_val, res_row, res_col, res_
     return res_ptr, cols.to(torch.int32), out_val, row_sums
 
 
-def quantize_pack_ranges(x, bits: int, dim: int, col_layout: bool, noise: Optional[torch.Tensor] = None):
-    """``to_bit``'s ranges along ``dim`` (one per row for 1, per column for 0), the packed codes and their sums:
-    ``(planes, lo, scale, code_sums)``."""
+def quantize_pack_ranges(x, bits: int, dim: int, col_layout: bool, noise: Optional[torch.Tensor] = None,
+                         row_codes: bool = False):
+    """``to_bit``'s ranges along ``dim`` (one per row for 1, per column for 0), the packed codes, their sums and,
+    when ``row_codes``, the packed row codes (:func:`pack_row_codes`; else an empty uint8 tensor):
+    ``(planes, lo, scale, code_sums, row_codes)``."""
     lo, hi = x.amin(dim, keepdim=True), x.amax(dim, keepdim=True)
     scale = (hi - lo) / torch.full_like(hi, float(2**bits - 1))
     inv_scale = torch.where(scale > 0, torch.ones_like(scale) / scale, torch.zeros_like(scale))
     planes = quantize_pack(x, lo, inv_scale, bits, col_layout, noise)
-    return planes, lo.reshape(-1), scale.reshape(-1), packed_code_sums(planes)
+    codes = (pack_row_codes(planes, x.size(1), col_layout) if row_codes
+             else torch.empty((0, 0), dtype=torch.uint8, device=x.device))
+    return planes, lo.reshape(-1), scale.reshape(-1), packed_code_sums(planes), codes
 
 
 # --- fake quantization (pyg_quant.qat) -------------------------------------------------------
