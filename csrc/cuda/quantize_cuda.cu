@@ -610,8 +610,8 @@ at::Tensor packed_code_sums_cuda(const at::Tensor& planes_in) {
 namespace {
 
 // Ranges per column, codes in column layout (the layers' features before A·X): three launches (zeros for the
-// reductions and sums, extrema, quantize + pack + sums) in place of amin, amax, the range arithmetic, the pack
-// and the sums.
+// reductions and sums, extrema, quantize + pack + sums, and the row codes when asked for) in place of amin, amax,
+// the range arithmetic, the pack, the sums and pack_row_codes.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_pack_col_ranges(
     const at::Tensor& x_in, int64_t bits, const std::optional<at::Tensor>& noise_in, bool want_row_codes) {
   check_quantize_ranges_args(x_in, bits, 0, noise_in);
