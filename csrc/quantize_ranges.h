@@ -34,4 +34,18 @@ QuantizedRanges quantize_pack_ranges_composed(const at::Tensor& x_in, int64_t bi
   return {planes, lo.reshape(-1), scale.reshape(-1), sums(planes)};
 }
 
+// quantize_pack_ranges' result: the ranges above, then the row codes of the planes (a backend's pack_row_codes) when
+// asked for, else an empty uint8 tensor.
+using QuantizedRangesAndRowCodes = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+inline at::Tensor no_row_codes(const at::Tensor& like) { return at::empty({0, 0}, like.options().dtype(at::kByte)); }
+
+template <typename PackRowCodes>
+QuantizedRangesAndRowCodes with_row_codes(QuantizedRanges ranges, int64_t cols, bool col_layout, bool row_codes,
+                                          PackRowCodes pack_row_codes) {
+  const at::Tensor& planes = std::get<0>(ranges);
+  at::Tensor codes = row_codes ? pack_row_codes(planes, cols, col_layout) : no_row_codes(planes);
+  return {planes, std::get<1>(ranges), std::get<2>(ranges), std::get<3>(ranges), codes};
+}
+
 }  // namespace pyg_quant

@@ -39,6 +39,7 @@ On the CPU, and for anything else, the step runs eagerly: the same arithmetic, n
 captured.  Stochastic rounding from torch's global generator, or from a quantizer's own
 seeded generator (registered with each graph), draws fresh noise at every replay.
 """
+import contextlib
 import warnings
 from collections import OrderedDict
 from typing import Callable, Hashable, List, Optional, Sequence, Tuple
@@ -347,7 +348,7 @@ class CapturedTrainStep:
 def _end_generator_captures(device: torch.device, generators: List[torch.Generator]) -> None:
     """After a failed capture: a trivial capture that succeeds, so the random generators it registers leave their
     capture state (a failed ``capture_end`` skips that, and every later random op would raise)."""
-    try:
+    with contextlib.suppress(RuntimeError):  # nothing more can be done here; the caller reports the first failure
         torch.cuda.synchronize(device)
         graph = torch.cuda.CUDAGraph()
         for generator in generators:
@@ -356,5 +357,3 @@ def _end_generator_captures(device: torch.device, generators: List[torch.Generat
         with torch.cuda.graph(graph):
             torch.rand(1, device=device)
         del graph
-    except RuntimeError:  # nothing more can be done here; the caller reports the first failure
-        pass

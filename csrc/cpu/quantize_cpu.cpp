@@ -307,11 +307,9 @@ at::Tensor packed_code_sums_cpu(const at::Tensor& planes_in) {
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_pack_ranges_cpu(
     const at::Tensor& x, int64_t bits, int64_t dim, bool col_layout, const std::optional<at::Tensor>& noise,
     bool row_codes) {
-  auto [planes, lo, scale, sums] =
-      quantize_pack_ranges_composed(x, bits, dim, col_layout, noise, quantize_pack_cpu, packed_code_sums_cpu);
-  at::Tensor codes = row_codes ? pack_row_codes_cpu(planes, x.size(1), col_layout)
-                               : at::empty({0, 0}, x.options().dtype(at::kByte));
-  return {planes, lo, scale, sums, codes};
+  return with_row_codes(
+      quantize_pack_ranges_composed(x, bits, dim, col_layout, noise, quantize_pack_cpu, packed_code_sums_cpu),
+      x.size(1), col_layout, row_codes, pack_row_codes_cpu);
 }
 
 }  // namespace pyg_quant

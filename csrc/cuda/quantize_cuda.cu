@@ -612,7 +612,7 @@ namespace {
 // Ranges per column, codes in column layout (the layers' features before A·X): three launches (zeros for the
 // reductions and sums, extrema, quantize + pack + sums, and the row codes when asked for) in place of amin, amax,
 // the range arithmetic, the pack, the sums and pack_row_codes.
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_pack_col_ranges(
+QuantizedRangesAndRowCodes quantize_pack_col_ranges(
     const at::Tensor& x_in, int64_t bits, const std::optional<at::Tensor>& noise_in, bool want_row_codes) {
   check_quantize_ranges_args(x_in, bits, 0, noise_in);
   const c10::cuda::CUDAGuard guard(x_in.device());
@@ -623,8 +623,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_
   auto planes = at::empty({bits, outer_pad, words}, x.options().dtype(at::kInt));
   auto lo = at::empty({cols}, x.options()), scale = at::empty({cols}, x.options());
   const int64_t row_bytes = row_code_bytes(cols, bits);
-  auto codes = want_row_codes ? at::empty({words * 32, row_bytes}, x.options().dtype(at::kByte))
-                              : at::empty({0, 0}, x.options().dtype(at::kByte));
+  auto codes = want_row_codes ? at::empty({words * 32, row_bytes}, x.options().dtype(at::kByte)) : no_row_codes(x);
   // One zeroed buffer: code sums (padded columns stay 0), then the encoded maxima and minima.
   auto scratch = at::zeros({outer_pad + 2 * cols}, x.options().dtype(at::kLong));
   auto* sums = reinterpret_cast<unsigned long long*>(scratch.data_ptr<int64_t>());
@@ -653,20 +652,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_pack_ranges_cuda(
+QuantizedRangesAndRowCodes quantize_pack_ranges_cuda(
     const at::Tensor& x_in, int64_t bits, int64_t dim, bool col_layout, const std::optional<at::Tensor>& noise_in,
     bool row_codes) {
   if (dim == 0 && col_layout) return quantize_pack_col_ranges(x_in, bits, noise_in, row_codes);
-  const auto with_row_codes = [&](std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> result) {
-    const at::Tensor& planes = std::get<0>(result);
-    at::Tensor codes = row_codes ? pack_row_codes_cuda(planes, x_in.size(1), col_layout)
-                                 : at::empty({0, 0}, planes.options().dtype(at::kByte));
-    return std::make_tuple(std::get<0>(result), std::get<1>(result), std::get<2>(result), std::get<3>(result),
-                           codes);
-  };
   if (dim != 1 || col_layout) {
     return with_row_codes(quantize_pack_ranges_composed(x_in, bits, dim, col_layout, noise_in, quantize_pack_cuda,
-                                                        packed_code_sums_cuda));
+                                                        packed_code_sums_cuda),
+                          x_in.size(1), col_layout, row_codes, pack_row_codes_cuda);
   }
   check_quantize_ranges_args(x_in, bits, dim, noise_in);
   const c10::cuda::CUDAGuard guard(x_in.device());
@@ -699,7 +692,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_
   };
   dispatch_bits(bits, launch_lanes);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return with_row_codes({planes, lo, scale, sums});
+  return with_row_codes({planes, lo, scale, sums}, cols, col_layout, row_codes, pack_row_codes_cuda);
 }
 
 }  // namespace pyg_quant

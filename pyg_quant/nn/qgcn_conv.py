@@ -235,7 +235,7 @@ class QGCNConv(MessagePassing):
 
         deg_inv_sqrt = graph.deg_inv_sqrt
         h = None
-        if deg_inv_sqrt is not None:  # D^-1/2 (X W): on the fused bit path, the kernel's last float32 multiply
+        if deg_inv_sqrt is not None and bit_kernels:  # D^-1/2 (X W): the fused kernel's last float32 multiply
             h = run_row_scaled_linear(self.lin, x, graph.column(deg_inv_sqrt, torch.float32))
         if h is None:
             h = self.lin(x)

@@ -291,6 +291,14 @@ def _no_hooks(*modules) -> bool:
     return not any(global_hooks) and not any(_has_hooks(m) for m in modules)
 
 
+def _runs_fused(lin: "QuantLinear", x: Optional[Tensor], width: int) -> bool:
+    """Whether ``lin`` takes a fused ``quant_mlp`` layer on ``x`` (``width`` columns; None: an input without a
+    gradient) now: eval without a gradient asked for, float32 weight, the kernel's widths."""
+    weight = lin.weight
+    return (lin._fusable() and weight.dtype == torch.float32 and weight.size(1) == width
+            and bit_kernels_apply(lin, x, weight, lin.bias))
+
+
 def run_row_scaled_linear(lin, x, row_scale: Tensor) -> Optional[Tensor]:
     r"""``lin(x) * row_scale[:, None]`` as one :func:`pyg_quant.ops.quant_mlp` call (the multiply is the kernel's
     last step, the same float32 product) when ``lin`` is a :class:`QuantLinear` that would run its fused bit kernel
@@ -299,15 +307,14 @@ def run_row_scaled_linear(lin, x, row_scale: Tensor) -> Optional[Tensor]:
     ``lin``, then scale).  GCN's ``D^{-1/2} X W`` is this.
     """
     if (not isinstance(lin, QuantLinear) or lin.weight_bits is None or lin.act_bits is None or not _no_hooks(lin)
-            or not lin._fusable() or lin.weight.dtype != torch.float32 or row_scale.dtype != torch.float32
-            or not bit_kernels_apply(lin, lin.weight, lin.bias)):
+            or row_scale.dtype != torch.float32 or not isinstance(x, (Tensor, BitTensor))):
         return None
     if isinstance(x, BitTensor):
-        if fits(x, lin.act_bits, (None, 1)):
-            return None  # codes the layer multiplies as they are
+        if fits(x, lin.act_bits, (None, 1)) or not _runs_fused(lin, None, x.cols):
+            return None  # codes the layer multiplies as they are, or a layer that does not fuse now
         x = dequantize(x)  # what the layer reads
-    if (not isinstance(x, Tensor) or x.dtype != torch.float32 or x.is_sparse or x.dim() != 2
-            or row_scale.numel() != x.size(0) or lin.weight.size(1) != x.size(1) or not bit_kernels_apply(lin, x)):
+    if (x.dtype != torch.float32 or x.is_sparse or x.dim() != 2 or row_scale.numel() != x.size(0)
+            or not _runs_fused(lin, x, x.size(1))):
         return None
     check_finite(x, "x")
     return _quant_mlp(x, (lin,), (False,), row_scale.reshape(-1))
@@ -327,11 +334,9 @@ def run_fused_mlp(module, x) -> Optional[Tensor]:
         return None
     width = x.size(-1)
     for lin in linears:
-        weight, bias = lin.weight, lin.bias
-        if (not lin._fusable() or weight.dtype != torch.float32 or weight.size(1) != width
-                or not bit_kernels_apply(lin, x, weight, bias)):
+        if not _runs_fused(lin, x, width):
             return None
-        width = weight.size(0)
+        width = lin.weight.size(0)
     check_finite(x, "x")
     out = _quant_mlp(x.reshape(-1, x.size(-1)), linears, relus)
     return out.reshape(x.shape[:-1] + (out.size(-1),))
