@@ -49,6 +49,10 @@ Workload
   ``torch.profiler`` (device kernels in one eager forward of batch 0), host syncs per batch from
   ``torch.cuda.set_sync_debug_mode``.  Each configuration is wrapped: an error is recorded and the run
   goes on; ``--time-budget`` (s) skips what would start after it.
+* Stream: every variant runs on one dedicated stream.  On torch's legacy default stream, once other
+  streams existed in the process, each graph launch waited 20-40 µs more on the device (measured, H100,
+  2026-11-25: PyG fp32 CSR 427 → 449 µs a batch, pyg_quant 4-bit 196 → 222-235); ``graph_profile`` in the
+  JSON gives, per batch, the kernels' time, the span and the gaps inside and between graphs.
 
 Plan: counts first, then predictions (H100; facts: H200 fp32 CSR SpMM A·X at d=64 takes 94 µs on this
 batch, PyG GIN 3×64 fp32 CSR 29.8 ms/epoch on H200; copy bandwidth ~3 TB/s; pinned H2D ~50 GB/s)
@@ -632,6 +636,42 @@ def profile_batch(runner: Runner, fn) -> dict:
                 top_kernels=[dict(name=k, count=v[0], us=round(v[1], 1)) for k, v in top])
 
 
+def profile_graph_epoch(runner: Runner, replay_epoch, batches: int) -> dict:
+    """Where a graph-replay epoch's time goes: the device kernels of one profiled epoch (CUPTI records the kernels
+    a graph launches), their sum, the span from the first kernel's start to the last one's end, and the idle time
+    between consecutive kernels, split into gaps inside a batch's graph and gaps between two graphs.  Per batch."""
+    from torch.profiler import ProfilerActivity, profile
+    from torch.autograd import DeviceType
+    replay_epoch()
+    runner.sync()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        replay_epoch()
+        runner.sync()
+    kernels = sorted((e for e in prof.events() if e.device_type == DeviceType.CUDA
+                      and not e.name.startswith(("Memcpy", "Memset"))), key=lambda e: e.time_range.start)
+    if not kernels:
+        return dict(note="the profiler saw no kernels inside the graphs")
+    per_graph = len(kernels) / batches
+    inside = between = 0.0
+    for i in range(1, len(kernels)):
+        gap = max(0.0, kernels[i].time_range.start - kernels[i - 1].time_range.end)
+        if per_graph.is_integer() and i % int(per_graph) == 0:
+            between += gap
+        else:
+            inside += gap
+    by_name = {}
+    for e in kernels:
+        entry = by_name.setdefault(e.name[:90], [0, 0.0])
+        entry[0] += 1
+        entry[1] += e.time_range.elapsed_us()
+    span = kernels[-1].time_range.end - kernels[0].time_range.start
+    return dict(kernels_per_batch=per_graph, kernel_us_per_batch=sum(v[1] for v in by_name.values()) / batches,
+                span_us_per_batch=span / batches, gap_inside_us_per_batch=inside / batches,
+                gap_between_us_per_batch=between / batches if per_graph.is_integer() else None,
+                top_kernels=[dict(name=k, per_batch=v[0] / batches, us_per_batch=round(v[1] / batches, 2))
+                             for k, v in sorted(by_name.items(), key=lambda kv: -kv[1][1])[:14]])
+
+
 class GraphSet:
     """One CUDA graph per batch, captured in order from a shared pool (replayed in the same order)."""
 
@@ -837,6 +877,15 @@ def run_variant(args, device, rec, runner: Runner, kind, row, make, inputs, ref,
                         graph.replay()
 
                 row["graph_resident"] = runner.measure(graph_resident)
+                try:
+                    row["graph_profile"] = gp = profile_graph_epoch(runner, graph_resident, len(gs.graphs))
+                    if "span_us_per_batch" in gp:
+                        log(f"  {kind} {row['label']:22s} graph profile, per batch: {gp['kernels_per_batch']:.0f} "
+                            f"kernels, {gp['kernel_us_per_batch']:.1f} us of kernels in a {gp['span_us_per_batch']:.1f}"
+                            f" us span (gaps {gp['gap_inside_us_per_batch']:.1f} inside the graph, "
+                            f"{gp['gap_between_us_per_batch'] or 0:.1f} between graphs)")
+                except Exception as error:  # noqa: BLE001
+                    row["graph_profile_error"] = rec.error(f"graph profile {kind} {row['label']}", error)
                 if inp.wire is not None:  # H2D graphs decode the refilled buffer, then run the forward
                     del gs
                     def forward_from_wire(buffer, specs, meta):
@@ -1299,17 +1348,26 @@ def main(argv=None):
             f"{torch.cuda.max_memory_allocated() / 2**30:.1f} GiB peak")
         rec.data["meta"]["device_memory_after_build_gib"] = torch.cuda.memory_allocated() / 2**30
 
-    for section, fn in (("inference", run_inference), ("training", run_training), ("transfer", run_transfer)):
-        if section not in args.sections:
-            continue
-        t = time.perf_counter()
-        try:
-            fn(args, device, data, rec, runner)
-        except Exception as error:  # noqa: BLE001
-            rec.error(section, error)
-        rec.data["timeline"][f"{section}_s"] = round(time.perf_counter() - t, 1)
-        summarize(rec, args)
-        rec.save()
+    # Every variant runs on one dedicated stream, not on torch's legacy default stream: there, once other streams
+    # exist in the process (each graph capture makes one), every graph launch waited 20-40 us more on the device
+    # (H100, 75 per-batch graphs: PyG fp32 CSR 427 -> 449 us a batch, pyg_quant 4-bit 196 -> 222-235; 4-5 us
+    # between graphs on a stream of its own, for both).  The same stream for PyG and pyg_quant.
+    stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+    rec.data["meta"]["stream"] = "dedicated (torch.cuda.Stream)" if stream is not None else None
+    if stream is not None:
+        stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+        for section, fn in (("inference", run_inference), ("training", run_training), ("transfer", run_transfer)):
+            if section not in args.sections:
+                continue
+            t = time.perf_counter()
+            try:
+                fn(args, device, data, rec, runner)
+            except Exception as error:  # noqa: BLE001
+                rec.error(section, error)
+            rec.data["timeline"][f"{section}_s"] = round(time.perf_counter() - t, 1)
+            summarize(rec, args)
+            rec.save()
 
     if device.type == "cuda":
         rec.data["meta"]["device_memory_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30

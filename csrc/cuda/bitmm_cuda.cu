@@ -19,6 +19,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include "bmma.cuh"
+#include "device_limits.h"
 #include "../cpu/bitmm_cpu.h"
 #include "../epilogue.h"
 
@@ -165,8 +166,7 @@ void launch_bitmm(const at::Tensor& a, const at::Tensor& b, int64_t rows, int64_
   const int64_t k_steps = a.size(2) / 8;
   int chunk_steps = planes <= 4 ? 4 : (planes <= 8 ? 2 : 1);
   while (chunk_steps > 1 && chunk_steps / 2 >= k_steps) chunk_steps /= 2;
-  int smem_optin = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, a.device().index()));
+  const int smem_optin = cuda::device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, a.device().index());
   const size_t smem_limit = static_cast<size_t>(smem_optin);
   const size_t stage_bytes = static_cast<size_t>(planes) * kBlockM * (chunk_steps * 8 + 4) * sizeof(uint32_t);
   const bool three = 3 * stage_bytes <= smem_limit && k_steps > chunk_steps;

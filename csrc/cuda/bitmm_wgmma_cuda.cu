@@ -50,6 +50,7 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include "device_limits.h"
 #include "tma.cuh"
 #include "wgmma.cuh"
 
@@ -355,9 +356,8 @@ bool aligned16(const at::Tensor& x) { return reinterpret_cast<uintptr_t>(x.data_
 
 bool bitmm_wgmma_available(const at::Device& device) {
 #ifdef PYG_QUANT_SM90A
-  int major = 0, minor = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device.index()));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device.index()));
+  const int major = cuda::device_attribute(cudaDevAttrComputeCapabilityMajor, device.index());
+  const int minor = cuda::device_attribute(cudaDevAttrComputeCapabilityMinor, device.index());
   return major == 9 && minor == 0;
 #else
   (void)device;
@@ -378,8 +378,7 @@ bool bitmm_int_wgmma(const at::Tensor& a, const at::Tensor& b, int64_t rows, int
   // One pair keeps a single accumulator and can afford n256 (128 registers); several keep three (result + two
   // partials), so n128 at most.
   const int block_n = cols <= 64 ? 64 : (cols <= 128 || !one_pair ? 128 : 256);
-  int smem_optin = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, a.device().index()));
+  const int smem_optin = cuda::device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, a.device().index());
   auto stage_bytes = [&](int steps) { return static_cast<int64_t>(s * kBlockM + t * block_n) * 32 * steps; };
   auto stages_for = [&](int steps) {
     return std::min<int64_t>(kMaxStages, (smem_optin - kAlignSlack) / (stage_bytes(steps) + 16));

@@ -38,6 +38,7 @@
 #include "epilogue.h"
 #include "quant_mlp_args.h"
 #include "quantize_steps.h"
+#include "cuda/device_limits.h"
 #include "cuda/ordered_key.cuh"
 
 namespace pyg_quant {
@@ -347,8 +348,7 @@ at::Tensor quant_mlp_cuda(const at::Tensor& x_in, at::TensorList weight_codes, a
   if (rows == 0) return out;
 
   const int device = x.device().index();
-  int smem_optin = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  const int smem_optin = cuda::device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
   TORCH_CHECK_VALUE(smem + static_cast<int>(sizeof(MlpLayer)) * kQuantMlpMaxLayers <= smem_optin,
                     "weight_codes: the layers' codes need ", smem, " bytes of shared memory, more than the ",
                     smem_optin, " this GPU gives a block");
@@ -356,11 +356,8 @@ at::Tensor quant_mlp_cuda(const at::Tensor& x_in, at::TensorList weight_codes, a
     if (smem > 48 * 1024) {
       C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     }
-    int per_sm = 0;
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
-    int sms = 0;
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    const int64_t resident = static_cast<int64_t>(sms) * std::max(per_sm, 1);
+    const int64_t resident = static_cast<int64_t>(cuda::sm_count(device)) *
+                             cuda::resident_blocks_per_sm(reinterpret_cast<const void*>(kernel), kThreads, smem, device);
     const int64_t rows_per_block = static_cast<int64_t>(kWarps) * rows_per;
     const int64_t blocks = std::min<int64_t>((rows + rows_per_block - 1) / rows_per_block, resident);
     kernel<<<static_cast<unsigned>(blocks), kThreads, smem, c10::cuda::getCurrentCUDAStream()>>>(args);
