@@ -640,8 +640,7 @@ def profile_graph_epoch(runner: Runner, replay_epoch, batches: int) -> dict:
     """Where a graph-replay epoch's time goes, per batch: the device kernels of one profiled epoch (CUPTI records
     the kernels a graph launches), their sum, the span from the first kernel's start to the last one's end, and the
     idle time between consecutive kernels, split at the batch boundaries: "between" is the gap from one batch's last
-    kernel to the next batch's first (torch's per-replay generator fills, launched just before each graph, count as
-    their batch's kernels), "inside" every other gap.  No split when the batches' kernel counts differ."""
+    kernel to the next batch's first, "inside" every other gap.  No split when the batches' kernel counts differ."""
     from torch.profiler import ProfilerActivity, profile
     from torch.autograd import DeviceType
     replay_epoch()

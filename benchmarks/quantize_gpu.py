@@ -1,7 +1,8 @@
 """Quantization on the GPU (per-row ranges in row layout, per-column ranges in column layout): the fused
 ``quantize_pack_ranges`` kernels against the composed path they replaced
 (torch ``amin``/``amax`` + the range arithmetic + ``quantize_pack`` + ``packed_code_sums``) and against a plain copy
-of the input (the bandwidth floor: the kernel reads the matrix and writes bits/32 of it).
+of the input (the bandwidth floor: the kernel reads the matrix and writes bits/32 of it); then ``dequantize`` (the
+way back, both layouts) against a copy of its output.
 
 Usage (from the repository root, on a GPU): ``python benchmarks/quantize_gpu.py --out quantize_gpu.json``
 """
@@ -58,8 +59,25 @@ def main(argv=None):
                   f"(in a CUDA graph {row['fused_graph_us']:6.1f}), composed {row['composed_us']:7.1f} us "
                   f"({row['fused_vs_composed']:.1f}x), copy of x {copy_us:6.1f} us (graph "
                   f"{row['copy_graph_us']:5.1f})", flush=True)
+    # The way back: dequantize (lo + scale * q, float32) from both layouts, against a copy of its output (the
+    # floor: it writes rows * cols * 4 bytes and reads bits/32 of that).
+    back = []
+    for shape in ((32000, 100), (32000, 64), (32000, 16)):
+        x = torch.randn(shape, device=device)
+        for (dim, col), bits in itertools.product(((1, False), (0, True)), (1, 4, 8)):
+            planes, lo, scale, _, _ = ops.quantize_pack_ranges(x, bits, dim, col)
+            args_ = (planes, shape[0], shape[1], col, lo, scale, dim)
+            got = ops.dequantize(*args_)
+            assert torch.equal(got, reference.dequantize(*args_)), (shape, bits, dim)
+            row = dict(shape=shape, bits=bits, ranges="per row" if dim == 1 else "per column",
+                       layout="col" if col else "row",
+                       dequantize_graph_us=1e3 * graph_ms(lambda: ops.dequantize(*args_), reps=20, inner=20),
+                       copy_graph_us=1e3 * graph_ms(lambda: got.clone(), reps=20, inner=20))
+            back.append(row)
+            print(f"{str(shape):14s} {row['ranges']:10s} {bits} bits: dequantize {row['dequantize_graph_us']:6.1f} us "
+                  f"in a CUDA graph, copy of its output {row['copy_graph_us']:5.1f} us", flush=True)
     result = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                  device=torch.cuda.get_device_name(), torch=torch.__version__, rows=rows)
+                  device=torch.cuda.get_device_name(), torch=torch.__version__, rows=rows, dequantize=back)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)

@@ -112,7 +112,10 @@ __global__ void unpack_rows_kernel(const uint32_t* planes, Store store, int64_t 
     const int64_t r = i / cols, c = i % cols;
     const uint32_t* word = planes + r * words + (c >> 5);
     uint32_t q = 0;
-    for (int p = 0; p < bits; ++p) q |= ((word[p * plane_stride] >> (c & 31)) & 1u) << p;
+#pragma unroll
+    for (int p = 0; p < 8; ++p) {  // every plane's load issued before the first is used
+      if (p < bits) q |= ((__ldg(word + p * plane_stride) >> (c & 31)) & 1u) << p;
+    }
     store(r, c, q);
   }
 }
@@ -127,14 +130,23 @@ __global__ void unpack_cols_kernel(const uint32_t* planes, Store store, int64_t 
   const int64_t w = blockIdx.x;
   const int64_t c0 = static_cast<int64_t>(blockIdx.y) * 32;
   const int tx = threadIdx.x, ty = threadIdx.y;
-  for (int j = ty; j < 32; j += 8) {
-    uint32_t q = 0;
-    if (c0 + j < cols) {
-      const uint32_t* word = planes + (c0 + j) * words + w;
-      for (int p = 0; p < bits; ++p) q |= ((word[p * plane_stride] >> tx) & 1u) << p;
+  // Every word a thread needs (4 columns x up to 8 planes) is loaded before the first is used: one round trip a
+  // block.  With the loops rolled, each load waited for the one before (16 round trips at 4 bits: 19 us for a
+  // 32,000 x 100 batch on an H100, where its 12.8 MB of stores need ~5).
+  uint32_t q[4] = {0, 0, 0, 0};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int64_t c = c0 + ty + 8 * k;
+    if (c < cols) {
+      const uint32_t* word = planes + c * words + w;
+#pragma unroll
+      for (int p = 0; p < 8; ++p) {
+        if (p < bits) q[k] |= ((__ldg(word + p * plane_stride) >> tx) & 1u) << p;
+      }
     }
-    tile[tx][j] = static_cast<uint8_t>(q);
   }
+#pragma unroll
+  for (int k = 0; k < 4; ++k) tile[tx][ty + 8 * k] = static_cast<uint8_t>(q[k]);
   __syncthreads();
   for (int i = ty; i < 32; i += 8) {
     const int64_t r = w * 32 + i, c = c0 + tx;
@@ -156,7 +168,10 @@ __global__ void pack_row_codes_rows_kernel(const uint32_t* __restrict__ planes, 
     if (c >= cols) break;
     const uint32_t* word = planes + r * words + (c >> 5);
     uint32_t q = 0;
-    for (int p = 0; p < bits; ++p) q |= ((__ldg(word + p * plane_stride) >> (c & 31)) & 1u) << p;
+#pragma unroll
+    for (int p = 0; p < 8; ++p) {  // every plane's load issued before the first is used
+      if (p < bits) q |= ((__ldg(word + p * plane_stride) >> (c & 31)) & 1u) << p;
+    }
     packed |= q << (k * container);
   }
   out[r * row_words + j] = packed;
