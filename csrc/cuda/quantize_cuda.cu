@@ -104,23 +104,25 @@ struct ValueStore {
   }
 };
 
-// Row layout: word (r, w) holds columns 32w..32w+31 of row r.  A warp owns a row at a time and its lanes 32
-// consecutive columns, so a plane word is one broadcast load and every store a row's 32 consecutive outputs.  (One
-// thread per element with a 64-bit division and modulo for its row and column took 23 us for 32,000 x 100 at 4
-// bits on an H100.)
+// Row layout: word (r, w) holds columns 32w..32w+31 of row r.  A group of `lanes` lanes (the power of two that
+// covers cols, at most 32) owns a row at a time, lane l of it columns l, l + lanes, ...: a plane word is read by
+// all of a group at once, and every store covers consecutive outputs.  (One thread per element with a 64-bit
+// division and modulo for its row and column took 23 us for 32,000 x 100 at 4 bits on an H100; a whole warp a row
+// left half of it idle at 16 columns.)
 template <typename Store>
 __global__ void unpack_rows_kernel(const uint32_t* __restrict__ planes, Store store, int64_t rows, int64_t cols,
-                                   int64_t words, int bits, int64_t plane_stride) {
-  const int lane = threadIdx.x % 32;
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
-  for (int64_t r = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; r < rows; r += warps) {
+                                   int64_t words, int bits, int64_t plane_stride, int lanes) {
+  const int lane = threadIdx.x % lanes;
+  const int64_t groups = static_cast<int64_t>(gridDim.x) * (blockDim.x / lanes);
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * (blockDim.x / lanes) + threadIdx.x / lanes; r < rows;
+       r += groups) {
     const uint32_t* row = planes + r * words;
-    for (int64_t c = lane; c < cols; c += 32) {
+    for (int64_t c = lane; c < cols; c += lanes) {
       const uint32_t* word = row + (c >> 5);
       uint32_t q = 0;
 #pragma unroll
       for (int p = 0; p < 8; ++p) {
-        if (p < bits) q |= ((__ldg(word + p * plane_stride) >> lane) & 1u) << p;
+        if (p < bits) q |= ((__ldg(word + p * plane_stride) >> (c & 31)) & 1u) << p;
       }
       store(r, c, q);
     }
@@ -555,8 +557,11 @@ void launch_unpack(const at::Tensor& planes, int64_t rows, int64_t cols, bool co
   const uint32_t* in = reinterpret_cast<const uint32_t*>(planes.data_ptr<int32_t>());
   const auto stream = c10::cuda::getCurrentCUDAStream();
   if (!col_layout) {
-    unpack_rows_kernel<<<blocks_for(rows * 32, 256), 256, 0, stream>>>(in, store, rows, cols, words,
-                                                                         static_cast<int>(bits), outer * words);
+    int lanes = 1;
+    while (lanes < 32 && lanes < cols) lanes *= 2;
+    unpack_rows_kernel<<<blocks_for(rows * lanes, 256), 256, 0, stream>>>(in, store, rows, cols, words,
+                                                                            static_cast<int>(bits), outer * words,
+                                                                            lanes);
   } else {
     const dim3 grid(static_cast<unsigned>((rows + 32 * kUnpackWords - 1) / (32 * kUnpackWords)),
                     static_cast<unsigned>((cols + kUnpackCols - 1) / kUnpackCols));
