@@ -3,7 +3,7 @@ r"""README.md against the files it cites: links resolve, and its result tables e
 * every relative link and image target exists in the repository;
 * the QAT accuracy table equals ``benchmarks/accuracy.json`` (mean ± sample sd over the seeds, drop = fp32 mean
   − quantized mean, in points, two decimals) and its "target met" column follows from the drops;
-* the end-to-end headline equals ``benchmarks/results/e2e_h100_stream.json`` (graph-replay medians, resident
+* the end-to-end headline equals ``benchmarks/results/e2e_h100_unpack.json`` (graph-replay medians, resident
   and with transfers, to 0.01 ms).
 """
 import json
@@ -38,7 +38,7 @@ def table_rows(text: str, header_start: str):
 def test_relative_links_and_images_exist(readme):
     targets = re.findall(r"\]\(([^)\s]+)\)", readme)
     local = [t.split("#")[0] for t in targets if not re.match(r"[a-z]+://", t) and not t.startswith("#")]
-    assert "benchmarks/accuracy.png" in local and "benchmarks/results/e2e_h100_stream.png" in local
+    assert "benchmarks/accuracy.png" in local and "benchmarks/results/e2e_h100_unpack.png" in local
     missing = [t for t in local if t and not os.path.exists(os.path.join(ROOT, t))]
     assert not missing, missing
     for image in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", readme):
@@ -82,7 +82,7 @@ def test_qat_accuracy_table_matches_accuracy_json(readme):
 
 
 def test_e2e_headline_matches_e2e_json(readme):
-    with open(os.path.join(ROOT, "benchmarks", "results", "e2e_h100_stream.json")) as f:
+    with open(os.path.join(ROOT, "benchmarks", "results", "e2e_h100_unpack.json")) as f:
         inference = json.load(f)["inference"]
     by_label = {(row["model"], row["label"]): row for row in inference}
     table = table_rows(readme, "| model | PyG fp32 CSR | PyG bf16 CSR | pyg_quant 8-bit")
