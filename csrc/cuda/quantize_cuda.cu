@@ -104,6 +104,20 @@ struct ValueStore {
   }
 };
 
+// Copies the plane words of columns c0 .. c0 + kCols - 1 and words w0 .. w0 + kWords - 1 of `bits` planes into
+// tile[p][c][k], kWords consecutive threads reading one column's words (a whole 32-byte sector at kWords = 8); words
+// past cols or words are zeros.  The caller synchronizes the block before reading the tile.
+template <int kCols, int kWords, int kThreads, int kStride>
+__device__ __forceinline__ void stage_plane_words(const uint32_t* __restrict__ planes, uint32_t (*tile)[kCols][kStride],
+                                                  int bits, int64_t c0, int64_t w0, int64_t cols, int64_t words,
+                                                  int64_t plane_stride) {
+  for (int i = threadIdx.x; i < bits * kCols * kWords; i += kThreads) {
+    const int k = i % kWords, c = (i / kWords) % kCols, p = i / (kWords * kCols);
+    const bool live = c0 + c < cols && w0 + k < words;
+    tile[p][c][k] = live ? __ldg(planes + p * plane_stride + (c0 + c) * words + w0 + k) : 0u;
+  }
+}
+
 // Row layout: word (r, w) holds columns 32w..32w+31 of row r.  A group of `lanes` lanes (the power of two that
 // covers cols, at most 32) owns a row at a time, lane l of it columns l, l + lanes, ...: a plane word is read by
 // all of a group at once, and every store covers consecutive outputs.  Measured on an H100 at 32,000 rows, 4 bits
@@ -147,11 +161,7 @@ __global__ void __launch_bounds__(kUnpackThreads) unpack_cols_kernel(const uint3
   const int t = threadIdx.x;
   const int64_t w0 = static_cast<int64_t>(blockIdx.x) * kUnpackWords;
   const int64_t c0 = static_cast<int64_t>(blockIdx.y) * kUnpackCols;
-  for (int i = t; i < bits * kUnpackCols * kUnpackWords; i += kUnpackThreads) {
-    const int k = i % kUnpackWords, c = (i / kUnpackWords) % kUnpackCols, p = i / (kUnpackWords * kUnpackCols);
-    const bool live = c0 + c < cols && w0 + k < words;
-    tile[p][c][k] = live ? __ldg(planes + p * plane_stride + (c0 + c) * words + w0 + k) : 0u;
-  }
+  stage_plane_words<kUnpackCols, kUnpackWords, kUnpackThreads>(planes, tile, bits, c0, w0, cols, words, plane_stride);
   __syncthreads();
   const int lane = t % 32, warp = t / 32;
   const int64_t c = c0 + lane;
@@ -207,11 +217,7 @@ __global__ void __launch_bounds__(kPackNodes) pack_row_codes_cols_kernel(const u
   const int t = threadIdx.x;
   const int64_t w0 = static_cast<int64_t>(blockIdx.x) * kPackNodeWords;
   const int64_t c0 = static_cast<int64_t>(blockIdx.y) * kPackCols;
-  for (int i = t; i < kBits * kPackCols * kPackNodeWords; i += kPackNodes) {
-    const int k = i % kPackNodeWords, c = (i / kPackNodeWords) % kPackCols, p = i / (kPackNodeWords * kPackCols);
-    const bool live = c0 + c < cols && w0 + k < words;
-    tile[p][c][k] = live ? __ldg(planes + p * plane_stride + (c0 + c) * words + w0 + k) : 0u;
-  }
+  stage_plane_words<kPackCols, kPackNodeWords, kPackNodes>(planes, tile, kBits, c0, w0, cols, words, plane_stride);
   __syncthreads();
   const int64_t node = w0 * 32 + t;
   if (w0 + t / 32 >= words) return;
