@@ -596,6 +596,16 @@ def kernel_category(name: str) -> str:
     return "other"
 
 
+def kernel_totals(kernels, key) -> dict:
+    """``{key(event): [count, µs]}`` over profiled device kernels."""
+    totals = {}
+    for e in kernels:
+        entry = totals.setdefault(key(e), [0, 0.0])
+        entry[0] += 1
+        entry[1] += e.time_range.elapsed_us()
+    return totals
+
+
 def profile_batch(runner: Runner, fn) -> dict:
     """Device kernels (count, time, top names) of one call of ``fn``; CPU: top-level ops."""
     from torch.profiler import ProfilerActivity, profile
@@ -617,15 +627,7 @@ def profile_batch(runner: Runner, fn) -> dict:
     kernels = [e for e in device_events if not e.name.startswith(("Memcpy", "Memset"))]
     launch_names = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
     launches = sum(1 for e in events if e.device_type == DeviceType.CPU and e.name.startswith(launch_names))
-    by_name, by_cat = {}, {}
-    for e in kernels:
-        us = e.time_range.elapsed_us()
-        entry = by_name.setdefault(e.name[:90], [0, 0.0])
-        entry[0] += 1
-        entry[1] += us
-        cat = by_cat.setdefault(kernel_category(e.name), [0, 0.0])
-        cat[0] += 1
-        cat[1] += us
+    by_name, by_cat = kernel_totals(kernels, lambda e: e.name[:90]), kernel_totals(kernels, lambda e: kernel_category(e.name))
     top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:12]
     note = None if kernels else "the profiler saw no device kernels (CUPTI unavailable?): count is top-level ops"
     return dict(device="cuda", kernels=len(kernels) or None, launch_calls=launches, top_level_ops=top_level, note=note,
@@ -660,11 +662,7 @@ def profile_graph_epoch(runner: Runner, replay_epoch, batches: int) -> dict:
             between += gap
         else:
             inside += gap
-    by_name = {}
-    for e in kernels:
-        entry = by_name.setdefault(e.name[:90], [0, 0.0])
-        entry[0] += 1
-        entry[1] += e.time_range.elapsed_us()
+    by_name = kernel_totals(kernels, lambda e: e.name[:90])
     span = kernels[-1].time_range.end - kernels[0].time_range.start
     return dict(kernels_per_batch=per_graph, kernel_us_per_batch=sum(v[1] for v in by_name.values()) / batches,
                 span_us_per_batch=span / batches, gap_inside_us_per_batch=inside / batches,

@@ -141,16 +141,19 @@ if LOADED:
         outer, packed = (x.shape[1], x.shape[0]) if col_layout else (x.shape[0], x.shape[1])
         return x.new_empty((bits, padded_outer(outer), packed_words(packed)), dtype=torch.int32)
 
+    def _fake_row_codes(planes, cols, col_layout):
+        nodes = planes.shape[2] * 32 if col_layout else planes.shape[1]
+        return planes.new_empty((nodes, row_code_bytes(cols, planes.shape[0])), dtype=torch.uint8)
+
     @torch.library.register_fake("pyg_quant::quantize_pack_ranges")
     def _(x, bits, dim, col_layout, noise, row_codes=False):
         outer, packed = (x.shape[1], x.shape[0]) if col_layout else (x.shape[0], x.shape[1])
         ranges = x.shape[0] if dim == 1 else x.shape[1]
-        nodes = packed_words(packed) * 32 if col_layout else padded_outer(outer)
-        codes = (x.new_empty((nodes, row_code_bytes(x.shape[1], bits)), dtype=torch.uint8) if row_codes
+        planes = x.new_empty((bits, padded_outer(outer), packed_words(packed)), dtype=torch.int32)
+        codes = (_fake_row_codes(planes, x.shape[1], col_layout) if row_codes
                  else x.new_empty((0, 0), dtype=torch.uint8))
-        return (x.new_empty((bits, padded_outer(outer), packed_words(packed)), dtype=torch.int32),
-                x.new_empty((ranges,)), x.new_empty((ranges,)), x.new_empty((padded_outer(outer),), dtype=torch.int64),
-                codes)
+        return (planes, x.new_empty((ranges,)), x.new_empty((ranges,)),
+                x.new_empty((padded_outer(outer),), dtype=torch.int64), codes)
 
     @torch.library.register_fake("pyg_quant::fake_quantize")
     def _(x, lo, hi, bits, dim, noise, with_mask, random_noise=False, generator=None):
@@ -173,10 +176,7 @@ if LOADED:
     def _(planes):
         return planes.new_empty((planes.shape[1],), dtype=torch.int64)
 
-    @torch.library.register_fake("pyg_quant::pack_row_codes")
-    def _(planes, cols, col_layout):
-        nodes = planes.shape[2] * 32 if col_layout else planes.shape[1]
-        return planes.new_empty((nodes, row_code_bytes(cols, planes.shape[0])), dtype=torch.uint8)
+    torch.library.register_fake("pyg_quant::pack_row_codes")(_fake_row_codes)
 
     @torch.library.register_fake("pyg_quant::bitmm_int")
     def _(a_planes, b_planes, rows, cols, wide):
