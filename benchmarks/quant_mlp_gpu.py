@@ -1,7 +1,8 @@
 """ops.quant_mlp (one kernel for a chain of QuantLinear bit layers) against the layer-by-layer bit path.
 
 GPU timings (median of CUDA-event timings, eager and, where capturable, 20 calls in one CUDA graph) on a
-32,000-node batch with 64 features: the MLP alone (QuantLinear 64→64, ReLU, 64→64, ReLU, 64→64 at 1, 4, 8 bits, and
+32,000-node batch with 64 features: GCN's first layer (QuantLinear 100→16 times D^-1/2) on the loader's 4-bit
+codes, read by the kernel itself (quant_mlp_planes) vs dequantize + quant_mlp; the MLP alone (QuantLinear 64→64, ReLU, 64→64, ReLU, 64→64 at 1, 4, 8 bits, and
 GIN's first and last MLPs 100→64→64 and 64→64→47; fused vs quantize + bitmm_float per layer) and a whole eval
 QGINConv forward on a BitAdjacency (fused vs unfused).  Every fused output is checked equal (torch.equal) to the
 unfused one.
@@ -99,6 +100,28 @@ def main():
             row = {"what": f"MLP {'-'.join(map(str, widths))}, {bits} bits, {n} rows", "equal": same,
                    "fused_us": time_eager(fused), "unfused_us": time_eager(unfused),
                    "fused_graph_us": time_graph(fused), "unfused_graph_us": time_graph(unfused)}
+        print(row, flush=True)
+        results["rows"].append(row)
+
+    # GCN's first layer on the loader's codes: the kernel decodes them vs dequantize, then the float kernel
+    torch.manual_seed(0)
+    lin = QuantLinear(100, 16, bits=4).to(device).eval()
+    row_scale = torch.rand(n, device=device)
+    features = torch.randn(n, 100, device=device)
+    for layout, dim in (("col", 0), ("row", 0), ("col", None)):
+        codes = pq.to_bit(features, 4, dim=dim, layout=layout)
+
+        def planes():
+            return _quant_mlp(codes, [lin], [False], row_scale)
+
+        def dequantized():
+            return _quant_mlp(pq.to_val(codes), [lin], [False], row_scale)
+
+        with torch.no_grad():
+            row = {"what": f"GCN layer 1: 100->16 x row scale on 4-bit {layout}-layout codes (dim={dim}), {n} rows",
+                   "equal": torch.equal(planes(), dequantized()),
+                   "fused_us": time_eager(planes), "unfused_us": time_eager(dequantized),
+                   "fused_graph_us": time_graph(planes), "unfused_graph_us": time_graph(dequantized)}
         print(row, flush=True)
         results["rows"].append(row)
 

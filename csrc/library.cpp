@@ -38,6 +38,10 @@ TORCH_LIBRARY(pyg_quant, m) {
       "quant_mlp(Tensor x, Tensor[] weight_codes, Tensor[] weight_lo, Tensor[] weight_scale, Tensor[] weight_sums, "
       "Tensor?[] bias, int[] act_bits, int[] weight_bits, bool[] relu, Tensor? row_scale=None) -> Tensor");
   m.def(
+      "quant_mlp_planes(Tensor planes, int rows, int cols, bool col_layout, Tensor lo, Tensor scale, int dim, "
+      "Tensor[] weight_codes, Tensor[] weight_lo, Tensor[] weight_scale, Tensor[] weight_sums, Tensor?[] bias, "
+      "int[] act_bits, int[] weight_bits, bool[] relu, Tensor? row_scale=None) -> Tensor");
+  m.def(
       "expand_csr(Tensor tile_key, Tensor row_count, Tensor entry_col, Tensor? entry_val, Tensor res_row, "
       "Tensor res_col, Tensor? res_val, int num_rows, int num_cols) -> (Tensor, Tensor, Tensor, Tensor)");
 }

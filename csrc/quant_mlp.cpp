@@ -6,8 +6,14 @@
 #include "cuda/quant_mlp_cuda.h"
 #endif
 
-TORCH_LIBRARY_IMPL(pyg_quant, CPU, m) { m.impl("quant_mlp", &pyg_quant::quant_mlp_cpu); }
+TORCH_LIBRARY_IMPL(pyg_quant, CPU, m) {
+  m.impl("quant_mlp", &pyg_quant::quant_mlp_cpu);
+  m.impl("quant_mlp_planes", &pyg_quant::quant_mlp_planes_cpu);
+}
 
 #ifdef WITH_CUDA
-TORCH_LIBRARY_IMPL(pyg_quant, CUDA, m) { m.impl("quant_mlp", &pyg_quant::quant_mlp_cuda); }
+TORCH_LIBRARY_IMPL(pyg_quant, CUDA, m) {
+  m.impl("quant_mlp", &pyg_quant::quant_mlp_cuda);
+  m.impl("quant_mlp_planes", &pyg_quant::quant_mlp_planes_cuda);
+}
 #endif

@@ -12,16 +12,16 @@ namespace pyg_quant {
 
 constexpr int64_t kQuantMlpInt32Max = 2147483647;
 
-// The widths C_0 .. C_L of the chain (row_scale: optional float32 [rows], multiplied into each output row last).
-inline std::vector<int64_t> check_quant_mlp_args(const at::Tensor& x, at::TensorList weight_codes,
-                                                 at::TensorList weight_lo, at::TensorList weight_scale,
-                                                 at::TensorList weight_sums,
-                                                 const c10::List<std::optional<at::Tensor>>& bias,
-                                                 at::IntArrayRef act_bits, at::IntArrayRef weight_bits,
-                                                 const c10::List<bool>& relu,
-                                                 const std::optional<at::Tensor>& row_scale) {
-  TORCH_CHECK_VALUE(x.dim() == 2 && x.scalar_type() == at::kFloat, "x must be a 2-D float32 tensor, got ",
-                    x.scalar_type(), " with ", x.dim(), " dimensions");
+// The widths C_0 .. C_L of a chain whose input is a rows x cols matrix on `device` (row_scale: optional float32
+// [rows], multiplied into each output row last).  `input` names the input in the errors ("x", or "planes").
+inline std::vector<int64_t> check_quant_mlp_layers(int64_t rows, int64_t cols, const c10::Device& device,
+                                                   const char* input, at::TensorList weight_codes,
+                                                   at::TensorList weight_lo, at::TensorList weight_scale,
+                                                   at::TensorList weight_sums,
+                                                   const c10::List<std::optional<at::Tensor>>& bias,
+                                                   at::IntArrayRef act_bits, at::IntArrayRef weight_bits,
+                                                   const c10::List<bool>& relu,
+                                                   const std::optional<at::Tensor>& row_scale) {
   const int64_t layers = static_cast<int64_t>(weight_codes.size());
   TORCH_CHECK_VALUE(layers >= 1, "weight_codes must hold at least one layer");
   const auto same_length = [&](int64_t n, const char* name) {
@@ -34,8 +34,8 @@ inline std::vector<int64_t> check_quant_mlp_args(const at::Tensor& x, at::Tensor
   same_length(static_cast<int64_t>(act_bits.size()), "act_bits");
   same_length(static_cast<int64_t>(weight_bits.size()), "weight_bits");
   same_length(static_cast<int64_t>(relu.size()), "relu");
-  std::vector<int64_t> widths{x.size(1)};
-  TORCH_CHECK_VALUE(x.size(1) >= 1, "x must have at least one column");
+  std::vector<int64_t> widths{cols};
+  TORCH_CHECK_VALUE(cols >= 1, input, " must have at least one column");
   for (int64_t l = 0; l < layers; ++l) {
     const at::Tensor& w = weight_codes[l];
     TORCH_CHECK_VALUE(w.dim() == 2 && w.scalar_type() == at::kByte, "weight_codes[", l,
@@ -44,13 +44,13 @@ inline std::vector<int64_t> check_quant_mlp_args(const at::Tensor& x, at::Tensor
     TORCH_CHECK_VALUE(w.size(1) == widths.back(), "weight_codes[", l, "] has ", w.size(1),
                       " input channels but its input has ", widths.back(), " columns");
     TORCH_CHECK_VALUE(w.size(0) >= 1, "weight_codes[", l, "] must have at least one output channel");
-    TORCH_CHECK_VALUE(w.device() == x.device(), "weight_codes[", l, "] is on ", w.device(), " but x is on ",
-                      x.device());
+    TORCH_CHECK_VALUE(w.device() == device, "weight_codes[", l, "] is on ", w.device(), " but ", input, " is on ",
+                      device);
     const int64_t out = w.size(0);
     const auto per_channel = [&](const at::Tensor& t, at::ScalarType dtype, const char* name) {
       TORCH_CHECK_VALUE(t.dim() == 1 && t.size(0) == out && t.scalar_type() == dtype, name, "[", l, "] must be ",
                         dtype, " [", out, "], got ", t.scalar_type(), " ", t.sizes());
-      TORCH_CHECK_VALUE(t.device() == x.device(), name, "[", l, "] is on ", t.device(), " but x is on ", x.device());
+      TORCH_CHECK_VALUE(t.device() == device, name, "[", l, "] is on ", t.device(), " but ", input, " is on ", device);
     };
     per_channel(weight_lo[l], at::kFloat, "weight_lo");
     per_channel(weight_scale[l], at::kFloat, "weight_scale");
@@ -69,12 +69,26 @@ inline std::vector<int64_t> check_quant_mlp_args(const at::Tensor& x, at::Tensor
   }
   if (row_scale.has_value()) {
     const at::Tensor& s = *row_scale;
-    TORCH_CHECK_VALUE(s.dim() == 1 && s.size(0) == x.size(0) && s.scalar_type() == at::kFloat,
-                      "row_scale must be float32 [", x.size(0), "] (one scale per row of x), got ", s.scalar_type(),
-                      " ", s.sizes());
-    TORCH_CHECK_VALUE(s.device() == x.device(), "row_scale is on ", s.device(), " but x is on ", x.device());
+    TORCH_CHECK_VALUE(s.dim() == 1 && s.size(0) == rows && s.scalar_type() == at::kFloat,
+                      "row_scale must be float32 [", rows, "] (one scale per row of ", input, "), got ",
+                      s.scalar_type(), " ", s.sizes());
+    TORCH_CHECK_VALUE(s.device() == device, "row_scale is on ", s.device(), " but ", input, " is on ", device);
   }
   return widths;
+}
+
+// The widths of quant_mlp's chain on a float32 x.
+inline std::vector<int64_t> check_quant_mlp_args(const at::Tensor& x, at::TensorList weight_codes,
+                                                 at::TensorList weight_lo, at::TensorList weight_scale,
+                                                 at::TensorList weight_sums,
+                                                 const c10::List<std::optional<at::Tensor>>& bias,
+                                                 at::IntArrayRef act_bits, at::IntArrayRef weight_bits,
+                                                 const c10::List<bool>& relu,
+                                                 const std::optional<at::Tensor>& row_scale) {
+  TORCH_CHECK_VALUE(x.dim() == 2 && x.scalar_type() == at::kFloat, "x must be a 2-D float32 tensor, got ",
+                    x.scalar_type(), " with ", x.dim(), " dimensions");
+  return check_quant_mlp_layers(x.size(0), x.size(1), x.device(), "x", weight_codes, weight_lo, weight_scale,
+                                weight_sums, bias, act_bits, weight_bits, relu, row_scale);
 }
 
 }  // namespace pyg_quant

@@ -366,13 +366,18 @@ def test_qgcn_conv_folds_its_normalization_into_the_linear_layer(monkeypatch, de
     conv = QGCNConv(100, 16, weight_bits=weight_bits, act_bits=act_bits).to(device).eval()
     x, edge_index = gin_graph(d=100, device=device)
     scaled = []
-    original = ops.quant_mlp
+    original, original_planes = ops.quant_mlp, ops.quant_mlp_planes
 
     def counted(*args):
         scaled.append(len(args) > 9 and args[9] is not None)  # row_scale
         return original(*args)
 
+    def counted_planes(*args):  # the column codes, read by the kernel itself
+        scaled.append(len(args) > 15 and args[15] is not None)
+        return original_planes(*args)
+
     monkeypatch.setattr(ql_module.ops, "quant_mlp", counted)
+    monkeypatch.setattr(ql_module.ops, "quant_mlp_planes", counted_planes)
     adjacency = pq.BitAdjacency.from_edge_index(edge_index, x.size(0), self_loops=1)
     column_codes = pq.to_bit(x, 4, dim=0, layout="col")  # the loader's features: read as the floats they hold
     with torch.no_grad():

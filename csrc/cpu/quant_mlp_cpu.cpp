@@ -15,7 +15,9 @@
 
 #include "epilogue.h"
 #include "quant_mlp_args.h"
+#include "quantize_cpu.h"
 #include "quantize_steps.h"
+#include "row_codes.h"
 
 namespace pyg_quant {
 namespace {
@@ -128,6 +130,22 @@ at::Tensor quant_mlp_cpu(const at::Tensor& x_in, at::TensorList weight_codes, at
     }
   });
   return out;
+}
+
+at::Tensor quant_mlp_planes_cpu(const at::Tensor& planes, int64_t rows, int64_t cols, bool col_layout,
+                                const at::Tensor& lo, const at::Tensor& scale, int64_t dim,
+                                at::TensorList weight_codes, at::TensorList weight_lo, at::TensorList weight_scale,
+                                at::TensorList weight_sums, const c10::List<std::optional<at::Tensor>>& bias,
+                                at::IntArrayRef act_bits, at::IntArrayRef weight_bits, const c10::List<bool>& relu,
+                                const std::optional<at::Tensor>& row_scale) {
+  // The definition itself: the CPU kernel reads a row from a thread-local buffer either way.  Checked first, so
+  // that the errors name planes, not the dequantized x.
+  check_unpack_shape(planes, rows, cols, col_layout);
+  check_dequantize_ranges(planes, lo, scale, rows, cols, dim);
+  check_quant_mlp_layers(rows, cols, planes.device(), "planes", weight_codes, weight_lo, weight_scale, weight_sums,
+                         bias, act_bits, weight_bits, relu, row_scale);
+  return quant_mlp_cpu(dequantize_cpu(planes, rows, cols, col_layout, lo, scale, dim), weight_codes, weight_lo,
+                       weight_scale, weight_sums, bias, act_bits, weight_bits, relu, row_scale);
 }
 
 }  // namespace pyg_quant

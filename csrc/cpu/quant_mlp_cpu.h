@@ -16,4 +16,13 @@ at::Tensor quant_mlp_cpu(const at::Tensor& x, at::TensorList weight_codes, at::T
                          at::IntArrayRef weight_bits, const c10::List<bool>& relu,
                          const std::optional<at::Tensor>& row_scale);
 
+// quant_mlp of dequantize(planes, rows, cols, col_layout, lo, scale, dim): the chain on the values of a packed
+// tensor (to_val's float32 steps), so a layer fed codes need not materialize them as floats first.
+at::Tensor quant_mlp_planes_cpu(const at::Tensor& planes, int64_t rows, int64_t cols, bool col_layout,
+                                const at::Tensor& lo, const at::Tensor& scale, int64_t dim,
+                                at::TensorList weight_codes, at::TensorList weight_lo, at::TensorList weight_scale,
+                                at::TensorList weight_sums, const c10::List<std::optional<at::Tensor>>& bias,
+                                at::IntArrayRef act_bits, at::IntArrayRef weight_bits, const c10::List<bool>& relu,
+                                const std::optional<at::Tensor>& row_scale);
+
 }  // namespace pyg_quant

@@ -15,6 +15,13 @@
 // its linear layer).
 // Nothing but the output is allocated and nothing waits on the host.
 //
+// The input is float32 rows, or (quant_mlp_planes) the codes of a packed tensor, decoded with to_val's float32 steps
+// as the rows are loaded, so that a layer fed the loader's codes (GCN's first X·W) skips dequantize's pass and its
+// float32 round trip (12.8 MB written and read again at 32,000 x 100).  Column layout: a block's 8 warps x 4 rows
+// are 32 consecutive rows, i.e. bit 0..31 of one word of every column and plane; the block copies those bits x cols
+// words to shared memory (between two barriers) and each lane decodes its columns' bits from there.  Row layout: a
+// lane reads the plane words of its columns straight from global memory (a warp's 32 columns share a word).
+//
 // Why kRows rows a warp: the product is bound by shared-memory loads.  With one row a warp, a lane loads per row
 // and layer words/4 × (1 LDS.128 of codes + 4·kChunks LDS.32 of weights), each weight word serving that one row:
 // 4 × (1 + 8) = 36 for a 64 -> 64 layer, ~50 shared loads a row-layer with the epilogue's parameters (a GIN MLP
@@ -33,11 +40,13 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "epilogue.h"
 #include "quant_mlp_args.h"
 #include "quantize_steps.h"
+#include "row_codes.h"
 #include "cuda/device_limits.h"
 #include "cuda/ordered_key.cuh"
 
@@ -53,6 +62,7 @@ constexpr int kRowsPerWarp = 4;
 // Rows per warp of the instantiation with `chunks` values per lane (the kernel's kRows; the host sizes the code
 // buffers and the grid with it).  kRowsPerWarp for every width: even kChunks = 8 does not spill at 4 rows.
 constexpr int rows_per_warp(int /*chunks*/) { return kRowsPerWarp; }
+
 
 struct MlpLayer {
   const uint8_t* w;  // [out, in] codes in global memory
@@ -70,21 +80,96 @@ struct MlpLayer {
   int aligned;  // 1: in % 4 == 0 and w 4-byte aligned (a weight row is whole 32-bit words); 2: the same for 16 bytes
 };
 
+// What the chain's first layer reads.
+enum InputKind { kFloatInput = 0, kColPlanesInput = 1, kRowPlanesInput = 2 };
+
+struct MlpInput {
+  const float* x;           // kFloatInput: float32 [rows, in0]
+  const uint32_t* planes;   // the others: int32 [bits, outer, words] (layout.py), values lo + scale · q
+  const float* lo;
+  const float* scale;
+  int64_t words, plane_stride;
+  int bits;
+  int dim;                  // the ranges: -1 one, 0 per column, 1 per row
+  int staged_offset;        // kColPlanesInput: byte offset of the block's bits x in0 staged plane words
+};
+
 struct MlpArgs {
   MlpLayer layer[kQuantMlpMaxLayers];
   int layers;
   int codes_offset;  // per-warp code buffers, codes_stride bytes each
   int codes_stride;
-  const float* x;
+  MlpInput input;
   float* out;
   const float* row_scale;  // nullptr: none
   int64_t rows;
 };
 
-// kChunks: values per lane (every width <= 32·kChunks); kRows: rows a warp carries at a time.
-template <int kChunks, int kRows>
-__global__ void __launch_bounds__(kThreads) quant_mlp_kernel(const __grid_constant__ MlpArgs args) {
+// Rows r0 .. r0 + kRows - 1 of the chain's input into h (lane: columns lane, lane + 32, ...); rows past args.rows and
+// columns past in0 are zeros.  kColPlanesInput reads the block's staged words (bit warp·kRows + i of a word is row
+// r0 + i).
+template <int kChunks, int kRows, int kInput>
+__device__ __forceinline__ void load_rows(const MlpArgs& args, const unsigned char* smem, int64_t r0, int in0,
+                                          int lane, int warp, float (&h)[kRows][kChunks]) {
+  if constexpr (kInput == kFloatInput) {
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      const bool valid = r0 + i < args.rows;
+      const float* x_row = args.input.x + (valid ? r0 + i : 0) * in0;
+#pragma unroll
+      for (int j = 0; j < kChunks; ++j) {
+        const int c = lane + 32 * j;
+        h[i][j] = valid && c < in0 ? x_row[c] : 0.0f;
+      }
+    }
+  } else {
+    const MlpInput& in = args.input;
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      const int c = lane + 32 * j;
+      const bool live_col = c < in0;
+      uint32_t q[kRows];
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) q[i] = 0;
+      // A run-time loop over the planes: unrolled 8 deep (bits <= 8) it held every load in flight and spilled.
+      if constexpr (kInput == kColPlanesInput) {
+        const uint32_t* staged = reinterpret_cast<const uint32_t*>(smem + in.staged_offset) + c;
+#pragma unroll 1
+        for (int p = 0; p < (live_col ? in.bits : 0); ++p) {
+          const uint32_t word = staged[p * in0] >> (warp * kRows);
+#pragma unroll
+          for (int i = 0; i < kRows; ++i) q[i] |= ((word >> i) & 1u) << p;
+        }
+      } else {
+        // Row layout: column c = lane + 32j is bit `lane` of word j of the row (a warp's lanes share the word).
+        const uint32_t* word = in.planes + r0 * in.words + j;
+#pragma unroll 1
+        for (int p = 0; p < (live_col ? in.bits : 0); ++p) {
+#pragma unroll
+          for (int i = 0; i < kRows; ++i) {
+            if (r0 + i < args.rows) q[i] |= ((__ldg(word + i * in.words + p * in.plane_stride) >> lane) & 1u) << p;
+          }
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) {
+        const int64_t g = in.dim == 0 ? c : in.dim == 1 ? r0 + i : 0;
+        const bool live = live_col && r0 + i < args.rows;
+        h[i][j] = live ? value_of(q[i], __ldg(in.lo + g), __ldg(in.scale + g)) : 0.0f;
+      }
+    }
+  }
+}
+
+// The code-input kernels at one chunk ask for 4 resident blocks (64 registers): ptxas's own choice was 48 with
+// 8-12 bytes of spills on sm_90a.  0 leaves the choice to ptxas (the float kernels: no spills).
+constexpr int quant_mlp_min_blocks(int chunks, int input) { return input != kFloatInput && chunks == 1 ? 4 : 0; }
+
+// kChunks: values per lane (every width <= 32·kChunks); kRows: rows a warp carries at a time; kInput: InputKind.
+template <int kChunks, int kRows, int kInput>
+__global__ void __launch_bounds__(kThreads, quant_mlp_min_blocks(kChunks, kInput)) quant_mlp_kernel(const __grid_constant__ MlpArgs args) {
   static_assert(kRows <= 32, "lane i forms row i's range");
+  static_assert(kInput != kColPlanesInput || kWarps * kRows == 32, "a block's rows are one word of every column");
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ MlpLayer layers[kQuantMlpMaxLayers];
   if (threadIdx.x < args.layers) layers[threadIdx.x] = args.layer[threadIdx.x];
@@ -138,21 +223,27 @@ __global__ void __launch_bounds__(kThreads) quant_mlp_kernel(const __grid_consta
   uint8_t* codes = smem + args.codes_offset + warp * kRows * args.codes_stride;
   const int stride = args.codes_stride;
   const int in0 = layers[0].in, out_cols = layers[args.layers - 1].out;
+  // A block takes kWarps · kRows consecutive rows at a time, warp w's from r0 (grid-stride).  A group's rows are
+  // the same on every lane, so the warp-wide intrinsics below run on the full warp whatever the rows.  Rows past
+  // args.rows (the last group only) carry zeros through every layer and store nothing.
   const int64_t step = static_cast<int64_t>(gridDim.x) * kWarps * kRows;
-  // r0 is the same on every lane, so is every row's validity: the warp-wide intrinsics below run on the full warp
-  // whatever the rows.  Rows past args.rows (the last group only) carry zeros through every layer and store nothing.
-  for (int64_t r0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * kRows; r0 < args.rows; r0 += step) {
-    float h[kRows][kChunks];
-#pragma unroll
-    for (int i = 0; i < kRows; ++i) {
-      const bool valid = r0 + i < args.rows;
-      const float* x_row = args.x + (valid ? r0 + i : 0) * in0;
-#pragma unroll
-      for (int j = 0; j < kChunks; ++j) {
-        const int c = lane + 32 * j;
-        h[i][j] = valid && c < in0 ? x_row[c] : 0.0f;
+  // kColPlanesInput: the loop runs while the block's first row is in range, so that all its warps run it alike.
+  const int warp_offset = kInput == kColPlanesInput ? warp * kRows : 0;
+  for (int64_t r0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * kRows; r0 - warp_offset < args.rows;
+       r0 += step) {
+    if constexpr (kInput == kColPlanesInput) {
+      const MlpInput& in = args.input;
+      uint32_t* staged = reinterpret_cast<uint32_t*>(smem + in.staged_offset);
+      __syncthreads();  // the previous group's words are read
+      for (int i = threadIdx.x; i < in.bits * in0; i += kThreads) {
+        const int p = i / in0, c = i - p * in0;
+        staged[i] = __ldg(in.planes + p * in.plane_stride + c * in.words + (r0 - warp_offset) / 32);
       }
+      __syncthreads();
     }
+    if (kInput == kColPlanesInput && r0 >= args.rows) continue;
+    float h[kRows][kChunks];
+    load_rows<kChunks, kRows, kInput>(args, smem, r0, in0, lane, warp, h);
     for (int l = 0; l < args.layers; ++l) {
       const MlpLayer& L = layers[l];
       const int in = L.in, out = L.out;
@@ -276,30 +367,27 @@ __global__ void __launch_bounds__(kThreads) quant_mlp_kernel(const __grid_consta
 
 int align_up(int n, int m) { return (n + m - 1) / m * m; }
 
-}  // namespace
-
-at::Tensor quant_mlp_cuda(const at::Tensor& x_in, at::TensorList weight_codes, at::TensorList weight_lo,
-                          at::TensorList weight_scale, at::TensorList weight_sums,
-                          const c10::List<std::optional<at::Tensor>>& bias, at::IntArrayRef act_bits,
-                          at::IntArrayRef weight_bits, const c10::List<bool>& relu,
-                          const std::optional<at::Tensor>& row_scale) {
-  const std::vector<int64_t> widths = check_quant_mlp_args(x_in, weight_codes, weight_lo, weight_scale, weight_sums,
-                                                           bias, act_bits, weight_bits, relu, row_scale);
+// The launch shared by quant_mlp and quant_mlp_planes: `input` says what the first layer reads (its pointers set),
+// `widths` are the checked widths C_0 .. C_L.
+at::Tensor launch_quant_mlp(MlpInput input, int kind, const char* input_name, int64_t rows,
+                            const std::vector<int64_t>& widths,
+                            const at::TensorOptions& options, at::TensorList weight_codes, at::TensorList weight_lo,
+                            at::TensorList weight_scale, at::TensorList weight_sums,
+                            const c10::List<std::optional<at::Tensor>>& bias, at::IntArrayRef act_bits,
+                            const c10::List<bool>& relu, const std::optional<at::Tensor>& row_scale) {
   const int64_t layers = static_cast<int64_t>(weight_codes.size());
   TORCH_CHECK_VALUE(layers <= kQuantMlpMaxLayers, "weight_codes: the CUDA kernel takes at most ",
                     kQuantMlpMaxLayers, " layers, got ", layers);
   for (int64_t l = 0; l <= layers; ++l) {
-    TORCH_CHECK_VALUE(widths[l] <= kQuantMlpMaxWidth, l == 0 ? "x" : "weight_codes", l == 0 ? "" : "[",
+    TORCH_CHECK_VALUE(widths[l] <= kQuantMlpMaxWidth, l == 0 ? input_name : "weight_codes", l == 0 ? "" : "[",
                       l == 0 ? "" : std::to_string(l - 1), l == 0 ? "" : "]", ": the CUDA kernel takes widths up to ",
                       kQuantMlpMaxWidth, ", got ", widths[l]);
   }
-  c10::cuda::CUDAGuard guard(x_in.device());
-  const at::Tensor x = x_in.contiguous();
-  const int64_t rows = x.size(0);
-  auto out = at::empty({rows, widths.back()}, x.options());
+  auto out = at::empty({rows, widths.back()}, options);
 
   std::vector<at::Tensor> keep;  // no-ops for contiguous inputs (what the callers pass)
   MlpArgs args{};
+  args.input = input;
   args.layers = static_cast<int>(layers);
   int offset = 0, max_width = 0;
   for (int64_t l = 0; l < layers; ++l) {
@@ -337,8 +425,11 @@ at::Tensor quant_mlp_cuda(const at::Tensor& x_in, at::TensorList weight_codes, a
   const int rows_per = rows_per_warp(chunks);
   args.codes_offset = align_up(offset, 16);
   args.codes_stride = align_up(max_width, 16);
-  const int smem = args.codes_offset + kWarps * rows_per * args.codes_stride;
-  args.x = x.data_ptr<float>();
+  int smem = args.codes_offset + kWarps * rows_per * args.codes_stride;
+  if (kind == kColPlanesInput) {
+    args.input.staged_offset = smem;
+    smem += args.input.bits * static_cast<int>(widths[0]) * 4;
+  }
   args.out = out.data_ptr<float>();
   if (row_scale.has_value()) {
     keep.push_back(row_scale->contiguous());
@@ -347,7 +438,7 @@ at::Tensor quant_mlp_cuda(const at::Tensor& x_in, at::TensorList weight_codes, a
   args.rows = rows;
   if (rows == 0) return out;
 
-  const int device = x.device().index();
+  const int device = options.device().index();
   const int smem_optin = cuda::device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
   TORCH_CHECK_VALUE(smem + static_cast<int>(sizeof(MlpLayer)) * kQuantMlpMaxLayers <= smem_optin,
                     "weight_codes: the layers' codes need ", smem, " bytes of shared memory, more than the ",
@@ -363,16 +454,70 @@ at::Tensor quant_mlp_cuda(const at::Tensor& x_in, at::TensorList weight_codes, a
     kernel<<<static_cast<unsigned>(blocks), kThreads, smem, c10::cuda::getCurrentCUDAStream()>>>(args);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
+  const auto launch_input = [&](auto chunks_tag) {
+    constexpr int kChunks = decltype(chunks_tag)::value;
+    constexpr int kRows = rows_per_warp(kChunks);
+    if (kind == kColPlanesInput) {
+      launch(quant_mlp_kernel<kChunks, kRows, kColPlanesInput>);
+    } else if (kind == kRowPlanesInput) {
+      launch(quant_mlp_kernel<kChunks, kRows, kRowPlanesInput>);
+    } else {
+      launch(quant_mlp_kernel<kChunks, kRows, kFloatInput>);
+    }
+  };
   if (chunks == 1) {
-    launch(quant_mlp_kernel<1, rows_per_warp(1)>);
+    launch_input(std::integral_constant<int, 1>{});
   } else if (chunks == 2) {
-    launch(quant_mlp_kernel<2, rows_per_warp(2)>);
+    launch_input(std::integral_constant<int, 2>{});
   } else if (chunks == 4) {
-    launch(quant_mlp_kernel<4, rows_per_warp(4)>);
+    launch_input(std::integral_constant<int, 4>{});
   } else {
-    launch(quant_mlp_kernel<8, rows_per_warp(8)>);
+    launch_input(std::integral_constant<int, 8>{});
   }
   return out;
+}
+
+}  // namespace
+
+at::Tensor quant_mlp_cuda(const at::Tensor& x_in, at::TensorList weight_codes, at::TensorList weight_lo,
+                          at::TensorList weight_scale, at::TensorList weight_sums,
+                          const c10::List<std::optional<at::Tensor>>& bias, at::IntArrayRef act_bits,
+                          at::IntArrayRef weight_bits, const c10::List<bool>& relu,
+                          const std::optional<at::Tensor>& row_scale) {
+  const std::vector<int64_t> widths = check_quant_mlp_args(x_in, weight_codes, weight_lo, weight_scale, weight_sums,
+                                                           bias, act_bits, weight_bits, relu, row_scale);
+  c10::cuda::CUDAGuard guard(x_in.device());
+  const at::Tensor x = x_in.contiguous();
+  MlpInput input{};
+  input.x = x.data_ptr<float>();
+  return launch_quant_mlp(input, kFloatInput, "x", x.size(0), widths, x.options(), weight_codes, weight_lo,
+                          weight_scale, weight_sums, bias, act_bits, relu, row_scale);
+}
+
+at::Tensor quant_mlp_planes_cuda(const at::Tensor& planes_in, int64_t rows, int64_t cols, bool col_layout,
+                                 const at::Tensor& lo_in, const at::Tensor& scale_in, int64_t dim,
+                                 at::TensorList weight_codes, at::TensorList weight_lo, at::TensorList weight_scale,
+                                 at::TensorList weight_sums, const c10::List<std::optional<at::Tensor>>& bias,
+                                 at::IntArrayRef act_bits, at::IntArrayRef weight_bits, const c10::List<bool>& relu,
+                                 const std::optional<at::Tensor>& row_scale) {
+  check_unpack_shape(planes_in, rows, cols, col_layout);
+  check_dequantize_ranges(planes_in, lo_in, scale_in, rows, cols, dim);
+  const std::vector<int64_t> widths =
+      check_quant_mlp_layers(rows, cols, planes_in.device(), "planes", weight_codes, weight_lo, weight_scale,
+                             weight_sums, bias, act_bits, weight_bits, relu, row_scale);
+  c10::cuda::CUDAGuard guard(planes_in.device());
+  const at::Tensor planes = planes_in.contiguous(), lo = lo_in.contiguous(), scale = scale_in.contiguous();
+  MlpInput input{};
+  input.planes = reinterpret_cast<const uint32_t*>(planes.data_ptr<int32_t>());
+  input.lo = lo.data_ptr<float>();
+  input.scale = scale.data_ptr<float>();
+  input.words = planes.size(2);
+  input.plane_stride = planes.size(1) * planes.size(2);
+  input.bits = static_cast<int>(planes.size(0));
+  input.dim = static_cast<int>(dim);
+  return launch_quant_mlp(input, col_layout ? kColPlanesInput : kRowPlanesInput, "planes", rows, widths,
+                          planes.options().dtype(at::kFloat), weight_codes, weight_lo, weight_scale, weight_sums,
+                          bias, act_bits, relu, row_scale);
 }
 
 }  // namespace pyg_quant

@@ -47,6 +47,18 @@ def check_finite(x: torch.Tensor, name: str) -> None:
         raise ValueError(f"{name} holds NaN or inf; quantized layers need finite inputs")
 
 
+def values_finite(x: BitTensor) -> bool:
+    """Whether every value ``lo + scale·q`` of ``x`` is finite, judged from its ranges alone: that float32 recipe is
+    monotone in ``q``, so each range's values lie between those of codes 0 and ``2**bits - 1``.  A False may be
+    over-cautious (codes that never reach the end of a range); callers then dequantize and :func:`check_finite`.
+    True where :func:`check_finite` skips (traced or captured regions)."""
+    if is_compiling() or (x.planes.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return True
+    lo, scale = x.lo.detach(), x.scale.detach()
+    ends = torch.stack((lo + scale * 0.0, lo + scale * float(2**x.bits - 1)))
+    return bool(torch.isfinite(ends).all())
+
+
 def _ranges(x32: torch.Tensor, bits: int, dim: Optional[int]):
     if dim is None:
         lo, hi = x32.min().view(1, 1), x32.max().view(1, 1)

@@ -10,7 +10,8 @@ from .. import ops
 from ..bit_tensor import BitTensor
 from ..bitmm import bitmm_float
 from ._common import quant_options_repr
-from ._quantize import check_bits, check_finite, dequantize, fake_quantize, fits, is_compiling, quantize
+from ._quantize import (check_bits, check_finite, dequantize, fake_quantize, fits, is_compiling, quantize,
+                        values_finite)
 
 
 def bit_kernels_apply(module: torch.nn.Module, *tensors) -> bool:
@@ -192,6 +193,9 @@ class QuantLinear(Linear):
             already_quantized = fits(x, act_bits, (None, 1))
             if already_quantized and weight_bits is not None and bit_kernels_apply(self, self.weight, self.bias):
                 return self._bit_linear(x)
+            if (not already_quantized and weight_bits is not None and act_bits is not None and self._fusable()
+                    and _reads_codes(self, x)):
+                return _quant_mlp(x, (self,), (False,))  # what the fused kernel gives on dequantize(x)
             x = dequantize(x)
             if already_quantized:
                 act_bits = None
@@ -222,11 +226,21 @@ class QuantLinear(Linear):
                 f"bias={self.bias is not None}{', ' + quant if quant else ''})")
 
 
-def _quant_mlp(x2: Tensor, linears, relus, row_scale: Optional[Tensor] = None) -> Tensor:
+def _reads_codes(lin: "QuantLinear", x: BitTensor) -> bool:
+    """Whether ``lin``'s fused kernel may read ``x``'s codes itself (``ops.quant_mlp_planes``) instead of
+    ``dequantize(x)``: float32 ranges, no gradient to keep (the layer's bit kernels run now), and finite values
+    (see :func:`values_finite`)."""
+    lo, scale = x.lo, x.scale
+    return (lo.dtype == scale.dtype == torch.float32 and bit_kernels_apply(lin, lo, scale, lin.weight, lin.bias)
+            and values_finite(x))
+
+
+def _quant_mlp(x2: Union[Tensor, BitTensor], linears, relus, row_scale: Optional[Tensor] = None) -> Tensor:
     """``ops.quant_mlp`` of a 2-D input through ``linears`` (each followed by ReLU where ``relus`` says), in as
     few calls as the kernel's limits allow (consecutive layers grouped greedily); ``row_scale`` (float32 ``[rows]``)
-    multiplies the output rows in the last call."""
-    h = x2.detach().to(torch.float32).contiguous()
+    multiplies the output rows in the last call.  A :class:`BitTensor` input is read as ``dequantize(x2)``, by the
+    first call itself (``ops.quant_mlp_planes``)."""
+    h = x2 if isinstance(x2, BitTensor) else x2.detach().to(torch.float32).contiguous()
     start = 0
     while start < len(linears):
         end, used = start, 0
@@ -238,10 +252,15 @@ def _quant_mlp(x2: Tensor, linears, relus, row_scale: Optional[Tensor] = None) -
             end += 1
         group = linears[start:end]
         weights = [lin.fused_weight() for lin in group]
-        h = ops.quant_mlp(h, [w[0] for w in weights], [w[1] for w in weights], [w[2] for w in weights],
-                          [w[3] for w in weights], [None if lin.bias is None else lin.bias.detach() for lin in group],
-                          [lin.act_bits for lin in group], [lin.weight_bits for lin in group],
-                          list(relus[start:end]), row_scale if end == len(linears) else None)
+        layers = ([w[0] for w in weights], [w[1] for w in weights], [w[2] for w in weights], [w[3] for w in weights],
+                  [None if lin.bias is None else lin.bias.detach() for lin in group], [lin.act_bits for lin in group],
+                  [lin.weight_bits for lin in group], list(relus[start:end]),
+                  row_scale if end == len(linears) else None)
+        if isinstance(h, BitTensor):
+            h = ops.quant_mlp_planes(h.planes, h.rows, h.cols, h.layout == "col", h.lo.detach(), h.scale.detach(),
+                                     -1 if h.dim is None else h.dim, *layers)
+        else:
+            h = ops.quant_mlp(h, *layers)
         start = end
     return h
 
@@ -312,6 +331,8 @@ def run_row_scaled_linear(lin, x, row_scale: Tensor) -> Optional[Tensor]:
     if isinstance(x, BitTensor):
         if fits(x, lin.act_bits, (None, 1)) or not _runs_fused(lin, None, x.cols):
             return None  # codes the layer multiplies as they are, or a layer that does not fuse now
+        if row_scale.numel() == x.rows and _reads_codes(lin, x):
+            return _quant_mlp(x, (lin,), (False,), row_scale.reshape(-1))
         x = dequantize(x)  # what the layer reads
     if (x.dtype != torch.float32 or x.is_sparse or x.dim() != 2 or row_scale.numel() != x.size(0)
             or not _runs_fused(lin, x, x.size(1))):

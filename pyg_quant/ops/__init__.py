@@ -123,6 +123,18 @@ def quant_mlp(x, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_b
     return reference.quant_mlp(*args)
 
 
+def quant_mlp_planes(planes, rows: int, cols: int, col_layout: bool, lo, scale, dim: int, weight_codes, weight_lo,
+                     weight_scale, weight_sums, bias, act_bits, weight_bits, relu, row_scale=None):
+    """:func:`quant_mlp` of :func:`dequantize` ``(planes, rows, cols, col_layout, lo, scale, dim)`` in one op (the GPU
+    kernel decodes the codes as it loads the rows)."""
+    args = (planes, int(rows), int(cols), bool(col_layout), lo, scale, int(dim), list(weight_codes), list(weight_lo),
+            list(weight_scale), list(weight_sums), list(bias), [int(b) for b in act_bits],
+            [int(b) for b in weight_bits], [bool(r) for r in relu], row_scale)
+    if use_compiled("quant_mlp_planes", planes.device):
+        return torch.ops.pyg_quant.quant_mlp_planes(*args)
+    return reference.quant_mlp_planes(*args)
+
+
 def expand_csr(tile_key, row_count, entry_col, entry_val, res_row, res_col, res_val, num_rows: int, num_cols: int):
     """``(res_ptr, res_col, res_val, row_sums)`` of a tile plan decoded without tiles (every entry in one CSR,
     rows sorted by column); ``res_val`` is None when neither ``entry_val`` nor ``res_val`` is given (all ones)."""
@@ -214,6 +226,11 @@ if LOADED:
     @torch.library.register_fake("pyg_quant::quant_mlp")
     def _(x, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits, weight_bits, relu, row_scale=None):
         return x.new_empty((x.shape[0], weight_codes[-1].shape[0]), dtype=torch.float32)
+
+    @torch.library.register_fake("pyg_quant::quant_mlp_planes")
+    def _(planes, rows, cols, col_layout, lo, scale, dim, weight_codes, weight_lo, weight_scale, weight_sums, bias,
+          act_bits, weight_bits, relu, row_scale=None):
+        return planes.new_empty((rows, weight_codes[-1].shape[0]), dtype=torch.float32)
 
     @torch.library.register_fake("pyg_quant::expand_csr")
     def _(tile_key, row_count, entry_col, entry_val, res_row, res_col, res_val, num_rows, num_cols):

@@ -425,3 +425,12 @@ def quant_mlp(x, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_b
                              f"{row_scale.dtype} {tuple(row_scale.shape)}")
         h = h * row_scale.view(-1, 1)
     return h
+
+
+def quant_mlp_planes(planes, rows, cols, col_layout, lo, scale, dim, weight_codes, weight_lo, weight_scale,
+                     weight_sums, bias, act_bits, weight_bits, relu, row_scale=None):
+    r""":func:`quant_mlp` on the values of a packed tensor: ``quant_mlp(dequantize(planes, rows, cols, col_layout,
+    lo, scale, dim), ...)``."""
+    x = dequantize(planes, rows, cols, col_layout, lo, scale, dim)
+    return quant_mlp(x, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits, weight_bits, relu,
+                     row_scale)
