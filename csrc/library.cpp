@@ -7,8 +7,8 @@
 TORCH_LIBRARY(pyg_quant, m) {
   m.def("quantize_pack(Tensor x, Tensor lo, Tensor inv_scale, int bits, bool col_layout, Tensor? noise) -> Tensor");
   m.def(
-      "quantize_pack_ranges(Tensor x, int bits, int dim, bool col_layout, Tensor? noise, bool row_codes=False) -> "
-      "(Tensor, Tensor, Tensor, Tensor, Tensor)");
+      "quantize_pack_ranges(Tensor x, int bits, int dim, bool col_layout, Tensor? noise, bool row_codes=False, "
+      "Tensor? col_keys=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "fake_quantize(Tensor x, Tensor? lo, Tensor? hi, int bits, int dim, Tensor? noise, bool with_mask, "
       "bool random_noise=False, Generator? generator=None) -> (Tensor, Tensor)");
@@ -36,11 +36,12 @@ TORCH_LIBRARY(pyg_quant, m) {
       "Tensor? res_val, int num_rows, int num_cols, int planes) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "quant_mlp(Tensor x, Tensor[] weight_codes, Tensor[] weight_lo, Tensor[] weight_scale, Tensor[] weight_sums, "
-      "Tensor?[] bias, int[] act_bits, int[] weight_bits, bool[] relu, Tensor? row_scale=None) -> Tensor");
+      "Tensor?[] bias, int[] act_bits, int[] weight_bits, bool[] relu, Tensor? row_scale=None, "
+      "Tensor(a!)? col_keys=None) -> Tensor");
   m.def(
       "quant_mlp_planes(Tensor planes, int rows, int cols, bool col_layout, Tensor lo, Tensor scale, int dim, "
       "Tensor[] weight_codes, Tensor[] weight_lo, Tensor[] weight_scale, Tensor[] weight_sums, Tensor?[] bias, "
-      "int[] act_bits, int[] weight_bits, bool[] relu, Tensor? row_scale=None) -> Tensor");
+      "int[] act_bits, int[] weight_bits, bool[] relu, Tensor? row_scale=None, Tensor(a!)? col_keys=None) -> Tensor");
   m.def(
       "expand_csr(Tensor tile_key, Tensor row_count, Tensor entry_col, Tensor? entry_val, Tensor res_row, "
       "Tensor res_col, Tensor? res_val, int num_rows, int num_cols) -> (Tensor, Tensor, Tensor, Tensor)");

@@ -8,12 +8,15 @@
 #include <optional>
 #include <vector>
 
+#include "col_keys.h"
+
 namespace pyg_quant {
 
 constexpr int64_t kQuantMlpInt32Max = 2147483647;
 
 // The widths C_0 .. C_L of a chain whose input is a rows x cols matrix on `device` (row_scale: optional float32
-// [rows], multiplied into each output row last).  `input` names the input in the errors ("x", or "planes").
+// [rows], multiplied into each output row last; col_keys: optional int64 [2·C_L], the output's column keys, see
+// ordered_key.h).  `input` names the input in the errors ("x", or "planes").
 inline std::vector<int64_t> check_quant_mlp_layers(int64_t rows, int64_t cols, const c10::Device& device,
                                                    const char* input, at::TensorList weight_codes,
                                                    at::TensorList weight_lo, at::TensorList weight_scale,
@@ -21,7 +24,8 @@ inline std::vector<int64_t> check_quant_mlp_layers(int64_t rows, int64_t cols, c
                                                    const c10::List<std::optional<at::Tensor>>& bias,
                                                    at::IntArrayRef act_bits, at::IntArrayRef weight_bits,
                                                    const c10::List<bool>& relu,
-                                                   const std::optional<at::Tensor>& row_scale) {
+                                                   const std::optional<at::Tensor>& row_scale,
+                                                   const std::optional<at::Tensor>& col_keys) {
   const int64_t layers = static_cast<int64_t>(weight_codes.size());
   TORCH_CHECK_VALUE(layers >= 1, "weight_codes must hold at least one layer");
   const auto same_length = [&](int64_t n, const char* name) {
@@ -74,6 +78,7 @@ inline std::vector<int64_t> check_quant_mlp_layers(int64_t rows, int64_t cols, c
                       s.scalar_type(), " ", s.sizes());
     TORCH_CHECK_VALUE(s.device() == device, "row_scale is on ", s.device(), " but ", input, " is on ", device);
   }
+  check_col_keys(col_keys, widths.back(), device, "the output", input);
   return widths;
 }
 
@@ -84,11 +89,12 @@ inline std::vector<int64_t> check_quant_mlp_args(const at::Tensor& x, at::Tensor
                                                  const c10::List<std::optional<at::Tensor>>& bias,
                                                  at::IntArrayRef act_bits, at::IntArrayRef weight_bits,
                                                  const c10::List<bool>& relu,
-                                                 const std::optional<at::Tensor>& row_scale) {
+                                                 const std::optional<at::Tensor>& row_scale,
+                                                 const std::optional<at::Tensor>& col_keys) {
   TORCH_CHECK_VALUE(x.dim() == 2 && x.scalar_type() == at::kFloat, "x must be a 2-D float32 tensor, got ",
                     x.scalar_type(), " with ", x.dim(), " dimensions");
   return check_quant_mlp_layers(x.size(0), x.size(1), x.device(), "x", weight_codes, weight_lo, weight_scale,
-                                weight_sums, bias, act_bits, weight_bits, relu, row_scale);
+                                weight_sums, bias, act_bits, weight_bits, relu, row_scale, col_keys);
 }
 
 }  // namespace pyg_quant

@@ -7,6 +7,8 @@
 #include <optional>
 #include <tuple>
 
+#include "col_keys.h"
+
 namespace pyg_quant {
 
 using QuantizedRanges = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;  // planes, lo, scale, code_sums
@@ -22,12 +24,28 @@ inline void check_quantize_ranges_args(const at::Tensor& x, int64_t bits, int64_
                     "noise must be float32 with x's shape and device");
 }
 
+// quantize_pack_ranges' arguments, col_keys included: keys describe columns, so they only stand for the ranges of
+// dim 0, and only the column layout's kernel reads them.
+inline void check_quantize_ranges_args(const at::Tensor& x, int64_t bits, int64_t dim, bool col_layout,
+                                       const std::optional<at::Tensor>& noise,
+                                       const std::optional<at::Tensor>& col_keys) {
+  check_quantize_ranges_args(x, bits, dim, noise);
+  if (!col_keys.has_value()) return;
+  TORCH_CHECK_VALUE(dim == 0 && col_layout, "col_keys needs per-column ranges in the column layout (dim=0, "
+                    "col_layout=True), got dim=", dim, ", col_layout=", col_layout ? "True" : "False");
+  check_col_keys(col_keys, x.size(1), x.device(), "x", "x");
+}
+
+// lo / hi, when given, are the ranges' ends (keepdim shape) in place of x.amin(dim) / x.amax(dim).
 template <typename Pack, typename Sums>
 QuantizedRanges quantize_pack_ranges_composed(const at::Tensor& x_in, int64_t bits, int64_t dim, bool col_layout,
-                                              const std::optional<at::Tensor>& noise, Pack pack, Sums sums) {
+                                              const std::optional<at::Tensor>& noise, Pack pack, Sums sums,
+                                              const std::optional<at::Tensor>& lo_given = std::nullopt,
+                                              const std::optional<at::Tensor>& hi_given = std::nullopt) {
   check_quantize_ranges_args(x_in, bits, dim, noise);
   const at::Tensor x = x_in.contiguous();
-  const at::Tensor lo = x.amin(dim, /*keepdim=*/true), hi = x.amax(dim, /*keepdim=*/true);
+  const at::Tensor lo = lo_given ? *lo_given : x.amin(dim, /*keepdim=*/true);
+  const at::Tensor hi = hi_given ? *hi_given : x.amax(dim, /*keepdim=*/true);
   const at::Tensor scale = (hi - lo) / at::full_like(hi, static_cast<double>((1 << bits) - 1));
   const at::Tensor inv = at::where(scale > 0, at::ones_like(scale) / scale, at::zeros_like(scale));
   at::Tensor planes = pack(x, lo, inv, bits, col_layout, noise);

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <mutex>
 #include <vector>
 
 #if defined(__SSE2__)
@@ -14,6 +15,7 @@
 #endif
 
 #include "epilogue.h"
+#include "ordered_key.h"
 #include "quant_mlp_args.h"
 #include "quantize_cpu.h"
 #include "quantize_steps.h"
@@ -62,9 +64,9 @@ at::Tensor quant_mlp_cpu(const at::Tensor& x_in, at::TensorList weight_codes, at
                          at::TensorList weight_scale, at::TensorList weight_sums,
                          const c10::List<std::optional<at::Tensor>>& bias, at::IntArrayRef act_bits,
                          at::IntArrayRef weight_bits, const c10::List<bool>& relu,
-                         const std::optional<at::Tensor>& row_scale) {
+                         const std::optional<at::Tensor>& row_scale, const std::optional<at::Tensor>& col_keys) {
   const std::vector<int64_t> widths = check_quant_mlp_args(x_in, weight_codes, weight_lo, weight_scale, weight_sums,
-                                                           bias, act_bits, weight_bits, relu, row_scale);
+                                                           bias, act_bits, weight_bits, relu, row_scale, col_keys);
   const int64_t layers = static_cast<int64_t>(weight_codes.size()), rows = x_in.size(0);
   const at::Tensor x = x_in.contiguous();
   std::vector<at::Tensor> keep;  // contiguous copies live until the end
@@ -89,9 +91,13 @@ at::Tensor quant_mlp_cpu(const at::Tensor& x_in, at::TensorList weight_codes, at
   float* op = out.data_ptr<float>();
   const at::Tensor scales = row_scale.has_value() ? row_scale->contiguous() : at::Tensor();
   const float* sp = scales.defined() ? scales.data_ptr<float>() : nullptr;
+  // col_keys: each task reduces its rows' keys (max slots, then min slots) and merges them once.
+  int64_t* keys = col_keys.has_value() ? col_keys->data_ptr<int64_t>() : nullptr;
+  std::mutex keys_mutex;
   at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
     std::vector<float> buffer_a(max_width), buffer_b(max_width);
     std::vector<uint8_t> codes(max_width);
+    std::vector<uint32_t> task_keys(keys != nullptr ? 2 * out_cols : 0, 0u);
     for (int64_t r = begin; r < end; ++r) {
       const float* h = xp + r * widths[0];
       for (int64_t l = 0; l < layers; ++l) {
@@ -123,10 +129,20 @@ at::Tensor quant_mlp_cpu(const at::Tensor& x_in, at::TensorList weight_codes, at
         }
         h = next;
       }
+      float* row = op + r * out_cols;
       if (sp != nullptr) {
-        float* row = op + r * out_cols;
         for (int64_t o = 0; o < out_cols; ++o) row[o] = row[o] * sp[r];
       }
+      if (keys != nullptr) {
+        for (int64_t o = 0; o < out_cols; ++o) {
+          task_keys[o] = std::max(task_keys[o], ordered_key(row[o]));
+          task_keys[out_cols + o] = std::max(task_keys[out_cols + o], min_slot_key(row[o]));
+        }
+      }
+    }
+    if (keys != nullptr) {
+      const std::lock_guard<std::mutex> lock(keys_mutex);
+      for (int64_t i = 0; i < 2 * out_cols; ++i) keys[i] = std::max<int64_t>(keys[i], task_keys[i]);
     }
   });
   return out;
@@ -137,15 +153,16 @@ at::Tensor quant_mlp_planes_cpu(const at::Tensor& planes, int64_t rows, int64_t 
                                 at::TensorList weight_codes, at::TensorList weight_lo, at::TensorList weight_scale,
                                 at::TensorList weight_sums, const c10::List<std::optional<at::Tensor>>& bias,
                                 at::IntArrayRef act_bits, at::IntArrayRef weight_bits, const c10::List<bool>& relu,
-                                const std::optional<at::Tensor>& row_scale) {
+                                const std::optional<at::Tensor>& row_scale,
+                                const std::optional<at::Tensor>& col_keys) {
   // The definition itself: the CPU kernel reads a row from a thread-local buffer either way.  Checked first, so
   // that the errors name planes, not the dequantized x.
   check_unpack_shape(planes, rows, cols, col_layout);
   check_dequantize_ranges(planes, lo, scale, rows, cols, dim);
   check_quant_mlp_layers(rows, cols, planes.device(), "planes", weight_codes, weight_lo, weight_scale, weight_sums,
-                         bias, act_bits, weight_bits, relu, row_scale);
+                         bias, act_bits, weight_bits, relu, row_scale, col_keys);
   return quant_mlp_cpu(dequantize_cpu(planes, rows, cols, col_layout, lo, scale, dim), weight_codes, weight_lo,
-                       weight_scale, weight_sums, bias, act_bits, weight_bits, relu, row_scale);
+                       weight_scale, weight_sums, bias, act_bits, weight_bits, relu, row_scale, col_keys);
 }
 
 }  // namespace pyg_quant

@@ -10,11 +10,13 @@ namespace pyg_quant {
 // (quantize_steps.h), the exact int32 product with the uint8 weight codes [out, in], bitmm's affine epilogue
 // (epilogue.h) with bias[l] and relu[l].  Equals quantize(h, act_bits, 1, "row") + bitmm_float bit for bit; with
 // row_scale, each output row is then multiplied by its scale (one float32 multiply, as `out * row_scale[:, None]`).
+// With col_keys (int64 [2·out_cols]), the column keys (ordered_key.h) of the output as stored are max-reduced into
+// it, so that quantize_pack_ranges can take the output's per-column ranges without a pass of its own.
 at::Tensor quant_mlp_cpu(const at::Tensor& x, at::TensorList weight_codes, at::TensorList weight_lo,
                          at::TensorList weight_scale, at::TensorList weight_sums,
                          const c10::List<std::optional<at::Tensor>>& bias, at::IntArrayRef act_bits,
                          at::IntArrayRef weight_bits, const c10::List<bool>& relu,
-                         const std::optional<at::Tensor>& row_scale);
+                         const std::optional<at::Tensor>& row_scale, const std::optional<at::Tensor>& col_keys);
 
 // quant_mlp of dequantize(planes, rows, cols, col_layout, lo, scale, dim): the chain on the values of a packed
 // tensor (to_val's float32 steps), so a layer fed codes need not materialize them as floats first.
@@ -23,6 +25,6 @@ at::Tensor quant_mlp_planes_cpu(const at::Tensor& planes, int64_t rows, int64_t 
                                 at::TensorList weight_codes, at::TensorList weight_lo, at::TensorList weight_scale,
                                 at::TensorList weight_sums, const c10::List<std::optional<at::Tensor>>& bias,
                                 at::IntArrayRef act_bits, at::IntArrayRef weight_bits, const c10::List<bool>& relu,
-                                const std::optional<at::Tensor>& row_scale);
+                                const std::optional<at::Tensor>& row_scale, const std::optional<at::Tensor>& col_keys);
 
 }  // namespace pyg_quant

@@ -21,8 +21,9 @@ at::Tensor pack_row_codes_cpu(const at::Tensor& planes, int64_t cols, bool col_l
 namespace pyg_quant {
 // planes, lo, scale (one range per row for dim=1, per column for dim=0) and the planes' code sums.
 // (planes, lo, scale, code sums, row codes): the row codes (pack_row_codes of the planes) only when asked for,
-// else an empty uint8 tensor.
+// else an empty uint8 tensor.  col_keys (dim 0, column layout; csrc/ordered_key.h): the columns' extrema, in place
+// of x's own (the same result when they describe x).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_pack_ranges_cpu(
     const at::Tensor& x, int64_t bits, int64_t dim, bool col_layout, const std::optional<at::Tensor>& noise,
-    bool row_codes);
+    bool row_codes, const std::optional<at::Tensor>& col_keys);
 }  // namespace pyg_quant

@@ -12,7 +12,10 @@
 // every lane can read the whole row 16 codes at a time), the code sum by one warp reduction, the exact int32
 // product with __dp4a (u8 x u8 -> u32, at most 256·255·255 < 2^32), and bitmm's float64 epilogue (epilogue.h).
 // The last layer's rows are stored coalesced, times their row_scale when one is given (GCN's D^-1/2 folded into
-// its linear layer).
+// its linear layer).  With col_keys (ordered_key.h), the column keys of the stored values are max-reduced into it as
+// well (a warp's group of rows in registers, the block's warps in shared memory, one global atomic a column and
+// block), so that quantize_pack_ranges can take the output's per-column ranges without reading it again (GIN's and
+// GCN's requantization).  Those kernels are instantiated apart (kKeys), so the others keep their registers.
 // Nothing but the output is allocated and nothing waits on the host.
 //
 // The input is float32 rows, or (quant_mlp_planes) the codes of a packed tensor, decoded with to_val's float32 steps
@@ -31,7 +34,8 @@
 // (h, acc), reductions and code buffer (kRows × codes_stride bytes a warp).  Rows past the end (the last group
 // only) carry zeros and store nothing; a group's rows are the same on every lane, so every warp-wide intrinsic
 // still runs on the full warp.  Registers (ptxas, sm_80 / sm_90a), kChunks 1, 2, 4, 8: 56 / 64, 64 / 64, 80 / 78,
-// 126 / 126 at kRows = 4 (40, 40, 48, 48 at one row), no spills.
+// 126 / 126 at kRows = 4 (40, 40, 48, 48 at one row), no spills; the float kernels with col_keys 56 / 64, 64 / 66,
+// 80 / 80, 126 / 126.
 #include "quant_mlp_cuda.h"
 
 #include <ATen/ATen.h>
@@ -48,7 +52,7 @@
 #include "quantize_steps.h"
 #include "row_codes.h"
 #include "cuda/device_limits.h"
-#include "cuda/ordered_key.cuh"
+#include "ordered_key.h"
 
 namespace pyg_quant {
 namespace {
@@ -103,6 +107,8 @@ struct MlpArgs {
   float* out;
   const float* row_scale;  // nullptr: none
   int64_t rows;
+  unsigned long long* col_keys;  // nullptr: none; else the output's column keys, max-reduced (ordered_key.h)
+  int keys_offset;               // the block's own [2 · out_cols] uint32 column keys in shared memory
 };
 
 // Rows r0 .. r0 + kRows - 1 of the chain's input into h (lane: columns lane, lane + 32, ...); rows past args.rows and
@@ -162,12 +168,15 @@ __device__ __forceinline__ void load_rows(const MlpArgs& args, const unsigned ch
 }
 
 // The code-input kernels at one chunk ask for 4 resident blocks (64 registers): ptxas's own choice was 48 with
-// 8-12 bytes of spills on sm_90a.  0 leaves the choice to ptxas (the float kernels: no spills).
-constexpr int quant_mlp_min_blocks(int chunks, int input) { return input != kFloatInput && chunks == 1 ? 4 : 0; }
+// 8-12 bytes of spills on sm_90a.  The float kernel at four chunks with col_keys asks for 3 (80 registers, as
+// without them): ptxas's own choice was 94 on sm_90a, one block less.  0 leaves the choice to ptxas (no spills).
+constexpr int quant_mlp_min_blocks(int chunks, int input, bool keys) {
+  return input != kFloatInput && chunks == 1 ? 4 : keys && input == kFloatInput && chunks == 4 ? 3 : 0;
+}
 
 // kChunks: values per lane (every width <= 32·kChunks); kRows: rows a warp carries at a time; kInput: InputKind.
-template <int kChunks, int kRows, int kInput>
-__global__ void __launch_bounds__(kThreads, quant_mlp_min_blocks(kChunks, kInput)) quant_mlp_kernel(const __grid_constant__ MlpArgs args) {
+template <int kChunks, int kRows, int kInput, bool kKeys>
+__global__ void __launch_bounds__(kThreads, quant_mlp_min_blocks(kChunks, kInput, kKeys)) quant_mlp_kernel(const __grid_constant__ MlpArgs args) {
   static_assert(kRows <= 32, "lane i forms row i's range");
   static_assert(kInput != kColPlanesInput || kWarps * kRows == 32, "a block's rows are one word of every column");
   extern __shared__ __align__(16) unsigned char smem[];
@@ -216,6 +225,10 @@ __global__ void __launch_bounds__(kThreads, quant_mlp_min_blocks(kChunks, kInput
       sums[o] = static_cast<double>(L.sums[o]);
     }
   }
+  if constexpr (kKeys) {  // the block's column keys start at "nothing seen"
+    uint32_t* block_keys = reinterpret_cast<uint32_t*>(smem + args.keys_offset);
+    for (int i = threadIdx.x; i < 2 * args.layer[args.layers - 1].out; i += kThreads) block_keys[i] = 0;
+  }
   __syncthreads();
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -259,7 +272,7 @@ __global__ void __launch_bounds__(kThreads, quant_mlp_min_blocks(kChunks, kInput
 #pragma unroll
         for (int j = 0; j < kChunks; ++j) {
           if (lane + 32 * j < in) {
-            const unsigned key = cuda::ordered_key(h[i][j]);
+            const unsigned key = ordered_key(h[i][j]);
             key_min = min(key_min, key);
             key_max = max(key_max, key);
           }
@@ -267,9 +280,9 @@ __global__ void __launch_bounds__(kThreads, quant_mlp_min_blocks(kChunks, kInput
         key_min = __reduce_min_sync(kFullMask, key_min);
         key_max = __reduce_max_sync(kFullMask, key_max);
         if (lane == i) {
-          const bool nan = key_max > cuda::ordered_key(INFINITY) || key_min < cuda::ordered_key(-INFINITY);
-          mn = nan ? __int_as_float(0x7fffffff) : cuda::from_ordered_key(key_min);
-          mx = nan ? __int_as_float(0x7fffffff) : cuda::from_ordered_key(key_max);
+          const bool nan = key_max > ordered_key(INFINITY) || key_min < ordered_key(-INFINITY);
+          mn = nan ? __int_as_float(0x7fffffff) : from_ordered_key(key_min);
+          mx = nan ? __int_as_float(0x7fffffff) : from_ordered_key(key_max);
         }
       }
       const Range own = range_of(mn, mx, max_code);
@@ -353,14 +366,48 @@ __global__ void __launch_bounds__(kThreads, quant_mlp_min_blocks(kChunks, kInput
 #pragma unroll
     for (int i = 0; i < kRows; ++i) {
       const float scale = __shfl_sync(kFullMask, own_scale, i);
+      if constexpr (kKeys) {  // the values stored, kept for their keys
+#pragma unroll
+        for (int j = 0; j < kChunks; ++j) h[i][j] = __fmul_rn(h[i][j], scale);
+      }
       if (r0 + i < args.rows) {
         float* out_row = args.out + (r0 + i) * out_cols;
 #pragma unroll
         for (int j = 0; j < kChunks; ++j) {
           const int c = lane + 32 * j;
-          if (c < out_cols) out_row[c] = __fmul_rn(h[i][j], scale);
+          if (c < out_cols) out_row[c] = kKeys ? h[i][j] : __fmul_rn(h[i][j], scale);
         }
       }
+    }
+    if constexpr (kKeys) {
+      // The column keys of the values just stored: the group's rows reduced in registers (rows past args.rows by
+      // selects: branches there took up to 30 more registers on sm_90a), then one shared atomic a column and slot.
+      uint32_t* block_keys = reinterpret_cast<uint32_t*>(smem + args.keys_offset);
+#pragma unroll
+      for (int j = 0; j < kChunks; ++j) {
+        uint32_t key_max = 0, key_min = 0;
+#pragma unroll
+        for (int i = 0; i < kRows; ++i) {
+          const bool live = r0 + i < args.rows;
+          key_max = max(key_max, live ? ordered_key(h[i][j]) : 0u);
+          key_min = max(key_min, live ? min_slot_key(h[i][j]) : 0u);
+        }
+        const int c = lane + 32 * j;
+        if (c < out_cols) {
+          atomicMax(block_keys + c, key_max);
+          atomicMax(block_keys + out_cols + c, key_min);
+        }
+      }
+    }
+  }
+  if constexpr (kKeys) {
+    // Every warp is past its last group (no return above), so the block's keys are complete: one global atomic a
+    // column and slot (a zero slot saw nothing).
+    __syncthreads();
+    const uint32_t* block_keys = reinterpret_cast<const uint32_t*>(smem + args.keys_offset);
+    for (int i = threadIdx.x; i < 2 * out_cols; i += kThreads) {
+      const uint32_t key = block_keys[i];
+      if (key != 0) atomicMax(args.col_keys + i, static_cast<unsigned long long>(key));
     }
   }
 }
@@ -374,7 +421,8 @@ at::Tensor launch_quant_mlp(MlpInput input, int kind, const char* input_name, in
                             const at::TensorOptions& options, at::TensorList weight_codes, at::TensorList weight_lo,
                             at::TensorList weight_scale, at::TensorList weight_sums,
                             const c10::List<std::optional<at::Tensor>>& bias, at::IntArrayRef act_bits,
-                            const c10::List<bool>& relu, const std::optional<at::Tensor>& row_scale) {
+                            const c10::List<bool>& relu, const std::optional<at::Tensor>& row_scale,
+                            const std::optional<at::Tensor>& col_keys) {
   const int64_t layers = static_cast<int64_t>(weight_codes.size());
   TORCH_CHECK_VALUE(layers <= kQuantMlpMaxLayers, "weight_codes: the CUDA kernel takes at most ",
                     kQuantMlpMaxLayers, " layers, got ", layers);
@@ -435,6 +483,11 @@ at::Tensor launch_quant_mlp(MlpInput input, int kind, const char* input_name, in
     keep.push_back(row_scale->contiguous());
     args.row_scale = keep.back().data_ptr<float>();
   }
+  if (col_keys.has_value()) {  // checked: int64 [2 · out_cols], contiguous, on the device
+    args.col_keys = reinterpret_cast<unsigned long long*>(col_keys->data_ptr<int64_t>());
+    args.keys_offset = smem;
+    smem += 2 * static_cast<int>(widths.back()) * 4;
+  }
   args.rows = rows;
   if (rows == 0) return out;
 
@@ -457,12 +510,20 @@ at::Tensor launch_quant_mlp(MlpInput input, int kind, const char* input_name, in
   const auto launch_input = [&](auto chunks_tag) {
     constexpr int kChunks = decltype(chunks_tag)::value;
     constexpr int kRows = rows_per_warp(kChunks);
+    const auto launch_keys = [&](auto input_tag) {
+      constexpr int kInput = decltype(input_tag)::value;
+      if (args.col_keys != nullptr) {
+        launch(quant_mlp_kernel<kChunks, kRows, kInput, true>);
+      } else {
+        launch(quant_mlp_kernel<kChunks, kRows, kInput, false>);
+      }
+    };
     if (kind == kColPlanesInput) {
-      launch(quant_mlp_kernel<kChunks, kRows, kColPlanesInput>);
+      launch_keys(std::integral_constant<int, kColPlanesInput>{});
     } else if (kind == kRowPlanesInput) {
-      launch(quant_mlp_kernel<kChunks, kRows, kRowPlanesInput>);
+      launch_keys(std::integral_constant<int, kRowPlanesInput>{});
     } else {
-      launch(quant_mlp_kernel<kChunks, kRows, kFloatInput>);
+      launch_keys(std::integral_constant<int, kFloatInput>{});
     }
   };
   if (chunks == 1) {
@@ -483,15 +544,15 @@ at::Tensor quant_mlp_cuda(const at::Tensor& x_in, at::TensorList weight_codes, a
                           at::TensorList weight_scale, at::TensorList weight_sums,
                           const c10::List<std::optional<at::Tensor>>& bias, at::IntArrayRef act_bits,
                           at::IntArrayRef weight_bits, const c10::List<bool>& relu,
-                          const std::optional<at::Tensor>& row_scale) {
+                          const std::optional<at::Tensor>& row_scale, const std::optional<at::Tensor>& col_keys) {
   const std::vector<int64_t> widths = check_quant_mlp_args(x_in, weight_codes, weight_lo, weight_scale, weight_sums,
-                                                           bias, act_bits, weight_bits, relu, row_scale);
+                                                           bias, act_bits, weight_bits, relu, row_scale, col_keys);
   c10::cuda::CUDAGuard guard(x_in.device());
   const at::Tensor x = x_in.contiguous();
   MlpInput input{};
   input.x = x.data_ptr<float>();
   return launch_quant_mlp(input, kFloatInput, "x", x.size(0), widths, x.options(), weight_codes, weight_lo,
-                          weight_scale, weight_sums, bias, act_bits, relu, row_scale);
+                          weight_scale, weight_sums, bias, act_bits, relu, row_scale, col_keys);
 }
 
 at::Tensor quant_mlp_planes_cuda(const at::Tensor& planes_in, int64_t rows, int64_t cols, bool col_layout,
@@ -499,12 +560,13 @@ at::Tensor quant_mlp_planes_cuda(const at::Tensor& planes_in, int64_t rows, int6
                                  at::TensorList weight_codes, at::TensorList weight_lo, at::TensorList weight_scale,
                                  at::TensorList weight_sums, const c10::List<std::optional<at::Tensor>>& bias,
                                  at::IntArrayRef act_bits, at::IntArrayRef weight_bits, const c10::List<bool>& relu,
-                                 const std::optional<at::Tensor>& row_scale) {
+                                 const std::optional<at::Tensor>& row_scale,
+                                 const std::optional<at::Tensor>& col_keys) {
   check_unpack_shape(planes_in, rows, cols, col_layout);
   check_dequantize_ranges(planes_in, lo_in, scale_in, rows, cols, dim);
   const std::vector<int64_t> widths =
       check_quant_mlp_layers(rows, cols, planes_in.device(), "planes", weight_codes, weight_lo, weight_scale,
-                             weight_sums, bias, act_bits, weight_bits, relu, row_scale);
+                             weight_sums, bias, act_bits, weight_bits, relu, row_scale, col_keys);
   c10::cuda::CUDAGuard guard(planes_in.device());
   const at::Tensor planes = planes_in.contiguous(), lo = lo_in.contiguous(), scale = scale_in.contiguous();
   MlpInput input{};
@@ -517,7 +579,7 @@ at::Tensor quant_mlp_planes_cuda(const at::Tensor& planes_in, int64_t rows, int6
   input.dim = static_cast<int>(dim);
   return launch_quant_mlp(input, col_layout ? kColPlanesInput : kRowPlanesInput, "planes", rows, widths,
                           planes.options().dtype(at::kFloat), weight_codes, weight_lo, weight_scale, weight_sums,
-                          bias, act_bits, relu, row_scale);
+                          bias, act_bits, relu, row_scale, col_keys);
 }
 
 }  // namespace pyg_quant

@@ -15,7 +15,7 @@ at::Tensor quant_mlp_cuda(const at::Tensor& x, at::TensorList weight_codes, at::
                           at::TensorList weight_scale, at::TensorList weight_sums,
                           const c10::List<std::optional<at::Tensor>>& bias, at::IntArrayRef act_bits,
                           at::IntArrayRef weight_bits, const c10::List<bool>& relu,
-                          const std::optional<at::Tensor>& row_scale);
+                          const std::optional<at::Tensor>& row_scale, const std::optional<at::Tensor>& col_keys);
 
 // quant_mlp of dequantize(planes, ...) in the same launch: the first layer decodes the codes itself.
 at::Tensor quant_mlp_planes_cuda(const at::Tensor& planes, int64_t rows, int64_t cols, bool col_layout,
@@ -23,6 +23,6 @@ at::Tensor quant_mlp_planes_cuda(const at::Tensor& planes, int64_t rows, int64_t
                                  at::TensorList weight_codes, at::TensorList weight_lo, at::TensorList weight_scale,
                                  at::TensorList weight_sums, const c10::List<std::optional<at::Tensor>>& bias,
                                  at::IntArrayRef act_bits, at::IntArrayRef weight_bits, const c10::List<bool>& relu,
-                                 const std::optional<at::Tensor>& row_scale);
+                                 const std::optional<at::Tensor>& row_scale, const std::optional<at::Tensor>& col_keys);
 
 }  // namespace pyg_quant

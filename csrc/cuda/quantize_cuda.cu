@@ -8,7 +8,7 @@
 #include "quantize_ranges.h"
 #include "quantize_steps.h"
 #include "row_codes.h"
-#include "cuda/ordered_key.cuh"
+#include "ordered_key.h"
 
 #include <ATen/ATen.h>
 #include <type_traits>
@@ -349,16 +349,10 @@ __global__ void quantize_pack_row_ranges_kernel(const float* __restrict__ x, con
   }
 }
 
-// Per-column ranges in two passes.  Pass 1 reduces column minima and maxima into order-preserving unsigned
-// encodings with atomicMax (max: the encoding itself; min: its complement), so the result does not depend on
-// the order of the atomics; a buffer of zeros stands for "nothing seen yet", below every encoded value.
-// A positive NaN encodes above +inf and a negative one's complement above every other, so any NaN reaches the
-// maximum or the minimum, and pass 2 then makes both NaN, as amin/amax do.
-__device__ __forceinline__ unsigned long long ordered_bits(float v) { return cuda::ordered_key(v); }
-
-__device__ __forceinline__ float from_ordered_bits(unsigned long long e) {
-  return cuda::from_ordered_key(static_cast<uint32_t>(e));
-}
+// Per-column ranges in two passes.  Pass 1 reduces each column's extrema into its column keys (ordered_key.h) with
+// atomicMax, so the result does not depend on the order of the atomics; pass 2 decodes them (a NaN anywhere makes
+// both ends NaN, as amin/amax do).  A caller that has the keys already (quant_mlp's col_keys, made as its kernel
+// stores the values) skips pass 1.
 
 // Pass 1 (column layout): extrema of 32 columns over 256-row slabs, one atomic per column and block.  (16 loads in
 // flight a thread over 128-row slabs measured slower in the e2e batch, 5.2 against 4.5 us on 32,000 x 64 on an H100:
@@ -376,9 +370,9 @@ __global__ void column_extrema_kernel(const float* __restrict__ x, int64_t rows,
     const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kRangeWarps * kRangeRowsPerThread;
     const int64_t r_end = min(rows, r0 + kRangeWarps * kRangeRowsPerThread);
     for (int64_t r = r0 + ty; r < r_end; r += kRangeWarps) {
-      const unsigned long long e = ordered_bits(x[r * cols + c]);
-      hi = max(hi, e);
-      lo = max(lo, 0xffffffffull ^ e);
+      const float v = x[r * cols + c];
+      hi = max(hi, static_cast<unsigned long long>(ordered_key(v)));
+      lo = max(lo, static_cast<unsigned long long>(min_slot_key(v)));
     }
   }
   block_max[ty][tx] = hi;
@@ -417,8 +411,8 @@ __global__ void __launch_bounds__(256) quantize_pack_col_ranges_kernel(
   const bool live_col = c < cols;
   Range range{0.0f, 0.0f, 0.0f};
   if (live_col) {
-    float mn = from_ordered_bits(0xffffffffull ^ min_bits[c]), mx = from_ordered_bits(max_bits[c]);
-    if (mn != mn || mx != mx) mn = mx = NAN;
+    float mn, mx;
+    column_extrema(max_bits[c], min_bits[c], mn, mx);
     range = range_of(mn, mx, kMaxCode);
     if (blockIdx.x == 0 && ty == 0) {
       lo_out[c] = range.lo;
@@ -648,10 +642,11 @@ namespace {
 
 // Ranges per column, codes in column layout (the layers' features before A·X): three launches (zeros for the
 // reductions and sums, extrema, quantize + pack + sums, and the row codes when asked for) in place of amin, amax,
-// the range arithmetic, the pack, the sums and pack_row_codes.
-QuantizedRangesAndRowCodes quantize_pack_col_ranges(
-    const at::Tensor& x_in, int64_t bits, const std::optional<at::Tensor>& noise_in, bool want_row_codes) {
-  check_quantize_ranges_args(x_in, bits, 0, noise_in);
+// the range arithmetic, the pack, the sums and pack_row_codes.  Given col_keys, the extrema are read from them:
+// the zeros are the sums' alone and the extrema pass is skipped.
+QuantizedRangesAndRowCodes quantize_pack_col_ranges(const at::Tensor& x_in, int64_t bits,
+                                                    const std::optional<at::Tensor>& noise_in, bool want_row_codes,
+                                                    const std::optional<at::Tensor>& col_keys) {
   const c10::cuda::CUDAGuard guard(x_in.device());
   const auto x = x_in.contiguous();
   const auto noise = noise_in ? noise_in->contiguous() : at::Tensor();
@@ -661,26 +656,31 @@ QuantizedRangesAndRowCodes quantize_pack_col_ranges(
   auto lo = at::empty({cols}, x.options()), scale = at::empty({cols}, x.options());
   const int64_t row_bytes = row_code_bytes(cols, bits);
   auto codes = want_row_codes ? at::empty({words * 32, row_bytes}, x.options().dtype(at::kByte)) : no_row_codes(x);
-  // One zeroed buffer: code sums (padded columns stay 0), then the encoded maxima and minima.
-  auto scratch = at::zeros({outer_pad + 2 * cols}, x.options().dtype(at::kLong));
+  // One zeroed buffer: code sums (padded columns stay 0), then (without col_keys) the encoded maxima and minima.
+  auto scratch = at::zeros({outer_pad + (col_keys ? 0 : 2 * cols)}, x.options().dtype(at::kLong));
   auto* sums = reinterpret_cast<unsigned long long*>(scratch.data_ptr<int64_t>());
+  const unsigned long long* max_bits =
+      col_keys ? reinterpret_cast<const unsigned long long*>(col_keys->data_ptr<int64_t>()) : sums + outer_pad;
+  const unsigned long long* min_bits = max_bits + cols;
   const auto stream = c10::cuda::getCurrentCUDAStream();
   const int64_t col_blocks = (cols + kRangeCols - 1) / kRangeCols;
   TORCH_CHECK_VALUE(col_blocks <= 65535 && outer_pad / 32 <= 65535, "too many columns for one launch");
-  const dim3 extrema_grid((rows + kRangeWarps * kRangeRowsPerThread - 1) / (kRangeWarps * kRangeRowsPerThread),
-                          col_blocks);
-  TORCH_CHECK_VALUE(extrema_grid.x <= 2147483647u, "too many rows for one launch");
-  column_extrema_kernel<<<extrema_grid, dim3(kRangeCols, kRangeWarps), 0, stream>>>(
-      x.data_ptr<float>(), rows, cols, sums + outer_pad, sums + outer_pad + cols);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (!col_keys) {
+    const dim3 extrema_grid((rows + kRangeWarps * kRangeRowsPerThread - 1) / (kRangeWarps * kRangeRowsPerThread),
+                            col_blocks);
+    TORCH_CHECK_VALUE(extrema_grid.x <= 2147483647u, "too many rows for one launch");
+    column_extrema_kernel<<<extrema_grid, dim3(kRangeCols, kRangeWarps), 0, stream>>>(
+        x.data_ptr<float>(), rows, cols, sums + outer_pad, sums + outer_pad + cols);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
   const int64_t slab_blocks = (words + kColSlabs - 1) / kColSlabs;
   TORCH_CHECK_VALUE(slab_blocks <= 2147483647, "too many rows for one launch");
   const dim3 grid(static_cast<unsigned>(slab_blocks), outer_pad / 32);
   dispatch_bits(bits, [&](auto bits_tag) {
     quantize_pack_col_ranges_kernel<decltype(bits_tag)::value><<<grid, dim3(32, 8), 0, stream>>>(
-        x.data_ptr<float>(), noise.defined() ? noise.data_ptr<float>() : nullptr, rows, cols, words,
-        sums + outer_pad, sums + outer_pad + cols, reinterpret_cast<uint32_t*>(planes.data_ptr<int32_t>()),
-        outer_pad * words, lo.data_ptr<float>(), scale.data_ptr<float>(), sums,
+        x.data_ptr<float>(), noise.defined() ? noise.data_ptr<float>() : nullptr, rows, cols, words, max_bits,
+        min_bits, reinterpret_cast<uint32_t*>(planes.data_ptr<int32_t>()), outer_pad * words, lo.data_ptr<float>(),
+        scale.data_ptr<float>(), sums,
         want_row_codes ? reinterpret_cast<uint32_t*>(codes.data_ptr<uint8_t>()) : nullptr, row_bytes / 4);
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -691,14 +691,14 @@ QuantizedRangesAndRowCodes quantize_pack_col_ranges(
 
 QuantizedRangesAndRowCodes quantize_pack_ranges_cuda(
     const at::Tensor& x_in, int64_t bits, int64_t dim, bool col_layout, const std::optional<at::Tensor>& noise_in,
-    bool row_codes) {
-  if (dim == 0 && col_layout) return quantize_pack_col_ranges(x_in, bits, noise_in, row_codes);
+    bool row_codes, const std::optional<at::Tensor>& col_keys) {
+  check_quantize_ranges_args(x_in, bits, dim, col_layout, noise_in, col_keys);
+  if (dim == 0 && col_layout) return quantize_pack_col_ranges(x_in, bits, noise_in, row_codes, col_keys);
   if (dim != 1 || col_layout) {
     return with_row_codes(quantize_pack_ranges_composed(x_in, bits, dim, col_layout, noise_in, quantize_pack_cuda,
                                                         packed_code_sums_cuda),
                           x_in.size(1), col_layout, row_codes, pack_row_codes_cuda);
   }
-  check_quantize_ranges_args(x_in, bits, dim, noise_in);
   const c10::cuda::CUDAGuard guard(x_in.device());
   const auto x = x_in.contiguous();
   const auto noise = noise_in ? noise_in->contiguous() : at::Tensor();

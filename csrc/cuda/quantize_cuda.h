@@ -16,9 +16,10 @@ at::Tensor dequantize_cuda(const at::Tensor& planes, int64_t rows, int64_t cols,
 at::Tensor pack_row_codes_cuda(const at::Tensor& planes, int64_t cols, bool col_layout);
 at::Tensor packed_code_sums_cuda(const at::Tensor& planes);
 // (planes, lo, scale, code sums, row codes): the row codes (pack_row_codes of the planes) only when asked for,
-// else an empty uint8 tensor.
+// else an empty uint8 tensor.  col_keys (dim 0, column layout; csrc/ordered_key.h): the columns' extrema, in place
+// of a pass over x.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_pack_ranges_cuda(
     const at::Tensor& x, int64_t bits, int64_t dim, bool col_layout, const std::optional<at::Tensor>& noise,
-    bool row_codes);
+    bool row_codes, const std::optional<at::Tensor>& col_keys);
 
 }  // namespace pyg_quant

@@ -21,11 +21,11 @@ def quantize_pack(x, lo, inv_scale, bits: int, col_layout: bool, noise: Optional
 
 
 def quantize_pack_ranges(x, bits: int, dim: int, col_layout: bool, noise: Optional[torch.Tensor] = None,
-                         row_codes: bool = False):
+                         row_codes: bool = False, col_keys: Optional[torch.Tensor] = None):
     """``(planes, lo, scale, code_sums, row_codes)``: see :func:`reference.quantize_pack_ranges`."""
     if use_compiled("quantize_pack_ranges", x.device):
-        return torch.ops.pyg_quant.quantize_pack_ranges(x, bits, dim, col_layout, noise, row_codes)
-    return reference.quantize_pack_ranges(x, bits, dim, col_layout, noise, row_codes)
+        return torch.ops.pyg_quant.quantize_pack_ranges(x, bits, dim, col_layout, noise, row_codes, col_keys)
+    return reference.quantize_pack_ranges(x, bits, dim, col_layout, noise, row_codes, col_keys)
 
 
 def fake_quantize(x, lo: Optional[torch.Tensor], hi: Optional[torch.Tensor], bits: int, dim: int,
@@ -114,22 +114,23 @@ def expand_tiles(tile_key, row_count, entry_col, entry_val, res_row, res_val, nu
 
 
 def quant_mlp(x, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits, weight_bits, relu,
-              row_scale=None):
-    """A chain of QuantLinear bit layers in one op (see :func:`reference.quant_mlp` for the definition)."""
+              row_scale=None, col_keys=None):
+    """A chain of QuantLinear bit layers in one op (see :func:`reference.quant_mlp` for the definition); with
+    ``col_keys``, the output's column keys are max-reduced into it in place (see :func:`reference.col_keys_of`)."""
     args = (x, list(weight_codes), list(weight_lo), list(weight_scale), list(weight_sums), list(bias),
-            [int(b) for b in act_bits], [int(b) for b in weight_bits], [bool(r) for r in relu], row_scale)
+            [int(b) for b in act_bits], [int(b) for b in weight_bits], [bool(r) for r in relu], row_scale, col_keys)
     if use_compiled("quant_mlp", x.device):
         return torch.ops.pyg_quant.quant_mlp(*args)
     return reference.quant_mlp(*args)
 
 
 def quant_mlp_planes(planes, rows: int, cols: int, col_layout: bool, lo, scale, dim: int, weight_codes, weight_lo,
-                     weight_scale, weight_sums, bias, act_bits, weight_bits, relu, row_scale=None):
+                     weight_scale, weight_sums, bias, act_bits, weight_bits, relu, row_scale=None, col_keys=None):
     """:func:`quant_mlp` of :func:`dequantize` ``(planes, rows, cols, col_layout, lo, scale, dim)`` in one op (the GPU
     kernel decodes the codes as it loads the rows)."""
     args = (planes, int(rows), int(cols), bool(col_layout), lo, scale, int(dim), list(weight_codes), list(weight_lo),
             list(weight_scale), list(weight_sums), list(bias), [int(b) for b in act_bits],
-            [int(b) for b in weight_bits], [bool(r) for r in relu], row_scale)
+            [int(b) for b in weight_bits], [bool(r) for r in relu], row_scale, col_keys)
     if use_compiled("quant_mlp_planes", planes.device):
         return torch.ops.pyg_quant.quant_mlp_planes(*args)
     return reference.quant_mlp_planes(*args)
@@ -158,7 +159,7 @@ if LOADED:
         return planes.new_empty((nodes, row_code_bytes(cols, planes.shape[0])), dtype=torch.uint8)
 
     @torch.library.register_fake("pyg_quant::quantize_pack_ranges")
-    def _(x, bits, dim, col_layout, noise, row_codes=False):
+    def _(x, bits, dim, col_layout, noise, row_codes=False, col_keys=None):
         outer, packed = (x.shape[1], x.shape[0]) if col_layout else (x.shape[0], x.shape[1])
         ranges = x.shape[0] if dim == 1 else x.shape[1]
         planes = x.new_empty((bits, padded_outer(outer), packed_words(packed)), dtype=torch.int32)
@@ -223,13 +224,15 @@ if LOADED:
                 tile_key.new_empty((planes, tiles, 16, 8)), tile_key.new_empty((num_rows + 1,), dtype=torch.int64),
                 tile_key.new_empty((num_rows,), dtype=torch.int64))
 
+    # col_keys (mutated in place, annotated in the schema) needs no fake of its own.
     @torch.library.register_fake("pyg_quant::quant_mlp")
-    def _(x, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits, weight_bits, relu, row_scale=None):
+    def _(x, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits, weight_bits, relu, row_scale=None,
+          col_keys=None):
         return x.new_empty((x.shape[0], weight_codes[-1].shape[0]), dtype=torch.float32)
 
     @torch.library.register_fake("pyg_quant::quant_mlp_planes")
     def _(planes, rows, cols, col_layout, lo, scale, dim, weight_codes, weight_lo, weight_scale, weight_sums, bias,
-          act_bits, weight_bits, relu, row_scale=None):
+          act_bits, weight_bits, relu, row_scale=None, col_keys=None):
         return planes.new_empty((rows, weight_codes[-1].shape[0]), dtype=torch.float32)
 
     @torch.library.register_fake("pyg_quant::expand_csr")

@@ -285,12 +285,61 @@ def expand_csr(tile_key, row_count, entry_col, entry_val, res_row, res_col, res_
     return res_ptr, cols.to(torch.int32), out_val, row_sums
 
 
+# --- column keys (csrc/ordered_key.h) -------------------------------------------------------
+def ordered_keys(x: torch.Tensor) -> torch.Tensor:
+    """The order-preserving uint32 key of each float32 of ``x`` (as int64): ``a < b`` gives ``key(a) < key(b)``,
+    -0 sorts below +0, a positive NaN keys above +inf and a negative one below -inf."""
+    bits = x.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    return torch.where(bits >= 2**31, bits ^ 0xFFFFFFFF, bits | 0x80000000)
+
+
+def _from_ordered_keys(keys: torch.Tensor) -> torch.Tensor:
+    bits = torch.where(keys >= 2**31, keys & 0x7FFFFFFF, keys ^ 0xFFFFFFFF)
+    return _to_int32_words(bits).view(torch.float32)
+
+
+def col_keys_of(x: torch.Tensor) -> torch.Tensor:
+    """The column keys of a 2-D float32 ``x`` with at least one row: int64 ``[2·cols]``, the max over each column of
+    its values' keys, then the max of their complements ``0xffffffff ^ key`` (so that one max reduces both ends)."""
+    keys = ordered_keys(x)
+    return torch.cat([keys.amax(0), (keys ^ 0xFFFFFFFF).amax(0)])
+
+
+def extrema_from_col_keys(col_keys: torch.Tensor):
+    """``(lo, hi)`` ``[1, cols]`` that column keys describe: ``x.amin(0)``, ``x.amax(0)`` for the keys of ``x``,
+    both NaN in a column that holds a NaN."""
+    cols = col_keys.numel() // 2
+    hi = _from_ordered_keys(col_keys[:cols])
+    lo = _from_ordered_keys(col_keys[cols:] ^ 0xFFFFFFFF)
+    nan = torch.isnan(lo) | torch.isnan(hi)
+    lo, hi = lo.masked_fill(nan, float("nan")), hi.masked_fill(nan, float("nan"))
+    return lo.view(1, cols), hi.view(1, cols)
+
+
+def check_col_keys(col_keys: torch.Tensor, cols: int, device: torch.device, columns_of: str, name: str) -> None:
+    if col_keys.dtype != torch.int64 or col_keys.dim() != 1 or col_keys.numel() != 2 * cols:
+        raise ValueError(f"col_keys must be int64 [{2 * cols}] (two keys per column of {columns_of}), got "
+                         f"{col_keys.dtype} {tuple(col_keys.shape)}")
+    if col_keys.device != device:
+        raise ValueError(f"col_keys is on {col_keys.device} but {name} is on {device}")
+    if not col_keys.is_contiguous():
+        raise ValueError("col_keys must be contiguous")
+
+
 def quantize_pack_ranges(x, bits: int, dim: int, col_layout: bool, noise: Optional[torch.Tensor] = None,
-                         row_codes: bool = False):
+                         row_codes: bool = False, col_keys: Optional[torch.Tensor] = None):
     """``to_bit``'s ranges along ``dim`` (one per row for 1, per column for 0), the packed codes, their sums and,
     when ``row_codes``, the packed row codes (:func:`pack_row_codes`; else an empty uint8 tensor):
-    ``(planes, lo, scale, code_sums, row_codes)``."""
-    lo, hi = x.amin(dim, keepdim=True), x.amax(dim, keepdim=True)
+    ``(planes, lo, scale, code_sums, row_codes)``.  ``col_keys`` (dim 0, column layout only): the columns' extrema
+    as :func:`col_keys_of` gives them, in place of x's own (the same result when they describe ``x``)."""
+    if col_keys is not None:
+        if dim != 0 or not col_layout:
+            raise ValueError(f"col_keys needs per-column ranges in the column layout (dim=0, col_layout=True), got "
+                             f"dim={dim}, col_layout={col_layout}")
+        check_col_keys(col_keys, x.size(1), x.device, "x", "x")
+        lo, hi = extrema_from_col_keys(col_keys)
+    else:
+        lo, hi = x.amin(dim, keepdim=True), x.amax(dim, keepdim=True)
     scale = (hi - lo) / torch.full_like(hi, float(2**bits - 1))
     inv_scale = torch.where(scale > 0, torch.ones_like(scale) / scale, torch.zeros_like(scale))
     planes = quantize_pack(x, lo, inv_scale, bits, col_layout, noise)
@@ -394,14 +443,15 @@ def mse_search(x, lo, hi, dim: int, grid, fake, keep: Optional[torch.Tensor] = N
 
 
 def quant_mlp(x, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits, weight_bits, relu,
-              row_scale=None):
+              row_scale=None, col_keys=None):
     r"""A chain of QuantLinear bit layers: for each layer ``l``, ``h`` quantized per row to ``act_bits[l]``
     (the float32 steps of :func:`pyg_quant.to_bit`), the exact code product with ``weight_codes[l]``
     (``[out, in]`` uint8, one range ``weight_lo/weight_scale[l]`` per output channel, code sums
     ``weight_sums[l]``), :func:`bitmm_affine` with ``bias[l]`` and ``relu[l]``.  This is
     ``quantize(h, act_bits[l], 1, "row")`` followed by ``bitmm_float`` (what ``QuantLinear`` runs), written
     with this module's ops; ``weight_bits`` only bounds the codes (the product must fit in int32).  With
-    ``row_scale`` (float32 ``[rows]``), each output row is then multiplied by its scale in float32.
+    ``row_scale`` (float32 ``[rows]``), each output row is then multiplied by its scale in float32.  With
+    ``col_keys`` (int64 ``[2·out]``), the output's :func:`col_keys_of` is max-reduced into it in place.
     """
     if len(weight_codes) < 1:
         raise ValueError("weight_codes must hold at least one layer")
@@ -424,13 +474,17 @@ def quant_mlp(x, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_b
             raise ValueError(f"row_scale must be float32 [{h.size(0)}] (one scale per row of x), got "
                              f"{row_scale.dtype} {tuple(row_scale.shape)}")
         h = h * row_scale.view(-1, 1)
+    if col_keys is not None:
+        check_col_keys(col_keys, h.size(1), x.device, "the output", "x")
+        if h.size(0) > 0:
+            torch.maximum(col_keys, col_keys_of(h), out=col_keys)
     return h
 
 
 def quant_mlp_planes(planes, rows, cols, col_layout, lo, scale, dim, weight_codes, weight_lo, weight_scale,
-                     weight_sums, bias, act_bits, weight_bits, relu, row_scale=None):
+                     weight_sums, bias, act_bits, weight_bits, relu, row_scale=None, col_keys=None):
     r""":func:`quant_mlp` on the values of a packed tensor: ``quant_mlp(dequantize(planes, rows, cols, col_layout,
     lo, scale, dim), ...)``."""
     x = dequantize(planes, rows, cols, col_layout, lo, scale, dim)
     return quant_mlp(x, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits, weight_bits, relu,
-                     row_scale)
+                     row_scale, col_keys)
