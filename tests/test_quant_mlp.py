@@ -265,7 +265,7 @@ def gin_graph(n=300, d=64, seed=0, device="cpu"):
 
 def unfused(monkeypatch, conv, *args):
     with monkeypatch.context() as m:
-        m.setattr(qgin_module, "run_fused_mlp", lambda module, x: None)
+        m.setattr(qgin_module, "run_fused_mlp", lambda module, x, col_keys=False: None)
         m.setattr(QuantLinear, "_fusable", lambda self: False)
         return conv(*args)
 
@@ -386,7 +386,7 @@ def test_qgcn_conv_folds_its_normalization_into_the_linear_layer(monkeypatch, de
             got = conv(features, adj)
             assert scaled == [True]
             with monkeypatch.context() as m:
-                m.setattr(qgcn_module, "run_row_scaled_linear", lambda lin, x, scale: None)
+                m.setattr(qgcn_module, "run_row_scaled_linear", lambda lin, x, scale, col_keys=False: None)
                 scaled.clear()
                 want = conv(features, adj)
                 assert scaled == [False]

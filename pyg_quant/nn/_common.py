@@ -35,13 +35,15 @@ def check_node_dim(node_dim: int, x: Tensor, layer: str) -> None:
                          f"got x of shape {tuple(x.shape)} and node_dim={node_dim}")
 
 
-def requantize_output(out: Tensor, out_bits: Optional[int], out_dim: Optional[int], bit_kernels: bool):
-    """The layer's result as a :class:`BitTensor` when ``out_bits`` is set and the bit kernels run."""
+def requantize_output(out: Tensor, out_bits: Optional[int], out_dim: Optional[int], bit_kernels: bool,
+                      col_keys: Optional[Tensor] = None):
+    """The layer's result as a :class:`BitTensor` when ``out_bits`` is set and the bit kernels run (``col_keys``: the
+    column keys of ``out``, see :func:`~pyg_quant.nn._quantize.quantize`)."""
     if out_bits is None or not bit_kernels:
         return out
     if out.dim() != 2:
         raise ValueError(f"out_bits needs 2-D node features, got a result of shape {tuple(out.shape)}")
-    return quantize(out, out_bits, out_dim, "col" if out_dim == 0 else "row")
+    return quantize(out, out_bits, out_dim, "col" if out_dim == 0 else "row", col_keys)
 
 
 def quant_options_repr(weight_bits, act_bits, out_bits) -> str:

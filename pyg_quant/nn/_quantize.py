@@ -69,9 +69,15 @@ def _ranges(x32: torch.Tensor, bits: int, dim: Optional[int]):
     return lo, scale, inv_scale
 
 
-def quantize(x: torch.Tensor, bits: int, dim: Optional[int], layout: str) -> BitTensor:
-    """Round-to-nearest :class:`BitTensor` of a 2-D tensor, codes identical to ``pq.to_bit``."""
+def quantize(x: torch.Tensor, bits: int, dim: Optional[int], layout: str,
+             col_keys: Optional[torch.Tensor] = None) -> BitTensor:
+    """Round-to-nearest :class:`BitTensor` of a 2-D tensor, codes identical to ``pq.to_bit``.  ``col_keys`` (per-column
+    ranges in the column layout): the column keys of ``x`` as the kernel that made it gave them
+    (:func:`pyg_quant.ops.quant_mlp`'s), which spare the quantizer its own pass over ``x`` for the ranges."""
     x32 = x.detach().to(torch.float32).contiguous()
+    if col_keys is not None and (dim != 0 or layout != "col"):
+        raise ValueError(f"col_keys needs per-column ranges in the column layout (dim=0, layout='col'), got "
+                         f"dim={dim}, layout={layout!r}")
     if dim is None or x32.numel() == 0:
         lo, scale, inv_scale = _ranges(x32, bits, dim)
         planes = ops.quantize_pack(x32, lo, inv_scale, bits, layout == "col", None)
@@ -79,7 +85,8 @@ def quantize(x: torch.Tensor, bits: int, dim: Optional[int], layout: str) -> Bit
     # Ranges, codes and code sums in one op (one kernel for per-row ranges in row layout on the GPU).  Per-column
     # codes on the GPU are what bit_spmm gathers as row codes: the quantizer writes those in the same pass.
     row_codes = x32.is_cuda and dim == 0 and layout == "col"
-    planes, lo, scale, code_sums, codes = ops.quantize_pack_ranges(x32, bits, dim, layout == "col", None, row_codes)
+    planes, lo, scale, code_sums, codes = ops.quantize_pack_ranges(x32, bits, dim, layout == "col", None, row_codes,
+                                                                   col_keys)
     out = BitTensor(planes, (x32.size(0), x32.size(1)), bits, layout, lo, scale, dim)
     out._code_sums = code_sums
     if row_codes:

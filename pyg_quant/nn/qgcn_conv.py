@@ -234,17 +234,25 @@ class QGCNConv(MessagePassing):
         graph = self._graph(x, edge_index, edge_weight)
 
         deg_inv_sqrt = graph.deg_inv_sqrt
-        h = None
+        act_bits = self.act_bits
+        quantized = act_bits is not None and graph.can_run_bits and bit_kernels  # h is quantized per channel below
+        h = h_keys = None
         if deg_inv_sqrt is not None and bit_kernels:  # D^-1/2 (X W): the fused kernel's last float32 multiply
-            h = run_row_scaled_linear(self.lin, x, graph.column(deg_inv_sqrt, torch.float32))
+            row_scale = graph.column(deg_inv_sqrt, torch.float32)
+            if quantized and x.device.type == "cuda":
+                # The kernel also hands the quantizer h's column extrema (col_keys), which spares it a pass over h
+                # (the same codes); on the CPU that pass is cheap and the plain path stays.
+                scaled = run_row_scaled_linear(self.lin, x, row_scale, col_keys=True)
+                h, h_keys = (None, None) if scaled is None else scaled
+            else:
+                h = run_row_scaled_linear(self.lin, x, row_scale)
         if h is None:
             h = self.lin(x)
             if deg_inv_sqrt is not None:
                 h = h * graph.column(deg_inv_sqrt, h.dtype)
-        act_bits = self.act_bits
-        if act_bits is not None and graph.can_run_bits and bit_kernels:
-            matrix, restore = node_matrix(h)
-            codes = quantize(matrix, act_bits, 0, "col")
+        if quantized:
+            matrix, restore = node_matrix(h)  # h itself where the kernel ran (2-D float32): what h_keys describe
+            codes = quantize(matrix, act_bits, 0, "col", h_keys)
             bias = self.bias.detach() if self.bias is not None else None
             fused = (graph.aggregate_bits_fused(codes, row_scale=deg_inv_sqrt, bias=bias)
                      if h.dim() == 2 and (bias is None or bias.dtype == torch.float32) else None)

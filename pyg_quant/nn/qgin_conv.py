@@ -195,8 +195,7 @@ class QGINConv(MessagePassing):
                 # (A + (1+eps)·I)·X on the same codes: the self term runs in the kernel's epilogue
                 fused = graph.aggregate_bits_fused(x_src, self_weight=self._one_plus_eps().detach().reshape(()))
                 if fused is not None:
-                    return requantize_output(self._apply_nn(fused, bit_kernels), self.out_bits, self.out_dim,
-                                             bit_kernels)
+                    return self._nn_output(fused, bit_kernels)
                 out = graph.aggregate_bits(x_src)
             elif already_quantized:
                 out = graph.aggregate_bits(x_src)
@@ -219,8 +218,7 @@ class QGINConv(MessagePassing):
             target = dequantize(x_dst) if isinstance(x_dst, BitTensor) else x_dst
             target = target.to_dense() if target.is_sparse else target
             out = out + self._one_plus_eps() * target
-        out = self._apply_nn(out, bit_kernels)
-        return requantize_output(out, self.out_bits, self.out_dim, bit_kernels)
+        return self._nn_output(out, bit_kernels)
 
     def _one_plus_eps(self) -> Tensor:
         """``1 + eps``, made once while ``eps`` is a constant buffer (one op fewer a call, every step); a trained
@@ -234,14 +232,20 @@ class QGINConv(MessagePassing):
             cached = self.__dict__["_one_plus_eps_cache"] = (key, 1 + eps)
         return cached[1]
 
-    def _apply_nn(self, x, bit_kernels: bool):
-        """``self.nn(x)``; with the bit kernels, a Sequential of QuantLinear (+ ReLU) layers runs as one fused
-        ``quant_mlp`` call (the same result, see :func:`~pyg_quant.nn.quant_linear.run_fused_mlp`)."""
+    def _nn_output(self, x, bit_kernels: bool):
+        """``self.nn(x)``, requantized when ``out_bits`` says.  With the bit kernels, a Sequential of QuantLinear
+        (+ ReLU) layers runs as one fused ``quant_mlp`` call (the same result, see
+        :func:`~pyg_quant.nn.quant_linear.run_fused_mlp`); on CUDA, when its result is requantized per channel, the
+        kernel also hands the quantizer the result's column extrema (``col_keys``), which spares it a pass over the
+        result (the same codes).  On the CPU that pass is cheap and the plain path stays."""
         if bit_kernels:
-            out = run_fused_mlp(self.nn, x)
-            if out is not None:
-                return out
-        return self.nn(x)
+            want_keys = (self.out_bits is not None and self.out_dim == 0 and isinstance(x, Tensor) and x.is_cuda
+                         and x.dim() == 2)
+            fused = run_fused_mlp(self.nn, x, col_keys=True) if want_keys else run_fused_mlp(self.nn, x)
+            if fused is not None:
+                out, keys = fused if want_keys else (fused, None)
+                return requantize_output(out, self.out_bits, self.out_dim, bit_kernels, keys)
+        return requantize_output(self.nn(x), self.out_bits, self.out_dim, bit_kernels)
 
     def __repr__(self) -> str:
         options = quant_options_repr(self.weight_bits, self.act_bits, self.out_bits)

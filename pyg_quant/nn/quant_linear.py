@@ -235,11 +235,13 @@ def _reads_codes(lin: "QuantLinear", x: BitTensor) -> bool:
             and values_finite(x))
 
 
-def _quant_mlp(x2: Union[Tensor, BitTensor], linears, relus, row_scale: Optional[Tensor] = None) -> Tensor:
+def _quant_mlp(x2: Union[Tensor, BitTensor], linears, relus, row_scale: Optional[Tensor] = None,
+               col_keys: Optional[Tensor] = None) -> Tensor:
     """``ops.quant_mlp`` of a 2-D input through ``linears`` (each followed by ReLU where ``relus`` says), in as
     few calls as the kernel's limits allow (consecutive layers grouped greedily); ``row_scale`` (float32 ``[rows]``)
-    multiplies the output rows in the last call.  A :class:`BitTensor` input is read as ``dequantize(x2)``, by the
-    first call itself (``ops.quant_mlp_planes``)."""
+    multiplies the output rows in the last call, which also max-reduces the output's column keys into ``col_keys``
+    when given.  A :class:`BitTensor` input is read as ``dequantize(x2)``, by the first call itself
+    (``ops.quant_mlp_planes``)."""
     h = x2 if isinstance(x2, BitTensor) else x2.detach().to(torch.float32).contiguous()
     start = 0
     while start < len(linears):
@@ -255,7 +257,7 @@ def _quant_mlp(x2: Union[Tensor, BitTensor], linears, relus, row_scale: Optional
         layers = ([w[0] for w in weights], [w[1] for w in weights], [w[2] for w in weights], [w[3] for w in weights],
                   [None if lin.bias is None else lin.bias.detach() for lin in group], [lin.act_bits for lin in group],
                   [lin.weight_bits for lin in group], list(relus[start:end]),
-                  row_scale if end == len(linears) else None)
+                  row_scale if end == len(linears) else None, col_keys if end == len(linears) else None)
         if isinstance(h, BitTensor):
             h = ops.quant_mlp_planes(h.planes, h.rows, h.cols, h.layout == "col", h.lo.detach(), h.scale.detach(),
                                      -1 if h.dim is None else h.dim, *layers)
@@ -318,12 +320,27 @@ def _runs_fused(lin: "QuantLinear", x: Optional[Tensor], width: int) -> bool:
             and bit_kernels_apply(lin, x, weight, lin.bias))
 
 
-def run_row_scaled_linear(lin, x, row_scale: Tensor) -> Optional[Tensor]:
+def new_col_keys(cols: int, device) -> Tensor:
+    """A zeroed ``col_keys`` buffer (int64 ``[2·cols]``, "nothing seen") for :func:`pyg_quant.ops.quant_mlp`."""
+    return torch.zeros(2 * cols, dtype=torch.int64, device=device)
+
+
+def _with_col_keys(run, cols: int, device, col_keys: bool):
+    """``run(keys)``, with ``keys`` a fresh :func:`new_col_keys` buffer that the call fills: ``(out, keys)`` when
+    ``col_keys``, else ``run(None)``."""
+    if not col_keys:
+        return run(None)
+    keys = new_col_keys(cols, device)
+    return run(keys), keys
+
+
+def run_row_scaled_linear(lin, x, row_scale: Tensor, col_keys: bool = False):
     r"""``lin(x) * row_scale[:, None]`` as one :func:`pyg_quant.ops.quant_mlp` call (the multiply is the kernel's
     last step, the same float32 product) when ``lin`` is a :class:`QuantLinear` that would run its fused bit kernel
     on the 2-D float32 ``x`` now (as :func:`run_fused_mlp` asks; a :class:`BitTensor` that the layer reads as the
     floats it holds counts as those floats) and ``row_scale`` is float32 ``[N]`` or ``[N, 1]``; None otherwise (call
-    ``lin``, then scale).  GCN's ``D^{-1/2} X W`` is this.
+    ``lin``, then scale).  GCN's ``D^{-1/2} X W`` is this.  With ``col_keys``, ``(out, keys)``: the same kernel
+    also gives the column keys of ``out`` (its ``col_keys``), for ``quantize(out, bits, 0, "col", col_keys=keys)``.
     """
     if (not isinstance(lin, QuantLinear) or lin.weight_bits is None or lin.act_bits is None or not _no_hooks(lin)
             or row_scale.dtype != torch.float32 or not isinstance(x, (Tensor, BitTensor))):
@@ -332,20 +349,24 @@ def run_row_scaled_linear(lin, x, row_scale: Tensor) -> Optional[Tensor]:
         if fits(x, lin.act_bits, (None, 1)) or not _runs_fused(lin, None, x.cols):
             return None  # codes the layer multiplies as they are, or a layer that does not fuse now
         if row_scale.numel() == x.rows and _reads_codes(lin, x):
-            return _quant_mlp(x, (lin,), (False,), row_scale.reshape(-1))
+            return _with_col_keys(lambda keys: _quant_mlp(x, (lin,), (False,), row_scale.reshape(-1), keys),
+                                  lin.weight.size(0), x.device, col_keys)
         x = dequantize(x)  # what the layer reads
     if (x.dtype != torch.float32 or x.is_sparse or x.dim() != 2 or row_scale.numel() != x.size(0)
             or not _runs_fused(lin, x, x.size(1))):
         return None
     check_finite(x, "x")
-    return _quant_mlp(x, (lin,), (False,), row_scale.reshape(-1))
+    return _with_col_keys(lambda keys: _quant_mlp(x, (lin,), (False,), row_scale.reshape(-1), keys),
+                          lin.weight.size(0), x.device, col_keys)
 
 
-def run_fused_mlp(module, x) -> Optional[Tensor]:
+def run_fused_mlp(module, x, col_keys: bool = False):
     r"""``module(x)`` as one :func:`pyg_quant.ops.quant_mlp` call when :func:`fused_mlp_plan` matches and every
     layer would run its bit kernels on ``x`` now (``eval()``, no gradient asked for), with float32 weights and
     biases, widths up to ``QUANT_MLP_MAX_WIDTH`` and no forward hooks; None otherwise (call ``module``).  The
-    result equals the layer-by-layer one bit for bit (for a float32 ``x``, which each layer reads as it is).
+    result equals the layer-by-layer one bit for bit (for a float32 ``x``, which each layer reads as it is).  With
+    ``col_keys``, ``(out, keys)``: the last call also gives the column keys of ``out`` (of its rows, ``[-1, out]``),
+    for ``quantize(out, bits, 0, "col", col_keys=keys)``.
     """
     plan = fused_mlp_plan(module)
     if plan is None or not isinstance(x, Tensor) or x.dtype != torch.float32 or x.is_sparse or x.dim() < 1:
@@ -359,6 +380,10 @@ def run_fused_mlp(module, x) -> Optional[Tensor]:
             return None
         width = lin.weight.size(0)
     check_finite(x, "x")
-    out = _quant_mlp(x.reshape(-1, x.size(-1)), linears, relus)
-    return out.reshape(x.shape[:-1] + (out.size(-1),))
+
+    def run(keys: Optional[Tensor]) -> Tensor:
+        out = _quant_mlp(x.reshape(-1, x.size(-1)), linears, relus, None, keys)
+        return out.reshape(x.shape[:-1] + (out.size(-1),))
+
+    return _with_col_keys(run, width, x.device, col_keys)
 
