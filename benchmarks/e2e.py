@@ -49,6 +49,14 @@ Workload
   ``torch.profiler`` (device kernels in one eager forward of batch 0), host syncs per batch from
   ``torch.cuda.set_sync_debug_mode``.  Each configuration is wrapped: an error is recorded and the run
   goes on; ``--time-budget`` (s) skips what would start after it.
+* Several streams ("2 streams" columns, ``--streams``): the graph variants again, with batch i's graph captured
+  from pool i % 2 and replayed on stream i % 2 (for +H2D its copies too, on that stream), so that one batch's
+  kernels can run beside the next one's and its copies beside the other stream's kernels; the epoch ends when
+  every stream is done.  Same for PyG's graphs and ours; "PyG's fastest" takes the best of all its columns.  Predicted (count
+  below): pyg_quant's kernels are bound by per-row latency with SMs partly idle (quant_mlp at ~40% achieved
+  occupancy), so resident epochs 10-30% shorter, PyG's bandwidth-bound SpMMs <10%; +H2D hides the copies under
+  the other stream's kernels: pyg_quant 4-bit ≈ its resident time + ~1 ms (copies 9 ms an epoch), PyG bf16 CSR
+  ≈ max(33 ms kernels, 28 ms copies) + a few ms.
 * Stream: every variant runs on one dedicated stream.  On torch's legacy default stream, once other
   streams existed in the process, each graph launch waited 20-40 µs more on the device (measured, H100,
   2026-11-25: PyG fp32 CSR 427 → 449 µs a batch, pyg_quant 4-bit 196 → 222-235); ``graph_profile`` in the
@@ -672,24 +680,43 @@ def profile_graph_epoch(runner: Runner, replay_epoch, batches: int) -> dict:
 
 
 class GraphSet:
-    """One CUDA graph per batch, captured in order from a shared pool (replayed in the same order)."""
+    """One CUDA graph per batch, captured in order.  ``pools=1``: every graph from one shared pool, replayed in
+    capture order on one stream.  ``pools=k > 1``: batch i's graph from pool i % k, so that k batches can replay on
+    k streams at once (:meth:`replay_on_streams`): graphs of one pool reuse each other's memory and must run in
+    capture order, which one stream a pool keeps."""
 
-    def __init__(self, runner: Runner, forward, inputs):
+    def __init__(self, runner: Runner, forward, inputs, pools: int = 1):
         self.graphs, self.outputs = [], []
-        pool = torch.cuda.graph_pool_handle()
+        handles = [torch.cuda.graph_pool_handle() for _ in range(pools)]
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             forward(*inputs[0])  # warm-up on a side stream, as torch.cuda.graph's docs ask
         torch.cuda.current_stream().wait_stream(side)
         runner.sync()
-        for inp in inputs:
+        for i, inp in enumerate(inputs):
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
+            with torch.cuda.graph(graph, pool=handles[i % pools]):
                 out = forward(*inp)
             self.graphs.append(graph)
             self.outputs.append(out)
         runner.sync()
+        self.streams = [torch.cuda.Stream() for _ in range(pools)] if pools > 1 else None
+
+    def replay_on_streams(self, copies=None) -> None:
+        """Batch i (its copies, if given, then its graph) on stream i % k: one batch's kernels run beside the
+        next ones', and its copies beside the other streams' kernels.  The current stream waits for all."""
+        main = torch.cuda.current_stream()
+        for stream in self.streams:
+            stream.wait_stream(main)
+        for i, graph in enumerate(self.graphs):
+            with torch.cuda.stream(self.streams[i % len(self.streams)]):
+                if copies is not None:
+                    for dst, src in copies[i]:
+                        dst.copy_(src, non_blocking=True)
+                graph.replay()
+        for stream in self.streams:
+            main.wait_stream(stream)
 
 
 # --- inference ---------------------------------------------------------------------------------------
@@ -905,9 +932,37 @@ def run_variant(args, device, rec, runner: Runner, kind, row, make, inputs, ref,
                     f"+H2D {row['graph_h2d']['median_ms']:.2f} (capture {row['graph_capture_s']:.1f} s, "
                     f"graph vs eager rel.err {row['graph_rel_err_vs_eager']:.1e})")
                 del gs
+                if args.streams > 1 and runner.allowed(f"{kind} {row['label']} graphs on {args.streams} streams", 10):
+                    multi_stream_graphs(runner, row, model, resident, inp, args.streams)
             except Exception as error:  # noqa: BLE001
                 row["graph_error"] = rec.error(f"graphs {kind} {row['label']}", error)
             rec.save()
+
+
+def multi_stream_graphs(runner: Runner, row, model, resident, inp, streams: int) -> None:
+    """The graph variants again with batch i on stream i % ``streams`` (a graph pool each): resident, and +H2D with
+    each batch's copies on its own stream, so that they overlap the other streams' kernels."""
+    row["streams"] = streams
+    with no_finite_checks():
+        gs = GraphSet(runner, model, resident, pools=streams)
+    for graph in gs.graphs[:streams]:
+        graph.replay()
+    runner.sync()
+    row["graph_streams_rel_err_vs_eager"] = rel_err(gs.outputs[0], model(*resident[0]).float())
+    row["graph_resident_streams"] = runner.measure(gs.replay_on_streams)
+    if inp.wire is not None:
+        del gs
+
+        def forward_from_wire(buffer, specs, meta):
+            batch = QuantBatch(buffer, specs, meta)
+            return model(batch.x, batch.adj)
+        with no_finite_checks():
+            gs = GraphSet(runner, forward_from_wire, inp.wire, pools=streams)
+    row["graph_h2d_streams"] = runner.measure(lambda: gs.replay_on_streams(inp.copies))
+    log(f"  {row['model']} {row['label']:22s} {streams} streams {row['graph_resident_streams']['median_ms']:8.2f} "
+        f"ms/epoch, +H2D {row['graph_h2d_streams']['median_ms']:.2f} "
+        f"(rel.err vs eager {row['graph_streams_rel_err_vs_eager']:.1e})")
+    del gs
 
 
 # --- transfer only -----------------------------------------------------------------------------------
@@ -1064,6 +1119,11 @@ def run_train_variant(args, device, data, rec, runner, kind, row, init, impl, ad
 
 
 # --- report ------------------------------------------------------------------------------------------
+# How each timed key of an inference row ran (the summary names PyG's fastest path with it).
+HOW = {"resident": "eager", "h2d": "eager", "graph_resident": "graph", "graph_h2d": "graph",
+       "graph_resident_streams": "graphs on several streams", "graph_h2d_streams": "graphs on several streams"}
+
+
 def med(row, key):
     value = row.get(key)
     return value["median_ms"] if isinstance(value, dict) else None
@@ -1073,8 +1133,9 @@ def summarize(rec: Recorder, args) -> None:
     s = rec.data["summary"]
     for kind in args.models:
         rows = [r for r in rec.data["inference"] if r["model"] == kind]
-        for mode, keys in (("resident", ("resident", "graph_resident")), ("+H2D", ("h2d", "graph_h2d"))):
-            pyg = [(med(r, k), f"{r['label']} ({'graph' if k.startswith('graph') else 'eager'})")
+        for mode, keys in (("resident", ("resident", "graph_resident", "graph_resident_streams")),
+                           ("+H2D", ("h2d", "graph_h2d", "graph_h2d_streams"))):
+            pyg = [(med(r, k), f"{r['label']} ({HOW[k]})")
                    for r in rows if r["impl"] == "PyG" for k in keys if med(r, k)]
             if not pyg:
                 continue
@@ -1141,13 +1202,14 @@ def fmt(v, digits=2):
 def tables(rec: Recorder, args) -> str:
     small = args.small
     lines = ["", "### Inference epochs (ms, median; all batches)", "",
-             "| model | implementation | resident | +H2D | graph resident | graph +H2D | H2D MB/epoch | "
-             "kernels/batch | syncs/batch | × vs PyG fastest (resident / +H2D) | rel. err | predicted |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             f"| model | implementation | resident | +H2D | graph resident | graph +H2D | {args.streams} streams resident | "
+             f"{args.streams} streams +H2D | H2D MB/epoch | kernels/batch | syncs/batch | × vs PyG fastest (resident / +H2D) | "
+             "rel. err | predicted |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rec.data["inference"]:
         if r.get("error") or r.get("skipped"):
             lines.append(f"| {r['model']} | {r['label']} | {'skipped' if r.get('skipped') else 'error'} | | | | | | | | | "
-                         f"{(r.get('error') or '')[:60]} |")
+                         f"| | {(r.get('error') or '')[:60]} |")
             continue
         sp = r.get("speedup_vs_pyg_fastest", {})
         pred = "" if small else " / ".join(
@@ -1156,6 +1218,7 @@ def tables(rec: Recorder, args) -> str:
         ratio = f"{fmt(sp.get('resident'))} / {fmt(sp.get('+H2D'))}" if sp else ""
         lines.append(f"| {r['model']} | {r['label']} | {fmt(med(r, 'resident'))} | {fmt(med(r, 'h2d'))} | "
                      f"{fmt(med(r, 'graph_resident'))} | {fmt(med(r, 'graph_h2d'))} | "
+                     f"{fmt(med(r, 'graph_resident_streams'))} | {fmt(med(r, 'graph_h2d_streams'))} | "
                      f"{fmt(r.get('h2d_mb_per_epoch'), 0)} | {fmt(r.get('kernels_per_batch'))} | "
                      f"{fmt(r.get('syncs_per_batch'))} | {ratio} | {rel_text(r)} | {pred} |")
     if rec.data["transfer"]:
@@ -1206,11 +1269,12 @@ def plot(rec: Recorder, args, path: str) -> None:
         labels = [r["label"] for r in rows]
         ys = range(len(rows))
         series = [("resident", "eager, resident"), ("h2d", "eager, +H2D"), ("graph_resident", "graph, resident"),
-                  ("graph_h2d", "graph, +H2D")]
-        height = 0.2
+                  ("graph_h2d", "graph, +H2D"), ("graph_resident_streams", f"graphs on {args.streams} streams, resident"),
+                  ("graph_h2d_streams", f"graphs on {args.streams} streams, +H2D")]
+        height = 0.8 / len(series)
         for k, (key, name) in enumerate(series):
             vals = [med(r, key) or 0 for r in rows]
-            ax.barh([y + (k - 1.5) * height for y in ys], vals, height=height, label=name)
+            ax.barh([y + (k - (len(series) - 1) / 2) * height for y in ys], vals, height=height, label=name)
         ax.set_yticks(list(ys))
         ax.set_yticklabels(labels, fontsize=8)
         ax.invert_yaxis()
@@ -1266,6 +1330,8 @@ def parse_args(argv=None):
     p.add_argument("--models", default="GIN,GCN")
     p.add_argument("--sections", default="inference,training,transfer")
     p.add_argument("--no-graphs", dest="graphs", action="store_false", help="skip the CUDA-graph variants")
+    p.add_argument("--streams", type=int, default=2,
+                   help="graph variants again with batch i on stream i %% STREAMS (<= 1: skip them)")
     p.add_argument("--reps", type=int, default=None, help="timed epochs per measurement (median)")
     p.add_argument("--train-reps", type=int, default=None)
     p.add_argument("--train-variants", default=None, type=lambda s: s.split(","),

@@ -20,10 +20,13 @@
 //
 // The input is float32 rows, or (quant_mlp_planes) the codes of a packed tensor, decoded with to_val's float32 steps
 // as the rows are loaded, so that a layer fed the loader's codes (GCN's first X·W) skips dequantize's pass and its
-// float32 round trip (12.8 MB written and read again at 32,000 x 100).  Column layout: a block's 8 warps x 4 rows
-// are 32 consecutive rows, i.e. bit 0..31 of one word of every column and plane; the block copies those bits x cols
-// words to shared memory (between two barriers) and each lane decodes its columns' bits from there.  Row layout: a
-// lane reads the plane words of its columns straight from global memory (a warp's 32 columns share a word).
+// float32 round trip (12.8 MB written and read again at 32,000 x 100).  Column layout: a warp's 4 rows are 4 bits of
+// one word of every column and plane; a lane loads its columns' words itself (the block's 8 warps read the same
+// words, so L1 serves all but the first) and spreads the 4 bits to 4 bytes with one multiply.  A first version
+// staged the block's words in shared memory between two barriers: 31.2 µs against 35.9 for dequantize + quant_mlp
+// (H200, GCN's 100 -> 16 layer on 32,000 rows), where the float kernel alone takes ~20; this one measured the same
+// (30.8), in fewer registers and with no barrier.  Row layout: a lane reads the plane words of its columns straight
+// from global memory (a warp's 32 columns share a word).
 //
 // Why kRows rows a warp: the product is bound by shared-memory loads.  With one row a warp, a lane loads per row
 // and layer words/4 × (1 LDS.128 of codes + 4·kChunks LDS.32 of weights), each weight word serving that one row:
@@ -95,7 +98,6 @@ struct MlpInput {
   int64_t words, plane_stride;
   int bits;
   int dim;                  // the ranges: -1 one, 0 per column, 1 per row
-  int staged_offset;        // kColPlanesInput: byte offset of the block's bits x in0 staged plane words
 };
 
 struct MlpArgs {
@@ -112,11 +114,10 @@ struct MlpArgs {
 };
 
 // Rows r0 .. r0 + kRows - 1 of the chain's input into h (lane: columns lane, lane + 32, ...); rows past args.rows and
-// columns past in0 are zeros.  kColPlanesInput reads the block's staged words (bit warp·kRows + i of a word is row
-// r0 + i).
+// columns past in0 are zeros.
 template <int kChunks, int kRows, int kInput>
-__device__ __forceinline__ void load_rows(const MlpArgs& args, const unsigned char* smem, int64_t r0, int in0,
-                                          int lane, int warp, float (&h)[kRows][kChunks]) {
+__device__ __forceinline__ void load_rows(const MlpArgs& args, int64_t r0, int in0, int lane,
+                                          float (&h)[kRows][kChunks]) {
   if constexpr (kInput == kFloatInput) {
 #pragma unroll
     for (int i = 0; i < kRows; ++i) {
@@ -128,8 +129,55 @@ __device__ __forceinline__ void load_rows(const MlpArgs& args, const unsigned ch
         h[i][j] = valid && c < in0 ? x_row[c] : 0.0f;
       }
     }
+  } else if constexpr (kInput == kColPlanesInput) {
+    const MlpInput& in = args.input;
+    // Bits r0 % 32 .. r0 % 32 + 3 of word r0 / 32 of column c's plane are the group's rows (r0 % 4 == 0).  The warps
+    // of a block read the same words (its 32 rows), so all but the first load of a word hit L1; no barrier ties the
+    // warps together.  Four planes of every column a round trip: one round trip at <= 4 bits.
+    uint32_t codes[kChunks];
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) codes[j] = 0;
+    const int shift = static_cast<int>(r0 & 31);
+    const uint32_t* base = in.planes + (r0 >> 5);
+    for (int p0 = 0; p0 < in.bits; p0 += 4) {
+      uint32_t word[kChunks][4];
+#pragma unroll
+      for (int j = 0; j < kChunks; ++j) {
+        const int c = lane + 32 * j;
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+          word[j][b] = c < in0 && p0 + b < in.bits
+                           ? __ldg(base + (p0 + b) * in.plane_stride + static_cast<int64_t>(c) * in.words)
+                           : 0u;
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kChunks; ++j) {
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+          // The group's 4 bits spread to bit 0 of 4 bytes (the four partial products cannot overlap or carry).
+          const uint32_t nibble = (word[j][b] >> shift) & 0xfu;
+          codes[j] |= ((nibble * 0x00204081u) & 0x01010101u) << (p0 + b);
+        }
+      }
+    }
+    // Byte i of codes[j] is the code of row r0 + i, column lane + 32j (kRows <= 4 rows, codes <= 8 bits).
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      const int c = lane + 32 * j;
+      const bool live_col = c < in0;
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) {
+        const int64_t g = in.dim == 0 ? c : in.dim == 1 ? r0 + i : 0;
+        const bool live = live_col && r0 + i < args.rows;
+        h[i][j] = live ? value_of((codes[j] >> (8 * i)) & 0xffu, __ldg(in.lo + g), __ldg(in.scale + g)) : 0.0f;
+      }
+    }
   } else {
     const MlpInput& in = args.input;
+    // Row layout: column c = lane + 32j is bit `lane` of word j of the row (a warp's lanes share the word, one
+    // broadcast load).  A run-time loop over the planes (unrolled 8 deep it held every load in flight and spilled);
+    // loading four planes a round trip measured slower (42.9 against 36.9 µs on GCN's 100 -> 16 layer, H200).
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) {
       const int c = lane + 32 * j;
@@ -137,24 +185,12 @@ __device__ __forceinline__ void load_rows(const MlpArgs& args, const unsigned ch
       uint32_t q[kRows];
 #pragma unroll
       for (int i = 0; i < kRows; ++i) q[i] = 0;
-      // A run-time loop over the planes: unrolled 8 deep (bits <= 8) it held every load in flight and spilled.
-      if constexpr (kInput == kColPlanesInput) {
-        const uint32_t* staged = reinterpret_cast<const uint32_t*>(smem + in.staged_offset) + c;
+      const uint32_t* word = in.planes + r0 * in.words + j;
 #pragma unroll 1
-        for (int p = 0; p < (live_col ? in.bits : 0); ++p) {
-          const uint32_t word = staged[p * in0] >> (warp * kRows);
+      for (int p = 0; p < (live_col ? in.bits : 0); ++p) {
 #pragma unroll
-          for (int i = 0; i < kRows; ++i) q[i] |= ((word >> i) & 1u) << p;
-        }
-      } else {
-        // Row layout: column c = lane + 32j is bit `lane` of word j of the row (a warp's lanes share the word).
-        const uint32_t* word = in.planes + r0 * in.words + j;
-#pragma unroll 1
-        for (int p = 0; p < (live_col ? in.bits : 0); ++p) {
-#pragma unroll
-          for (int i = 0; i < kRows; ++i) {
-            if (r0 + i < args.rows) q[i] |= ((__ldg(word + i * in.words + p * in.plane_stride) >> lane) & 1u) << p;
-          }
+        for (int i = 0; i < kRows; ++i) {
+          if (r0 + i < args.rows) q[i] |= ((__ldg(word + i * in.words + p * in.plane_stride) >> lane) & 1u) << p;
         }
       }
 #pragma unroll
@@ -178,7 +214,7 @@ constexpr int quant_mlp_min_blocks(int chunks, int input, bool keys) {
 template <int kChunks, int kRows, int kInput, bool kKeys>
 __global__ void __launch_bounds__(kThreads, quant_mlp_min_blocks(kChunks, kInput, kKeys)) quant_mlp_kernel(const __grid_constant__ MlpArgs args) {
   static_assert(kRows <= 32, "lane i forms row i's range");
-  static_assert(kInput != kColPlanesInput || kWarps * kRows == 32, "a block's rows are one word of every column");
+  static_assert(kInput == kFloatInput || kRows <= 4, "a code input's rows are the bytes of one register");
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ MlpLayer layers[kQuantMlpMaxLayers];
   if (threadIdx.x < args.layers) layers[threadIdx.x] = args.layer[threadIdx.x];
@@ -240,23 +276,9 @@ __global__ void __launch_bounds__(kThreads, quant_mlp_min_blocks(kChunks, kInput
   // the same on every lane, so the warp-wide intrinsics below run on the full warp whatever the rows.  Rows past
   // args.rows (the last group only) carry zeros through every layer and store nothing.
   const int64_t step = static_cast<int64_t>(gridDim.x) * kWarps * kRows;
-  // kColPlanesInput: the loop runs while the block's first row is in range, so that all its warps run it alike.
-  const int warp_offset = kInput == kColPlanesInput ? warp * kRows : 0;
-  for (int64_t r0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * kRows; r0 - warp_offset < args.rows;
-       r0 += step) {
-    if constexpr (kInput == kColPlanesInput) {
-      const MlpInput& in = args.input;
-      uint32_t* staged = reinterpret_cast<uint32_t*>(smem + in.staged_offset);
-      __syncthreads();  // the previous group's words are read
-      for (int i = threadIdx.x; i < in.bits * in0; i += kThreads) {
-        const int p = i / in0, c = i - p * in0;
-        staged[i] = __ldg(in.planes + p * in.plane_stride + c * in.words + (r0 - warp_offset) / 32);
-      }
-      __syncthreads();
-    }
-    if (kInput == kColPlanesInput && r0 >= args.rows) continue;
+  for (int64_t r0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * kRows; r0 < args.rows; r0 += step) {
     float h[kRows][kChunks];
-    load_rows<kChunks, kRows, kInput>(args, smem, r0, in0, lane, warp, h);
+    load_rows<kChunks, kRows, kInput>(args, r0, in0, lane, h);
     for (int l = 0; l < args.layers; ++l) {
       const MlpLayer& L = layers[l];
       const int in = L.in, out = L.out;
@@ -474,10 +496,6 @@ at::Tensor launch_quant_mlp(MlpInput input, int kind, const char* input_name, in
   args.codes_offset = align_up(offset, 16);
   args.codes_stride = align_up(max_width, 16);
   int smem = args.codes_offset + kWarps * rows_per * args.codes_stride;
-  if (kind == kColPlanesInput) {
-    args.input.staged_offset = smem;
-    smem += args.input.bits * static_cast<int>(widths[0]) * 4;
-  }
   args.out = out.data_ptr<float>();
   if (row_scale.has_value()) {
     keep.push_back(row_scale->contiguous());
