@@ -161,16 +161,27 @@ __device__ __forceinline__ void load_rows(const MlpArgs& args, int64_t r0, int i
         }
       }
     }
-    // Byte i of codes[j] is the code of row r0 + i, column lane + 32j (kRows <= 4 rows, codes <= 8 bits).
+    // Byte i of codes[j] is the code of row r0 + i, column lane + 32j (kRows <= 4 rows, codes <= 8 bits).  A
+    // column's range (or the tensor's) is loaded once for the group's rows.
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) {
       const int c = lane + 32 * j;
       const bool live_col = c < in0;
+      if (in.dim != 1) {
+        const int64_t g = in.dim == 0 ? min(c, in0 - 1) : 0;
+        const float lo = __ldg(in.lo + g), scale = __ldg(in.scale + g);
 #pragma unroll
-      for (int i = 0; i < kRows; ++i) {
-        const int64_t g = in.dim == 0 ? c : in.dim == 1 ? r0 + i : 0;
-        const bool live = live_col && r0 + i < args.rows;
-        h[i][j] = live ? value_of((codes[j] >> (8 * i)) & 0xffu, __ldg(in.lo + g), __ldg(in.scale + g)) : 0.0f;
+        for (int i = 0; i < kRows; ++i) {
+          const bool live = live_col && r0 + i < args.rows;
+          h[i][j] = live ? value_of((codes[j] >> (8 * i)) & 0xffu, lo, scale) : 0.0f;
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < kRows; ++i) {
+          const bool live = live_col && r0 + i < args.rows;
+          h[i][j] = live ? value_of((codes[j] >> (8 * i)) & 0xffu, __ldg(in.lo + r0 + i), __ldg(in.scale + r0 + i))
+                         : 0.0f;
+        }
       }
     }
   } else {
@@ -205,9 +216,13 @@ __device__ __forceinline__ void load_rows(const MlpArgs& args, int64_t r0, int i
 
 // The code-input kernels at one chunk ask for 4 resident blocks (64 registers): ptxas's own choice was 48 with
 // 8-12 bytes of spills on sm_90a.  The float kernel at four chunks with col_keys asks for 3 (80 registers, as
-// without them): ptxas's own choice was 94 on sm_90a, one block less.  0 leaves the choice to ptxas (no spills).
+// without them): ptxas's own choice was 94 on sm_90a, one block less.  The column-code kernels at two chunks ask
+// for 3 (80 registers): left alone, ptxas took 64 on sm_80 with col_keys and spilled 20 bytes.  0 leaves the choice
+// to ptxas (no spills).
 constexpr int quant_mlp_min_blocks(int chunks, int input, bool keys) {
-  return input != kFloatInput && chunks == 1 ? 4 : keys && input == kFloatInput && chunks == 4 ? 3 : 0;
+  return input != kFloatInput && chunks == 1 ? 4
+         : (keys && input == kFloatInput && chunks == 4) || (input == kColPlanesInput && chunks == 2) ? 3
+                                                                                                    : 0;
 }
 
 // kChunks: values per lane (every width <= 32·kChunks); kRows: rows a warp carries at a time; kInput: InputKind.
