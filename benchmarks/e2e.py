@@ -1263,7 +1263,9 @@ def plot(rec: Recorder, args, path: str) -> None:
     # One panel per model with inference rows (none in a training-only run), then training.
     models = [kind for kind in args.models if any(r["model"] == kind and med(r, "resident")
                                                   for r in rec.data["inference"])]
-    fig, axes = plt.subplots(1, len(models) + 1, figsize=(7 * (len(models) + 1), 7), squeeze=False)
+    training = [r for r in rec.data["training"] if med(r, "h2d")]
+    panels = len(models) + (1 if training else 0)  # no empty training panel in an inference-only run
+    fig, axes = plt.subplots(1, panels, figsize=(7 * panels, 7), squeeze=False)
     axes = axes[0]
     for ax, kind in zip(axes, models):
         rows = [r for r in rec.data["inference"] if r["model"] == kind and med(r, "resident")]
@@ -1283,8 +1285,10 @@ def plot(rec: Recorder, args, path: str) -> None:
         ax.set_xlabel("ms per inference epoch (log)")
         ax.set_title(f"{kind} inference, {rec.data['graph'].get('batches')} batches")
         ax.legend(fontsize=8)
+    if not training:
+        return finish_plot(fig, rec, path)
     ax = axes[-1]
-    rows = [r for r in rec.data["training"] if med(r, "h2d")]
+    rows = training
     labels = [f"{r['model']} {r['label'].replace('train ', '')}" for r in rows]
     ys = range(len(rows))
     ax.barh([y - 0.2 for y in ys], [med(r, "resident") or 0 for r in rows], height=0.4, label="resident")
@@ -1295,6 +1299,11 @@ def plot(rec: Recorder, args, path: str) -> None:
     ax.set_xlabel("ms per training epoch")
     ax.set_title("training")
     ax.legend(fontsize=8)
+    return finish_plot(fig, rec, path)
+
+
+def finish_plot(fig, rec: Recorder, path: str) -> None:
+    import matplotlib.pyplot as plt
     meta = rec.data["meta"]
     fig.suptitle(f"pyg_quant e2e — {meta['device_name']} — {meta['date']}", fontsize=11)
     fig.tight_layout()

@@ -3,8 +3,8 @@ r"""README.md against the files it cites: links resolve, and its result tables e
 * every relative link and image target exists in the repository;
 * the QAT accuracy table equals ``benchmarks/accuracy.json`` (mean ± sample sd over the seeds, drop = fp32 mean
   − quantized mean, in points, two decimals) and its "target met" column follows from the drops;
-* the end-to-end headline equals ``benchmarks/results/e2e_h100_unpack.json`` (graph-replay medians, resident
-  and with transfers, to 0.01 ms).
+* the end-to-end headline equals ``benchmarks/results/e2e_h200_final.json`` (graph-replay medians on one stream
+  and on several, resident and with transfers, to 0.01 ms), and so do its speedups over PyG's fastest path.
 """
 import json
 import os
@@ -38,7 +38,7 @@ def table_rows(text: str, header_start: str):
 def test_relative_links_and_images_exist(readme):
     targets = re.findall(r"\]\(([^)\s]+)\)", readme)
     local = [t.split("#")[0] for t in targets if not re.match(r"[a-z]+://", t) and not t.startswith("#")]
-    assert "benchmarks/accuracy.png" in local and "benchmarks/results/e2e_h100_unpack.png" in local
+    assert "benchmarks/accuracy.png" in local and "benchmarks/results/e2e_h200_final.png" in local
     missing = [t for t in local if t and not os.path.exists(os.path.join(ROOT, t))]
     assert not missing, missing
     for image in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", readme):
@@ -82,14 +82,25 @@ def test_qat_accuracy_table_matches_accuracy_json(readme):
 
 
 def test_e2e_headline_matches_e2e_json(readme):
-    with open(os.path.join(ROOT, "benchmarks", "results", "e2e_h100_unpack.json")) as f:
+    with open(os.path.join(ROOT, "benchmarks", "results", "e2e_h200_final.json")) as f:
         inference = json.load(f)["inference"]
     by_label = {(row["model"], row["label"]): row for row in inference}
     table = table_rows(readme, "| model | PyG fp32 CSR | PyG bf16 CSR | pyg_quant 8-bit")
     labels = ["PyG fp32 CSR", "PyG bf16 CSR"] + [f"pyg_quant {b}-bit" for b in (8, 4, 2, 1)]
-    assert [row[0] for row in table] == ["GIN 3×64, resident", "GIN 3×64, +H2D", "GCN 3×16, resident",
-                                         "GCN 3×16, +H2D"]
+    assert [row[0] for row in table] == [f"{model}, {mode}, 1 / 3 streams" for model in ("GIN 3×64", "GCN 3×16")
+                                         for mode in ("resident", "+H2D")]
     for row in table:
-        model, how = row[0].split()[0], "graph_resident" if row[0].endswith("resident") else "graph_h2d"
+        model, mode = row[0].split()[0], "resident" if "resident" in row[0] else "h2d"
         for label, text in zip(labels, row[1:]):
-            assert text == f"{by_label[(model, label)][how]['median_ms']:.2f}", (row[0], label)
+            r = by_label[(model, label)]
+            assert r["streams"] == 3
+            one, several = (r[f"graph_{mode}"]["median_ms"], r[f"graph_{mode}_streams"]["median_ms"])
+            assert text == f"{one:.2f} / {several:.2f}", (row[0], label)
+    # "2.48× (GIN) and 2.87× (GCN) faster ... resident, 2.34× and 2.75× with transfers": the JSON's own ratios
+    ratios = re.search(r"\*\*([\d.]+)× \(GIN\) and ([\d.]+)× \(GCN\) faster than PyG's fastest path with the batches "
+                       r"resident, ([\d.]+)× and ([\d.]+)×", readme.replace("\n", " "))
+    assert ratios
+    speedup = {m: by_label[(m, "pyg_quant 4-bit")]["speedup_vs_pyg_fastest"] for m in ("GIN", "GCN")}
+    assert [float(v) for v in ratios.groups()] == [round(speedup["GIN"]["resident"], 2),
+                                                   round(speedup["GCN"]["resident"], 2),
+                                                   round(speedup["GIN"]["+H2D"], 2), round(speedup["GCN"]["+H2D"], 2)]
