@@ -24,8 +24,9 @@
 // one word of every column and plane; a lane loads its columns' words itself (the block's 8 warps read the same
 // words, so L1 serves all but the first) and spreads the 4 bits to 4 bytes with one multiply.  A first version
 // staged the block's words in shared memory between two barriers: 31.2 µs against 35.9 for dequantize + quant_mlp
-// (H200, GCN's 100 -> 16 layer on 32,000 rows), where the float kernel alone takes ~20; this one measured the same
-// (30.8), in fewer registers and with no barrier.  Row layout: a lane reads the plane words of its columns straight
+// (H200, GCN's 100 -> 16 layer on 32,000 rows), where the float kernel alone takes ~20; this one measured 30.8 in
+// fewer registers and with no barrier, 28.7 with a column's range loaded once a group (ncu: the decode's
+// instructions, 15.7M against the float kernel's 11.7M at the same issue rate, are its cost).  Row layout: a lane reads the plane words of its columns straight
 // from global memory (a warp's 32 columns share a word).
 //
 // Why kRows rows a warp: the product is bound by shared-memory loads.  With one row a warp, a lane loads per row
