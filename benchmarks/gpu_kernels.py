@@ -184,7 +184,7 @@ def spmm_rows(peak_tops, copy_gbps, gen):
         adj_gcn = pq.BitAdjacency.from_edge_index(edge_index, n, self_loops=1, min_tile_nnz=min_tile_nnz)
         dinv = adj_gcn.degree().pow(-0.5)
         bias = torch.randn(128, device="cuda", generator=gen)
-        for d in (64, 128):
+        for d in (16, 64, 128):  # 16: GCN's hidden width
             x_float = torch.randn(n, d, device="cuda", generator=gen)
             t_fp32 = graph_ms(lambda: csr @ x_float, inner=INNER)
             try:

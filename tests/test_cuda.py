@@ -283,6 +283,48 @@ def _check_bit_spmm_csr_only(dev):
                 assert _equal_on_cpu(OPS.bit_spmm_int(*[a.to(dev) if torch.is_tensor(a) else a for a in args]), want)
 
 
+def _check_bit_spmm_dense_rows(dev):
+    """Rows of ~25 entries (METIS batches give ~40) through the CUDA gather: several whole batches of columns a
+    row, then a partial one, for 1- to 5-bit codes (containers of 1, 2, 4 and 8 bits): GPU == CPU bit for bit for
+    feature counts needing 1 to 16 lanes a row, a 1,999-entry hub row (the 8-bit fields' flushes), 500 empty rows,
+    int32 and int64 (their 16-byte stores and the feature-at-a-time ones), with cached row codes or not, then the
+    fused float epilogue (self loops, row scale, bias, ReLU; its per-column parameters loaded four at a time, and
+    one at a time from a view that is not 16-byte aligned)."""
+    n = 2000
+    hub = torch.stack([torch.arange(1, n), torch.zeros(n - 1, dtype=torch.long)])  # every node -> node 0
+    rest = random_edges(n, 1500, 48000, 77, loops=False)  # rows 1500.. stay empty
+    ei = torch.unique(torch.cat([hub, rest], 1), dim=1)
+    cpu = pq.BitAdjacency.from_edge_index(ei, n, self_loops=1, min_tile_nnz=4097)
+    gpu = pq.BitAdjacency.from_edge_index(ei.to(dev), n, self_loops=1, min_tile_nnz=4097)
+    assert gpu.num_tiles == 0 and gpu.res_val is None and gpu.res_nnz >= 16 * n
+    A = dense_from_edges(ei, n, n).long()
+    for x_bits, cols in itertools.product((1, 2, 3, 4, 5), (1, 5, 16, 17, 64, 100, 128, 129)):
+        x = pq.to_bit(randn(n, cols, 7 * x_bits + cols, shift=0.2).to(dev), x_bits, dim=0, layout="col")
+        for wide, cached in itertools.product((False, True), (False, True)):
+            codes = x.row_codes() if cached else None
+            got = OPS.bit_spmm_int(*[getattr(gpu, k) for k in ADJ_TENSORS[:6]], x.planes, n, cols, wide, codes)
+            want = OPS.bit_spmm_int(*[getattr(cpu, k) for k in ADJ_TENSORS[:6]], x.planes.cpu(), n, cols, wide)
+            assert got.device.type == dev and _equal_on_cpu(got, want), (x_bits, cols, wide, cached)
+        assert torch.equal(want, A @ ref_codes(x).cpu())
+        row_scale = torch.rand(n, generator=gen(cols)) + 0.5
+        bias = torch.randn(cols, generator=gen(cols + 1))
+        for relu in (False, True):
+            def affine(adj, on, codes=None):
+                return OPS.bit_spmm_affine(*[getattr(adj, k) for k in ADJ_TENSORS[:6]], x.planes.to(on),
+                                           x.lo.to(on), x.scale.to(on), adj.row_sums, adj.diag,
+                                           row_scale.to(on), bias.to(on), relu, n, cols, False, codes)
+            want = affine(cpu, "cpu")
+            assert _equal_on_cpu(affine(gpu, dev), want), (x_bits, cols, relu)
+            assert _equal_on_cpu(affine(gpu, dev, x.row_codes()), want), (x_bits, cols, relu)
+        if cols == 64:  # lo, scale and bias as views one float past a 16-byte boundary
+            def shifted(t):
+                return torch.cat([t.new_zeros(1), t])[1:]
+            got = OPS.bit_spmm_affine(*[getattr(gpu, k) for k in ADJ_TENSORS[:6]], x.planes, shifted(x.lo),
+                                      shifted(x.scale), gpu.row_sums, gpu.diag, row_scale.to(dev),
+                                      shifted(bias.to(dev)), True, n, cols, False, None)
+            assert _equal_on_cpu(got, want), x_bits
+
+
 def _check_adjacency_variants(dev):
     ei = random_edges(300, 300, 2500, 2)
     for self_loops, min_tile_nnz in itertools.product((0, 1, 2), (1, 16, 10**6)):
@@ -458,6 +500,10 @@ def test_bit_spmm_int_gpu_equals_cpu(adj_bits):
 
 def test_bit_spmm_csr_only_gpu_equals_cpu():
     _check_bit_spmm_csr_only(DEV)
+
+
+def test_bit_spmm_dense_rows_gpu_equals_cpu():
+    _check_bit_spmm_dense_rows(DEV)
 
 
 def test_pack_row_codes_gpu_equals_cpu():

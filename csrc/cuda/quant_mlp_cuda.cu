@@ -215,20 +215,135 @@ __device__ __forceinline__ void load_rows(const MlpArgs& args, int64_t r0, int i
   }
 }
 
+// One bit layer on a warp's kRows rows: each row's range and codes from x (kIn values a lane: columns lane,
+// lane + 32, ...), the exact code products, and bitmm's epilogue into y (kChunks values a lane).  x and y may be one
+// array: x is read whole (into the codes) before y is written.
+template <int kIn, int kChunks, int kRows>
+__device__ __forceinline__ void mlp_layer(const MlpLayer& L, const float (&x)[kRows][kIn], float (&y)[kRows][kChunks],
+                                          uint8_t* codes, int stride, int lane) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int in = L.in, out = L.out;
+  const float max_code = L.max_code;
+  // Each row's extrema as ordered keys, one warp reduction each.  A NaN makes both NaN, as amin / amax do: a
+  // positive NaN keys above +inf and a negative one below -inf, so the reduced keys tell whether a row holds one.
+  // Lane i < kRows then forms row i's range (the two IEEE divisions run once for all the rows, not once a row)
+  // and every lane reads the rows' ranges back with shuffles.
+  float mn = 0.0f, mx = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    unsigned key_min = 0xffffffffu, key_max = 0u;
+#pragma unroll
+    for (int j = 0; j < kIn; ++j) {
+      if (lane + 32 * j < in) {
+        const unsigned key = ordered_key(x[i][j]);
+        key_min = min(key_min, key);
+        key_max = max(key_max, key);
+      }
+    }
+    key_min = __reduce_min_sync(kFullMask, key_min);
+    key_max = __reduce_max_sync(kFullMask, key_max);
+    if (lane == i) {
+      const bool nan = key_max > ordered_key(INFINITY) || key_min < ordered_key(-INFINITY);
+      mn = nan ? __int_as_float(0x7fffffff) : from_ordered_key(key_min);
+      mx = nan ? __int_as_float(0x7fffffff) : from_ordered_key(key_max);
+    }
+  }
+  const Range own = range_of(mn, mx, max_code);
+  // Then each row's codes into its buffer, and their sum.
+  float row_lo[kRows], row_scale[kRows];
+  unsigned sum[kRows];
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    const Range range{__shfl_sync(kFullMask, own.lo, i), __shfl_sync(kFullMask, own.scale, i),
+                      __shfl_sync(kFullMask, own.inv, i)};
+    row_lo[i] = range.lo;
+    row_scale[i] = range.scale;
+    unsigned s = 0;
+#pragma unroll
+    for (int j = 0; j < kIn; ++j) {
+      const int c = lane + 32 * j;
+      if (c < in) {
+        const uint32_t q = code_of(x[i][j], range, 0.5f, max_code);
+        codes[i * stride + c] = static_cast<uint8_t>(q);
+        s += q;
+      }
+    }
+    sum[i] = __reduce_add_sync(kFullMask, s);
+  }
+  __syncwarp();
+  // The exact code products of output channels lane, lane + 32, ...: each weight word loaded feeds kRows rows.
+  const uint32_t* ws = reinterpret_cast<const uint32_t*>(smem + L.w_offset);
+  unsigned acc[kRows][kChunks];
+  int o_safe[kChunks];
+#pragma unroll
+  for (int j = 0; j < kChunks; ++j) {
+    o_safe[j] = min(lane + 32 * j, out - 1);
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) acc[i][j] = 0;
+  }
+  for (int k4 = 0; k4 < L.words / 4; ++k4) {
+    uint4 a[kRows];
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) a[i] = reinterpret_cast<const uint4*>(codes + i * stride)[k4];
+    const uint32_t* wk = ws + 4 * k4 * out;
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      if (32 * j < out) {
+        const uint32_t w0 = wk[o_safe[j]], w1 = wk[out + o_safe[j]], w2 = wk[2 * out + o_safe[j]],
+                       w3 = wk[3 * out + o_safe[j]];
+#pragma unroll
+        for (int i = 0; i < kRows; ++i) {
+          acc[i][j] = __dp4a(a[i].x, w0, acc[i][j]);
+          acc[i][j] = __dp4a(a[i].y, w1, acc[i][j]);
+          acc[i][j] = __dp4a(a[i].z, w2, acc[i][j]);
+          acc[i][j] = __dp4a(a[i].w, w3, acc[i][j]);
+        }
+      }
+    }
+  }
+  // bitmm's epilogue; the results stay in registers as the next layer's inputs.
+  const float* lo_w = reinterpret_cast<const float*>(smem + L.param_offset);
+  const double* sums = reinterpret_cast<const double*>(smem + L.sums_offset);
+  const double k = static_cast<double>(in);
+#pragma unroll
+  for (int j = 0; j < kChunks; ++j) {
+    const int o = lane + 32 * j;
+    if (o < out) {
+      const double col_sum = sums[o];
+      const float w_lo = lo_w[o], w_scale = lo_w[out + o], bias = lo_w[2 * out + o];
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) {
+        y[i][j] = bitmm_affine_epilogue(static_cast<double>(acc[i][j]), static_cast<double>(sum[i]), col_sum,
+                                        row_lo[i], row_scale[i], w_lo, w_scale, k, bias, L.relu != 0);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) y[i][j] = 0.0f;
+    }
+  }
+  __syncwarp();  // every lane is done reading the codes before the next layer writes them
+}
+
 // The code-input kernels at one chunk ask for 4 resident blocks (64 registers): ptxas's own choice was 48 with
 // 8-12 bytes of spills on sm_90a.  The float kernel at four chunks with col_keys asks for 3 (80 registers, as
 // without them): ptxas's own choice was 94 on sm_90a, one block less.  The column-code kernels at two chunks ask
 // for 3 (80 registers): left alone, ptxas took 64 on sm_80 with col_keys and spilled 20 bytes.  0 leaves the choice
 // to ptxas (no spills).
-constexpr int quant_mlp_min_blocks(int chunks, int input, bool keys) {
-  return input != kFloatInput && chunks == 1 ? 4
+// The kernels with a wider first layer (chunks_in > chunks) ask for 4 blocks (64 registers) where that does not
+// spill: at one later chunk (3 with column codes: at 4 they spilled 8 bytes with col_keys on sm_90a, and left alone
+// ptxas took 48 on sm_80 and spilled 16), and at two for float input without col_keys (with them, or with column codes, 64 registers spilled 12-16 bytes).  The row-code kernel at four
+// chunks with col_keys asks for 2: left alone, ptxas took 80 on sm_90a and spilled 8 bytes.
+constexpr int quant_mlp_min_blocks(int chunks_in, int chunks, int input, bool keys) {
+  return chunks_in != chunks ? (chunks == 1 ? (input == kColPlanesInput ? 3 : 4) : input == kFloatInput && !keys ? 4 : 0)
+         : input == kRowPlanesInput && chunks == 4 && keys ? 2
+         : input != kFloatInput && chunks == 1 ? 4
          : (keys && input == kFloatInput && chunks == 4) || (input == kColPlanesInput && chunks == 2) ? 3
                                                                                                     : 0;
 }
 
 // kChunks: values per lane (every width <= 32·kChunks); kRows: rows a warp carries at a time; kInput: InputKind.
-template <int kChunks, int kRows, int kInput, bool kKeys>
-__global__ void __launch_bounds__(kThreads, quant_mlp_min_blocks(kChunks, kInput, kKeys)) quant_mlp_kernel(const __grid_constant__ MlpArgs args) {
+template <int kChunksIn, int kChunks, int kRows, int kInput, bool kKeys>
+__global__ void __launch_bounds__(kThreads, quant_mlp_min_blocks(kChunksIn, kChunks, kInput, kKeys)) quant_mlp_kernel(const __grid_constant__ MlpArgs args) {
   static_assert(kRows <= 32, "lane i forms row i's range");
   static_assert(kInput == kFloatInput || kRows <= 4, "a code input's rows are the bytes of one register");
   extern __shared__ __align__(16) unsigned char smem[];
@@ -294,109 +409,16 @@ __global__ void __launch_bounds__(kThreads, quant_mlp_min_blocks(kChunks, kInput
   const int64_t step = static_cast<int64_t>(gridDim.x) * kWarps * kRows;
   for (int64_t r0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * kRows; r0 < args.rows; r0 += step) {
     float h[kRows][kChunks];
-    load_rows<kChunks, kRows, kInput>(args, r0, in0, lane, h);
-    for (int l = 0; l < args.layers; ++l) {
-      const MlpLayer& L = layers[l];
-      const int in = L.in, out = L.out;
-      const float max_code = L.max_code;
-      // Each row's extrema as ordered keys, one warp reduction each.  A NaN makes both NaN, as amin / amax do: a
-      // positive NaN keys above +inf and a negative one below -inf, so the reduced keys tell whether a row holds one.
-      // Lane i < kRows then forms row i's range (the two IEEE divisions run once for all the rows, not once a row)
-      // and every lane reads the rows' ranges back with shuffles.
-      float mn = 0.0f, mx = 0.0f;
-#pragma unroll
-      for (int i = 0; i < kRows; ++i) {
-        unsigned key_min = 0xffffffffu, key_max = 0u;
-#pragma unroll
-        for (int j = 0; j < kChunks; ++j) {
-          if (lane + 32 * j < in) {
-            const unsigned key = ordered_key(h[i][j]);
-            key_min = min(key_min, key);
-            key_max = max(key_max, key);
-          }
-        }
-        key_min = __reduce_min_sync(kFullMask, key_min);
-        key_max = __reduce_max_sync(kFullMask, key_max);
-        if (lane == i) {
-          const bool nan = key_max > ordered_key(INFINITY) || key_min < ordered_key(-INFINITY);
-          mn = nan ? __int_as_float(0x7fffffff) : from_ordered_key(key_min);
-          mx = nan ? __int_as_float(0x7fffffff) : from_ordered_key(key_max);
-        }
-      }
-      const Range own = range_of(mn, mx, max_code);
-      // Then each row's codes into its buffer, and their sum.
-      float row_lo[kRows], row_scale[kRows];
-      unsigned sum[kRows];
-#pragma unroll
-      for (int i = 0; i < kRows; ++i) {
-        const Range range{__shfl_sync(kFullMask, own.lo, i), __shfl_sync(kFullMask, own.scale, i),
-                          __shfl_sync(kFullMask, own.inv, i)};
-        row_lo[i] = range.lo;
-        row_scale[i] = range.scale;
-        unsigned s = 0;
-#pragma unroll
-        for (int j = 0; j < kChunks; ++j) {
-          const int c = lane + 32 * j;
-          if (c < in) {
-            const uint32_t q = code_of(h[i][j], range, 0.5f, max_code);
-            codes[i * stride + c] = static_cast<uint8_t>(q);
-            s += q;
-          }
-        }
-        sum[i] = __reduce_add_sync(kFullMask, s);
-      }
-      __syncwarp();
-      // The exact code products of output channels lane, lane + 32, ...: each weight word loaded feeds kRows rows.
-      const uint32_t* ws = reinterpret_cast<const uint32_t*>(smem + L.w_offset);
-      unsigned acc[kRows][kChunks];
-      int o_safe[kChunks];
-#pragma unroll
-      for (int j = 0; j < kChunks; ++j) {
-        o_safe[j] = min(lane + 32 * j, out - 1);
-#pragma unroll
-        for (int i = 0; i < kRows; ++i) acc[i][j] = 0;
-      }
-      for (int k4 = 0; k4 < L.words / 4; ++k4) {
-        uint4 a[kRows];
-#pragma unroll
-        for (int i = 0; i < kRows; ++i) a[i] = reinterpret_cast<const uint4*>(codes + i * stride)[k4];
-        const uint32_t* wk = ws + 4 * k4 * out;
-#pragma unroll
-        for (int j = 0; j < kChunks; ++j) {
-          if (32 * j < out) {
-            const uint32_t w0 = wk[o_safe[j]], w1 = wk[out + o_safe[j]], w2 = wk[2 * out + o_safe[j]],
-                           w3 = wk[3 * out + o_safe[j]];
-#pragma unroll
-            for (int i = 0; i < kRows; ++i) {
-              acc[i][j] = __dp4a(a[i].x, w0, acc[i][j]);
-              acc[i][j] = __dp4a(a[i].y, w1, acc[i][j]);
-              acc[i][j] = __dp4a(a[i].z, w2, acc[i][j]);
-              acc[i][j] = __dp4a(a[i].w, w3, acc[i][j]);
-            }
-          }
-        }
-      }
-      // bitmm's epilogue; the results stay in registers as the next layer's inputs.
-      const float* lo_w = reinterpret_cast<const float*>(smem + L.param_offset);
-      const double* sums = reinterpret_cast<const double*>(smem + L.sums_offset);
-      const double k = static_cast<double>(in);
-#pragma unroll
-      for (int j = 0; j < kChunks; ++j) {
-        const int o = lane + 32 * j;
-        if (o < out) {
-          const double col_sum = sums[o];
-          const float w_lo = lo_w[o], w_scale = lo_w[out + o], bias = lo_w[2 * out + o];
-#pragma unroll
-          for (int i = 0; i < kRows; ++i) {
-            h[i][j] = bitmm_affine_epilogue(static_cast<double>(acc[i][j]), static_cast<double>(sum[i]), col_sum,
-                                            row_lo[i], row_scale[i], w_lo, w_scale, k, bias, L.relu != 0);
-          }
-        } else {
-#pragma unroll
-          for (int i = 0; i < kRows; ++i) h[i][j] = 0.0f;
-        }
-      }
-      __syncwarp();  // every lane is done reading the codes before the next layer writes them
+    if constexpr (kChunksIn == kChunks) {
+      load_rows<kChunks, kRows, kInput>(args, r0, in0, lane, h);
+      for (int l = 0; l < args.layers; ++l) mlp_layer<kChunks, kChunks, kRows>(layers[l], h, h, codes, stride, lane);
+    } else {
+      // The first layer's input is wider than every later width: its values sit in their own registers, which are
+      // free once the layer has turned them into codes.
+      float h_in[kRows][kChunksIn];
+      load_rows<kChunksIn, kRows, kInput>(args, r0, in0, lane, h_in);
+      mlp_layer<kChunksIn, kChunks, kRows>(layers[0], h_in, h, codes, stride, lane);
+      for (int l = 1; l < args.layers; ++l) mlp_layer<kChunks, kChunks, kRows>(layers[l], h, h, codes, stride, lane);
     }
     // Lane i < kRows reads row i's scale; x · 1 is x for every float32 (NaNs stay NaNs).
     const float own_scale =
@@ -506,8 +528,17 @@ at::Tensor launch_quant_mlp(MlpInput input, int kind, const char* input_name, in
     offset += L.out * 8;
     max_width = std::max(max_width, std::max(L.in, L.out));
   }
-  // The kernel's instantiation: values per lane, and rows per warp (kRows code buffers per warp).
-  const int chunks = max_width <= 32 ? 1 : max_width <= 64 ? 2 : max_width <= 128 ? 4 : 8;
+  // The kernel's instantiation: values per lane, and rows per warp (kRows code buffers per warp).  A first layer
+  // of 65 to 128 inputs before widths of at most 64 (GIN's and GCN's first layers on 100 features) takes a kernel
+  // that holds the first layer's values in their own registers and every later layer's in fewer.
+  const auto chunks_of = [](int width) { return width <= 32 ? 1 : width <= 64 ? 2 : width <= 128 ? 4 : 8; };
+  const int chunks = chunks_of(max_width);
+  int later_width = 0;
+  for (int64_t l = 1; l <= layers; ++l) later_width = std::max(later_width, static_cast<int>(widths[l]));
+  const int later_chunks = chunks_of(later_width);
+  // Not for row-layout codes: their plane-at-a-time loads measured slower there (41.4 against 37.1 µs on GCN's
+  // 100 -> 16 layer, H200), while float input gained 19% (100 -> 64 -> 64) and column codes 8% (100 -> 16).
+  const bool wide_first = chunks == 4 && later_chunks <= 2 && kind != kRowPlanesInput;
   const int rows_per = rows_per_warp(chunks);
   args.codes_offset = align_up(offset, 16);
   args.codes_stride = align_up(max_width, 16);
@@ -541,33 +572,46 @@ at::Tensor launch_quant_mlp(MlpInput input, int kind, const char* input_name, in
     kernel<<<static_cast<unsigned>(blocks), kThreads, smem, c10::cuda::getCurrentCUDAStream()>>>(args);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
-  const auto launch_input = [&](auto chunks_tag) {
+  const auto launch_input = [&](auto chunks_in_tag, auto chunks_tag) {
+    constexpr int kChunksIn = decltype(chunks_in_tag)::value;
     constexpr int kChunks = decltype(chunks_tag)::value;
-    constexpr int kRows = rows_per_warp(kChunks);
+    constexpr int kRows = rows_per_warp(kChunksIn);
     const auto launch_keys = [&](auto input_tag) {
       constexpr int kInput = decltype(input_tag)::value;
       if (args.col_keys != nullptr) {
-        launch(quant_mlp_kernel<kChunks, kRows, kInput, true>);
+        launch(quant_mlp_kernel<kChunksIn, kChunks, kRows, kInput, true>);
       } else {
-        launch(quant_mlp_kernel<kChunks, kRows, kInput, false>);
+        launch(quant_mlp_kernel<kChunksIn, kChunks, kRows, kInput, false>);
       }
     };
     if (kind == kColPlanesInput) {
       launch_keys(std::integral_constant<int, kColPlanesInput>{});
     } else if (kind == kRowPlanesInput) {
-      launch_keys(std::integral_constant<int, kRowPlanesInput>{});
+      if constexpr (kChunksIn == kChunks) {  // row codes never take the wide-first kernels (not instantiated)
+        launch_keys(std::integral_constant<int, kRowPlanesInput>{});
+      } else {
+        TORCH_INTERNAL_ASSERT(false, "quant_mlp: row-layout codes with a wide first layer");
+      }
     } else {
       launch_keys(std::integral_constant<int, kFloatInput>{});
     }
   };
-  if (chunks == 1) {
-    launch_input(std::integral_constant<int, 1>{});
+  using One = std::integral_constant<int, 1>;
+  using Two = std::integral_constant<int, 2>;
+  using Four = std::integral_constant<int, 4>;
+  using Eight = std::integral_constant<int, 8>;
+  if (wide_first && later_chunks == 1) {
+    launch_input(Four{}, One{});
+  } else if (wide_first) {
+    launch_input(Four{}, Two{});
+  } else if (chunks == 1) {
+    launch_input(One{}, One{});
   } else if (chunks == 2) {
-    launch_input(std::integral_constant<int, 2>{});
+    launch_input(Two{}, Two{});
   } else if (chunks == 4) {
-    launch_input(std::integral_constant<int, 4>{});
+    launch_input(Four{}, Four{});
   } else {
-    launch_input(std::integral_constant<int, 8>{});
+    launch_input(Eight{}, Eight{});
   }
   return out;
 }

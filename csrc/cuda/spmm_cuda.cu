@@ -68,6 +68,7 @@ struct SpmmArgs {
   const float* row_scale;
   const float* bias;
   bool relu;
+  bool params_aligned;  // lo, scale and bias (when given) start on 16-byte boundaries
   float* out_float;
 };
 
@@ -318,11 +319,16 @@ __device__ __forceinline__ void gather_row(const SpmmArgs& p, const uint8_t* __r
 // the SASS of the version with int64 bounds on every entry spent ~37 instructions an entry and lane, two thirds of
 // them on 64-bit compares and addresses (ncu: issue 41% busy, ALU the busiest pipe, 10.5M instructions for 1.27M
 // entries).
-template <int kContainer, typename Acc>
+
+// The columns are read through a pointer that walks the row (one load with an immediate offset an entry) and a
+// slice's address is one IMAD.WIDE.U32 off a 64-bit base held in registers: indexing from the row's int64 start
+// cost ~6 instructions an entry for the column and 3 for the slice (SASS, H200 build).
+template <int kContainer, typename Acc, int kBatch>
 __device__ __forceinline__ void gather_row_bytes(const SpmmArgs& p, const uint8_t* __restrict__ source_codes,
                                                  int64_t begin, int64_t end,
                                                  Acc (&sum)[GatherSlice<kContainer, Acc>::kCodes]) {
   using S = GatherSlice<kContainer, Acc>;
+  static_assert(kBatch <= 17, "one flush a batch: a batch must fit in 255 / 15 entries");
   constexpr int kFields = 8 / kContainer;  // codes per byte: field s of byte b is code b·kFields + s of its word
   constexpr uint32_t kMask = ((1u << kContainer) - 1u) * 0x01010101u;
   uint32_t bytes[S::kWords][kFields];
@@ -342,9 +348,9 @@ __device__ __forceinline__ void gather_row_bytes(const SpmmArgs& p, const uint8_
       }
     }
   };
-  const auto accumulate = [&](const uint32_t (&words)[kByteBatch][S::kWords]) {
+  const auto accumulate = [&](const uint32_t (&words)[kBatch][S::kWords]) {
 #pragma unroll
-    for (int j = 0; j < kByteBatch; ++j) {
+    for (int j = 0; j < kBatch; ++j) {
 #pragma unroll
       for (int i = 0; i < S::kWords; ++i) {
 #pragma unroll
@@ -352,38 +358,37 @@ __device__ __forceinline__ void gather_row_bytes(const SpmmArgs& p, const uint8_
       }
     }
   };
-  const int32_t* __restrict__ cols = p.res_col + begin;
   const int count = static_cast<int>(end - begin);  // a row's length fits: res_col is indexed by int32 columns
-  const int full = count - count % kByteBatch;
+  const int full = count - count % kBatch;
   const uint32_t code_ld = static_cast<uint32_t>(p.code_ld);
   int room = p.byte_room;
-  uint32_t col[kByteBatch];  // one batch ahead, as in gather_row
+  const int32_t* __restrict__ next = p.res_col + begin;  // the next batch's columns
+  uint32_t col[kBatch];  // one batch ahead, as in gather_row
 #pragma unroll
-  for (int j = 0; j < kByteBatch; ++j) col[j] = j < count ? static_cast<uint32_t>(__ldg(cols + j)) : 0u;
-  for (int e0 = 0; e0 < full; e0 += kByteBatch) {
-    uint32_t words[kByteBatch][S::kWords];
+  for (int j = 0; j < kBatch; ++j) col[j] = j < count ? static_cast<uint32_t>(__ldg(next + j)) : 0u;
+  next += kBatch;
+  for (int e0 = 0; e0 < full; e0 += kBatch, next += kBatch) {
+    uint32_t words[kBatch][S::kWords];
 #pragma unroll
-    for (int j = 0; j < kByteBatch; ++j) load_slice<S::kWords>(code_slice(source_codes, col[j], code_ld), words[j]);
-    if (e0 + 2 * kByteBatch <= count) {  // the next batch is whole too
+    for (int j = 0; j < kBatch; ++j) load_slice<S::kWords>(code_slice(source_codes, col[j], code_ld), words[j]);
+    if (e0 + 2 * kBatch <= count) {  // the next batch is whole too
 #pragma unroll
-      for (int j = 0; j < kByteBatch; ++j) col[j] = static_cast<uint32_t>(__ldg(cols + e0 + kByteBatch + j));
+      for (int j = 0; j < kBatch; ++j) col[j] = static_cast<uint32_t>(__ldg(next + j));
     } else {
 #pragma unroll
-      for (int j = 0; j < kByteBatch; ++j) {
-        col[j] = e0 + kByteBatch + j < count ? static_cast<uint32_t>(__ldg(cols + e0 + kByteBatch + j)) : 0u;
-      }
+      for (int j = 0; j < kBatch; ++j) col[j] = e0 + kBatch + j < count ? static_cast<uint32_t>(__ldg(next + j)) : 0u;
     }
-    if (room < kByteBatch) {  // byte_room >= 17 > kByteBatch: one flush makes room for the whole batch
+    if (room < kBatch) {  // byte_room >= 17 >= kBatch: one flush makes room for the whole batch
       flush();
       room = p.byte_room;
     }
-    room -= kByteBatch;
+    room -= kBatch;
     accumulate(words);
   }
   if (full < count) {  // the last, partial batch: its dead entries add zeros
-    uint32_t words[kByteBatch][S::kWords];
+    uint32_t words[kBatch][S::kWords];
 #pragma unroll
-    for (int j = 0; j < kByteBatch; ++j) {
+    for (int j = 0; j < kBatch; ++j) {
       if (full + j < count) {
         load_slice<S::kWords>(code_slice(source_codes, col[j], code_ld), words[j]);
       } else {
@@ -391,10 +396,60 @@ __device__ __forceinline__ void gather_row_bytes(const SpmmArgs& p, const uint8_
         for (int i = 0; i < S::kWords; ++i) words[j][i] = 0;
       }
     }
-    if (room < kByteBatch) flush();
+    if (room < kBatch) flush();
     accumulate(words);
   }
   flush();
+}
+
+// The per-column parameters of features f .. f + 3 of the affine epilogue: with `vector` (f a multiple of 4, all
+// four below cols, params_aligned) one 16-byte load each; else one load a feature, clamped to cols - 1 (features
+// past cols are computed, not stored).
+struct ColumnParams4 {
+  float lo[4], scale[4], bias[4];
+};
+
+__device__ __forceinline__ ColumnParams4 load_column_params4(const SpmmArgs& p, int64_t f, bool vector) {
+  ColumnParams4 c;
+  if (vector) {
+    const float4 lo = __ldg(reinterpret_cast<const float4*>(p.lo + f));
+    const float4 scale = __ldg(reinterpret_cast<const float4*>(p.scale + f));
+    const float4 bias = p.bias ? __ldg(reinterpret_cast<const float4*>(p.bias + f)) : make_float4(0.f, 0.f, 0.f, 0.f);
+    c.lo[0] = lo.x, c.lo[1] = lo.y, c.lo[2] = lo.z, c.lo[3] = lo.w;
+    c.scale[0] = scale.x, c.scale[1] = scale.y, c.scale[2] = scale.z, c.scale[3] = scale.w;
+    c.bias[0] = bias.x, c.bias[1] = bias.y, c.bias[2] = bias.z, c.bias[3] = bias.w;
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t fi = min(f + i, p.cols - 1);
+      c.lo[i] = p.lo[fi];
+      c.scale[i] = p.scale[fi];
+      c.bias[i] = p.bias ? p.bias[fi] : 0.0f;
+    }
+  }
+  return c;
+}
+
+// Integer results of `count` consecutive features: 16-byte stores when `vector` (count a multiple of 16 bytes' worth,
+// the address 16-byte aligned), else one a feature up to `live`.
+template <typename Acc, int kCount>
+__device__ __forceinline__ void store_sums(Acc* __restrict__ out, const Acc (&sum)[kCount], int live, bool vector) {
+  constexpr int kPerVector = 16 / static_cast<int>(sizeof(Acc));
+  if (vector) {
+#pragma unroll
+    for (int v = 0; v < kCount / kPerVector; ++v) {
+      if constexpr (kPerVector == 4) {
+        reinterpret_cast<int4*>(out)[v] = make_int4(sum[4 * v], sum[4 * v + 1], sum[4 * v + 2], sum[4 * v + 3]);
+      } else {
+        reinterpret_cast<longlong2*>(out)[v] = make_longlong2(sum[2 * v], sum[2 * v + 1]);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < kCount; ++k) {
+      if (k < live) out[k] = sum[k];
+    }
+  }
 }
 
 // Binary adjacency, 32-bit sums: registers capped so that 6 blocks of 128 threads share an SM at 4-bit containers
@@ -416,12 +471,15 @@ __global__ void __launch_bounds__(kGatherThreads, gather_min_blocks<Acc, kContai
   const int64_t f0 = (static_cast<int64_t>(blockIdx.y) * kLanes + threadIdx.x % kLanes) * S::kCodes;
   if (f0 >= p.cols) return;
   const uint8_t* source_codes = p.codes + f0 * kContainer / 8;
+  // Held as one 64-bit register pair, so that a slice's address is one IMAD.WIDE.U32 off it (left visible, the
+  // compiler re-associated p.codes + (col · ld + offset) into three instructions an entry).
+  asm("" : "+l"(source_codes));
   Acc sum[S::kCodes];
 #pragma unroll
   for (int k = 0; k < S::kCodes; ++k) sum[k] = 0;
   const int64_t begin = p.res_ptr[row], end = p.res_ptr[row + 1];
   if constexpr (!kWeighted && kContainer <= 4) {
-    gather_row_bytes<kContainer>(p, source_codes, begin, end, sum);
+    gather_row_bytes<kContainer, Acc, kByteBatch>(p, source_codes, begin, end, sum);
   } else {
     uint32_t half[S::kHalves];
 #pragma unroll
@@ -435,12 +493,10 @@ __global__ void __launch_bounds__(kGatherThreads, gather_min_blocks<Acc, kContai
   }
 
   const int live = static_cast<int>(min(static_cast<int64_t>(S::kCodes), p.cols - f0));
+  // 16-byte aligned when whole: row · cols and f0 are multiples of 4 (of 16 at 8-byte sums: f0 is one of kCodes).
+  const bool vector_store = live == S::kCodes && p.cols % 4 == 0;
   if (p.out_float == nullptr) {
-    Acc* out_row = out_int + row * p.cols + f0;
-#pragma unroll
-    for (int k = 0; k < S::kCodes; ++k) {
-      if (k < live) out_row[k] = sum[k];
-    }
+    store_sums<Acc, S::kCodes>(out_int + row * p.cols + f0, sum, live, vector_store);
     return;
   }
   const double row_sum = static_cast<double>(p.row_sums[row]);
@@ -451,19 +507,18 @@ __global__ void __launch_bounds__(kGatherThreads, gather_min_blocks<Acc, kContai
   for (int i = 0; i < S::kWords; ++i) self_words[i] = 0;
   if (p.self_weight) load_slice<S::kWords>(source_codes + row * p.code_ld, self_words);
   float* out_row = p.out_float + row * p.cols + f0;
-  const bool vector_store = live == S::kCodes && p.cols % 4 == 0;  // 16-byte aligned: row·cols and f0 are multiples of 4
   // Four codes at a time, each group stored before the next is computed (fewer live registers: the kernel is capped).
 #pragma unroll
   for (int g = 0; g < S::kCodes / 4; ++g) {
+    const ColumnParams4 c = load_column_params4(p, f0 + 4 * g, vector_store && p.params_aligned);
     float value[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int k = 4 * g + i;
-      const int64_t f = min(f0 + k, p.cols - 1);  // past cols: computed, not stored
       const float self_code = static_cast<float>((self_words[k / S::kPerWord] >> (kContainer * (k % S::kPerWord))) &
                                                  ((1u << kContainer) - 1u));
-      value[i] = affine_epilogue(static_cast<double>(sum[k]), p.lo[f], p.scale[f], row_sum, self_weight, self_code,
-                                 row_scale, p.bias ? static_cast<double>(p.bias[f]) : 0.0, p.relu);
+      value[i] = affine_epilogue(static_cast<double>(sum[k]), c.lo[i], c.scale[i], row_sum, self_weight, self_code,
+                                 row_scale, static_cast<double>(c.bias[i]), p.relu);
     }
     if (vector_store) {
       reinterpret_cast<float4*>(out_row)[g] = make_float4(value[0], value[1], value[2], value[3]);
@@ -667,6 +722,8 @@ at::Tensor bit_spmm_affine_cuda(const at::Tensor& window_ptr, const at::Tensor& 
   args.row_scale = row_scale_c.defined() ? row_scale_c.data_ptr<float>() : nullptr;
   args.bias = bias_c.defined() ? bias_c.data_ptr<float>() : nullptr;
   args.relu = relu;
+  args.params_aligned = (reinterpret_cast<uintptr_t>(args.lo) | reinterpret_cast<uintptr_t>(args.scale) |
+                         reinterpret_cast<uintptr_t>(args.bias)) % 16 == 0;
   args.out_float = out.data_ptr<float>();
   if (wide) {
     launch<int64_t>(o, args, nullptr);

@@ -1,0 +1,84 @@
+"""quant_mlp's kernels for a first layer wider than the rest (65 to 128 inputs, every later width at most 64: GIN's
+and GCN's first layers on 100 features), which keep the first layer's values in their own registers.
+
+Each chain below takes that path on the GPU; the GPU must equal the CPU bit for bit for float input
+(``quant_mlp``) and for the codes of a packed tensor in both layouts (``quant_mlp_planes``), with and without a row
+scale and column keys, at row counts that leave partial groups and take several grid-stride trips.  Both CPU and
+GPU are also checked against the layer-by-layer definition on the CPU.
+"""
+import pytest
+import torch
+
+import pyg_quant as pq
+
+from conftest import gen, requires_cuda
+from test_col_keys import fresh_keys
+from test_quant_mlp import BIT_PAIRS, composition, layer_codes, row_scale_for
+
+pytestmark = pytest.mark.cuda
+
+# (widths, seed): one or two later chunks, widths that are and are not multiples of 4 or 16, ReLU or not
+CHAINS = [([100, 16], 0), ([100, 64, 64], 1), ([128, 64, 47], 2), ([65, 32, 1], 3), ([100, 64], 4),
+          ([97, 7, 33, 64], 5)]
+
+
+def chain(widths, seed, n, device="cpu"):
+    g = gen(500 + seed)
+    x = torch.randn(n, widths[0], generator=g) * (1 + seed)
+    if n > 3:
+        x[2] = -0.75  # a constant row
+    layers = len(widths) - 1
+    act_bits = [BIT_PAIRS[(seed + 3 * l) % len(BIT_PAIRS)][0] for l in range(layers)]
+    weight_bits = [BIT_PAIRS[(seed + 3 * l) % len(BIT_PAIRS)][1] for l in range(layers)]
+    ws = [layer_codes(widths[l], widths[l + 1], weight_bits[l], 31 * seed + l) for l in range(layers)]
+    biases = [torch.randn(widths[l + 1], generator=g) if (seed + l) % 2 else None for l in range(layers)]
+    relus = [(seed + l) % 3 != 2 for l in range(layers)]
+    to = lambda t: None if t is None else t.to(device)  # noqa: E731
+    args = (x.to(device), [to(w[0]) for w in ws], [to(w[1]) for w in ws], [to(w[2]) for w in ws],
+            [to(w[3]) for w in ws], [to(b) for b in biases], act_bits, weight_bits, relus)
+    return args, [w[4] for w in ws]
+
+
+@requires_cuda
+@pytest.mark.parametrize("n", [5, 259, 70_003])
+@pytest.mark.parametrize("keys", [False, True])
+@pytest.mark.parametrize("scaled", [False, True])
+@pytest.mark.parametrize("k", range(len(CHAINS)))
+def test_float_input_gpu_equals_cpu(k, scaled, keys, n):
+    widths, seed = CHAINS[k]
+    args, wts = chain(widths, seed, n)
+    cuda_args, _ = chain(widths, seed, n, "cuda")
+    scale = row_scale_for(n, seed) if scaled else None
+    cpu_keys, gpu_keys = (fresh_keys(widths[-1]), fresh_keys(widths[-1], "cuda")) if keys else (None, None)
+    want = torch.ops.pyg_quant.quant_mlp(*args, scale, cpu_keys)
+    got = torch.ops.pyg_quant.quant_mlp(*cuda_args, None if scale is None else scale.cuda(), gpu_keys)
+    assert torch.equal(got.cpu(), want)
+    if keys:
+        assert torch.equal(gpu_keys.cpu(), cpu_keys)
+    if n < 1000 and not scaled:
+        assert torch.equal(want, composition(args[0], wts, args[5], args[6], args[8]))
+
+
+@requires_cuda
+@pytest.mark.parametrize("n", [5, 259, 70_003])
+@pytest.mark.parametrize("keys", [False, True])
+@pytest.mark.parametrize("layout", ["col", "row"])
+@pytest.mark.parametrize("k", range(len(CHAINS)))
+def test_planes_input_gpu_equals_cpu(k, layout, keys, n):
+    widths, seed = CHAINS[k]
+    args, _ = chain(widths, seed, n)
+    x = pq.to_bit(args[0], 1 + seed % 8, dim=0, layout=layout)
+    layers = args[1:]
+    cuda_layers = chain(widths, seed, n, "cuda")[0][1:]
+    scale = row_scale_for(n, seed)
+    cpu_keys, gpu_keys = (fresh_keys(widths[-1]), fresh_keys(widths[-1], "cuda")) if keys else (None, None)
+
+    def planes(t):
+        return (t.planes, t.rows, t.cols, t.layout == "col", t.lo, t.scale, 0)
+
+    want = torch.ops.pyg_quant.quant_mlp_planes(*planes(x), *layers, scale, cpu_keys)
+    got = torch.ops.pyg_quant.quant_mlp_planes(*planes(x.to("cuda")), *cuda_layers, scale.cuda(), gpu_keys)
+    assert torch.equal(got.cpu(), want)
+    if keys:
+        assert torch.equal(gpu_keys.cpu(), cpu_keys)
+    assert torch.equal(want, torch.ops.pyg_quant.quant_mlp(pq.to_val(x), *layers, scale))
