@@ -190,9 +190,13 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) bit_spmm_kernel(const Spm
 // entries, with weights at most 255 (the 8-bit adjacency); a larger weight is added straight to Acc.  A binary
 // adjacency's row shorter than flush_every runs a loop without the overflow count; a binary adjacency at containers
 // of 1 to 4 bits sums in 8-bit fields instead (gather_row_bytes).  Each lane keeps kGatherBatch gathers in flight
-// and loads the next batch's columns while they land.  What bounds it (ncu, H100, 32,000 rows, 4-bit, d = 64,
-// before the byte fields and 16-code slices): instruction issue at 25% occupancy (125 registers) in under one
-// wave, L2 at 46% of its throughput; 1-bit rows took as long as 4-bit ones.  Now 22 us there (was 28-32).
+// and loads the next batch's columns while they land.  What bounds it (ncu, H200, 32,000 rows, 1.27M entries,
+// 4-bit, d = 64, fused float epilogue): instruction issue -- 8.9M warp instructions, issue slots 60% busy with 4.8
+// active warps a scheduler (28% occupancy at 80 registers, 1.26 waves), L2 at 44% of its throughput.  19 us there
+// (graph replay; 87.5 us for fp32 CSR).  Tried and measured there, not kept: four lanes sharing a feature slice,
+// each taking every fourth entry, sums halved across lanes by shuffles, persistent threads pipelined over rows (one
+// round trip a row; 11.5M instructions: the per-row work four times over, 18.5 us, worse at d = 128 and 2 bits);
+// batches of 8 entries at 64 registers, one wave (19.0-19.8 us).
 constexpr int kGatherThreads = 128, kGatherBatch = 8, kByteBatch = 12;
 static_assert(kByteBatch <= 17, "gather_row_bytes flushes once a batch: a batch must fit in 255 / 15 entries");
 
