@@ -241,6 +241,33 @@ def _check_bit_spmm_int(dev, adj_bits):
             assert torch.equal(want, A @ ref_codes(x).cpu())
 
 
+def _check_gather_equal(dev, cpu, gpu, x, A=None, tag=()):
+    """bit_spmm_int of the square adjacencies `cpu` / `gpu` on x (n x cols, column layout): GPU == CPU bit for bit in
+    int32 and int64, codes cached or packed inside.  With A (the dense adjacency), also CPU == A @ codes and the
+    fused float epilogue (self loops, a row scale, bias, ReLU or not) GPU == CPU; returns (the CPU's ReLU output,
+    row scale, bias), else None."""
+    n, cols = x.rows, x.cols
+    for wide, cached in itertools.product((False, True), (False, True)):
+        codes = x.row_codes() if cached else None
+        got = OPS.bit_spmm_int(*[getattr(gpu, k) for k in ADJ_TENSORS[:6]], x.planes, n, cols, wide, codes)
+        want = OPS.bit_spmm_int(*[getattr(cpu, k) for k in ADJ_TENSORS[:6]], x.planes.cpu(), n, cols, wide)
+        assert got.device.type == dev and _equal_on_cpu(got, want), tag + (wide, cached)
+    if A is None:
+        return None
+    assert torch.equal(want, A @ ref_codes(x).cpu())
+    row_scale = torch.rand(n, generator=gen(cols)) + 0.5
+    bias = torch.randn(cols, generator=gen(cols + 1))
+    for relu in (False, True):
+        def affine(adj, on, codes=None):
+            return OPS.bit_spmm_affine(*[getattr(adj, k) for k in ADJ_TENSORS[:6]], x.planes.to(on),
+                                       x.lo.to(on), x.scale.to(on), adj.row_sums, adj.diag,
+                                       row_scale.to(on), bias.to(on), relu, n, cols, False, codes)
+        want = affine(cpu, "cpu")
+        assert _equal_on_cpu(affine(gpu, dev), want), tag + (relu,)
+        assert _equal_on_cpu(affine(gpu, dev, x.row_codes()), want), tag + (relu,)
+    return want, row_scale, bias
+
+
 def _check_bit_spmm_csr_only(dev):
     """An adjacency without tiles (min_tile_nnz above a tile's 4096 entries) runs the CUDA gather kernel:
     GPU == CPU bit for bit for 1- to 8-bit features (row-code containers of 1, 2, 4 and 8 bits, packed inside the
@@ -260,23 +287,8 @@ def _check_bit_spmm_csr_only(dev):
         A = dense_from_edges(ei, n, n).long()
         for x_bits, cols in itertools.product(range(1, 9), (1, 21, 64, 100, 300, 600)):
             x = pq.to_bit(randn(n, cols, x_bits + cols, shift=0.3).to(dev), x_bits, dim=0, layout="col")
-            for wide, cached in itertools.product((False, True), (False, True)):
-                codes = x.row_codes() if cached else None
-                got = OPS.bit_spmm_int(*[getattr(gpu, k) for k in ADJ_TENSORS[:6]], x.planes, n, cols, wide, codes)
-                want = OPS.bit_spmm_int(*[getattr(cpu, k) for k in ADJ_TENSORS[:6]], x.planes.cpu(), n, cols, wide)
-                assert got.device.type == dev and _equal_on_cpu(got, want), (ei is binary, x_bits, cols, wide, cached)
-            if cols in (21, 64, 300) and x_bits in (1, 3, 4, 8):
-                assert torch.equal(want, A @ ref_codes(x).cpu())
-                row_scale = torch.rand(n, generator=gen(cols)) + 0.5
-                bias = torch.randn(cols, generator=gen(cols + 1))
-                for relu in (False, True):
-                    def affine(adj, on, codes=None):
-                        return OPS.bit_spmm_affine(*[getattr(adj, k) for k in ADJ_TENSORS[:6]], x.planes.to(on),
-                                                   x.lo.to(on), x.scale.to(on), adj.row_sums, adj.diag,
-                                                   row_scale.to(on), bias.to(on), relu, n, cols, False, codes)
-                    want = affine(cpu, "cpu")
-                    assert _equal_on_cpu(affine(gpu, dev), want), (x_bits, cols, relu)
-                    assert _equal_on_cpu(affine(gpu, dev, x.row_codes()), want), (x_bits, cols, relu)
+            full = cols in (21, 64, 300) and x_bits in (1, 3, 4, 8)
+            _check_gather_equal(dev, cpu, gpu, x, A if full else None, (ei is binary, x_bits, cols))
             if ei is weighted and cols == 64:  # op-level weights past the 8-bit adjacency: the exact slow path
                 args = [getattr(cpu, k) for k in ADJ_TENSORS[:5]] + [cpu.res_val * 1000 + 7, x.planes.cpu(), n, 64, True]
                 want = OPS.bit_spmm_int(*args)
@@ -300,22 +312,7 @@ def _check_bit_spmm_dense_rows(dev):
     A = dense_from_edges(ei, n, n).long()
     for x_bits, cols in itertools.product((1, 2, 3, 4, 5), (1, 5, 16, 17, 64, 100, 128, 129)):
         x = pq.to_bit(randn(n, cols, 7 * x_bits + cols, shift=0.2).to(dev), x_bits, dim=0, layout="col")
-        for wide, cached in itertools.product((False, True), (False, True)):
-            codes = x.row_codes() if cached else None
-            got = OPS.bit_spmm_int(*[getattr(gpu, k) for k in ADJ_TENSORS[:6]], x.planes, n, cols, wide, codes)
-            want = OPS.bit_spmm_int(*[getattr(cpu, k) for k in ADJ_TENSORS[:6]], x.planes.cpu(), n, cols, wide)
-            assert got.device.type == dev and _equal_on_cpu(got, want), (x_bits, cols, wide, cached)
-        assert torch.equal(want, A @ ref_codes(x).cpu())
-        row_scale = torch.rand(n, generator=gen(cols)) + 0.5
-        bias = torch.randn(cols, generator=gen(cols + 1))
-        for relu in (False, True):
-            def affine(adj, on, codes=None):
-                return OPS.bit_spmm_affine(*[getattr(adj, k) for k in ADJ_TENSORS[:6]], x.planes.to(on),
-                                           x.lo.to(on), x.scale.to(on), adj.row_sums, adj.diag,
-                                           row_scale.to(on), bias.to(on), relu, n, cols, False, codes)
-            want = affine(cpu, "cpu")
-            assert _equal_on_cpu(affine(gpu, dev), want), (x_bits, cols, relu)
-            assert _equal_on_cpu(affine(gpu, dev, x.row_codes()), want), (x_bits, cols, relu)
+        want, row_scale, bias = _check_gather_equal(dev, cpu, gpu, x, A, (x_bits, cols))
         if cols == 64:  # lo, scale and bias as views one float past a 16-byte boundary
             def shifted(t):
                 return torch.cat([t.new_zeros(1), t])[1:]

@@ -42,11 +42,12 @@ def composition(x, wts, biases, act_bits, relus):
     return h
 
 
-def make_case(i, n=None, device="cpu"):
+def make_case(i, n=None, device="cpu", widths=None):
+    """Chain i: random widths (or `widths`), bit pairs, biases, ReLUs and input kind: (op arguments, Wᵀ BitTensors)."""
     g = gen(1000 + i)
-    layers = 1 + i % 3
+    layers = 1 + i % 3 if widths is None else len(widths) - 1
     pick = lambda: WIDTHS[int(torch.randint(len(WIDTHS), (1,), generator=g))]  # noqa: E731
-    widths = [pick() for _ in range(layers + 1)]
+    widths = [pick() for _ in range(layers + 1)] if widths is None else list(widths)
     n = [1, 37, 1000][i % 3] if n is None else n
     kind = i % 4
     x = torch.randn(n, widths[0], generator=g)

@@ -11,9 +11,9 @@ import torch
 
 import pyg_quant as pq
 
-from conftest import gen, requires_cuda
+from conftest import requires_cuda
 from test_col_keys import fresh_keys
-from test_quant_mlp import BIT_PAIRS, composition, layer_codes, row_scale_for
+from test_quant_mlp import composition, make_case, row_scale_for
 
 pytestmark = pytest.mark.cuda
 
@@ -23,20 +23,7 @@ CHAINS = [([100, 16], 0), ([100, 64, 64], 1), ([128, 64, 47], 2), ([65, 32, 1], 
 
 
 def chain(widths, seed, n, device="cpu"):
-    g = gen(500 + seed)
-    x = torch.randn(n, widths[0], generator=g) * (1 + seed)
-    if n > 3:
-        x[2] = -0.75  # a constant row
-    layers = len(widths) - 1
-    act_bits = [BIT_PAIRS[(seed + 3 * l) % len(BIT_PAIRS)][0] for l in range(layers)]
-    weight_bits = [BIT_PAIRS[(seed + 3 * l) % len(BIT_PAIRS)][1] for l in range(layers)]
-    ws = [layer_codes(widths[l], widths[l + 1], weight_bits[l], 31 * seed + l) for l in range(layers)]
-    biases = [torch.randn(widths[l + 1], generator=g) if (seed + l) % 2 else None for l in range(layers)]
-    relus = [(seed + l) % 3 != 2 for l in range(layers)]
-    to = lambda t: None if t is None else t.to(device)  # noqa: E731
-    args = (x.to(device), [to(w[0]) for w in ws], [to(w[1]) for w in ws], [to(w[2]) for w in ws],
-            [to(w[3]) for w in ws], [to(b) for b in biases], act_bits, weight_bits, relus)
-    return args, [w[4] for w in ws]
+    return make_case(seed, n=n, device=device, widths=widths)
 
 
 @requires_cuda
