@@ -195,7 +195,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) bit_spmm_kernel(const Spm
 // active warps a scheduler (28% occupancy at 80 registers, 1.26 waves), L2 at 44% of its throughput.  19 us there
 // (graph replay; 87.5 us for fp32 CSR).  Tried and measured there, not kept: four lanes sharing a feature slice,
 // each taking every fourth entry, sums halved across lanes by shuffles, persistent threads pipelined over rows (one
-// round trip a row; 11.5M instructions: the per-row work four times over, 18.5 us, worse at d = 128 and 2 bits);
+// round trip a row; 11.5M instructions: the per-row work four times over; 18.5 us, worse at d = 128 and 2 bits);
 // batches of 8 entries at 64 registers, one wave (19.0-19.8 us).
 constexpr int kGatherThreads = 128, kGatherBatch = 8, kByteBatch = 12;
 static_assert(kByteBatch <= 17, "gather_row_bytes flushes once a batch: a batch must fit in 255 / 15 entries");
