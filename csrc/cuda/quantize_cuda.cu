@@ -393,10 +393,7 @@ __global__ void column_extrema_kernel(const float* __restrict__ x, int64_t rows,
 // the codes go through shared memory so that the reads run along rows and each warp then ballots whole columns,
 // kBits ballots a column and slab.  Column sums come from the codes themselves, added once per block.  The
 // previous version quantized one slab at a time between two block barriers (one load in flight per thread,
-// 58 registers, bits a run-time loop): 16-19 us on 32,000 x 64 at 4 bits (H100, e2e profile and ncu).  The kernel
-// is bound by instruction issue (ncu, H200: 4.4M warp instructions on 32,000 x 16, 65% of issue slots), most of
-// them the ballots; the padding columns up to the planes' 64-column alignment (three quarters of them at GCN's 16
-// columns) store zero words without ballots.
+// 58 registers, bits a run-time loop): 16-19 us on 32,000 x 64 at 4 bits (H100, e2e profile and ncu).
 constexpr int kColSlabs = 4;
 
 template <int kBits>
@@ -452,14 +449,12 @@ __global__ void __launch_bounds__(256) quantize_pack_col_ranges_kernel(
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int col = ty + 8 * j;
+      const uint32_t q = tile[slab][tx][col];
       uint32_t mine = 0;
-      if (c0 + col < cols) {  // the same on every lane; padding columns' words are zeros, no ballots needed
-        const uint32_t q = tile[slab][tx][col];
 #pragma unroll
-        for (int p = 0; p < kBits; ++p) {
-          const uint32_t word = __ballot_sync(kFullMask, (q >> p) & 1u);
-          if (tx == p) mine = word;
-        }
+      for (int p = 0; p < kBits; ++p) {
+        const uint32_t word = __ballot_sync(kFullMask, (q >> p) & 1u);
+        if (tx == p) mine = word;
       }
       if (tx < kBits) out[tx * plane_stride + (c0 + col) * words + w] = mine;
     }
