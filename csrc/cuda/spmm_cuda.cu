@@ -322,11 +322,10 @@ __device__ __forceinline__ void gather_row(const SpmmArgs& p, const uint8_t* __r
 // entries are counted in 32 bits and every batch but the last is whole, so the hot loop carries no bound checks:
 // the SASS of the version with int64 bounds on every entry spent ~37 instructions an entry and lane, two thirds of
 // them on 64-bit compares and addresses (ncu: issue 41% busy, ALU the busiest pipe, 10.5M instructions for 1.27M
-// entries).
-
-// The columns are read through a pointer that walks the row (one load with an immediate offset an entry) and a
-// slice's address is one IMAD.WIDE.U32 off a 64-bit base held in registers: indexing from the row's int64 start
-// cost ~6 instructions an entry for the column and 3 for the slice (SASS, H200 build).
+// entries).  The columns are read through a pointer that walks the row (one load with an immediate offset an
+// entry) and a slice's address is one IMAD.WIDE.U32 off a 64-bit base held in registers: indexing from the row's
+// int64 start cost ~6 instructions an entry for the column and 3 for the slice (SASS, H200 build).  kBatch entries
+// a batch (kByteBatch; at most 17, byte_room's least).
 template <int kContainer, typename Acc, int kBatch>
 __device__ __forceinline__ void gather_row_bytes(const SpmmArgs& p, const uint8_t* __restrict__ source_codes,
                                                  int64_t begin, int64_t end,
