@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "col_keys.h"
+#include "row_codes.h"
 
 namespace pyg_quant {
 
@@ -94,6 +95,24 @@ inline std::vector<int64_t> check_quant_mlp_args(const at::Tensor& x, at::Tensor
   TORCH_CHECK_VALUE(x.dim() == 2 && x.scalar_type() == at::kFloat, "x must be a 2-D float32 tensor, got ",
                     x.scalar_type(), " with ", x.dim(), " dimensions");
   return check_quant_mlp_layers(x.size(0), x.size(1), x.device(), "x", weight_codes, weight_lo, weight_scale,
+                                weight_sums, bias, act_bits, weight_bits, relu, row_scale, col_keys);
+}
+
+// The widths of quant_mlp_planes' chain on dequantize(planes, rows, cols, col_layout, lo, scale, dim): the planes
+// and their ranges are checked first, so that the errors name planes, not the dequantized x.
+inline std::vector<int64_t> check_quant_mlp_planes_args(const at::Tensor& planes, int64_t rows, int64_t cols,
+                                                        bool col_layout, const at::Tensor& lo, const at::Tensor& scale,
+                                                        int64_t dim, at::TensorList weight_codes,
+                                                        at::TensorList weight_lo, at::TensorList weight_scale,
+                                                        at::TensorList weight_sums,
+                                                        const c10::List<std::optional<at::Tensor>>& bias,
+                                                        at::IntArrayRef act_bits, at::IntArrayRef weight_bits,
+                                                        const c10::List<bool>& relu,
+                                                        const std::optional<at::Tensor>& row_scale,
+                                                        const std::optional<at::Tensor>& col_keys) {
+  check_unpack_shape(planes, rows, cols, col_layout);
+  check_dequantize_ranges(planes, lo, scale, rows, cols, dim);
+  return check_quant_mlp_layers(rows, cols, planes.device(), "planes", weight_codes, weight_lo, weight_scale,
                                 weight_sums, bias, act_bits, weight_bits, relu, row_scale, col_keys);
 }
 

@@ -155,12 +155,9 @@ at::Tensor quant_mlp_planes_cpu(const at::Tensor& planes, int64_t rows, int64_t 
                                 at::IntArrayRef act_bits, at::IntArrayRef weight_bits, const c10::List<bool>& relu,
                                 const std::optional<at::Tensor>& row_scale,
                                 const std::optional<at::Tensor>& col_keys) {
-  // The definition itself: the CPU kernel reads a row from a thread-local buffer either way.  Checked first, so
-  // that the errors name planes, not the dequantized x.
-  check_unpack_shape(planes, rows, cols, col_layout);
-  check_dequantize_ranges(planes, lo, scale, rows, cols, dim);
-  check_quant_mlp_layers(rows, cols, planes.device(), "planes", weight_codes, weight_lo, weight_scale, weight_sums,
-                         bias, act_bits, weight_bits, relu, row_scale, col_keys);
+  // The definition itself: the CPU kernel reads a row from a thread-local buffer either way.
+  check_quant_mlp_planes_args(planes, rows, cols, col_layout, lo, scale, dim, weight_codes, weight_lo, weight_scale,
+                              weight_sums, bias, act_bits, weight_bits, relu, row_scale, col_keys);
   return quant_mlp_cpu(dequantize_cpu(planes, rows, cols, col_layout, lo, scale, dim), weight_codes, weight_lo,
                        weight_scale, weight_sums, bias, act_bits, weight_bits, relu, row_scale, col_keys);
 }

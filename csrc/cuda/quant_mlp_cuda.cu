@@ -640,11 +640,9 @@ at::Tensor quant_mlp_planes_cuda(const at::Tensor& planes_in, int64_t rows, int6
                                  at::IntArrayRef act_bits, at::IntArrayRef weight_bits, const c10::List<bool>& relu,
                                  const std::optional<at::Tensor>& row_scale,
                                  const std::optional<at::Tensor>& col_keys) {
-  check_unpack_shape(planes_in, rows, cols, col_layout);
-  check_dequantize_ranges(planes_in, lo_in, scale_in, rows, cols, dim);
   const std::vector<int64_t> widths =
-      check_quant_mlp_layers(rows, cols, planes_in.device(), "planes", weight_codes, weight_lo, weight_scale,
-                             weight_sums, bias, act_bits, weight_bits, relu, row_scale, col_keys);
+      check_quant_mlp_planes_args(planes_in, rows, cols, col_layout, lo_in, scale_in, dim, weight_codes, weight_lo,
+                                  weight_scale, weight_sums, bias, act_bits, weight_bits, relu, row_scale, col_keys);
   c10::cuda::CUDAGuard guard(planes_in.device());
   const at::Tensor planes = planes_in.contiguous(), lo = lo_in.contiguous(), scale = scale_in.contiguous();
   MlpInput input{};

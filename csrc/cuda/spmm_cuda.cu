@@ -324,14 +324,12 @@ __device__ __forceinline__ void gather_row(const SpmmArgs& p, const uint8_t* __r
 // them on 64-bit compares and addresses (ncu: issue 41% busy, ALU the busiest pipe, 10.5M instructions for 1.27M
 // entries).  The columns are read through a pointer that walks the row (one load with an immediate offset an
 // entry) and a slice's address is one IMAD.WIDE.U32 off a 64-bit base held in registers: indexing from the row's
-// int64 start cost ~6 instructions an entry for the column and 3 for the slice (SASS, H200 build).  kBatch entries
-// a batch (kByteBatch; at most 17, byte_room's least).
-template <int kContainer, typename Acc, int kBatch>
+// int64 start cost ~6 instructions an entry for the column and 3 for the slice (SASS, H200 build).
+template <int kContainer, typename Acc>
 __device__ __forceinline__ void gather_row_bytes(const SpmmArgs& p, const uint8_t* __restrict__ source_codes,
                                                  int64_t begin, int64_t end,
                                                  Acc (&sum)[GatherSlice<kContainer, Acc>::kCodes]) {
   using S = GatherSlice<kContainer, Acc>;
-  static_assert(kBatch <= 17, "one flush a batch: a batch must fit in 255 / 15 entries");
   constexpr int kFields = 8 / kContainer;  // codes per byte: field s of byte b is code b·kFields + s of its word
   constexpr uint32_t kMask = ((1u << kContainer) - 1u) * 0x01010101u;
   uint32_t bytes[S::kWords][kFields];
@@ -351,9 +349,9 @@ __device__ __forceinline__ void gather_row_bytes(const SpmmArgs& p, const uint8_
       }
     }
   };
-  const auto accumulate = [&](const uint32_t (&words)[kBatch][S::kWords]) {
+  const auto accumulate = [&](const uint32_t (&words)[kByteBatch][S::kWords]) {
 #pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
+    for (int j = 0; j < kByteBatch; ++j) {
 #pragma unroll
       for (int i = 0; i < S::kWords; ++i) {
 #pragma unroll
@@ -362,36 +360,36 @@ __device__ __forceinline__ void gather_row_bytes(const SpmmArgs& p, const uint8_
     }
   };
   const int count = static_cast<int>(end - begin);  // a row's length fits: res_col is indexed by int32 columns
-  const int full = count - count % kBatch;
+  const int full = count - count % kByteBatch;
   const uint32_t code_ld = static_cast<uint32_t>(p.code_ld);
   int room = p.byte_room;
   const int32_t* __restrict__ next = p.res_col + begin;  // the next batch's columns
-  uint32_t col[kBatch];  // one batch ahead, as in gather_row
+  uint32_t col[kByteBatch];  // one batch ahead, as in gather_row
 #pragma unroll
-  for (int j = 0; j < kBatch; ++j) col[j] = j < count ? static_cast<uint32_t>(__ldg(next + j)) : 0u;
-  next += kBatch;
-  for (int e0 = 0; e0 < full; e0 += kBatch, next += kBatch) {
-    uint32_t words[kBatch][S::kWords];
+  for (int j = 0; j < kByteBatch; ++j) col[j] = j < count ? static_cast<uint32_t>(__ldg(next + j)) : 0u;
+  next += kByteBatch;
+  for (int e0 = 0; e0 < full; e0 += kByteBatch, next += kByteBatch) {
+    uint32_t words[kByteBatch][S::kWords];
 #pragma unroll
-    for (int j = 0; j < kBatch; ++j) load_slice<S::kWords>(code_slice(source_codes, col[j], code_ld), words[j]);
-    if (e0 + 2 * kBatch <= count) {  // the next batch is whole too
+    for (int j = 0; j < kByteBatch; ++j) load_slice<S::kWords>(code_slice(source_codes, col[j], code_ld), words[j]);
+    if (e0 + 2 * kByteBatch <= count) {  // the next batch is whole too
 #pragma unroll
-      for (int j = 0; j < kBatch; ++j) col[j] = static_cast<uint32_t>(__ldg(next + j));
+      for (int j = 0; j < kByteBatch; ++j) col[j] = static_cast<uint32_t>(__ldg(next + j));
     } else {
 #pragma unroll
-      for (int j = 0; j < kBatch; ++j) col[j] = e0 + kBatch + j < count ? static_cast<uint32_t>(__ldg(next + j)) : 0u;
+      for (int j = 0; j < kByteBatch; ++j) col[j] = e0 + kByteBatch + j < count ? static_cast<uint32_t>(__ldg(next + j)) : 0u;
     }
-    if (room < kBatch) {  // byte_room >= 17 >= kBatch: one flush makes room for the whole batch
+    if (room < kByteBatch) {  // byte_room >= 17 > kByteBatch: one flush makes room for the whole batch
       flush();
       room = p.byte_room;
     }
-    room -= kBatch;
+    room -= kByteBatch;
     accumulate(words);
   }
   if (full < count) {  // the last, partial batch: its dead entries add zeros
-    uint32_t words[kBatch][S::kWords];
+    uint32_t words[kByteBatch][S::kWords];
 #pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
+    for (int j = 0; j < kByteBatch; ++j) {
       if (full + j < count) {
         load_slice<S::kWords>(code_slice(source_codes, col[j], code_ld), words[j]);
       } else {
@@ -399,7 +397,7 @@ __device__ __forceinline__ void gather_row_bytes(const SpmmArgs& p, const uint8_
         for (int i = 0; i < S::kWords; ++i) words[j][i] = 0;
       }
     }
-    if (room < kBatch) flush();
+    if (room < kByteBatch) flush();
     accumulate(words);
   }
   flush();
@@ -482,7 +480,7 @@ __global__ void __launch_bounds__(kGatherThreads, gather_min_blocks<Acc, kContai
   for (int k = 0; k < S::kCodes; ++k) sum[k] = 0;
   const int64_t begin = p.res_ptr[row], end = p.res_ptr[row + 1];
   if constexpr (!kWeighted && kContainer <= 4) {
-    gather_row_bytes<kContainer, Acc, kByteBatch>(p, source_codes, begin, end, sum);
+    gather_row_bytes<kContainer>(p, source_codes, begin, end, sum);
   } else {
     uint32_t half[S::kHalves];
 #pragma unroll
