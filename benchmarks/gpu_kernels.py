@@ -7,14 +7,18 @@ shapes, bit_spmm on a products-scale cluster batch against fp32/bf16 CSR SpMM,
 and the tensor-core instructions in the SASS of each hot kernel.
 
 Times are medians of CUDA-event timings after warm-up; ``*_ms`` kernel times are
-CUDA-graph replays (GPU time, host launch cost excluded), ``*_call_ms`` the
-same call made eagerly from Python (host dispatch included).  Binary TOPS count
+CUDA-graph replays of many calls back to back (GPU time, host launch cost
+excluded; dense calls cycle through enough input sets to cover twice the L2),
+``bitmm_int_kernel_ms`` the kernel's own duration from the profiler, and
+``*_call_ms`` one call made eagerly from Python (host dispatch and launch
+latency included).  Binary TOPS count
 2·M·N·K·s·t (every bit-plane product's AND + popcount-accumulate as 2 ops).
 """
 import argparse
 import datetime
 import glob
 import json
+import math
 import os
 import re
 import subprocess
@@ -127,6 +131,42 @@ def kernel_name(fn, pattern="bitmm"):
 
 # max_ops: every shape of the dense table (N <= 16384, d <= 512, 8 x 8 bits: 1.8e16 ops, ~3.5 ms on an H100) runs;
 # larger ones would add seconds per call, not information.
+def kernel_ms(fn, pattern, reps=5):
+    """Median device duration of the kernel ``fn`` launches whose name contains ``pattern``, from the profiler's
+    CUDA activity records (the kernel alone: no launch latency, no gap); NaN when the profiler records no CUDA
+    kernels (no CUPTI)."""
+    try:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(reps):
+                fn()
+            torch.cuda.synchronize()
+    except RuntimeError:
+        return float("nan")
+    times = sorted(e.time_range.elapsed_us() for e in prof.events()
+                   if e.device_type == torch.autograd.DeviceType.CUDA and pattern in e.name)
+    return times[len(times) // 2] * 1e-3 if times else float("nan")
+
+
+def rotating_graph_ms(calls, call_ms, graph_target_ms=0.5, max_inner=64):
+    """GPU time per call of a graph that replays ``calls`` round robin, each on its own inputs.
+
+    One call per replay would time the graph's launch latency too (~17 us measured for a one-kernel graph on an
+    H200: the GPU idles from the start event until the host's launch reaches it), so a replay holds enough calls
+    for ``graph_target_ms`` (``call_ms`` is an eager estimate).  Several input sets, cycled, keep back-to-back calls
+    from finding their operands in L2 where one set alone would.
+    """
+    inner = max(1, min(max_inner, math.ceil(graph_target_ms / max(call_ms, 1e-3))))
+    inner = math.ceil(inner / len(calls)) * len(calls)
+    turn = iter(range(10**9))
+    return graph_ms(lambda: calls[next(turn) % len(calls)](), inner=inner)
+
+
+def input_sets(working_bytes, max_sets=4):
+    """How many input sets a timing cycles through: enough that they cover twice the L2 cache, at most 4."""
+    l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 * 2**20)
+    return max(1, min(max_sets, math.ceil(2 * l2 / max(working_bytes, 1))))
+
+
 def dense_rows(peak_tops, copy_gbps, sizes, dims, pairs, gen, max_ops=2e16):
     rows = []
     for n in sizes:
@@ -135,10 +175,13 @@ def dense_rows(peak_tops, copy_gbps, sizes, dims, pairs, gen, max_ops=2e16):
         a_i8 = torch.randint(-127, 127, (n, n), device="cuda", dtype=torch.int8, generator=gen)
         for d in dims:
             b_float = torch.randn(n, d, device="cuda", generator=gen)
-            t_bf16 = cuda_ms(lambda: a_bf16 @ b_float.bfloat16())
+            b_bf16 = b_float.bfloat16()
+            # the peers timed as bitmm_int is (graph replays of calls back to back; their A alone covers the L2
+            # at the large shapes)
+            t_bf16 = rotating_graph_ms([lambda: a_bf16 @ b_bf16], cuda_ms(lambda: a_bf16 @ b_bf16))
             b_i8 = torch.randint(-127, 127, (n, d), device="cuda", dtype=torch.int8, generator=gen)
             try:
-                t_i8 = cuda_ms(lambda: torch._int_mm(a_i8, b_i8))
+                t_i8 = rotating_graph_ms([lambda: torch._int_mm(a_i8, b_i8)], cuda_ms(lambda: torch._int_mm(a_i8, b_i8)))
             except RuntimeError:
                 t_i8 = float("nan")
             for s, t in pairs:
@@ -147,15 +190,23 @@ def dense_rows(peak_tops, copy_gbps, sizes, dims, pairs, gen, max_ops=2e16):
                 a = pq.to_bit(a_float, s, dim=1, layout="row")
                 b = pq.to_bit(b_float, t, dim=0, layout="col")
                 wide = n * (2**s - 1) * (2**t - 1) > 2**31 - 1
-                t_int = graph_ms(lambda: ops.bitmm_int(a.planes, b.planes, n, d, wide))
                 t_call = cuda_ms(lambda: ops.bitmm_int(a.planes, b.planes, n, d, wide))
+                bytes_moved = a.planes.numel() * 4 + b.planes.numel() * 4 + n * d * (8 if wide else 4)
+                sets = input_sets(bytes_moved)
+                # the other sets: the same codes in fresh memory (shuffled planes would time the same; copies
+                # keep every set's result equal to the first's)
+                operands = [(a.planes, b.planes)] + [(a.planes.clone(), b.planes.clone()) for _ in range(sets - 1)]
+                calls = [lambda pa=pa, pb=pb: ops.bitmm_int(pa, pb, n, d, wide) for pa, pb in operands]
+                t_int = rotating_graph_ms(calls, t_call)
+                t_kernel = kernel_ms(calls[0], "bitmm")
+                del operands, calls
                 t_full = cuda_ms(lambda: pq.bitmm(a, b))
                 ops_count = 2.0 * n * n * d * s * t
                 tops = ops_count / (t_int * 1e-3) / 1e12
-                bytes_moved = a.planes.numel() * 4 + b.planes.numel() * 4 + n * d * (8 if wide else 4)
                 roof_ms = max(ops_count / (peak_tops * 1e12), bytes_moved / (copy_gbps * 1e9)) * 1e3
                 kernel = kernel_name(lambda: ops.bitmm_int(a.planes, b.planes, n, d, wide))
-                rows.append(dict(n=n, d=d, s=s, t=t, kernel=kernel, bitmm_int_ms=t_int, bitmm_int_call_ms=t_call, bitmm_ms=t_full, binary_tops=tops,
+                rows.append(dict(n=n, d=d, s=s, t=t, kernel=kernel, bitmm_int_ms=t_int, bitmm_int_call_ms=t_call, bitmm_int_kernel_ms=t_kernel,
+                                 input_sets=sets, bitmm_ms=t_full, binary_tops=tops,
                                  pct_peak=100 * tops / peak_tops, pct_roofline=100 * roof_ms / t_int,
                                  bf16_ms=t_bf16, int8_ms=t_i8, speedup_vs_bf16=t_bf16 / t_int,
                                  speedup_vs_int8=t_i8 / t_int))
@@ -262,6 +313,7 @@ def main():
     parser.add_argument("--out", default=os.path.join(HERE, "out", "gpu_kernels.json"))
     parser.add_argument("--quick", action="store_true", help="small sizes only (a smoke run)")
     parser.add_argument("--spmm-only", action="store_true", help="ceilings and bit_spmm only (no dense GEMMs)")
+    parser.add_argument("--dense-only", action="store_true", help="ceilings and dense GEMMs only (no bit_spmm)")
     args = parser.parse_args()
     if not torch.cuda.is_available() or not pq.backends()["cuda"]:
         sys.exit("gpu_kernels.py needs a GPU and the compiled CUDA backend")
@@ -282,14 +334,15 @@ def main():
     # peak); 8.5-10 POPS expected, against 5.16 for the cp.async kernel it replaced.
     dense = dense_rows(peak["binary_tops"], peak["copy_gbps"], sizes, [64, 128, 512], pairs, gen)
     print("\n## dense bitmm (A: N x N, B: N x d)\n")
-    print(table(dense, ["n", "d", "s", "t", "kernel", "bitmm_int_ms", "bitmm_int_call_ms", "bitmm_ms", "binary_tops", "pct_peak", "pct_roofline",
+    print(table(dense, ["n", "d", "s", "t", "kernel", "bitmm_int_ms", "bitmm_int_kernel_ms", "bitmm_int_call_ms", "input_sets", "bitmm_ms",
+                        "binary_tops", "pct_peak", "pct_roofline",
                         "bf16_ms", "int8_ms", "speedup_vs_bf16", "speedup_vs_int8"]))
     qgtc_sizes = [] if args.spmm_only else [2048, 4096, 8192]
     qgtc = dense_rows(peak["binary_tops"], peak["copy_gbps"], qgtc_sizes, [32, 64], [(1, 1), (1, 2), (1, 3), (1, 4)],
                       gen)
     print("\n## QGTC table shapes (1-bit A x 1..4-bit X)\n")
     print(table(qgtc, ["n", "d", "s", "t", "bitmm_int_ms", "bitmm_ms", "binary_tops", "bf16_ms"]))
-    spmm = spmm_rows(peak["mma_sync"]["binary_tops"], peak["copy_gbps"], gen)  # tiles run mma.sync
+    spmm = [] if args.dense_only else spmm_rows(peak["mma_sync"]["binary_tops"], peak["copy_gbps"], gen)
     print("\n## bit_spmm on a products-scale cluster batch (32,000 nodes, 20 clusters, ~1.28M edges)\n")
     print(table(spmm, ["format", "d", "bits", "tiles", "fill", "residual", "build_ms", "pack_row_codes_ms",
                        "bit_spmm_int_ms", "bit_spmm_int_cached_ms", "bit_spmm_ms", "bit_spmm_call_ms", "gcn_fused_ms", "csr_fp32_ms", "csr_bf16_ms",

@@ -139,8 +139,17 @@ TMA_EDGES = [
     (5, 1, 64, 64, 64, 64, 8),
     (4, 4, 1000, 1000, 1024, 1024, 8 * 8),
 ]
-# Grids below and above one wave of an H100 / H200 (132 SMs): 34 x 2 and 142 x 3 blocks.
-TMA_WAVES = [(2, 3, 4100, 200, 4160, 256, 16), (1, 1, 17925, 520, 17984, 576, 16)]
+# Grids below and above one wave of an H100 / H200 (132 SMs, 66 resident 2-CTA clusters; the kernel is persistent,
+# a cluster walks work units = one N tile of a pair of M tiles): 34 units; 213 units (odd M tiles); 108 units of
+# several plane pairs; 72 units of 10 chunks each (4 stages: the stage phases run on across a cluster's units);
+# 79 units of n64.
+TMA_WAVES = [
+    (2, 3, 4100, 200, 4160, 256, 16),
+    (1, 1, 17925, 520, 17984, 576, 16),
+    (2, 2, 9000, 300, 9024, 384, 16),
+    (1, 1, 9000, 300, 9024, 320, 37 * 8),
+    (1, 1, 20000, 60, 20032, 64, 8),
+]
 
 
 def _check_bitmm_int_misaligned(dev):
@@ -447,7 +456,7 @@ def test_bitmm_int_gpu_equals_cpu_pipeline_edges(case):
     _check_bitmm_int_planes(DEV, s, t, rows, cols, outer_a, outer_b, words, seed=rows + 7 * words)
 
 
-@pytest.mark.parametrize("case", TMA_WAVES, ids=lambda c: f"{c[2]}x{c[3]}")
+@pytest.mark.parametrize("case", TMA_WAVES, ids=lambda c: f"s{c[0]}t{c[1]}_{c[2]}x{c[3]}_w{c[6]}")
 def test_bitmm_int_gpu_equals_cpu_waves(case):
     s, t, rows, cols, outer_a, outer_b, words = case
     _check_bitmm_int_planes(DEV, s, t, rows, cols, outer_a, outer_b, words, seed=cols)

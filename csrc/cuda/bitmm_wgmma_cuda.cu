@@ -30,6 +30,13 @@
 // leave SMs of some GPCs idle — the next step if L2 still bounds this one.  An A tile is read by every N tile of
 // its rows: the n-fastest grid runs those CTAs together, so A comes from DRAM once (and from L2 once per N tile).
 //
+// Persistent: the grid is as many clusters as the device runs at once (cudaOccupancyMaxActiveClusters, 66 on an
+// H100 / H200), and each walks work units (an N tile of a pair of M tiles) with a stride of the grid.  The
+// producer's stages run on from one unit into the next, so a unit's first chunks are copied while the consumers
+// multiply its predecessor's last ones and store its result; with one unit per cluster the SMs of a full grid
+// stored their results all at once (17 MB at 16384 x 512) while no MMA ran, then filled the next wave's pipelines
+// from nothing.
+//
 // One plane pair (s = t = 1): the MMAs accumulate straight into the result.  Several: the MMAs of one pair (p, q)
 // over a chunk run into one of two partial accumulators and are folded into the result shifted by p + q once they
 // retire, while the next pair's MMAs run into the other; each plane's tile is copied once per chunk and read by
@@ -43,6 +50,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
@@ -86,7 +96,7 @@ template <int kBlockN, bool kOnePair, int kSteps>
 __global__ void __launch_bounds__(kThreads, 1)
     bitmm_wgmma_tma_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map,
                            int s, int t, int a_outer, int b_outer, int64_t words, int64_t rows, int64_t cols,
-                           int stages, int32_t* __restrict__ out) {
+                           int stages, int n_tiles, int64_t work_units, int32_t* __restrict__ out) {
 #ifdef PYG_QUANT_WGMMA
   constexpr int kRowBytes = kSteps * 32;  // one plane row's share of a chunk = the TMA box's inner extent
   constexpr int kRegs = kBlockN / 2;
@@ -99,8 +109,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t stage_bytes = a_bytes + static_cast<uint32_t>(t * kBlockN * kRowBytes);
   const uint32_t full_bars = smem_base + static_cast<uint32_t>(stages) * stage_bytes;  // 8 bytes each
   const uint32_t empty_bars = full_bars + 8u * static_cast<uint32_t>(stages);
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kBlockN;  // n fastest: blocks sharing A rows run together
-  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kBlockM;
+  // Persistent: cluster c takes work units c, c + clusters, ...; a unit is one N tile of one pair of M tiles (this
+  // CTA's is the rank-th), N fastest, so that the clusters running at once share A rows.  Both CTAs of a cluster
+  // walk the same units, hence the same chunks, stages and phases.
+  const uint32_t rank = cluster_ctarank();
+  const int64_t first_unit = blockIdx.y / kCluster, unit_stride = gridDim.y / kCluster;
+  auto tile_n0 = [&](int64_t unit) { return (unit % n_tiles) * kBlockN; };
+  auto tile_m0 = [&](int64_t unit) { return ((unit / n_tiles) * kCluster + rank) * kBlockM; };
   const int64_t chunk_words = kSteps * 8;
   const int64_t num_chunks = (words + chunk_words - 1) / chunk_words;
   const int warpgroup = threadIdx.x / 128;
@@ -121,34 +136,37 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0) {
       prefetch_tensormap(&a_map);
       prefetch_tensormap(&b_map);
-      const uint32_t rank = cluster_ctarank();
       const uint16_t all_ctas = static_cast<uint16_t>((1u << kCluster) - 1);
-      // Box origins, clamped into the operand (see the header: such boxes only feed unstored outputs).
-      const int a_row = static_cast<int>(std::min<int64_t>(m0, a_outer - 1));
-      const int b_row = static_cast<int>(std::min<int64_t>(n0 + rank * kHalfN, b_outer - 1));
       const uint32_t b_half = a_bytes + rank * static_cast<uint32_t>(kHalfN * kRowBytes);
       int stage = 0;
       uint32_t phase = 0;
-      for (int64_t chunk = 0; chunk < num_chunks; ++chunk) {
-        // Round r of a stage waits for the consumers' r-th release (phase r - 1 of `empty`, 16 arrivals: every
-        // consumer warp of both CTAs); round 0 waits on parity 1, the phase "before" a fresh barrier's, which
-        // passes at once.
-        mbar_wait(empty_bars + 8u * stage, phase ^ 1u);
-        const uint32_t full = full_bars + 8u * stage;
-        const uint32_t dst = smem_base + static_cast<uint32_t>(stage) * stage_bytes;
-        // All bytes that land in this CTA's stage: its A tile and both halves of B (the peer's half arrives by the
-        // peer's multicast, possibly before this arm: the transaction count may dip below zero meanwhile, the phase
-        // cannot complete without this arrival).
-        mbar_arrive_expect_tx(full, stage_bytes);
-        const int k = static_cast<int>(chunk * chunk_words);
-        for (int p = 0; p < s; ++p)
-          tma_load_3d(dst + static_cast<uint32_t>(p * kBlockM * kRowBytes), &a_map, full, k, a_row, p);
-        for (int q = 0; q < t; ++q)
-          tma_load_3d_multicast(dst + b_half + static_cast<uint32_t>(q * kBlockN * kRowBytes), &b_map, full, k, b_row,
-                                q, all_ctas);
-        if (++stage == stages) {
-          stage = 0;
-          phase ^= 1u;
+      // The stages run on across units: the next tile's first chunks are copied while the consumers still
+      // multiply the last ones and store the result (the overlap this loop is for).
+      for (int64_t unit = first_unit; unit < work_units; unit += unit_stride) {
+        // Box origins, clamped into the operand (see the header: such boxes only feed unstored outputs).
+        const int a_row = static_cast<int>(std::min<int64_t>(tile_m0(unit), a_outer - 1));
+        const int b_row = static_cast<int>(std::min<int64_t>(tile_n0(unit) + rank * kHalfN, b_outer - 1));
+        for (int64_t chunk = 0; chunk < num_chunks; ++chunk) {
+          // Round r of a stage waits for the consumers' r-th release (phase r - 1 of `empty`, 16 arrivals: every
+          // consumer warp of both CTAs); round 0 waits on parity 1, the phase "before" a fresh barrier's, which
+          // passes at once.
+          mbar_wait(empty_bars + 8u * stage, phase ^ 1u);
+          const uint32_t full = full_bars + 8u * stage;
+          const uint32_t dst = smem_base + static_cast<uint32_t>(stage) * stage_bytes;
+          // All bytes that land in this CTA's stage: its A tile and both halves of B (the peer's half arrives by the
+          // peer's multicast, possibly before this arm: the transaction count may dip below zero meanwhile, the phase
+          // cannot complete without this arrival).
+          mbar_arrive_expect_tx(full, stage_bytes);
+          const int k = static_cast<int>(chunk * chunk_words);
+          for (int p = 0; p < s; ++p)
+            tma_load_3d(dst + static_cast<uint32_t>(p * kBlockM * kRowBytes), &a_map, full, k, a_row, p);
+          for (int q = 0; q < t; ++q)
+            tma_load_3d_multicast(dst + b_half + static_cast<uint32_t>(q * kBlockN * kRowBytes), &b_map, full, k, b_row,
+                                  q, all_ctas);
+          if (++stage == stages) {
+            stage = 0;
+            phase ^= 1u;
+          }
         }
       }
     }
@@ -170,95 +188,98 @@ __global__ void __launch_bounds__(kThreads, 1)
                                 16, 8 * kRowBytes, kSwizzle);
     };
 
-    // One pair: the first MMA overwrites acc (scale-d = 0), so it starts undefined; initialising it would put
-    // register moves between the asynchronous MMAs of consecutive chunks, and ptxas would serialise them.
+    // One pair: the first MMA of a tile overwrites acc (scale-d = 0), so it is never cleared; clearing it would
+    // put register moves between the asynchronous MMAs of consecutive chunks, and ptxas would serialise them.
     int32_t acc[kRegs];
-    if constexpr (!kOnePair) {
-#pragma unroll
-      for (int i = 0; i < kRegs; ++i) acc[i] = 0;
-    }
     int32_t part[2][kOnePair ? 1 : kRegs];
+    const int warp = (threadIdx.x / 32) % 4;
+    const bool pairs_aligned = cols % 2 == 0;
 
     int stage = 0;
     uint32_t phase = 0;
-    if constexpr (kOnePair) {
-      int previous = 0;
-      for (int64_t chunk = 0; chunk < num_chunks; ++chunk) {
-        mbar_wait(full_bars + 8u * stage, phase);
-        const uint32_t stage_addr = smem_base + static_cast<uint32_t>(stage) * stage_bytes;
-        wgmma_fence();
-#pragma unroll
-        for (int k = 0; k < kSteps; ++k)
-          wgmma_b1<kBlockN>(acc, a_desc(stage_addr, 0, k), b_desc(stage_addr, 0, k), chunk > 0 || k > 0);
-        wgmma_commit();
-        // This chunk's MMAs stay in flight; the previous chunk's have retired: its stage goes back.  (The last
-        // chunk's stage is never released: no copy waits for it.)
-        wgmma_wait<1>();
-        if (chunk > 0) release_stage(empty_bars + 8u * previous, lane);
-        previous = stage;
-        if (++stage == stages) {
-          stage = 0;
-          phase ^= 1u;
-        }
-      }
-      wgmma_wait<0>();
-    } else {
-      const int pairs = s * t;
-      for (int64_t chunk = 0; chunk < num_chunks; ++chunk) {
-        mbar_wait(full_bars + 8u * stage, phase);
-        const uint32_t stage_addr = smem_base + static_cast<uint32_t>(stage) * stage_bytes;
-        auto issue_pair = [&](int32_t(&part_acc)[kRegs], int p, int q) {
+    for (int64_t unit = first_unit; unit < work_units; unit += unit_stride) {
+      if constexpr (kOnePair) {
+        int previous = 0;
+        for (int64_t chunk = 0; chunk < num_chunks; ++chunk) {
+          mbar_wait(full_bars + 8u * stage, phase);
+          const uint32_t stage_addr = smem_base + static_cast<uint32_t>(stage) * stage_bytes;
           wgmma_fence();
 #pragma unroll
           for (int k = 0; k < kSteps; ++k)
-            wgmma_b1<kBlockN>(part_acc, a_desc(stage_addr, p, k), b_desc(stage_addr, q, k), k > 0);
+            wgmma_b1<kBlockN>(acc, a_desc(stage_addr, 0, k), b_desc(stage_addr, 0, k), chunk > 0 || k > 0);
           wgmma_commit();
-        };
-        // Two pairs at a time, into part[0] and part[1]: the first is folded while the second's MMAs run.  Each
-        // iteration retires all it issued, and the lone last pair has a branch of its own: ptxas keeps wgmma
-        // asynchronous only when every path shows which accumulator a wait retires (with one `if (second)` before
-        // the waits and another before the second fold it assumed the path through neither and injected a wait).
-        for (int j = 0; j < pairs; j += 2) {
-          if (j + 1 < pairs) {
-            issue_pair(part[0], j / t, j % t);
-            issue_pair(part[1], (j + 1) / t, (j + 1) % t);
-            wgmma_wait<1>();
-            fence_registers(part[0]);
-            fold_shifted(acc, part[0], j / t + j % t);
-            wgmma_wait<0>();
-            fence_registers(part[1]);
-            fold_shifted(acc, part[1], (j + 1) / t + (j + 1) % t);
-          } else {
-            issue_pair(part[0], j / t, j % t);
-            wgmma_wait<0>();
-            fence_registers(part[0]);
-            fold_shifted(acc, part[0], j / t + j % t);
+          // This chunk's MMAs stay in flight; the previous chunk's have retired: its stage goes back.
+          wgmma_wait<1>();
+          if (chunk > 0) release_stage(empty_bars + 8u * previous, lane);
+          previous = stage;
+          if (++stage == stages) {
+            stage = 0;
+            phase ^= 1u;
           }
         }
-        release_stage(empty_bars + 8u * stage, lane);  // every MMA of this chunk has retired
-        if (++stage == stages) {
-          stage = 0;
-          phase ^= 1u;
+        wgmma_wait<0>();
+        release_stage(empty_bars + 8u * previous, lane);  // the next unit's copies may wait for it
+      } else {
+#pragma unroll
+        for (int i = 0; i < kRegs; ++i) acc[i] = 0;
+        const int pairs = s * t;
+        for (int64_t chunk = 0; chunk < num_chunks; ++chunk) {
+          mbar_wait(full_bars + 8u * stage, phase);
+          const uint32_t stage_addr = smem_base + static_cast<uint32_t>(stage) * stage_bytes;
+          auto issue_pair = [&](int32_t(&part_acc)[kRegs], int p, int q) {
+            wgmma_fence();
+#pragma unroll
+            for (int k = 0; k < kSteps; ++k)
+              wgmma_b1<kBlockN>(part_acc, a_desc(stage_addr, p, k), b_desc(stage_addr, q, k), k > 0);
+            wgmma_commit();
+          };
+          // Two pairs at a time, into part[0] and part[1]: the first is folded while the second's MMAs run.  Each
+          // iteration retires all it issued, and the lone last pair has a branch of its own: ptxas keeps wgmma
+          // asynchronous only when every path shows which accumulator a wait retires (with one `if (second)`
+          // before the waits and another before the second fold it assumed the path through neither and
+          // injected a wait).
+          for (int j = 0; j < pairs; j += 2) {
+            if (j + 1 < pairs) {
+              issue_pair(part[0], j / t, j % t);
+              issue_pair(part[1], (j + 1) / t, (j + 1) % t);
+              wgmma_wait<1>();
+              fence_registers(part[0]);
+              fold_shifted(acc, part[0], j / t + j % t);
+              wgmma_wait<0>();
+              fence_registers(part[1]);
+              fold_shifted(acc, part[1], (j + 1) / t + (j + 1) % t);
+            } else {
+              issue_pair(part[0], j / t, j % t);
+              wgmma_wait<0>();
+              fence_registers(part[0]);
+              fold_shifted(acc, part[0], j / t + j % t);
+            }
+          }
+          release_stage(empty_bars + 8u * stage, lane);  // every MMA of this chunk has retired
+          if (++stage == stages) {
+            stage = 0;
+            phase ^= 1u;
+          }
         }
       }
-    }
 
-    const int warp = (threadIdx.x / 32) % 4;
-    const int64_t row0 = m0 + consumer * kWarpgroupM + warp * 16 + lane / 4;
-    const bool pairs_aligned = cols % 2 == 0;
+      // The stores are not waited for: the next unit's MMAs start on stages the producer has already filled.
+      const int64_t n0 = tile_n0(unit);
+      const int64_t row0 = tile_m0(unit) + consumer * kWarpgroupM + warp * 16 + lane / 4;
 #pragma unroll
-    for (int j = 0; j < kBlockN / 8; ++j) {
-      const int64_t col = n0 + 8 * j + 2 * (lane % 4);
+      for (int j = 0; j < kBlockN / 8; ++j) {
+        const int64_t col = n0 + 8 * j + 2 * (lane % 4);
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int64_t row = row0 + 8 * half;
-        if (row >= rows || col >= cols) continue;
-        int32_t* dst = out + row * cols + col;
-        if (pairs_aligned) {  // col is even, so both fit and dst is 8-byte aligned
-          *reinterpret_cast<int2*>(dst) = make_int2(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
-        } else {
-          dst[0] = acc[4 * j + 2 * half];
-          if (col + 1 < cols) dst[1] = acc[4 * j + 2 * half + 1];
+        for (int half = 0; half < 2; ++half) {
+          const int64_t row = row0 + 8 * half;
+          if (row >= rows || col >= cols) continue;
+          int32_t* dst = out + row * cols + col;
+          if (pairs_aligned) {  // col is even, so both fit and dst is 8-byte aligned
+            *reinterpret_cast<int2*>(dst) = make_int2(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
+          } else {
+            dst[0] = acc[4 * j + 2 * half];
+            if (col + 1 < cols) dst[1] = acc[4 * j + 2 * half + 1];
+          }
         }
       }
     }
@@ -311,6 +332,26 @@ bool encode_planes(CUtensorMap* map, const at::Tensor& planes, int box_words, in
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;  // FILL_NONE: zeros outside the tensor
 }
 
+// How many clusters of `kernel` the device runs at once with `config`'s block, cluster and shared memory, per
+// device and kernel: the occupancy query costs a few microseconds, the launches are many.
+template <typename Kernel>
+int64_t max_active_clusters(Kernel kernel, const cudaLaunchConfig_t& config, int device) {
+  static std::mutex mutex;
+  static std::map<std::tuple<int, const void*, size_t>, int64_t> known;
+  const auto key = std::make_tuple(device, reinterpret_cast<const void*>(kernel), config.dynamicSmemBytes);
+  std::lock_guard<std::mutex> lock(mutex);
+  auto found = known.find(key);
+  if (found != known.end()) return found->second;
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky; one cluster per work unit is then launched, as before persistence
+    clusters = 0;
+  }
+  const int64_t result = clusters > 0 ? clusters : int64_t{1} << 30;
+  known.emplace(key, result);
+  return result;
+}
+
 template <int kBlockN, bool kOnePair, int kSteps>
 bool launch_tma(const at::Tensor& a, const at::Tensor& b, int64_t rows, int64_t cols, int stages, size_t smem,
                 at::Tensor& out) {
@@ -319,10 +360,10 @@ bool launch_tma(const at::Tensor& a, const at::Tensor& b, int64_t rows, int64_t 
     return false;
   auto kernel = bitmm_wgmma_tma_kernel<kBlockN, kOnePair, kSteps>;
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  const int64_t m_tiles = (rows + kBlockM - 1) / kBlockM;
+  const int64_t n_tiles = (cols + kBlockN - 1) / kBlockN;
+  const int64_t m_pairs = ((rows + kBlockM - 1) / kBlockM + kCluster - 1) / kCluster;
+  const int64_t work_units = n_tiles * m_pairs;
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>((cols + kBlockN - 1) / kBlockN),
-                        static_cast<unsigned>((m_tiles + kCluster - 1) / kCluster * kCluster));
   config.blockDim = dim3(kThreads);
   config.dynamicSmemBytes = smem;
   config.stream = c10::cuda::getCurrentCUDAStream();
@@ -333,10 +374,16 @@ bool launch_tma(const at::Tensor& a, const at::Tensor& b, int64_t rows, int64_t 
   attribute[0].val.clusterDim.z = 1;
   config.attrs = attribute;
   config.numAttrs = 1;
+  // As many clusters as fit at once (one CTA an SM), each looping over work units; when fewer units than that,
+  // one each.
+  config.gridDim = dim3(1, kCluster);
+  const int64_t resident = max_active_clusters(kernel, config, a.device().index());
+  const int64_t clusters = std::min<int64_t>({work_units, std::max<int64_t>(resident, 1), 65535 / kCluster});
+  config.gridDim = dim3(1, static_cast<unsigned>(clusters * kCluster));
   C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, a_map, b_map, static_cast<int>(a.size(0)),
                                     static_cast<int>(b.size(0)), static_cast<int>(a.size(1)),
                                     static_cast<int>(b.size(1)), a.size(2), rows, cols, stages,
-                                    out.data_ptr<int32_t>()));
+                                    static_cast<int>(n_tiles), work_units, out.data_ptr<int32_t>()));
   return true;
 }
 
@@ -389,8 +436,7 @@ bool bitmm_int_wgmma(const at::Tensor& a, const at::Tensor& b, int64_t rows, int
   while (steps > 1 && stages_for(steps) < 3) steps /= 2;
   const int64_t chunks = (k_steps + steps - 1) / steps;
   const int64_t stages = std::min<int64_t>(stages_for(steps), std::max<int64_t>(2, chunks));
-  const int64_t m_slots = ((rows + kBlockM - 1) / kBlockM + kCluster - 1) / kCluster * kCluster;
-  if (stages < 2 || m_slots > 65535) return false;
+  if (stages < 2) return false;
   const size_t smem = static_cast<size_t>(kAlignSlack + stages * (stage_bytes(steps) + 16));
   const int st = static_cast<int>(stages);
   if (one_pair) {
