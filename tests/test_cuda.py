@@ -6,6 +6,7 @@ can also be exercised on the CPU (``dev="cpu"``) as a dry run of the test code.
 """
 import itertools
 import os
+import re
 
 import pytest
 import torch
@@ -121,8 +122,9 @@ def _check_bitmm_int_planes(dev, s, t, rows, cols, outer_a, outer_b, words, seed
 
 
 # Shapes for the sm_90 kernel's edges (bitmm_wgmma_cuda.cu: 128 x 256 tiles for one plane pair, 128 x 128 for
-# several, 128 x 64 for N <= 64; K chunks of 4, 2 or 1 k256 steps = 32, 16 or 8 words; 2-CTA clusters over M
-# sharing B).  (s, t, rows, cols, outer_a, outer_b, words); elsewhere they run the mma.sync kernel.
+# several, 128 x 64 for N <= 64, 128 x 256 / k for one A plane and 2 to 8 B planes in k = 2, 4, 8 slots; K chunks
+# of 4, 2 or 1 k256 steps = 32, 16 or 8 words; 2-CTA clusters over M sharing B).  (s, t, rows, cols, outer_a,
+# outer_b, words); elsewhere they run the mma.sync kernel.
 TMA_EDGES = [
     # 37 steps: 10 chunks of 4 (the last one step), 4 stages wrapping 2.5 times; 3 M tiles (a cluster's second
     # CTA past the operand); 2 N tiles, the second's far half of B wholly past the operand
@@ -138,6 +140,18 @@ TMA_EDGES = [
     (8, 8, 64, 40, 64, 64, 8 * 8),  # 64 pairs, n64
     (5, 1, 64, 64, 64, 64, 8),
     (4, 4, 1000, 1000, 1024, 1024, 8 * 8),
+    # one A plane and 2 to 8 B planes, stacked along N (tiles of 128 or 64, 64, 32 columns): partial last
+    # tiles, a cluster's second CTA past the operand, partial last chunks, every chunk length
+    (1, 2, 300, 300, 320, 320, 37 * 8),
+    (1, 2, 129, 50, 192, 64, 3 * 8),
+    (1, 4, 257, 100, 320, 128, 21 * 8),
+    (1, 4, 70, 33, 128, 64, 8),
+    (1, 8, 190, 70, 192, 128, 9 * 8),
+    (1, 8, 64, 250, 64, 256, 40 * 8),
+    # 3, 5, 6, 7 B planes: 4 or 8 slots, the last ones zero (never copied into)
+    (1, 5, 130, 90, 192, 128, 11 * 8),
+    (1, 6, 300, 40, 320, 64, 2 * 8),
+    (1, 7, 65, 129, 128, 192, 5 * 8),
 ]
 # Grids below and above one wave of an H100 / H200 (132 SMs, 66 resident 2-CTA clusters; the kernel is persistent,
 # a cluster walks work units = one N tile of a pair of M tiles): 34 units; 213 units (odd M tiles); 108 units of
@@ -149,6 +163,7 @@ TMA_WAVES = [
     (2, 2, 9000, 300, 9024, 384, 16),
     (1, 1, 9000, 300, 9024, 320, 37 * 8),
     (1, 1, 20000, 60, 20032, 64, 8),
+    (1, 4, 9000, 200, 9024, 256, 16),  # 144 units of stacked planes
 ]
 
 
@@ -481,10 +496,14 @@ def _cuda_kernel_names(fn):
                                     os.environ.get("TORCH_CUDA_ARCH_LIST", "8.0;9.0a").replace(" ", ";").split(";")],
                     reason="the extension was built without its sm_90a image (as setup.py reads TORCH_CUDA_ARCH_LIST)")
 def test_bitmm_int_takes_wgmma_on_sm90():
-    for s, t, n in [(1, 1, 300), (1, 1, 64), (4, 4, 100), (8, 8, 200)]:
+    for s, t, n in [(1, 1, 300), (1, 1, 64), (4, 4, 100), (8, 8, 200), (1, 2, 300), (1, 3, 70), (1, 4, 100),
+                    (1, 7, 90), (1, 8, 40)]:
         a, b = _bitmm_operands(DEV, 300, 1000, n, s, t)
         names = _cuda_kernel_names(lambda: OPS.bitmm_int(a.planes, b.planes, 300, n, False))
         assert any("bitmm_wgmma_tma_kernel" in name for name in names), (s, t, names)
+        # one A plane and 2 to 8 B planes: the stacked instantiation (kStack: 2, 4 or 8 slots)
+        stack = 1 if s > 1 or t == 1 else 2 if t == 2 else 4 if t <= 4 else 8
+        assert any(re.search(rf"bitmm_wgmma_tma_kernel<\d+, \w+, {stack}, \d>", name) for name in names), names
     # int64 results stay on the mma.sync kernel
     names = _cuda_kernel_names(lambda: OPS.bitmm_int(a.planes, b.planes, 300, n, True))
     assert not any("bitmm_wgmma" in name for name in names) and any("bitmm_kernel" in n for n in names), names

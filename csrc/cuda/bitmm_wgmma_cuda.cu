@@ -4,8 +4,9 @@
 // Same operands and result as bitmm_kernel (bitmm_cuda.cu): A row-layout planes [s, M_pad, W], B col-layout
 // planes [t, N_pad, W], int32 C[M, N] = Σ_{p,q} 2^(p+q) · popc(A_p AND B_q).
 //
-// Block: three warpgroups (384 threads), a 128 x kBlockN output tile (n256 for one plane pair, n128 for several,
-// n64 when N <= 64).  Warpgroup 0 is the producer: one thread issues the TMA copies, the warpgroup gives its
+// Block: three warpgroups (384 threads), a 128 x kBlockN product tile (n256 for one plane pair, n128 for several,
+// n64 when N <= 64; n256 holding t planes' tiles of 256 / t output columns for one A plane and t = 2, 4, 8 B planes,
+// see below).  Warpgroup 0 is the producer: one thread issues the TMA copies, the warpgroup gives its
 // registers away (setmaxnreg 40).  Warpgroups 1 and 2 are the consumers (setmaxnreg 232), rows 0-63 and 64-127 of
 // the tile against all kBlockN columns.  K is walked in chunks of kSteps k256 steps (kSteps x 32 bytes of every
 // plane row); a stage holds one chunk of every plane of the tile's A rows and B columns in wgmma's K-major swizzled
@@ -37,7 +38,11 @@
 // stored their results all at once (17 MB at 16384 x 512) while no MMA ran, then filled the next wave's pipelines
 // from nothing.
 //
-// One plane pair (s = t = 1): the MMAs accumulate straight into the result.  Several: the MMAs of one pair (p, q)
+// One plane pair (s = t = 1): the MMAs accumulate straight into the result.  One A plane and 2 to 8 B planes
+// (1-bit A times a t-bit X, QGTC's case): the B planes' tiles of kBlockN / kStack columns each are stacked along N
+// in the stage (kStack = 2, 4 or 8 slots, those past t zero), so the t pairs are one n256 (or n128) MMA a step into
+// one accumulator, as for one pair, and each thread folds its columns of plane q, shifted by q, into those of
+// plane 0 before the store.  Several: the MMAs of one pair (p, q)
 // over a chunk run into one of two partial accumulators and are folded into the result shifted by p + q once they
 // retire, while the next pair's MMAs run into the other; each plane's tile is copied once per chunk and read by
 // every pair that uses it.
@@ -92,7 +97,7 @@ __device__ __forceinline__ void release_stage(uint32_t empty_bar, int lane) {
 }
 #endif
 
-template <int kBlockN, bool kOnePair, int kSteps>
+template <int kBlockN, bool kOnePair, int kStack, int kSteps>
 __global__ void __launch_bounds__(kThreads, 1)
     bitmm_wgmma_tma_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map,
                            int s, int t, int a_outer, int b_outer, int64_t words, int64_t rows, int64_t cols,
@@ -100,13 +105,18 @@ __global__ void __launch_bounds__(kThreads, 1)
 #ifdef PYG_QUANT_WGMMA
   constexpr int kRowBytes = kSteps * 32;  // one plane row's share of a chunk = the TMA box's inner extent
   constexpr int kRegs = kBlockN / 2;
-  constexpr int kHalfN = kBlockN / kCluster;  // B rows each CTA of the cluster copies (and multicasts)
+  constexpr int kTileN = kBlockN / kStack;      // output columns of a tile
+  constexpr int kHalfN = kTileN / kCluster;     // rows of each B plane each CTA of the cluster copies (and multicasts)
+  static_assert(kStack == 1 || kOnePair, "stacked B planes take one A plane");
   constexpr SmemSwizzle kSwizzle = swizzle_for_row_bytes<kRowBytes>();
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // Same offset in every CTA (same kernel, same layout): multicast copies and remote arrives rely on it.
   const uint32_t smem_base = (smem_u32(smem_raw) + (kAlignSlack - 1)) & ~static_cast<uint32_t>(kAlignSlack - 1);
   const uint32_t a_bytes = static_cast<uint32_t>(s * kBlockM * kRowBytes);
-  const uint32_t stage_bytes = a_bytes + static_cast<uint32_t>(t * kBlockN * kRowBytes);
+  // Stacked planes take kStack slots of kTileN rows, of which the first t are copied (t = 3, 5, 6, 7: the rest
+  // stay zero, so their columns add nothing); otherwise a stage holds exactly what is copied.
+  const uint32_t copied_bytes = a_bytes + static_cast<uint32_t>(t * kTileN * kRowBytes);
+  const uint32_t stage_bytes = kStack > 1 ? a_bytes + static_cast<uint32_t>(kBlockN * kRowBytes) : copied_bytes;
   const uint32_t full_bars = smem_base + static_cast<uint32_t>(stages) * stage_bytes;  // 8 bytes each
   const uint32_t empty_bars = full_bars + 8u * static_cast<uint32_t>(stages);
   // Persistent: cluster c takes work units c, c + clusters, ...; a unit is one N tile of one pair of M tiles (this
@@ -114,7 +124,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // walk the same units, hence the same chunks, stages and phases.
   const uint32_t rank = cluster_ctarank();
   const int64_t first_unit = blockIdx.y / kCluster, unit_stride = gridDim.y / kCluster;
-  auto tile_n0 = [&](int64_t unit) { return (unit % n_tiles) * kBlockN; };
+  auto tile_n0 = [&](int64_t unit) { return (unit % n_tiles) * kTileN; };
   auto tile_m0 = [&](int64_t unit) { return ((unit / n_tiles) * kCluster + rank) * kBlockM; };
   const int64_t chunk_words = kSteps * 8;
   const int64_t num_chunks = (words + chunk_words - 1) / chunk_words;
@@ -126,6 +136,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(empty_bars + 8u * i, kCluster * kConsumerWarps);
     }
     fence_mbarrier_init_cluster();
+  }
+  if (kStack > 1 && stage_bytes > copied_bytes) {
+    // Zeroed once: no copy ever writes the empty slots.  The MMAs read them through the async proxy.
+    const uint32_t empty_words = (stage_bytes - copied_bytes) / 4;
+    for (int i = 0; i < stages; ++i) {
+      const uint32_t slots = smem_base + static_cast<uint32_t>(i) * stage_bytes + copied_bytes;
+      for (uint32_t w = threadIdx.x; w < empty_words; w += kThreads)
+        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(slots + 4u * w), "r"(0u) : "memory");
+    }
+    fence_proxy_async_shared();
   }
   __syncwarp();  // the cluster barrier is .aligned: warp 0 arrives converged
   // Every CTA's barriers exist before any peer's multicast copy or remote arrive can reach them.
@@ -156,12 +176,12 @@ __global__ void __launch_bounds__(kThreads, 1)
           // All bytes that land in this CTA's stage: its A tile and both halves of B (the peer's half arrives by the
           // peer's multicast, possibly before this arm: the transaction count may dip below zero meanwhile, the phase
           // cannot complete without this arrival).
-          mbar_arrive_expect_tx(full, stage_bytes);
+          mbar_arrive_expect_tx(full, copied_bytes);
           const int k = static_cast<int>(chunk * chunk_words);
           for (int p = 0; p < s; ++p)
             tma_load_3d(dst + static_cast<uint32_t>(p * kBlockM * kRowBytes), &a_map, full, k, a_row, p);
           for (int q = 0; q < t; ++q)
-            tma_load_3d_multicast(dst + b_half + static_cast<uint32_t>(q * kBlockN * kRowBytes), &b_map, full, k, b_row,
+            tma_load_3d_multicast(dst + b_half + static_cast<uint32_t>(q * kTileN * kRowBytes), &b_map, full, k, b_row,
                                   q, all_ctas);
           if (++stage == stages) {
             stage = 0;
@@ -184,7 +204,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           16, 8 * kRowBytes, kSwizzle);
     };
     auto b_desc = [&](uint32_t stage_addr, int plane, int step) {
-      return smem_descriptor_at(stage_addr + a_bytes + static_cast<uint32_t>(plane * kBlockN * kRowBytes + step * 32),
+      return smem_descriptor_at(stage_addr + a_bytes + static_cast<uint32_t>(plane * kTileN * kRowBytes + step * 32),
                                 16, 8 * kRowBytes, kSwizzle);
     };
 
@@ -263,11 +283,23 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
 
+      if constexpr (kStack > 1) {
+        // Column c of B plane q is column q * kTileN + c of the stacked product, in this thread's registers too
+        // (accumulator 4j + i holds column 8j + 2 (lane % 4) + i % 2): the planes fold in place.
+#pragma unroll
+        for (int j = 0; j < kTileN / 8; ++j) {
+#pragma unroll
+          for (int q = 1; q < kStack; ++q) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[4 * j + i] += acc[4 * (j + q * kTileN / 8) + i] << q;
+          }
+        }
+      }
       // The stores are not waited for: the next unit's MMAs start on stages the producer has already filled.
       const int64_t n0 = tile_n0(unit);
       const int64_t row0 = tile_m0(unit) + consumer * kWarpgroupM + warp * 16 + lane / 4;
 #pragma unroll
-      for (int j = 0; j < kBlockN / 8; ++j) {
+      for (int j = 0; j < kTileN / 8; ++j) {
         const int64_t col = n0 + 8 * j + 2 * (lane % 4);
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
@@ -352,15 +384,16 @@ int64_t max_active_clusters(Kernel kernel, const cudaLaunchConfig_t& config, int
   return result;
 }
 
-template <int kBlockN, bool kOnePair, int kSteps>
+template <int kBlockN, bool kOnePair, int kStack, int kSteps>
 bool launch_tma(const at::Tensor& a, const at::Tensor& b, int64_t rows, int64_t cols, int stages, size_t smem,
                 at::Tensor& out) {
+  constexpr int kTileN = kBlockN / kStack;
   CUtensorMap a_map, b_map;
-  if (!encode_planes(&a_map, a, kSteps * 8, kBlockM) || !encode_planes(&b_map, b, kSteps * 8, kBlockN / kCluster))
+  if (!encode_planes(&a_map, a, kSteps * 8, kBlockM) || !encode_planes(&b_map, b, kSteps * 8, kTileN / kCluster))
     return false;
-  auto kernel = bitmm_wgmma_tma_kernel<kBlockN, kOnePair, kSteps>;
+  auto kernel = bitmm_wgmma_tma_kernel<kBlockN, kOnePair, kStack, kSteps>;
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  const int64_t n_tiles = (cols + kBlockN - 1) / kBlockN;
+  const int64_t n_tiles = (cols + kTileN - 1) / kTileN;
   const int64_t m_pairs = ((rows + kBlockM - 1) / kBlockM + kCluster - 1) / kCluster;
   const int64_t work_units = n_tiles * m_pairs;
   cudaLaunchConfig_t config = {};
@@ -387,13 +420,13 @@ bool launch_tma(const at::Tensor& a, const at::Tensor& b, int64_t rows, int64_t 
   return true;
 }
 
-template <int kBlockN, bool kOnePair>
+template <int kBlockN, bool kOnePair, int kStack = 1>
 bool launch_tma_steps(int steps, const at::Tensor& a, const at::Tensor& b, int64_t rows, int64_t cols, int stages,
                       size_t smem, at::Tensor& out) {
   switch (steps) {
-    case 1: return launch_tma<kBlockN, kOnePair, 1>(a, b, rows, cols, stages, smem, out);
-    case 2: return launch_tma<kBlockN, kOnePair, 2>(a, b, rows, cols, stages, smem, out);
-    default: return launch_tma<kBlockN, kOnePair, 4>(a, b, rows, cols, stages, smem, out);
+    case 1: return launch_tma<kBlockN, kOnePair, kStack, 1>(a, b, rows, cols, stages, smem, out);
+    case 2: return launch_tma<kBlockN, kOnePair, kStack, 2>(a, b, rows, cols, stages, smem, out);
+    default: return launch_tma<kBlockN, kOnePair, kStack, 4>(a, b, rows, cols, stages, smem, out);
   }
 }
 
@@ -422,11 +455,20 @@ bool bitmm_int_wgmma(const at::Tensor& a, const at::Tensor& b, int64_t rows, int
       b.size(1) >= (int64_t{1} << 31) || words >= (int64_t{1} << 31))
     return false;
   const bool one_pair = s == 1 && t == 1;
+  // One A plane and 2 to 8 B planes: the B planes' tiles are stacked along N into one n256 (or n128) operand of 2,
+  // 4 or 8 slots, so that the pairs run as one pair does (one accumulator, MMAs back to back, no partials folded
+  // between them), each plane's columns folded into the result in the epilogue.  3, 5, 6 or 7 planes leave slots
+  // empty (zeros): up to 1/3 of the MMAs wasted, against pairs that each wait for their partial's fold.
+  const int stack = s == 1 && t >= 2 ? (t <= 2 ? 2 : t <= 4 ? 4 : 8) : 1;
   // One pair keeps a single accumulator and can afford n256 (128 registers); several keep three (result + two
   // partials), so n128 at most.
-  const int block_n = cols <= 64 ? 64 : (cols <= 128 || !one_pair ? 128 : 256);
+  const int block_n = stack > 1 ? (stack == 2 && cols <= 64 ? 128 : 256)
+                                : cols <= 64 ? 64 : (cols <= 128 || !one_pair ? 128 : 256);
+  const int tile_n = block_n / stack;
   const int smem_optin = cuda::device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, a.device().index());
-  auto stage_bytes = [&](int steps) { return static_cast<int64_t>(s * kBlockM + t * block_n) * 32 * steps; };
+  auto stage_bytes = [&](int steps) {
+    return static_cast<int64_t>(s * kBlockM + (stack > 1 ? stack : t) * tile_n) * 32 * steps;
+  };
   auto stages_for = [&](int steps) {
     return std::min<int64_t>(kMaxStages, (smem_optin - kAlignSlack) / (stage_bytes(steps) + 16));
   };
@@ -439,6 +481,12 @@ bool bitmm_int_wgmma(const at::Tensor& a, const at::Tensor& b, int64_t rows, int
   if (stages < 2) return false;
   const size_t smem = static_cast<size_t>(kAlignSlack + stages * (stage_bytes(steps) + 16));
   const int st = static_cast<int>(stages);
+  if (stack == 2) {
+    if (block_n == 128) return launch_tma_steps<128, true, 2>(steps, a, b, rows, cols, st, smem, out);
+    return launch_tma_steps<256, true, 2>(steps, a, b, rows, cols, st, smem, out);
+  }
+  if (stack == 4) return launch_tma_steps<256, true, 4>(steps, a, b, rows, cols, st, smem, out);
+  if (stack == 8) return launch_tma_steps<256, true, 8>(steps, a, b, rows, cols, st, smem, out);
   if (one_pair) {
     if (block_n == 64) return launch_tma_steps<64, true>(steps, a, b, rows, cols, st, smem, out);
     if (block_n == 128) return launch_tma_steps<128, true>(steps, a, b, rows, cols, st, smem, out);
