@@ -122,9 +122,9 @@ def _check_bitmm_int_planes(dev, s, t, rows, cols, outer_a, outer_b, words, seed
 
 
 # Shapes for the sm_90 kernel's edges (bitmm_wgmma_cuda.cu: 128 x 256 tiles for one plane pair, 128 x 128 for
-# several, 128 x 64 for N <= 64, 128 x 256 / k for one A plane and 2 to 8 B planes in k = 2, 4, 8 slots; K chunks
-# of 4, 2 or 1 k256 steps = 32, 16 or 8 words; 2-CTA clusters over M sharing B).  (s, t, rows, cols, outer_a,
-# outer_b, words); elsewhere they run the mma.sync kernel.
+# several, 128 x 64 for N <= 64; 2 to 8 B planes stacked in k = 2, 4, 8 slots: 128 x 256 / k (one A plane) or
+# 128 x 128 / k (several); K chunks of 4, 2 or 1 k256 steps = 32, 16 or 8 words; 2-CTA clusters over M sharing
+# B).  (s, t, rows, cols, outer_a, outer_b, words); elsewhere they run the mma.sync kernel.
 TMA_EDGES = [
     # 37 steps: 10 chunks of 4 (the last one step), 4 stages wrapping 2.5 times; 3 M tiles (a cluster's second
     # CTA past the operand); 2 N tiles, the second's far half of B wholly past the operand
@@ -152,6 +152,11 @@ TMA_EDGES = [
     (1, 5, 130, 90, 192, 128, 11 * 8),
     (1, 6, 300, 40, 320, 64, 2 * 8),
     (1, 7, 65, 129, 128, 192, 5 * 8),
+    # several A planes against stacked B planes (n128 of 2, 4, 8 slots: output tiles of 64, 32, 16 columns)
+    (2, 2, 200, 50, 256, 64, 6 * 8),
+    (3, 3, 129, 70, 192, 128, 13 * 8),
+    (7, 2, 64, 130, 64, 192, 3 * 8),
+    (2, 5, 257, 17, 320, 64, 9 * 8),
 ]
 # Grids below and above one wave of an H100 / H200 (132 SMs, 66 resident 2-CTA clusters; the kernel is persistent,
 # a cluster walks work units = one N tile of a pair of M tiles): 34 units; 213 units (odd M tiles); 108 units of
@@ -501,8 +506,8 @@ def test_bitmm_int_takes_wgmma_on_sm90():
         a, b = _bitmm_operands(DEV, 300, 1000, n, s, t)
         names = _cuda_kernel_names(lambda: OPS.bitmm_int(a.planes, b.planes, 300, n, False))
         assert any("bitmm_wgmma_tma_kernel" in name for name in names), (s, t, names)
-        # one A plane and 2 to 8 B planes: the stacked instantiation (kStack: 2, 4 or 8 slots)
-        stack = 1 if s > 1 or t == 1 else 2 if t == 2 else 4 if t <= 4 else 8
+        # 2 to 8 B planes: the stacked instantiation (kStack: 2, 4 or 8 slots)
+        stack = 1 if t == 1 else 2 if t == 2 else 4 if t <= 4 else 8
         assert any(re.search(rf"bitmm_wgmma_tma_kernel<\d+, \w+, {stack}, \d>", name) for name in names), names
     # int64 results stay on the mma.sync kernel
     names = _cuda_kernel_names(lambda: OPS.bitmm_int(a.planes, b.planes, 300, n, True))
