@@ -327,11 +327,9 @@ def main():
           + f", copy {peak['copy_gbps']:.0f} GB/s (% of peak below: {peak['instruction']})")
     sizes = [] if args.spmm_only else [2048, 4096] if args.quick else [2048, 4096, 8192, 16384]
     pairs = [(1, 1), (1, 2), (1, 4), (4, 4), (8, 8)]
-    # Expected on an H100 for 16384 x 16384 x 512 at 1 x 1 bit with the TMA kernel (bitmm_wgmma_cuda.cu): 256
-    # tiles of 128 x 256 = 2 rounds over 132 SMs, each 64 k256 steps x 2 MMAs x ~128 cycles = 16.4K cycles
-    # (8.9 us at ~1.85 GHz); the 2-CTA clusters pull 8 KB per step per SM from L2, 69 MB a round, ~11.5 us at
-    # ~6 TB/s, so L2-bound: 2 x (11.5 + ~2.5 fill and epilogue) ≈ 28 us → ~9.8 binary POPS (63% of the wgmma
-    # peak); 8.5-10 POPS expected, against 5.16 for the cp.async kernel it replaced.
+    # Expected for 16384 x 16384 x 512 at 1 x 1 bit (bitmm_wgmma_cuda.cu): 2.75e11 binary ops, 17.8 us at the
+    # ~15.5 POPS peak; A and the int32 result (33.5 MB each) cross memory once, ~16 us at ~4.2 TB/s.  Overlapped
+    # ~18 us, one after the other ~34 us.  Measured on an H200 (2026-11-26): 34.5 us, 51% of the peak.
     dense = dense_rows(peak["binary_tops"], peak["copy_gbps"], sizes, [64, 128, 512], pairs, gen)
     print("\n## dense bitmm (A: N x N, B: N x d)\n")
     print(table(dense, ["n", "d", "s", "t", "kernel", "bitmm_int_ms", "bitmm_int_kernel_ms", "bitmm_int_call_ms", "input_sets", "bitmm_ms",
