@@ -5,12 +5,13 @@
 // planes [t, N_pad, W], int32 C[M, N] = Σ_{p,q} 2^(p+q) · popc(A_p AND B_q).
 //
 // Block: three warpgroups (384 threads), a 128 x kBlockN product tile (n256 for one plane pair, n128 for several,
-// n64 when N <= 64; n256 holding t planes' tiles of 256 / t output columns for one A plane and t = 2, 4, 8 B planes,
-// see below).  Warpgroup 0 is the producer: one thread issues the TMA copies, the warpgroup gives its
-// registers away (setmaxnreg 40).  Warpgroups 1 and 2 are the consumers (setmaxnreg 232), rows 0-63 and 64-127 of
-// the tile against all kBlockN columns.  K is walked in chunks of kSteps k256 steps (kSteps x 32 bytes of every
-// plane row); a stage holds one chunk of every plane of the tile's A rows and B columns in wgmma's K-major swizzled
-// layout, which the TMA writes itself (box = kSteps * 32 bytes x rows, swizzle span = the row), `stages` deep.
+// n64 when N <= 64; with 2 to 8 B planes, kStack = 2, 4 or 8 slots of kBlockN / kStack output columns each, n256
+// for one A plane and n128 for several: see below).  Warpgroup 0 is the producer: one thread issues the TMA
+// copies, the warpgroup gives its registers away (setmaxnreg 40).  Warpgroups 1 and 2 are the consumers
+// (setmaxnreg 232), rows 0-63 and 64-127 of the tile against all kBlockN columns.  K is walked in chunks of kSteps
+// k256 steps (kSteps x 32 bytes of every plane row); a stage holds one chunk of every plane of the tile's A rows and
+// B columns in wgmma's K-major swizzled layout, which the TMA writes itself (box = kSteps * 32 bytes x rows, swizzle
+// span = the row), `stages` deep.
 //
 // Pipeline, per stage: a `full` mbarrier (1 arrival: the producer's arrive.expect_tx of the stage's bytes, then the
 // copies' complete_tx) and an `empty` mbarrier (one arrival per consumer warp of every CTA in the cluster).  The
@@ -45,8 +46,8 @@
 // plane 0 before the store.  Several A planes and 2 to 8 B planes: the same stacking in n128, a pair is an A plane
 // against the stacked B, and its partial folds into an output tile of 128 / kStack columns (a tile of 16 columns at
 // 8 B planes: s pairs a step instead of s x t, the B operand's bytes a step 1 / t of before, A's t times more as the
-// output tiles narrow).  Several: the MMAs of one pair (p, q)
-// over a chunk run into one of two partial accumulators and are folded into the result shifted by p + q once they
+// output tiles narrow).  Several pairs (stacked or, for one B plane, s of them): the MMAs of one pair over a chunk
+// run into one of two partial accumulators and are folded into the result shifted by its planes' weights once they
 // retire, while the next pair's MMAs run into the other; each plane's tile is copied once per chunk and read by
 // every pair that uses it.
 //
