@@ -53,9 +53,10 @@ Workload
   captured from pool i % 3 and replayed on stream i % 3 (for +H2D its copies too, on that stream), so that one
   batch's kernels can run beside the next ones' and its copies beside the other streams' kernels; the epoch ends
   when every stream is done.  (H200, 2026-11-26: pyg_quant GIN 4-bit 10.62 / 10.68 / 10.71 ms on 2 / 3 / 4 streams,
-  GCN 8.05 / 7.11 / 7.12; PyG fp32 CSR GIN 27.45 / 26.81 / 26.68.)  Same for PyG's graphs and ours; "PyG's fastest" takes the best of all its columns.  Predicted (count
-  below): pyg_quant's kernels are bound by per-row latency with SMs partly idle (quant_mlp at ~40% achieved
-  occupancy), so resident epochs 10-30% shorter, PyG's bandwidth-bound SpMMs <10%; +H2D hides the copies under
+  GCN 8.05 / 7.11 / 7.12; PyG fp32 CSR GIN 27.45 / 26.81 / 26.68.)  Same for PyG's graphs and ours; "PyG's
+  fastest" takes the best of all its columns.  Predicted (count below): pyg_quant's kernels are bound by per-row
+  latency with SMs partly idle (quant_mlp at ~40% achieved occupancy), so resident epochs 10-30% shorter, PyG's
+  bandwidth-bound SpMMs <10%; +H2D hides the copies under
   the other stream's kernels: pyg_quant 4-bit ≈ its resident time + ~1 ms (copies 9 ms an epoch), PyG bf16 CSR
   ≈ max(33 ms kernels, 28 ms copies) + a few ms.
 * Stream: every variant runs on one dedicated stream.  On torch's legacy default stream, once other

@@ -17,6 +17,7 @@ latency included).  Binary TOPS count
 import argparse
 import datetime
 import glob
+import itertools
 import json
 import math
 import os
@@ -112,39 +113,24 @@ def ceilings():
     return peak
 
 
-def kernel_name(fn, pattern="bitmm"):
-    """The kernel ``fn`` launches whose name contains ``pattern``, template arguments kept, namespaces and
-    parameters dropped (e.g. ``bitmm_wgmma_tma_kernel<256, true, 4>``: which path and tile ran); "" when the
-    profiler records no CUDA kernels (no CUPTI)."""
-    try:
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            fn()
-            torch.cuda.synchronize()
-    except RuntimeError:
-        return ""
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA and pattern in event.name:
-            m = re.search(r"(\w*" + pattern + r"\w*(?:<[^()]*>)?)", event.name)
-            return m.group(1) if m else event.name
-    return ""
-
-
-# max_ops: every shape of the dense table (N <= 16384, d <= 512, 8 x 8 bits: 1.8e16 ops, ~3.5 ms on an H100) runs;
-# larger ones would add seconds per call, not information.
-def kernel_ms(fn, pattern, reps=5):
-    """Median device duration of the kernel ``fn`` launches whose name contains ``pattern``, from the profiler's
-    CUDA activity records (the kernel alone: no launch latency, no gap); NaN when the profiler records no CUDA
-    kernels (no CUPTI)."""
+def profiled_kernel(fn, pattern="bitmm", reps=5):
+    """The kernel ``fn`` launches whose name contains ``pattern`` and its median device duration (ms) over ``reps``
+    calls, from the profiler's CUDA activity records (the kernel alone: no launch latency, no gap).  The name keeps
+    its template arguments and drops namespaces and parameters (e.g. ``bitmm_wgmma_tma_kernel<256, true, 1, 4>``:
+    which path and tile ran).  ("", NaN) when the profiler records no CUDA kernels (no CUPTI)."""
     try:
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             for _ in range(reps):
                 fn()
             torch.cuda.synchronize()
     except RuntimeError:
-        return float("nan")
-    times = sorted(e.time_range.elapsed_us() for e in prof.events()
-                   if e.device_type == torch.autograd.DeviceType.CUDA and pattern in e.name)
-    return times[len(times) // 2] * 1e-3 if times else float("nan")
+        return "", float("nan")
+    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and pattern in e.name]
+    if not events:
+        return "", float("nan")
+    m = re.search(r"(\w*" + pattern + r"\w*(?:<[^()]*>)?)", events[0].name)
+    times = sorted(e.time_range.elapsed_us() for e in events)
+    return (m.group(1) if m else events[0].name), times[len(times) // 2] * 1e-3
 
 
 def rotating_graph_ms(calls, call_ms, graph_target_ms=0.5, max_inner=64):
@@ -157,8 +143,8 @@ def rotating_graph_ms(calls, call_ms, graph_target_ms=0.5, max_inner=64):
     """
     inner = max(1, min(max_inner, math.ceil(graph_target_ms / max(call_ms, 1e-3))))
     inner = math.ceil(inner / len(calls)) * len(calls)
-    turn = iter(range(10**9))
-    return graph_ms(lambda: calls[next(turn) % len(calls)](), inner=inner)
+    turn = itertools.cycle(calls)
+    return graph_ms(lambda: next(turn)(), inner=inner)
 
 
 def input_sets(working_bytes, max_sets=4):
@@ -167,6 +153,8 @@ def input_sets(working_bytes, max_sets=4):
     return max(1, min(max_sets, math.ceil(2 * l2 / max(working_bytes, 1))))
 
 
+# max_ops: every shape of the dense table (N <= 16384, d <= 512, 8 x 8 bits: 1.8e16 ops, ~3.5 ms on an H100) runs;
+# larger ones would add seconds per call, not information.
 def dense_rows(peak_tops, copy_gbps, sizes, dims, pairs, gen, max_ops=2e16):
     rows = []
     for n in sizes:
@@ -198,13 +186,12 @@ def dense_rows(peak_tops, copy_gbps, sizes, dims, pairs, gen, max_ops=2e16):
                 operands = [(a.planes, b.planes)] + [(a.planes.clone(), b.planes.clone()) for _ in range(sets - 1)]
                 calls = [lambda pa=pa, pb=pb: ops.bitmm_int(pa, pb, n, d, wide) for pa, pb in operands]
                 t_int = rotating_graph_ms(calls, t_call)
-                t_kernel = kernel_ms(calls[0], "bitmm")
+                kernel, t_kernel = profiled_kernel(calls[0])
                 del operands, calls
                 t_full = cuda_ms(lambda: pq.bitmm(a, b))
                 ops_count = 2.0 * n * n * d * s * t
                 tops = ops_count / (t_int * 1e-3) / 1e12
                 roof_ms = max(ops_count / (peak_tops * 1e12), bytes_moved / (copy_gbps * 1e9)) * 1e3
-                kernel = kernel_name(lambda: ops.bitmm_int(a.planes, b.planes, n, d, wide))
                 rows.append(dict(n=n, d=d, s=s, t=t, kernel=kernel, bitmm_int_ms=t_int, bitmm_int_call_ms=t_call, bitmm_int_kernel_ms=t_kernel,
                                  input_sets=sets, bitmm_ms=t_full, binary_tops=tops,
                                  pct_peak=100 * tops / peak_tops, pct_roofline=100 * roof_ms / t_int,
@@ -340,6 +327,7 @@ def main():
                       gen)
     print("\n## QGTC table shapes (1-bit A x 1..4-bit X)\n")
     print(table(qgtc, ["n", "d", "s", "t", "bitmm_int_ms", "bitmm_ms", "binary_tops", "bf16_ms"]))
+    # tiles run mma.sync
     spmm = [] if args.dense_only else spmm_rows(peak["mma_sync"]["binary_tops"], peak["copy_gbps"], gen)
     print("\n## bit_spmm on a products-scale cluster batch (32,000 nodes, 20 clusters, ~1.28M edges)\n")
     print(table(spmm, ["format", "d", "bits", "tiles", "fill", "residual", "build_ms", "pack_row_codes_ms",

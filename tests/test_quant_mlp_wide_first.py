@@ -22,10 +22,6 @@ CHAINS = [([100, 16], 0), ([100, 64, 64], 1), ([128, 64, 47], 2), ([65, 32, 1], 
           ([97, 7, 33, 64], 5)]
 
 
-def chain(widths, seed, n, device="cpu"):
-    return make_case(seed, n=n, device=device, widths=widths)
-
-
 @requires_cuda
 @pytest.mark.parametrize("n", [5, 259, 70_003])
 @pytest.mark.parametrize("keys", [False, True])
@@ -33,8 +29,8 @@ def chain(widths, seed, n, device="cpu"):
 @pytest.mark.parametrize("k", range(len(CHAINS)))
 def test_float_input_gpu_equals_cpu(k, scaled, keys, n):
     widths, seed = CHAINS[k]
-    args, wts = chain(widths, seed, n)
-    cuda_args, _ = chain(widths, seed, n, "cuda")
+    args, wts = make_case(seed, n=n, widths=widths)
+    cuda_args, _ = make_case(seed, n=n, device="cuda", widths=widths)
     scale = row_scale_for(n, seed) if scaled else None
     cpu_keys, gpu_keys = (fresh_keys(widths[-1]), fresh_keys(widths[-1], "cuda")) if keys else (None, None)
     want = torch.ops.pyg_quant.quant_mlp(*args, scale, cpu_keys)
@@ -53,10 +49,10 @@ def test_float_input_gpu_equals_cpu(k, scaled, keys, n):
 @pytest.mark.parametrize("k", range(len(CHAINS)))
 def test_planes_input_gpu_equals_cpu(k, layout, keys, n):
     widths, seed = CHAINS[k]
-    args, _ = chain(widths, seed, n)
+    args, _ = make_case(seed, n=n, widths=widths)
     x = pq.to_bit(args[0], 1 + seed % 8, dim=0, layout=layout)
     layers = args[1:]
-    cuda_layers = chain(widths, seed, n, "cuda")[0][1:]
+    cuda_layers = make_case(seed, n=n, device="cuda", widths=widths)[0][1:]
     scale = row_scale_for(n, seed)
     cpu_keys, gpu_keys = (fresh_keys(widths[-1]), fresh_keys(widths[-1], "cuda")) if keys else (None, None)
 

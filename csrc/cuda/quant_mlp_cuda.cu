@@ -26,8 +26,8 @@
 // staged the block's words in shared memory between two barriers: 31.2 µs against 35.9 for dequantize + quant_mlp
 // (H200, GCN's 100 -> 16 layer on 32,000 rows), where the float kernel alone takes ~20; this one measured 30.8 in
 // fewer registers and with no barrier, 28.7 with a column's range loaded once a group (ncu: the decode's
-// instructions, 15.7M against the float kernel's 11.7M at the same issue rate, are its cost).  Row layout: a lane reads the plane words of its columns straight
-// from global memory (a warp's 32 columns share a word).
+// instructions, 15.7M against the float kernel's 11.7M at the same issue rate, are its cost).  Row layout: a lane
+// reads the plane words of its columns straight from global memory (a warp's 32 columns share a word).
 //
 // Why kRows rows a warp: the product is bound by shared-memory loads.  With one row a warp, a lane loads per row
 // and layer words/4 × (1 LDS.128 of codes + 4·kChunks LDS.32 of weights), each weight word serving that one row:
@@ -331,8 +331,9 @@ __device__ __forceinline__ void mlp_layer(const MlpLayer& L, const float (&x)[kR
 // to ptxas (no spills).
 // The kernels with a wider first layer (chunks_in > chunks) ask for 4 blocks (64 registers) where that does not
 // spill: at one later chunk (3 with column codes: at 4 they spilled 8 bytes with col_keys on sm_90a, and left alone
-// ptxas took 48 on sm_80 and spilled 16), and at two for float input without col_keys (with them, or with column codes, 64 registers spilled 12-16 bytes).  The row-code kernel at four
-// chunks with col_keys asks for 2: left alone, ptxas took 80 on sm_90a and spilled 8 bytes.
+// ptxas took 48 on sm_80 and spilled 16), and at two for float input without col_keys (with them, or with column
+// codes, 64 registers spilled 12-16 bytes).  The row-code kernel at four chunks with col_keys asks for 2: left
+// alone, ptxas took 80 on sm_90a and spilled 8 bytes.
 constexpr int quant_mlp_min_blocks(int chunks_in, int chunks, int input, bool keys) {
   return chunks_in != chunks ? (chunks == 1 ? (input == kColPlanesInput ? 3 : 4) : input == kFloatInput && !keys ? 4 : 0)
          : input == kRowPlanesInput && chunks == 4 && keys ? 2
