@@ -209,14 +209,36 @@ def cluster_batch(gen):
 INNER = 20  # calls per captured graph in the bit_spmm timings (see graph_ms)
 
 
+def block_steps(adj):
+    """k256 steps of the wgmma bit_spmm kernel: distinct (128-row block, 256-column chunk) pairs among the tiles."""
+    if adj.num_tiles == 0:
+        return 0
+    window = torch.repeat_interleave(torch.arange(adj.window_ptr.numel() - 1, device=adj.device),
+                                      adj.window_ptr[1:] - adj.window_ptr[:-1])
+    chunks = (adj.num_cols + 255) // 256
+    return int(torch.unique((window // 8) * chunks + adj.tile_col.long()).numel())
+
+
+def tensor_core_ops(adj, d, bits):
+    """Binary ops (2 per AND-popcount) the tensor cores execute: on sm_90 the wgmma kernel multiplies each step's
+    128 x 256 block with n = kBlockN columns a feature tile (bits' planes stacked in 1, 2, 4 or 8 slots of 64, 64, 64
+    or 32 features: csrc/cuda/spmm_wgmma_cuda.cu); elsewhere (or a multi-bit adjacency) every 16 x 256 tile with
+    every pair of planes (the build is assumed to have its sm_90a image, as benchmarks/device_run.sh builds)."""
+    if adj.bits == 1 and adj.device.type == "cuda" and torch.cuda.get_device_capability(adj.device) == (9, 0):
+        slots = 1 if bits == 1 else 2 if bits == 2 else 4 if bits <= 4 else 8
+        tile_n = 32 if slots == 8 else 64
+        return 2.0 * block_steps(adj) * 128 * 256 * slots * tile_n * ((d + tile_n - 1) // tile_n)
+    return 2.0 * adj.num_tiles * 16 * 256 * d * adj.bits * bits
+
+
 def spmm_rows(peak_tops, copy_gbps, gen):
     edge_index, n = cluster_batch(gen)
     csr = torch.sparse_coo_tensor(edge_index.flip(0), torch.ones(edge_index.size(1), device="cuda"),
                                   (n, n)).coalesce().to_sparse_csr()
     rows = []
-    # 16: the default tile threshold (tiles + CSR residual, tensor cores); 4097: no block qualifies, every entry
-    # stays in the CSR and the gather kernel runs (CUDA cores, row-major codes).
-    for min_tile_nnz in (16, 4097):
+    # 8, 16: tile thresholds (tiles + CSR residual, tensor cores; 16 is the default); 4097: no block qualifies,
+    # every entry stays in the CSR and the gather kernel runs (CUDA cores, row-major codes).
+    for min_tile_nnz in (8, 16, 4097):
         adj = pq.BitAdjacency.from_edge_index(edge_index, n, min_tile_nnz=min_tile_nnz)
         t_build = cuda_ms(lambda: pq.BitAdjacency.from_edge_index(edge_index, n, min_tile_nnz=min_tile_nnz), reps=5)
         adj_gcn = pq.BitAdjacency.from_edge_index(edge_index, n, self_loops=1, min_tile_nnz=min_tile_nnz)
@@ -247,7 +269,7 @@ def spmm_rows(peak_tops, copy_gbps, gen):
                 adj_loops = adj_gcn
                 t_gcn = graph_ms(lambda: pq.bit_spmm(adj_loops, x, row_scale=dinv, bias=bias[:d], relu=True),
                                  inner=INNER)
-                tile_ops = 2.0 * adj.num_tiles * 16 * 256 * d * adj.bits * bits
+                tile_ops = tensor_core_ops(adj, d, bits)
                 # Bytes: the adjacency and x once, the output once, and every residual entry's gathered row codes
                 # (they mostly come from L2: x's codes are ~1 MB; counting them at the copy bandwidth makes this
                 # roofline a gather bound, not a DRAM one, and the DRAM-only bound is reported beside it).
@@ -256,8 +278,9 @@ def spmm_rows(peak_tops, copy_gbps, gen):
                 bytes_moved = dram_bytes + adj.res_nnz * row_bytes
                 roof_ms = max(tile_ops / (peak_tops * 1e12), bytes_moved / (copy_gbps * 1e9)) * 1e3
                 dram_roof_ms = max(tile_ops / (peak_tops * 1e12), dram_bytes / (copy_gbps * 1e9)) * 1e3
-                rows.append(dict(format="tiles+csr" if adj.num_tiles else "csr", d=d, bits=bits,
-                                 tiles=adj.num_tiles, fill=adj.fill_ratio, residual=adj.res_nnz, nnz=adj.nnz,
+                rows.append(dict(format="tiles+csr" if adj.num_tiles else "csr", min_tile_nnz=min_tile_nnz, d=d,
+                                 bits=bits, tiles=adj.num_tiles, fill=adj.fill_ratio, residual=adj.res_nnz,
+                                 nnz=adj.nnz, tile_steps=block_steps(adj), tensor_core_ops=tile_ops,
                                  build_ms=t_build, bit_spmm_int_ms=t_int, bit_spmm_int_cached_ms=t_int_cached,
                                  bit_spmm_ms=t_full, bit_spmm_call_ms=t_call, gcn_fused_ms=t_gcn,
                                  pack_row_codes_ms=t_unpack, row_code_bytes=row_bytes,
@@ -327,10 +350,10 @@ def main():
                       gen)
     print("\n## QGTC table shapes (1-bit A x 1..4-bit X)\n")
     print(table(qgtc, ["n", "d", "s", "t", "bitmm_int_ms", "bitmm_ms", "binary_tops", "bf16_ms"]))
-    # tiles run mma.sync
-    spmm = [] if args.dense_only else spmm_rows(peak["mma_sync"]["binary_tops"], peak["copy_gbps"], gen)
+    # tiles run wgmma on sm_90 (a binary adjacency), mma.sync elsewhere
+    spmm = [] if args.dense_only else spmm_rows(peak["binary_tops"], peak["copy_gbps"], gen)
     print("\n## bit_spmm on a products-scale cluster batch (32,000 nodes, 20 clusters, ~1.28M edges)\n")
-    print(table(spmm, ["format", "d", "bits", "tiles", "fill", "residual", "build_ms", "pack_row_codes_ms",
+    print(table(spmm, ["format", "min_tile_nnz", "d", "bits", "tiles", "tile_steps", "fill", "residual", "build_ms", "pack_row_codes_ms",
                        "bit_spmm_int_ms", "bit_spmm_int_cached_ms", "bit_spmm_ms", "bit_spmm_call_ms", "gcn_fused_ms", "csr_fp32_ms", "csr_bf16_ms",
                        "speedup_vs_fp32", "speedup_full_vs_fp32", "roofline_ms", "pct_roofline"]))
     sass = sass_report()

@@ -70,6 +70,7 @@
 #include <cuda_runtime.h>
 
 #include "device_limits.h"
+#include "tensor_map.h"
 #include "tma.cuh"
 #include "wgmma.cuh"
 
@@ -351,47 +352,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 #else
   __trap();  // the host launches this only on sm_90 with the sm_90a image built
 #endif
-}
-
-// cuTensorMapEncodeTiled from the driver the runtime already loaded (no link against libcuda); null when the
-// driver lacks it.
-using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-EncodeTiledFn encode_tiled() {
-  static const EncodeTiledFn fn = [] {
-    void* entry = nullptr;
-    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-#if CUDART_VERSION >= 12050
-    const cudaError_t err =
-        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &entry, 12000, cudaEnableDefault, &found);
-#else
-    const cudaError_t err = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &entry, cudaEnableDefault, &found);
-#endif
-    if (err != cudaSuccess) (void)cudaGetLastError();  // not sticky; keep it from surfacing at the next check
-    return err == cudaSuccess && found == cudaDriverEntryPointSuccess ? reinterpret_cast<EncodeTiledFn>(entry)
-                                                                      : nullptr;
-  }();
-  return fn;
-}
-
-// planes [count, outer, words] int32 as a 3-D tensor map (words innermost), boxes of box_words x box_rows x 1
-// plane, swizzled across the box's row (box_words * 4 = 32, 64 or 128 bytes).
-bool encode_planes(CUtensorMap* map, const at::Tensor& planes, int box_words, int box_rows) {
-  const EncodeTiledFn encode = encode_tiled();
-  if (encode == nullptr) return false;
-  const cuuint64_t words = planes.size(2), outer = planes.size(1);
-  const cuuint64_t dims[3] = {words, outer, static_cast<cuuint64_t>(planes.size(0))};
-  const cuuint64_t strides[2] = {words * 4, outer * words * 4};  // bytes, of dims 1 and 2
-  const cuuint32_t box[3] = {static_cast<cuuint32_t>(box_words), static_cast<cuuint32_t>(box_rows), 1};
-  const cuuint32_t element_strides[3] = {1, 1, 1};
-  const CUtensorMapSwizzle swizzle = box_words == 32   ? CU_TENSOR_MAP_SWIZZLE_128B
-                                     : box_words == 16 ? CU_TENSOR_MAP_SWIZZLE_64B
-                                                       : CU_TENSOR_MAP_SWIZZLE_32B;
-  return encode(map, CU_TENSOR_MAP_DATA_TYPE_INT32, 3, planes.data_ptr(), dims, strides, box, element_strides,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;  // FILL_NONE: zeros outside the tensor
 }
 
 // How many clusters of `kernel` the device runs at once with `config`'s block, cluster and shared memory, per
