@@ -12,6 +12,8 @@ Oracles used throughout:
   adds up; float32 results are checked against ``1e-6 · (|A| @ mag)``-style
   bounds (see the comments at the call sites).
 """
+import os
+
 import pytest
 import torch
 
@@ -28,6 +30,30 @@ requires_cuda = pytest.mark.skipif(
     not CUDA_OK, reason="needs a CUDA GPU and pyg_quant's compiled CUDA backend")
 
 DEVICES = ["cpu"] + ([pytest.param("cuda", marks=pytest.mark.cuda)] if CUDA_OK else [])
+
+
+def _built_for_sm90a() -> bool:
+    """Whether setup.py built the sm_90a image (it reads TORCH_CUDA_ARCH_LIST, default "8.0;9.0a")."""
+    archs = os.environ.get("TORCH_CUDA_ARCH_LIST", "8.0;9.0a").replace(" ", ";").split(";")
+    return "9.0a" in [a.strip().removesuffix("+PTX") for a in archs]
+
+
+# The wgmma kernels: an sm_90 device and the extension's sm_90a image.
+requires_sm90a = pytest.mark.skipif(
+    not CUDA_OK or torch.cuda.get_device_capability() != (9, 0) or not _built_for_sm90a(),
+    reason="the wgmma kernels need an sm_90 GPU and the extension's sm_90a image (setup.py reads TORCH_CUDA_ARCH_LIST)")
+
+
+def cuda_kernel_names(fn):
+    """Names of the CUDA kernels `fn()` launches, from the profiler (the test skips where CUPTI records none, e.g.
+    under compute-sanitizer)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    if not names:
+        pytest.skip("the profiler records no CUDA kernels here (CUPTI unavailable, e.g. under compute-sanitizer)")
+    return names
 
 
 def skip_unless_compiled():

@@ -5,7 +5,6 @@ cleanly otherwise.  The checks are written as ``_check_*(dev)`` helpers so that 
 can also be exercised on the CPU (``dev="cpu"``) as a dry run of the test code.
 """
 import itertools
-import os
 import re
 
 import pytest
@@ -14,8 +13,8 @@ import torch
 import pyg_quant as pq
 from pyg_quant.ops import reference as ref
 
-from conftest import (CUDA_OK, assert_fp32_close, deq64, dense_from_edges, gen, mag64, randn, random_edges,
-                      ref_codes, round_up)
+from conftest import (CUDA_OK, assert_fp32_close, cuda_kernel_names, deq64, dense_from_edges, gen, mag64, randn,
+                      random_edges, ref_codes, requires_sm90a, round_up)
 from test_quantize import check_pack_row_codes, dequantize_cases, grid_data
 
 pytestmark = [
@@ -486,31 +485,18 @@ def test_bitmm_int_gpu_misaligned_planes():
     _check_bitmm_int_misaligned(DEV)
 
 
-def _cuda_kernel_names(fn):
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    if not names:
-        pytest.skip("the profiler records no CUDA kernels here (CUPTI unavailable, e.g. under compute-sanitizer)")
-    return names
-
-
-@pytest.mark.skipif(not CUDA_OK or torch.cuda.get_device_capability() != (9, 0), reason="the wgmma kernel is sm_90's")
-@pytest.mark.skipif("9.0a" not in [a.strip().removesuffix("+PTX") for a in
-                                    os.environ.get("TORCH_CUDA_ARCH_LIST", "8.0;9.0a").replace(" ", ";").split(";")],
-                    reason="the extension was built without its sm_90a image (as setup.py reads TORCH_CUDA_ARCH_LIST)")
+@requires_sm90a
 def test_bitmm_int_takes_wgmma_on_sm90():
     for s, t, n in [(1, 1, 300), (1, 1, 64), (4, 4, 100), (8, 8, 200), (1, 2, 300), (1, 3, 70), (1, 4, 100),
                     (1, 7, 90), (1, 8, 40)]:
         a, b = _bitmm_operands(DEV, 300, 1000, n, s, t)
-        names = _cuda_kernel_names(lambda: OPS.bitmm_int(a.planes, b.planes, 300, n, False))
+        names = cuda_kernel_names(lambda: OPS.bitmm_int(a.planes, b.planes, 300, n, False))
         assert any("bitmm_wgmma_tma_kernel" in name for name in names), (s, t, names)
         # 2 to 8 B planes: the stacked instantiation (kStack: 2, 4 or 8 slots)
         stack = 1 if t == 1 else 2 if t == 2 else 4 if t <= 4 else 8
         assert any(re.search(rf"bitmm_wgmma_tma_kernel<\d+, \w+, {stack}, \d>", name) for name in names), names
     # int64 results stay on the mma.sync kernel
-    names = _cuda_kernel_names(lambda: OPS.bitmm_int(a.planes, b.planes, 300, n, True))
+    names = cuda_kernel_names(lambda: OPS.bitmm_int(a.planes, b.planes, 300, n, True))
     assert not any("bitmm_wgmma" in name for name in names) and any("bitmm_kernel" in n for n in names), names
 
 

@@ -5,8 +5,6 @@ without tiles, a partial last block, feature tiles (kTileN = 64 or 32 features) 
 last one, 1- to 8-bit features (stacked plane slots partly empty at 3, 5, 6 and 7 bits), more tiles in one block than
 the kernel's shared list holds, self loops, row scale, bias and ReLU.  sm_90 only for the kernel-choice test; the
 bit-exact checks run on any GPU (elsewhere they exercise the mma.sync tile kernel)."""
-import itertools
-import os
 import re
 
 import pytest
@@ -15,7 +13,7 @@ import torch
 import pyg_quant as pq
 from pyg_quant.synthetic import planted_partition_graph
 
-from conftest import CUDA_OK, dense_from_edges, gen, randn, ref_codes
+from conftest import CUDA_OK, cuda_kernel_names, dense_from_edges, gen, randn, ref_codes, requires_sm90a
 
 pytestmark = [
     pytest.mark.cuda,
@@ -88,7 +86,8 @@ def test_block_with_more_tiles_than_the_shared_list():
     chunks, n = 130, 130 * 256
     rows = torch.arange(128).repeat_interleave(chunks)
     cols = (torch.arange(chunks).repeat(128) * 256 + (rows * 7) % 256)
-    extra = torch.stack([torch.randint(n, (500,), generator=gen(5)), 128 + torch.randint(200, (500,), generator=gen(6))])
+    extra = torch.stack([torch.randint(n, (500,), generator=gen(5)),
+                         128 + torch.randint(200, (500,), generator=gen(6))])
     ei = torch.unique(torch.cat([torch.stack([cols, rows]), extra], 1), dim=1)
     ei = ei[:, ei[0] != ei[1]]  # self loops would move to the diagonal term, out of bit_spmm_int's sums
     cpu, gpu = _adjacencies(ei, n, 1, 1)
@@ -138,20 +137,7 @@ def test_captured_in_a_cuda_graph():
     assert _equal_on_cpu(out, want)
 
 
-def _kernel_names(fn):
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    if not names:
-        pytest.skip("the profiler records no CUDA kernels here (CUPTI unavailable, e.g. under compute-sanitizer)")
-    return names
-
-
-@pytest.mark.skipif(not CUDA_OK or torch.cuda.get_device_capability() != (9, 0), reason="the wgmma kernel is sm_90's")
-@pytest.mark.skipif("9.0a" not in [a.strip().removesuffix("+PTX") for a in
-                                    os.environ.get("TORCH_CUDA_ARCH_LIST", "8.0;9.0a").replace(" ", ";").split(";")],
-                    reason="the extension was built without its sm_90a image (as setup.py reads TORCH_CUDA_ARCH_LIST)")
+@requires_sm90a
 def test_takes_wgmma_on_sm90():
     ei, n = _cluster_graph(4, 300, 20, 0.9, seed=4)
     adj = pq.BitAdjacency.from_edge_index(ei.to(DEV), n, adjacency="tiles")
@@ -159,11 +145,11 @@ def test_takes_wgmma_on_sm90():
     assert multi.bits == 2
     for x_bits, (block_n, stack) in zip(range(1, 9), [(64, 1), (128, 2), (256, 4), (256, 4)] + [(256, 8)] * 4):
         x = pq.to_bit(randn(n, 40, x_bits).to(DEV), x_bits, dim=0, layout="col")
-        names = _kernel_names(lambda: OPS.bit_spmm_int(*[getattr(adj, k) for k in ADJ], x.planes, n, 40, False,
+        names = cuda_kernel_names(lambda: OPS.bit_spmm_int(*[getattr(adj, k) for k in ADJ], x.planes, n, 40, False,
                                                        None))
         assert any(re.search(rf"bit_spmm_wgmma_kernel<{block_n}, {stack}, \d>", name) for name in names), names
         # int64 sums and a multi-bit adjacency stay on the mma.sync tile kernel
         for a, wide in ((adj, True), (multi, False)):
-            names = _kernel_names(lambda: OPS.bit_spmm_int(*[getattr(a, k) for k in ADJ], x.planes, n, 40, wide,
+            names = cuda_kernel_names(lambda: OPS.bit_spmm_int(*[getattr(a, k) for k in ADJ], x.planes, n, 40, wide,
                                                            None))
             assert not any("wgmma" in name for name in names) and any("bit_spmm_kernel" in m for m in names), names

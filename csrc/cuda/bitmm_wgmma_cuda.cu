@@ -314,18 +314,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
 
-      if constexpr (kOnePair && kStack > 1) {
-        // Column c of B plane q is column q * kTileN + c of the stacked product, in this thread's registers too
-        // (accumulator 4j + i holds column 8j + 2 (lane % 4) + i % 2): the planes fold in place.
-#pragma unroll
-        for (int j = 0; j < kTileN / 8; ++j) {
-#pragma unroll
-          for (int q = 1; q < kStack; ++q) {
-#pragma unroll
-            for (int i = 0; i < 4; ++i) acc[4 * j + i] += acc[4 * (j + q * kTileN / 8) + i] << q;
-          }
-        }
-      }
+      if constexpr (kOnePair && kStack > 1) fold_stacked_planes<kTileN, kStack>(acc);
       // The stores are not waited for: the next unit's MMAs start on stages the producer has already filled.
       const int64_t n0 = tile_n0(unit);
       const int64_t row0 = tile_m0(unit) + consumer * kWarpgroupM + warp * 16 + lane / 4;

@@ -13,9 +13,9 @@
 // 8 words): each present tile of a chunk is one TMA box of 16 x 32 bytes, written with the 32-byte swizzle at
 // offset 512·w of the stage (w = its window within the block), which is exactly where a 128-row box with the same
 // swizzle would put those rows (the swizzle is a function of the shared-memory address, and 512 is a multiple of its
-// 256-byte period).  A window without a tile at the chunk gets zeros (below).  The feature planes are the B operand as in the dense
-// kernel (bitmm_wgmma_cuda.cu): t planes of kTileN features each stacked along N (kStack slots, those past t zeroed
-// once), one n(kBlockN) MMA a step, folded in registers (plane q's column c sits in the thread holding plane 0's).
+// 256-byte period).  A window without a tile at the chunk gets zeros (below).  The feature planes are the B operand
+// as in the dense kernel (bitmm_wgmma_cuda.cu): t planes of kTileN features each stacked along N (kStack slots, those
+// past t zeroed once), one n(kBlockN) MMA a step, folded in registers (fold_stacked_planes, wgmma.cuh).
 //
 // Block: three warpgroups.  Warpgroup 0's first warp produces: per work unit (a row block and a slice of kTileN
 // features) lanes 0-7 walk their windows' tile lists in a merge by column (__reduce_min_sync), and each step claims
@@ -96,6 +96,19 @@ constexpr int kListRounds = 4, kListCapacity = 32 * kListRounds;
   return __shfl_sync(0xffffffffu, lane == 0 ? ld_shared_u32(addr) : 0u, 0);
 }
 
+// The stage a pipeline side is at and the parity of its round (producer and consumers walk the stages alike).
+struct StageCursor {
+  int stages;
+  int stage = 0;
+  uint32_t phase = 0;
+  __device__ __forceinline__ void advance() {
+    if (++stage == stages) {
+      stage = 0;
+      phase ^= 1u;
+    }
+  }
+};
+
 struct SharedLayout {
   uint32_t stage_bytes, staged, list, full_bars, empty_bars, flags;
   size_t total;  // bytes of dynamic shared memory, alignment slack included
@@ -169,14 +182,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       const uint32_t list = base + l.list;
       const uint32_t copied_b = static_cast<uint32_t>(t * kTileN * kRowBytes);
-      int stage = 0;
-      uint32_t phase = 0;
-      auto next_stage = [&]() {
-        if (++stage == stages) {
-          stage = 0;
-          phase ^= 1u;
-        }
-      };
+      StageCursor cursor{stages};
       // A unit's tile columns and its windows' bounds are loaded one unit ahead (the bounds of the unit after
       // next, two ahead), so that their round trips overlap the current unit's steps instead of starting each unit.
       auto unit_bound = [&](int64_t unit) -> int64_t {  // lane w <= 8: where window w of the unit's block starts
@@ -213,13 +219,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         int col = lane < kWindows && next < end ? column_at(next) : INT_MAX;
         int chunk = static_cast<int>(__reduce_min_sync(0xffffffffu, static_cast<unsigned>(col)));
         if (chunk == INT_MAX) {  // no tiles: one step without data, so that the consumers still store the rows
-          mbar_wait(empty_bars + 8u * stage, phase ^ 1u);
+          mbar_wait(empty_bars + 8u * cursor.stage, cursor.phase ^ 1u);
           if (lane == 0) {
-            asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(flags + 4u * stage), "r"(kLastStep | kNoData) : "memory");
-            mbar_arrive_local(full_bars + 8u * stage);
+            asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(flags + 4u * cursor.stage), "r"(kLastStep | kNoData)
+                         : "memory");
+            mbar_arrive_local(full_bars + 8u * cursor.stage);
           }
           __syncwarp();
-          next_stage();
+          cursor.advance();
         }
         while (chunk != INT_MAX) {
           const bool present = col == chunk;
@@ -229,11 +236,11 @@ __global__ void __launch_bounds__(kThreads, 1)
             col = next < end ? column_at(next) : INT_MAX;
           }
           const int following = static_cast<int>(__reduce_min_sync(0xffffffffu, static_cast<unsigned>(col)));
-          mbar_wait(empty_bars + 8u * stage, phase ^ 1u);
-          const uint32_t full = full_bars + 8u * stage;
-          const uint32_t dst = base + static_cast<uint32_t>(stage) * l.stage_bytes;
+          mbar_wait(empty_bars + 8u * cursor.stage, cursor.phase ^ 1u);
+          const uint32_t full = full_bars + 8u * cursor.stage;
+          const uint32_t dst = base + static_cast<uint32_t>(cursor.stage) * l.stage_bytes;
           if (lane == 0) {
-            asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(flags + 4u * stage),
+            asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(flags + 4u * cursor.stage),
                          "r"(following == INT_MAX ? kLastStep : 0u)
                          : "memory");
             mbar_arrive_expect_tx(full, kABytes + copied_b);
@@ -243,7 +250,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           // A window without a tile at this chunk copies the box one past the last tile: wholly outside the tensor,
           // so the TMA writes zeros (and counts their bytes); no generic stores into the stage, no proxy fence.
           if (lane < kWindows) tma_load_3d(dst + lane * kTileBytes, &a_map, full, 0, 0, present ? tile : num_tiles);
-          next_stage();
+          cursor.advance();
           chunk = following;
         }
         bound = next_bound;
@@ -259,27 +266,20 @@ __global__ void __launch_bounds__(kThreads, 1)
     int32_t* staged = reinterpret_cast<int32_t*>(smem_raw + (base - raw) + l.staged) + consumer * 64 * kPitch;
     constexpr SmemSwizzle kSwizzle = SmemSwizzle::k32B;
     int32_t acc[kBlockN / 2];
-    int stage = 0;
-    uint32_t phase = 0;
-    auto next_stage = [&]() {
-      if (++stage == stages) {
-        stage = 0;
-        phase ^= 1u;
-      }
-    };
+    StageCursor cursor{stages};
     for (int64_t unit = blockIdx.x; unit < work_units; unit += gridDim.x) {
-      mbar_wait(full_bars + 8u * stage, phase);
-      uint32_t flag = read_flags(flags + 4u * stage, lane);
+      mbar_wait(full_bars + 8u * cursor.stage, cursor.phase);
+      uint32_t flag = read_flags(flags + 4u * cursor.stage, lane);
       if (flag & kNoData) {
-        if (lane == 0) mbar_arrive_local(empty_bars + 8u * stage);
-        next_stage();
+        if (lane == 0) mbar_arrive_local(empty_bars + 8u * cursor.stage);
+        cursor.advance();
 #pragma unroll
         for (int i = 0; i < kBlockN / 2; ++i) acc[i] = 0;
       } else {
         int previous = -1;
         bool first = true;
         while (true) {
-          const uint32_t stage_addr = base + static_cast<uint32_t>(stage) * l.stage_bytes;
+          const uint32_t stage_addr = base + static_cast<uint32_t>(cursor.stage) * l.stage_bytes;
           wgmma_fence();
           wgmma_b1<kBlockN>(acc,
                             smem_descriptor_at(stage_addr + static_cast<uint32_t>(consumer * 64 * kRowBytes), 16,
@@ -290,27 +290,17 @@ __global__ void __launch_bounds__(kThreads, 1)
           // This step's MMA stays in flight; the previous one's has retired: its stage goes back.
           wgmma_wait<1>();
           if (previous >= 0 && lane == 0) mbar_arrive_local(empty_bars + 8u * previous);
-          previous = stage;
-          next_stage();
+          previous = cursor.stage;
+          cursor.advance();
           if (flag & kLastStep) break;
-          mbar_wait(full_bars + 8u * stage, phase);
-          flag = read_flags(flags + 4u * stage, lane);
+          mbar_wait(full_bars + 8u * cursor.stage, cursor.phase);
+          flag = read_flags(flags + 4u * cursor.stage, lane);
         }
         wgmma_wait<0>();
         fence_registers(acc);
         if (lane == 0) mbar_arrive_local(empty_bars + 8u * previous);
       }
-      if constexpr (kStack > 1) {
-        // Column c of feature plane q is column q·kTileN + c of the stacked product, in this thread (wgmma.cuh).
-#pragma unroll
-        for (int j = 0; j < kTileN / 8; ++j) {
-#pragma unroll
-          for (int q = 1; q < kStack; ++q) {
-#pragma unroll
-            for (int i = 0; i < 4; ++i) acc[4 * j + i] += acc[4 * (j + q * kTileN / 8) + i] << q;
-          }
-        }
-      }
+      if constexpr (kStack > 1) fold_stacked_planes<kTileN, kStack>(acc);
       // The sums through shared memory, into the gather's layout (a row's kCodes consecutive features a thread),
       // then each row finished as the CSR gather kernel finishes it: its residual entries, then the epilogue.
       named_barrier(1 + consumer, 128);  // the previous unit's rows are finished

@@ -96,6 +96,22 @@ __device__ __forceinline__ void fence_registers(int32_t (&d)[kRegs]) {
   for (int i = 0; i < kRegs; ++i) asm volatile("" : "+r"(d[i])::"memory");
 }
 
+// A product of kStack stacked B planes of kTileN columns each, folded in place into plane 0's columns shifted by
+// their plane: column c of plane q is column q·kTileN + c of the product, held by the same thread (accumulator
+// 4j + i holds column 8j + 2 (lane % 4) + i % 2, see above), so no data moves between threads.
+template <int kTileN, int kStack, int kRegs>
+__device__ __forceinline__ void fold_stacked_planes(int32_t (&acc)[kRegs]) {
+  static_assert(kRegs == kTileN / 2 * kStack, "the accumulator spans every slot");
+#pragma unroll
+  for (int j = 0; j < kTileN / 8; ++j) {
+#pragma unroll
+    for (int q = 1; q < kStack; ++q) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[4 * j + i] += acc[4 * (j + q * kTileN / 8) + i] << q;
+    }
+  }
+}
+
 // d (+)= popc(A AND B) over one k256 step: A 64 x 256 bits, B N x 256 bits
 // (both K-major), d += only when `accumulate` != 0.
 template <int N>
