@@ -33,13 +33,13 @@
 //
 // Measured (H100, products-scale batch, 16-entry tile threshold: 13,910 tiles in 1,810 steps, 19% of the entries in
 // the residual; RESULTS.md, 2026-11-26): 4-bit, d = 64, int32 sums 18.7 us against 56.9 for the mma.sync tile kernel
-// (16-row windows) and 17.8 for the CSR gather, which stays the default form for such batches ("auto").  The time
-// does not follow the MMA work (d = 16 and d = 64 take the same MMAs and about the same time; 1-bit features, a
-// quarter of the MMA columns, no less): ~1,400 SM cycles a step against ~256 of MMA, as if each step waited for its
-// copies.  Measured and not the cause: the list loads at each unit's start, the producer's zero stores and proxy
-// fence (both replaced, see below), the row finishing (taken out into the gather kernel: 31.8 us in all).
-// What the count suggests and was not measured: the TMA fetches every box row as its own 32-byte request (384 a
-// step at 4 bits), so wider rows (several chunks a box) or cp.async from all producer lanes would be the next step.
+// (16-row windows) and 17.8 for the CSR gather, which stays the default form for such batches ("auto").  Where the
+// 19 us go (same batch, temporary switches, one build): without any copies 16.2 (the copies ~3 us); without the rows'
+// finishing 11.9 (the finishing ~7 us: two passes of 32 rows a consumer warpgroup, each a chain of dependent loads,
+// with no MMA running meanwhile); without either 7.6 us, which is the step protocol itself: ~600-1,000 SM cycles a
+// step (merge, barriers, flags, one MMA a warpgroup) against ~256 of MMA; 2 or 4 stages instead of 8: 23.5, 19.6.
+// Next: finishing warps of their own (staged sums double-buffered) so that a unit's rows finish while the next
+// unit's MMAs run, and steps that cover several consecutive chunks (a block's chunks mostly are, on cluster batches).
 #include "spmm_wgmma_cuda.h"
 
 #include <algorithm>
