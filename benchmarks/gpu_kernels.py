@@ -219,15 +219,16 @@ def block_steps(adj):
     return int(torch.unique((window // 8) * chunks + adj.tile_col.long()).numel())
 
 
-def tensor_core_ops(adj, d, bits):
-    """Binary ops (2 per AND-popcount) the tensor cores execute: on sm_90 the wgmma kernel multiplies each step's
-    128 x 256 block with n = kBlockN columns a feature tile (bits' planes stacked in 1, 2, 4 or 8 slots of 64, 64, 64
-    or 32 features: csrc/cuda/spmm_wgmma_cuda.cu); elsewhere (or a multi-bit adjacency) every 16 x 256 tile with
-    every pair of planes (the build is assumed to have its sm_90a image, as benchmarks/device_run.sh builds)."""
+def tensor_core_ops(adj, d, bits, steps):
+    """Binary ops (2 per AND-popcount) the tensor cores execute: on sm_90 the wgmma kernel multiplies each of its
+    `steps` (block_steps(adj)) 128 x 256 blocks with n = kBlockN columns a feature tile (bits' planes stacked in 1, 2,
+    4 or 8 slots of 64, 64, 64 or 32 features: csrc/cuda/spmm_wgmma_cuda.cu); elsewhere (or a multi-bit adjacency)
+    every 16 x 256 tile with every pair of planes (the build is assumed to have its sm_90a image, as
+    benchmarks/device_run.sh builds)."""
     if adj.bits == 1 and adj.device.type == "cuda" and torch.cuda.get_device_capability(adj.device) == (9, 0):
         slots = 1 if bits == 1 else 2 if bits == 2 else 4 if bits <= 4 else 8
         tile_n = 32 if slots == 8 else 64
-        return 2.0 * block_steps(adj) * 128 * 256 * slots * tile_n * ((d + tile_n - 1) // tile_n)
+        return 2.0 * steps * 128 * 256 * slots * tile_n * ((d + tile_n - 1) // tile_n)
     return 2.0 * adj.num_tiles * 16 * 256 * d * adj.bits * bits
 
 
@@ -240,6 +241,7 @@ def spmm_rows(peak_tops, copy_gbps, gen):
     # every entry stays in the CSR and the gather kernel runs (CUDA cores, row-major codes).
     for min_tile_nnz in (8, 16, 4097):
         adj = pq.BitAdjacency.from_edge_index(edge_index, n, min_tile_nnz=min_tile_nnz)
+        steps = block_steps(adj)
         t_build = cuda_ms(lambda: pq.BitAdjacency.from_edge_index(edge_index, n, min_tile_nnz=min_tile_nnz), reps=5)
         adj_gcn = pq.BitAdjacency.from_edge_index(edge_index, n, self_loops=1, min_tile_nnz=min_tile_nnz)
         dinv = adj_gcn.degree().pow(-0.5)
@@ -269,7 +271,7 @@ def spmm_rows(peak_tops, copy_gbps, gen):
                 adj_loops = adj_gcn
                 t_gcn = graph_ms(lambda: pq.bit_spmm(adj_loops, x, row_scale=dinv, bias=bias[:d], relu=True),
                                  inner=INNER)
-                tile_ops = tensor_core_ops(adj, d, bits)
+                tile_ops = tensor_core_ops(adj, d, bits, steps)
                 # Bytes: the adjacency and x once, the output once, and every residual entry's gathered row codes
                 # (they mostly come from L2: x's codes are ~1 MB; counting them at the copy bandwidth makes this
                 # roofline a gather bound, not a DRAM one, and the DRAM-only bound is reported beside it).
@@ -280,7 +282,7 @@ def spmm_rows(peak_tops, copy_gbps, gen):
                 dram_roof_ms = max(tile_ops / (peak_tops * 1e12), dram_bytes / (copy_gbps * 1e9)) * 1e3
                 rows.append(dict(format="tiles+csr" if adj.num_tiles else "csr", min_tile_nnz=min_tile_nnz, d=d,
                                  bits=bits, tiles=adj.num_tiles, fill=adj.fill_ratio, residual=adj.res_nnz,
-                                 nnz=adj.nnz, tile_steps=block_steps(adj), tensor_core_ops=tile_ops,
+                                 nnz=adj.nnz, tile_steps=steps, tensor_core_ops=tile_ops,
                                  build_ms=t_build, bit_spmm_int_ms=t_int, bit_spmm_int_cached_ms=t_int_cached,
                                  bit_spmm_ms=t_full, bit_spmm_call_ms=t_call, gcn_fused_ms=t_gcn,
                                  pack_row_codes_ms=t_unpack, row_code_bytes=row_bytes,

@@ -180,8 +180,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       prefetch_tensormap(&b_map);
       const uint16_t all_ctas = static_cast<uint16_t>((1u << kCluster) - 1);
       const uint32_t b_half = a_bytes + rank * static_cast<uint32_t>(kHalfN * kRowBytes);
-      int stage = 0;
-      uint32_t phase = 0;
+      StageCursor cursor{stages};
       // The stages run on across units: the next tile's first chunks are copied while the consumers still
       // multiply the last ones and store the result (the overlap this loop is for).
       for (int64_t unit = first_unit; unit < work_units; unit += unit_stride) {
@@ -192,9 +191,9 @@ __global__ void __launch_bounds__(kThreads, 1)
           // Round r of a stage waits for the consumers' r-th release (phase r - 1 of `empty`, 16 arrivals: every
           // consumer warp of both CTAs); round 0 waits on parity 1, the phase "before" a fresh barrier's, which
           // passes at once.
-          mbar_wait(empty_bars + 8u * stage, phase ^ 1u);
-          const uint32_t full = full_bars + 8u * stage;
-          const uint32_t dst = smem_base + static_cast<uint32_t>(stage) * stage_bytes;
+          mbar_wait(empty_bars + 8u * cursor.stage, cursor.phase ^ 1u);
+          const uint32_t full = full_bars + 8u * cursor.stage;
+          const uint32_t dst = smem_base + static_cast<uint32_t>(cursor.stage) * stage_bytes;
           // All bytes that land in this CTA's stage: its A tile and both halves of B (the peer's half arrives by the
           // peer's multicast, possibly before this arm: the transaction count may dip below zero meanwhile, the phase
           // cannot complete without this arrival).
@@ -205,10 +204,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int q = 0; q < t; ++q)
             tma_load_3d_multicast(dst + b_half + static_cast<uint32_t>(q * kTileN * kRowBytes), &b_map, full, k, b_row,
                                   q, all_ctas);
-          if (++stage == stages) {
-            stage = 0;
-            phase ^= 1u;
-          }
+          cursor.advance();
         }
       }
     }
@@ -237,14 +233,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int warp = (threadIdx.x / 32) % 4;
     const bool pairs_aligned = cols % 2 == 0;
 
-    int stage = 0;
-    uint32_t phase = 0;
+    StageCursor cursor{stages};
     for (int64_t unit = first_unit; unit < work_units; unit += unit_stride) {
       if constexpr (kOnePair) {
         int previous = 0;
         for (int64_t chunk = 0; chunk < num_chunks; ++chunk) {
-          mbar_wait(full_bars + 8u * stage, phase);
-          const uint32_t stage_addr = smem_base + static_cast<uint32_t>(stage) * stage_bytes;
+          mbar_wait(full_bars + 8u * cursor.stage, cursor.phase);
+          const uint32_t stage_addr = smem_base + static_cast<uint32_t>(cursor.stage) * stage_bytes;
           wgmma_fence();
 #pragma unroll
           for (int k = 0; k < kSteps; ++k)
@@ -253,11 +248,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           // This chunk's MMAs stay in flight; the previous chunk's have retired: its stage goes back.
           wgmma_wait<1>();
           if (chunk > 0) release_stage(empty_bars + 8u * previous, lane);
-          previous = stage;
-          if (++stage == stages) {
-            stage = 0;
-            phase ^= 1u;
-          }
+          previous = cursor.stage;
+          cursor.advance();
         }
         wgmma_wait<0>();
         release_stage(empty_bars + 8u * previous, lane);  // the next unit's copies may wait for it
@@ -275,8 +267,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         };
         for (int64_t chunk = 0; chunk < num_chunks; ++chunk) {
-          mbar_wait(full_bars + 8u * stage, phase);
-          const uint32_t stage_addr = smem_base + static_cast<uint32_t>(stage) * stage_bytes;
+          mbar_wait(full_bars + 8u * cursor.stage, cursor.phase);
+          const uint32_t stage_addr = smem_base + static_cast<uint32_t>(cursor.stage) * stage_bytes;
           auto issue_pair = [&](int32_t(&part_acc)[kRegs], int p, int q) {
             wgmma_fence();
 #pragma unroll
@@ -306,11 +298,8 @@ __global__ void __launch_bounds__(kThreads, 1)
               fold(part[0], j / b_planes, j % b_planes);
             }
           }
-          release_stage(empty_bars + 8u * stage, lane);  // every MMA of this chunk has retired
-          if (++stage == stages) {
-            stage = 0;
-            phase ^= 1u;
-          }
+          release_stage(empty_bars + 8u * cursor.stage, lane);  // every MMA of this chunk has retired
+          cursor.advance();
         }
       }
 
@@ -409,8 +398,6 @@ bool launch_tma_steps(int steps, const at::Tensor& a, const at::Tensor& b, int64
   }
 }
 
-bool aligned16(const at::Tensor& x) { return reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0; }
-
 }  // namespace
 
 bool bitmm_wgmma_available(const at::Device& device) {
@@ -430,7 +417,7 @@ bool bitmm_int_wgmma(const at::Tensor& a, const at::Tensor& b, int64_t rows, int
   const int64_t words = a.size(2), k_steps = words / 8;
   // What the tensor maps and the kernel's int32 coordinates take; otherwise the mma.sync kernel runs.  (The
   // planes' rows are padded to 64 and K to 256 bits, so the row pitch is a multiple of 32 bytes.)
-  if (k_steps == 0 || !aligned16(a) || !aligned16(b) || a.size(1) >= (int64_t{1} << 31) ||
+  if (k_steps == 0 || a.size(1) >= (int64_t{1} << 31) ||
       b.size(1) >= (int64_t{1} << 31) || words >= (int64_t{1} << 31))
     return false;
   const bool one_pair = s == 1 && t == 1;

@@ -54,7 +54,6 @@
 
 #include "bitmm_cuda.h"
 #include "device_limits.h"
-#include "row_codes.h"
 #include "tensor_map.h"
 #include "tma.cuh"
 #include "wgmma.cuh"
@@ -78,12 +77,6 @@ constexpr int kListRounds = 4, kListCapacity = 32 * kListRounds;
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
-[[maybe_unused]] __device__ __forceinline__ void mbar_arrive_local(uint32_t bar) {
-#ifdef PYG_QUANT_WGMMA
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-#endif
-}
-
 [[maybe_unused]] __device__ __forceinline__ uint32_t ld_shared_u32(uint32_t addr) {
   uint32_t v;
   asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
@@ -95,19 +88,6 @@ constexpr int kListRounds = 4, kListCapacity = 32 * kListRounds;
 [[maybe_unused]] __device__ __forceinline__ uint32_t read_flags(uint32_t addr, int lane) {
   return __shfl_sync(0xffffffffu, lane == 0 ? ld_shared_u32(addr) : 0u, 0);
 }
-
-// The stage a pipeline side is at and the parity of its round (producer and consumers walk the stages alike).
-struct StageCursor {
-  int stages;
-  int stage = 0;
-  uint32_t phase = 0;
-  __device__ __forceinline__ void advance() {
-    if (++stage == stages) {
-      stage = 0;
-      phase ^= 1u;
-    }
-  }
-};
 
 struct SharedLayout {
   uint32_t stage_bytes, staged, list, full_bars, empty_bars, flags;
@@ -223,7 +203,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           if (lane == 0) {
             asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(flags + 4u * cursor.stage), "r"(kLastStep | kNoData)
                          : "memory");
-            mbar_arrive_local(full_bars + 8u * cursor.stage);
+            mbar_arrive(full_bars + 8u * cursor.stage);
           }
           __syncwarp();
           cursor.advance();
@@ -271,7 +251,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_wait(full_bars + 8u * cursor.stage, cursor.phase);
       uint32_t flag = read_flags(flags + 4u * cursor.stage, lane);
       if (flag & kNoData) {
-        if (lane == 0) mbar_arrive_local(empty_bars + 8u * cursor.stage);
+        if (lane == 0) mbar_arrive(empty_bars + 8u * cursor.stage);
         cursor.advance();
 #pragma unroll
         for (int i = 0; i < kBlockN / 2; ++i) acc[i] = 0;
@@ -289,7 +269,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           first = false;
           // This step's MMA stays in flight; the previous one's has retired: its stage goes back.
           wgmma_wait<1>();
-          if (previous >= 0 && lane == 0) mbar_arrive_local(empty_bars + 8u * previous);
+          if (previous >= 0 && lane == 0) mbar_arrive(empty_bars + 8u * previous);
           previous = cursor.stage;
           cursor.advance();
           if (flag & kLastStep) break;
@@ -298,7 +278,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         wgmma_wait<0>();
         fence_registers(acc);
-        if (lane == 0) mbar_arrive_local(empty_bars + 8u * previous);
+        if (lane == 0) mbar_arrive(empty_bars + 8u * previous);
       }
       if constexpr (kStack > 1) fold_stacked_planes<kTileN, kStack>(acc);
       // The sums through shared memory, into the gather's layout (a row's kCodes consecutive features a thread),
@@ -367,8 +347,6 @@ bool launch(const at::Tensor& tile_bits, const at::Tensor& x, const SpmmArgs& ar
   return true;
 }
 
-bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
-
 }  // namespace
 
 bool bit_spmm_wgmma(const at::Tensor& tile_bits, const at::Tensor& x, const SpmmArgs& args, int32_t* out_int) {
@@ -377,7 +355,7 @@ bool bit_spmm_wgmma(const at::Tensor& tile_bits, const at::Tensor& x, const Spmm
   // A binary adjacency with tiles, int32 sums, coordinates the tensor maps' int32 take; otherwise the mma.sync
   // tile kernel runs.
   if (tile_bits.size(0) != 1 || num_tiles == 0 || num_tiles * kWindowRows >= (int64_t{1} << 31) ||
-      x.size(1) >= (int64_t{1} << 31) || x.size(2) >= (int64_t{1} << 31) || !aligned16(tile_bits) || !aligned16(x))
+      x.size(1) >= (int64_t{1} << 31) || x.size(2) >= (int64_t{1} << 31))
     return false;
   switch (x.size(0)) {
     case 1: return launch<64, 1, 1>(tile_bits, x, args, out_int);

@@ -4,6 +4,8 @@
 #include <ATen/ATen.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 namespace pyg_quant {
 namespace cuda {
 namespace {
@@ -35,7 +37,8 @@ EncodeTiledFn encode_tiled() {
 
 bool encode_planes(CUtensorMap* map, const at::Tensor& planes, int box_words, int box_rows, int box_planes) {
   const EncodeTiledFn encode = encode_tiled();
-  if (encode == nullptr) return false;
+  // The TMA reads from a 16-byte aligned base only (a view one element into its storage is not).
+  if (encode == nullptr || reinterpret_cast<uintptr_t>(planes.data_ptr()) % 16 != 0) return false;
   const cuuint64_t words = planes.size(2), outer = planes.size(1);
   const cuuint64_t dims[3] = {words, outer, static_cast<cuuint64_t>(planes.size(0))};
   const cuuint64_t strides[2] = {words * 4, outer * words * 4};  // bytes, of dims 1 and 2

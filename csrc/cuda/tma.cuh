@@ -58,6 +58,13 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t byt
 #endif
 }
 
+// This thread's arrival on a barrier of its own CTA.
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+#ifdef PYG_QUANT_WGMMA
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+#endif
+}
+
 // Arrival on the barrier at offset `bar` of cluster CTA `rank` (this CTA included).  Default (CTA-scope)
 // semantics, as in CUTLASS's cluster pipelines: the arrival publishes no data, it only says that reads which
 // have already completed (wgmma.wait_group) are done; .release.cluster would put a MEMBAR.ALL.GPU before every
@@ -123,6 +130,20 @@ __device__ __forceinline__ void tma_load_3d_multicast(uint32_t dst, const CUtens
       : "memory");
 #endif
 }
+
+// The stage a side of a `stages`-deep pipeline is at, and the parity of its round there (producers and consumers
+// walk the stages alike: a stage's `full` / `empty` barrier completes one phase a round).
+struct StageCursor {
+  int stages;
+  int stage = 0;
+  uint32_t phase = 0;
+  __device__ __forceinline__ void advance() {
+    if (++stage == stages) {
+      stage = 0;
+      phase ^= 1u;
+    }
+  }
+};
 
 // Register reallocation between warpgroups (all threads of the warpgroup, converged).
 template <int kRegs>
