@@ -327,6 +327,32 @@ def test_quantize_pack_ranges_equals_reference(device, shape, dim, layout, noise
             assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), (name, bits)
 
 
+@pytest.mark.cuda
+@requires_cuda
+@pytest.mark.parametrize("noise", [False, True])
+@pytest.mark.parametrize("shape", [(300, 64), (65, 100), (33, 16)])
+def test_column_quantizer_reads_rows_off_16_byte_boundaries(shape, noise):
+    """The GPU column quantizer loads a row's values four at a time when the rows start on 16-byte boundaries and
+    one at a time otherwise: a contiguous input (and noise) one float off such a boundary gives the reference's
+    planes, ranges, code sums and row codes, bit for bit."""
+    rows, cols = shape
+    x = randn(rows, cols, seed=rows + cols, spread=2)
+    u = torch.rand(shape, generator=gen(rows)) if noise else None
+
+    def shifted(t):
+        buffer = torch.empty(t.numel() + 1, device="cuda")
+        view = buffer[1:].view(t.shape)
+        view.copy_(t)
+        assert view.is_contiguous() and view.data_ptr() % 16 != 0
+        return view
+
+    for bits in (1, 3, 4, 8):
+        expected = ref.quantize_pack_ranges(x, bits, 0, True, u, True)
+        got = pq.ops.quantize_pack_ranges(shifted(x), bits, 0, True, None if u is None else shifted(u), True)
+        for name, a, b in zip(("planes", "lo", "scale", "code_sums", "row_codes"), got, expected):
+            assert torch.equal(a.cpu(), b), (name, bits)
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[requires_cuda, pytest.mark.cuda])])
 @pytest.mark.parametrize("dim,layout", [(1, "row"), (0, "col")])
 def test_quantize_pack_ranges_propagates_nan_like_reference(device, dim, layout):

@@ -388,103 +388,159 @@ __global__ void column_extrema_kernel(const float* __restrict__ x, int64_t rows,
   }
 }
 
-// Pass 2 (column layout): a block of 32 x 8 threads owns 32 columns and kColSlabs 32-row slabs (rows 32w..32w+31 are
-// word w).  Every load of the block's kColSlabs x 4 values a thread quantizes is issued before the first is used;
-// the codes go through shared memory so that the reads run along rows and each warp then ballots whole columns,
-// kBits ballots a column and slab.  Column sums come from the codes themselves, added once per block.  The
-// previous version quantized one slab at a time between two block barriers (one load in flight per thread,
-// 58 registers, bits a run-time loop): 16-19 us on 32,000 x 64 at 4 bits (H100, e2e profile and ncu).
-constexpr int kColSlabs = 4;
+// A 32 x 32 bit matrix held one row a lane (bit b of lane r's word is element (r, b)), transposed across the warp:
+// lane b returns column b (bit r = element (r, b)).  Five rounds that swap the off-diagonal blocks of halving size:
+// the upper rows of a pair of lanes take the lower rows' left bits into their right half, the lower rows the upper
+// rows' right bits into their left half.  Every lane of the warp takes part.
+__device__ __forceinline__ uint32_t transpose_bits32(uint32_t x, int lane) {
+#pragma unroll
+  for (int j = 16; j > 0; j >>= 1) {
+    const uint32_t left = j == 16 ? 0x0000ffffu : j == 8 ? 0x00ff00ffu : j == 4 ? 0x0f0f0f0fu
+                        : j == 2 ? 0x33333333u : 0x55555555u;  // bit positions b with (b & j) == 0
+    const uint32_t y = __shfl_xor_sync(kFullMask, x, j);
+    const bool upper = (lane & j) == 0;
+    const uint32_t keep = upper ? left : ~left;
+    const uint32_t moved = upper ? y << j : y >> j;
+    x = (x & keep) | (moved & ~keep);
+  }
+  return x;
+}
 
-template <int kBits>
-__global__ void __launch_bounds__(256) quantize_pack_col_ranges_kernel(
+// Pass 2 (column layout): a warp owns one 32-row slab (plane word w, lane = row) and 16 columns; a block of
+// kColWarps warps owns kColSlabs consecutive slabs and one chunk of 32 padded columns (two warps a slab).  A lane
+// issues its row's 16 loads, lane c < 16 decodes column c's range meanwhile (each warp its own), and a lane forms
+// the 16 codes and packs them into its row's code words (the row codes, container(bits) bits a code); those words,
+// transposed across the warp (transpose_bits32), are the plane words: lane b of word j holds plane b % container of
+// column 16 j / (32 / container) + b / container.  Column sums: each plane word's popcount, shifted by its plane and
+// added over the column's lanes, then over the block's slabs in shared memory.
+// Counted, 4 bits: ~7 instructions a code and ~30 a transposed word (two words for 16 columns), for 32 rows at
+// once.  Before: a 32 x 8 block per 4 slabs, codes staged in shared memory and read back per column for kBits
+// ballots each, row codes repacked from that tile with a run-time division: 4.4M warp instructions for 32,000 x 16
+// and 4.85M for 32,000 x 64 (ncu, H200: 11.8 and 13.6 us, issue-bound, most of it the padding columns and the
+// repacking).  Then (H100, ncu): one ballot a plane and column, lane c keeping column c's words, 16 columns a warp:
+// 1.19M and 3.04M instructions, 8.7 and 13.9 us, latency-bound (22 and 17 cycles between a warp's instructions).
+// This one (H100, ncu, RESULTS.md 2026-11-26): 1.05M and 2.30M instructions, 8.3 and 12.3 us against 11.6 and 14.1
+// for the first kernel in the same call; still latency-bound (0.76 waves, 20-22 cycles between a warp's
+// instructions: loads, range, codes, five shuffle rounds, stores, a block barrier, one atomic a column).
+// Columns past cols and rows past rows get code 0: zero plane words, zero row codes, nothing summed.
+constexpr int kColWarps = 8, kColGroup = 16, kGroupsPerChunk = 32 / kColGroup, kColSlabs = kColWarps / kGroupsPerChunk;
+
+template <int kBits, bool kNoise>
+__global__ void __launch_bounds__(kColWarps * 32) quantize_pack_col_ranges_kernel(
     const float* __restrict__ x, const float* __restrict__ noise, int64_t rows, int64_t cols, int64_t words,
     const unsigned long long* __restrict__ max_bits, const unsigned long long* __restrict__ min_bits,
     uint32_t* __restrict__ out, int64_t plane_stride, float* __restrict__ lo_out, float* __restrict__ scale_out,
-    unsigned long long* __restrict__ sums, uint32_t* __restrict__ row_codes, int64_t row_words) {
+    unsigned long long* __restrict__ sums, uint8_t* __restrict__ row_codes, int64_t row_bytes, bool vector_loads) {
   constexpr float kMaxCode = static_cast<float>((1 << kBits) - 1);
-  constexpr int kPerThread = kColSlabs * 4;  // 32 rows a slab, 8 thread rows
-  __shared__ uint8_t tile[kColSlabs][32][33];
-  const int tx = threadIdx.x, ty = threadIdx.y;
-  const int64_t c0 = static_cast<int64_t>(blockIdx.y) * 32, c = c0 + tx;
-  const int64_t w0 = static_cast<int64_t>(blockIdx.x) * kColSlabs;
-  const bool live_col = c < cols;
-  Range range{0.0f, 0.0f, 0.0f};
-  if (live_col) {
-    float mn, mx;
-    column_extrema(max_bits[c], min_bits[c], mn, mx);
-    range = range_of(mn, mx, kMaxCode);
-    if (blockIdx.x == 0 && ty == 0) {
-      lo_out[c] = range.lo;
-      scale_out[c] = range.scale;
-    }
-  }
-  // Value i of this thread: slab i / 4, row ty + 8 (i % 4) of it.
-  const int64_t first_row = w0 * 32 + ty;
-  float v[kPerThread], u[kPerThread];
+  constexpr int kContainer = container_bits(kBits), kPerWord = 32 / kContainer;
+  constexpr int kCodeBytes = kColGroup * kContainer / 8;  // a group's codes of one row: 2, 4, 8 or 16 bytes
+  constexpr int kCodeWords = (kCodeBytes + 3) / 4;
+  __shared__ uint32_t partial_sums[kColSlabs][32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int group = warp % kGroupsPerChunk, slab = warp / kGroupsPerChunk;
+  const int64_t chunk0 = static_cast<int64_t>(blockIdx.y) * 32, c0 = chunk0 + kColGroup * group;
+  const int64_t left = cols - c0;
+  const int live_cols = left <= 0 ? 0 : left >= kColGroup ? kColGroup : static_cast<int>(left);
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * kColSlabs + slab;
+  const int64_t r = w * 32 + lane;
+  const bool live_row = r < rows;
+  const bool work = w < words && live_cols > 0;  // the same on every lane of the warp
+  // The row's values first: their loads are in flight while the ranges are decoded.
+  float v[kColGroup], u[kColGroup];
 #pragma unroll
-  for (int i = 0; i < kPerThread; ++i) {
-    const int64_t r = first_row + 8 * i;
-    const bool live = live_col && r < rows;
-    v[i] = live ? __ldg(x + r * cols + c) : 0.0f;
-    u[i] = live && noise ? __ldg(noise + r * cols + c) : 0.5f;
-  }
-  // This thread's codes are all of column c: their sum (at most 16·255) is kept here and added across the 8 thread
-  // rows through shared memory, so the ballot loop below only packs.
-  uint32_t code_sum = 0;
+  for (int c = 0; c < kColGroup; ++c) v[c] = 0.0f, u[c] = 0.0f;
+  if (work && live_row) {
+    const int64_t offset = r * cols + c0;
+    if (vector_loads) {  // cols % 4 == 0 and 16-byte aligned rows: live_cols is a multiple of 4
 #pragma unroll
-  for (int i = 0; i < kPerThread; ++i) {
-    const bool live = live_col && first_row + 8 * i < rows;
-    const uint32_t q = live ? code_of(v[i], range, u[i], kMaxCode) : 0u;
-    code_sum += q;
-    tile[i / 4][ty + 8 * (i % 4)][tx] = static_cast<uint8_t>(q);
-  }
-  __shared__ uint32_t partial_sums[8][32];
-  partial_sums[ty][tx] = code_sum;
-  __syncthreads();
-#pragma unroll
-  for (int slab = 0; slab < kColSlabs; ++slab) {
-    const int64_t w = w0 + slab;
-    if (w >= words) break;  // the same on every lane
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int col = ty + 8 * j;
-      const uint32_t q = tile[slab][tx][col];
-      uint32_t mine = 0;
-#pragma unroll
-      for (int p = 0; p < kBits; ++p) {
-        const uint32_t word = __ballot_sync(kFullMask, (q >> p) & 1u);
-        if (tx == p) mine = word;
-      }
-      if (tx < kBits) out[tx * plane_stride + (c0 + col) * words + w] = mine;
-    }
-  }
-  if (ty == 0 && live_col) {
-    unsigned long long column_sum = 0;
-#pragma unroll
-    for (int r = 0; r < 8; ++r) column_sum += partial_sums[r][tx];
-    if (column_sum != 0) atomicAdd(sums + c, column_sum);
-  }
-  if (row_codes != nullptr) {
-    // The row codes of the block's nodes and columns, straight from the tile (pack_row_codes without a second pass
-    // over the planes): this block's 32 columns are row words j0 .. j0 + kOutWords - 1 of every node; the last
-    // column block also zeroes the row padding past the columns (1-bit containers: 64 columns fill half of 128 bits).
-    constexpr int kContainer = container_bits(kBits), kPerWord = 32 / kContainer, kOutWords = 32 / kPerWord;
-    const int64_t j0 = static_cast<int64_t>(blockIdx.y) * kOutWords;
-    const int64_t j_end = blockIdx.y + 1 == gridDim.y ? row_words : min(row_words, j0 + kOutWords);
-    const int span = static_cast<int>(j_end - j0);
-    for (int i = ty * 32 + tx; i < kColSlabs * 32 * span; i += 256) {
-      const int jj = i % span, node_in_block = i / span, slab = node_in_block / 32, r = node_in_block % 32;
-      if (w0 + slab >= words) continue;
-      uint32_t packed = 0;
-      if (jj < kOutWords) {
-#pragma unroll
-        for (int e = 0; e < kPerWord; ++e) {
-          packed |= static_cast<uint32_t>(tile[slab][r][jj * kPerWord + e]) << (e * kContainer);
+      for (int g = 0; g < kColGroup / 4; ++g) {
+        if (4 * g < live_cols) {
+          const float4 a = __ldg(reinterpret_cast<const float4*>(x + offset) + g);
+          v[4 * g] = a.x, v[4 * g + 1] = a.y, v[4 * g + 2] = a.z, v[4 * g + 3] = a.w;
+          if constexpr (kNoise) {
+            const float4 b = __ldg(reinterpret_cast<const float4*>(noise + offset) + g);
+            u[4 * g] = b.x, u[4 * g + 1] = b.y, u[4 * g + 2] = b.z, u[4 * g + 3] = b.w;
+          }
         }
       }
-      row_codes[((w0 + slab) * 32 + r) * row_words + j0 + jj] = packed;
+    } else {
+#pragma unroll
+      for (int c = 0; c < kColGroup; ++c) {
+        if (c < live_cols) {
+          v[c] = __ldg(x + offset + c);
+          if constexpr (kNoise) u[c] = __ldg(noise + offset + c);
+        }
+      }
     }
+  }
+  // Lane c < 16 decodes column c0 + c's range (every warp its own: no block barrier before the codes), read by
+  // the warp with shuffles.
+  Range range{0.0f, 0.0f, 0.0f};
+  if (work && lane < live_cols) {
+    float mn, mx;
+    column_extrema(max_bits[c0 + lane], min_bits[c0 + lane], mn, mx);
+    range = range_of(mn, mx, kMaxCode);
+    if (blockIdx.x == 0 && slab == 0) {
+      lo_out[c0 + lane] = range.lo;
+      scale_out[c0 + lane] = range.scale;
+    }
+  }
+  if (threadIdx.x < kColSlabs * 32) partial_sums[threadIdx.x / 32][threadIdx.x % 32] = 0;
+  // The row's codes, packed as its row codes: column c at bits c·container of the group's words.
+  uint32_t code_words[kCodeWords];
+#pragma unroll
+  for (int j = 0; j < kCodeWords; ++j) code_words[j] = 0;
+  if (work) {
+#pragma unroll
+    for (int c = 0; c < kColGroup; ++c) {
+      const float lo = __shfl_sync(kFullMask, range.lo, c), inv = __shfl_sync(kFullMask, range.inv, c);
+      const uint32_t q = live_row && c < live_cols ? code_of(v[c], lo, inv, kNoise ? u[c] : 0.5f, kMaxCode) : 0u;
+      code_words[c / kPerWord] |= q << (kContainer * (c % kPerWord));
+    }
+  }
+  __syncthreads();  // partial_sums zeroed before any warp adds its columns
+  if (w < words) {
+#pragma unroll
+    for (int j = 0; j < kCodeWords; ++j) {
+      const uint32_t word = work ? transpose_bits32(code_words[j], lane) : 0u;
+      const int p = lane % kContainer, c = j * kPerWord + lane / kContainer;
+      if (p < kBits && c < kColGroup) out[p * plane_stride + (c0 + c) * words + w] = word;
+      if (work) {
+        uint32_t column_sum = static_cast<uint32_t>(__popc(word)) << p;
+#pragma unroll
+        for (int offset = 1; offset < kContainer; offset <<= 1)
+          column_sum += __shfl_xor_sync(kFullMask, column_sum, offset);
+        if (p == 0 && c < kColGroup) partial_sums[slab][kColGroup * group + c] = column_sum;
+      }
+    }
+    if (row_codes != nullptr) {
+      // This group's bytes of the row (those below row_bytes: a row ends on a 16-byte boundary, which may fall
+      // inside a group at 8-bit containers); the chunks' last group also zeroes the row's padding past them
+      // (1-bit containers: 64 columns fill half of a 128-bit row).
+      uint8_t* row = row_codes + r * row_bytes;
+      const int64_t b0 = c0 * kContainer / 8;
+      if constexpr (kCodeBytes == 2) {
+        if (b0 + 2 <= row_bytes) *reinterpret_cast<uint16_t*>(row + b0) = static_cast<uint16_t>(code_words[0]);
+      } else if constexpr (kCodeBytes == 4) {
+        if (b0 + 4 <= row_bytes) *reinterpret_cast<uint32_t*>(row + b0) = code_words[0];
+      } else if constexpr (kCodeBytes == 8) {
+        if (b0 + 8 <= row_bytes) *reinterpret_cast<uint2*>(row + b0) = make_uint2(code_words[0], code_words[1]);
+      } else {
+        if (b0 + 16 <= row_bytes) {
+          *reinterpret_cast<uint4*>(row + b0) = make_uint4(code_words[0], code_words[1], code_words[2], code_words[3]);
+        }
+      }
+      if (blockIdx.y + 1 == gridDim.y && group + 1 == kGroupsPerChunk) {
+        for (int64_t b = b0 + kCodeBytes; b < row_bytes; b += 4) *reinterpret_cast<uint32_t*>(row + b) = 0u;
+      }
+    }
+  }
+  __syncthreads();
+  if (warp == 0 && chunk0 + lane < cols) {
+    unsigned long long column_sum = 0;
+#pragma unroll
+    for (int i = 0; i < kColSlabs; ++i) column_sum += partial_sums[i][lane];
+    if (column_sum != 0) atomicAdd(sums + chunk0 + lane, column_sum);
   }
 }
 
@@ -676,12 +732,23 @@ QuantizedRangesAndRowCodes quantize_pack_col_ranges(const at::Tensor& x_in, int6
   const int64_t slab_blocks = (words + kColSlabs - 1) / kColSlabs;
   TORCH_CHECK_VALUE(slab_blocks <= 2147483647, "too many rows for one launch");
   const dim3 grid(static_cast<unsigned>(slab_blocks), outer_pad / 32);
+  const auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const bool vector_loads =
+      cols % 4 == 0 && aligned16(x.data_ptr<float>()) && (!noise.defined() || aligned16(noise.data_ptr<float>()));
   dispatch_bits(bits, [&](auto bits_tag) {
-    quantize_pack_col_ranges_kernel<decltype(bits_tag)::value><<<grid, dim3(32, 8), 0, stream>>>(
-        x.data_ptr<float>(), noise.defined() ? noise.data_ptr<float>() : nullptr, rows, cols, words, max_bits,
-        min_bits, reinterpret_cast<uint32_t*>(planes.data_ptr<int32_t>()), outer_pad * words, lo.data_ptr<float>(),
-        scale.data_ptr<float>(), sums,
-        want_row_codes ? reinterpret_cast<uint32_t*>(codes.data_ptr<uint8_t>()) : nullptr, row_bytes / 4);
+    constexpr int kBits = decltype(bits_tag)::value;
+    const auto launch = [&](auto kernel) {
+      kernel<<<grid, kColWarps * 32, 0, stream>>>(
+          x.data_ptr<float>(), noise.defined() ? noise.data_ptr<float>() : nullptr, rows, cols, words, max_bits,
+          min_bits, reinterpret_cast<uint32_t*>(planes.data_ptr<int32_t>()), outer_pad * words,
+          lo.data_ptr<float>(), scale.data_ptr<float>(), sums, want_row_codes ? codes.data_ptr<uint8_t>() : nullptr,
+          row_bytes, vector_loads);
+    };
+    if (noise.defined()) {
+      launch(quantize_pack_col_ranges_kernel<kBits, true>);
+    } else {
+      launch(quantize_pack_col_ranges_kernel<kBits, false>);
+    }
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {planes, lo, scale, scratch.narrow(0, 0, outer_pad), codes};
