@@ -8,7 +8,7 @@ TORCH_LIBRARY(pyg_quant, m) {
   m.def("quantize_pack(Tensor x, Tensor lo, Tensor inv_scale, int bits, bool col_layout, Tensor? noise) -> Tensor");
   m.def(
       "quantize_pack_ranges(Tensor x, int bits, int dim, bool col_layout, Tensor? noise, bool row_codes=False, "
-      "Tensor? col_keys=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+      "Tensor? col_keys=None, bool code_sums=True) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "fake_quantize(Tensor x, Tensor? lo, Tensor? hi, int bits, int dim, Tensor? noise, bool with_mask, "
       "bool random_noise=False, Generator? generator=None) -> (Tensor, Tensor)");

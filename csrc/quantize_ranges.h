@@ -66,4 +66,11 @@ QuantizedRangesAndRowCodes with_row_codes(QuantizedRanges ranges, int64_t cols, 
   return {planes, std::get<1>(ranges), std::get<2>(ranges), std::get<3>(ranges), codes};
 }
 
+// code_sums = false: the fourth result is an empty int64 tensor (a caller that never reads the sums, such as the
+// layers' outputs bound for bit_spmm, which does not; BitTensor.code_sums() makes them when asked).
+inline QuantizedRangesAndRowCodes without_code_sums(QuantizedRangesAndRowCodes result, bool code_sums) {
+  if (!code_sums) std::get<3>(result) = at::empty({0}, std::get<3>(result).options());
+  return result;
+}
+
 }  // namespace pyg_quant

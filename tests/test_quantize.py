@@ -9,7 +9,7 @@ import torch
 import pyg_quant as pq
 from pyg_quant.ops import reference as ref
 
-from conftest import deq64, gen, randn, ref_codes, requires_cuda, round_up, scale_view
+from conftest import deq64, gen, randn, ref_codes, requires_compiled, requires_cuda, round_up, scale_view
 
 SHAPES = [(1, 1), (1, 7), (9, 1), (31, 33), (100, 257)]
 
@@ -327,6 +327,35 @@ def test_quantize_pack_ranges_equals_reference(device, shape, dim, layout, noise
             assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), (name, bits)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[requires_cuda, pytest.mark.cuda])])
+@pytest.mark.parametrize("dim,layout", [(1, "row"), (0, "col"), (1, "col"), (0, "row")])
+def test_quantize_pack_ranges_without_code_sums(device, dim, layout):
+    """code_sums=False: the fourth result is an empty int64 tensor on the input's device and the others are the
+    reference's, with and without column keys (the layers' call on a GPU)."""
+    x = randn(70, 90, seed=9, spread=2)
+    x[3, 4] = 3e38
+    keys_cases = [None, ref.col_keys_of(x)] if (dim, layout) == (0, "col") else [None]
+    for bits, keys in itertools.product((1, 3, 4, 8), keys_cases):
+        want = ref.quantize_pack_ranges(x, bits, dim, layout == "col", None, True)
+        for fn in (pq.ops.quantize_pack_ranges, ref.quantize_pack_ranges):
+            got = fn(x.to(device), bits, dim, layout == "col", None, True, None if keys is None else keys.to(device),
+                     False)
+            assert got[3].dtype == torch.int64 and got[3].numel() == 0 and got[3].device.type == device
+            for i in (0, 1, 2, 4):
+                assert torch.equal(got[i].cpu(), want[i]), (bits, i)
+
+
+@requires_compiled
+def test_quantize_pack_ranges_without_code_sums_opcheck():
+    x = randn(33, 5, seed=2)
+    for args in ((x, 3, 0, True, None, True, ref.col_keys_of(x), False), (x, 4, 1, False, None, False, None, False)):
+        torch.library.opcheck(torch.ops.pyg_quant.quantize_pack_ranges.default, args)
+    if torch.cuda.is_available():
+        y = x.cuda()
+        torch.library.opcheck(torch.ops.pyg_quant.quantize_pack_ranges.default,
+                              (y, 3, 0, True, None, True, ref.col_keys_of(y), False))
+
+
 @pytest.mark.cuda
 @requires_cuda
 @pytest.mark.parametrize("noise", [False, True])
@@ -388,14 +417,18 @@ def test_layer_quantizer_attaches_code_sums():
 @pytest.mark.parametrize("shape", [(32_000, 64), (1000, 100), (33, 1), (257, 47)])
 def test_layer_quantizer_on_gpu_attaches_row_codes(shape):
     """Per-column codes on a GPU come with their row codes (what bit_spmm gathers), written by the quantizer
-    itself: equal to pack_row_codes of the planes, at every width."""
+    itself: equal to pack_row_codes of the planes, at every width; their code sums are left to be made on request."""
     from pyg_quant.nn._quantize import quantize
     x = randn(*shape, seed=11, spread=2).cuda()
     for bits in range(1, 9):
         bt = quantize(x, bits, 0, "col")
         assert bt._row_codes is not None
         assert torch.equal(bt._row_codes, pq.ops.pack_row_codes(bt.planes, bt.cols, True)), bits
-        assert torch.equal(bt._row_codes.cpu(), quantize(x.cpu(), bits, 0, "col").row_codes()), bits
+        cpu = quantize(x.cpu(), bits, 0, "col")
+        assert torch.equal(bt._row_codes.cpu(), cpu.row_codes()), bits
+        # no code sums from the quantizer (bit_spmm never reads them); made on request, equal to the CPU's
+        assert bt._code_sums is None
+        assert torch.equal(bt.code_sums().cpu(), cpu.code_sums()), bits
 
 
 def test_quantize_pack_ranges_bad_arguments():

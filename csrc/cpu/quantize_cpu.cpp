@@ -306,13 +306,14 @@ at::Tensor packed_code_sums_cpu(const at::Tensor& planes_in) {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_pack_ranges_cpu(
     const at::Tensor& x, int64_t bits, int64_t dim, bool col_layout, const std::optional<at::Tensor>& noise,
-    bool row_codes, const std::optional<at::Tensor>& col_keys) {
+    bool row_codes, const std::optional<at::Tensor>& col_keys, bool code_sums) {
   check_quantize_ranges_args(x, bits, dim, col_layout, noise, col_keys);
   std::optional<at::Tensor> lo, hi;
   if (col_keys.has_value()) std::tie(lo, hi) = extrema_from_col_keys(*col_keys);
-  return with_row_codes(quantize_pack_ranges_composed(x, bits, dim, col_layout, noise, quantize_pack_cpu,
-                                                      packed_code_sums_cpu, lo, hi),
-                        x.size(1), col_layout, row_codes, pack_row_codes_cpu);
+  return without_code_sums(with_row_codes(quantize_pack_ranges_composed(x, bits, dim, col_layout, noise,
+                                                                        quantize_pack_cpu, packed_code_sums_cpu, lo, hi),
+                                          x.size(1), col_layout, row_codes, pack_row_codes_cpu),
+                           code_sums);
 }
 
 }  // namespace pyg_quant

@@ -22,8 +22,8 @@ namespace pyg_quant {
 // planes, lo, scale (one range per row for dim=1, per column for dim=0) and the planes' code sums.
 // (planes, lo, scale, code sums, row codes): the row codes (pack_row_codes of the planes) only when asked for,
 // else an empty uint8 tensor.  col_keys (dim 0, column layout; csrc/ordered_key.h): the columns' extrema, in place
-// of x's own (the same result when they describe x).
+// of x's own (the same result when they describe x).  code_sums = false: an empty int64 tensor for the sums.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_pack_ranges_cpu(
     const at::Tensor& x, int64_t bits, int64_t dim, bool col_layout, const std::optional<at::Tensor>& noise,
-    bool row_codes, const std::optional<at::Tensor>& col_keys);
+    bool row_codes, const std::optional<at::Tensor>& col_keys, bool code_sums);
 }  // namespace pyg_quant

@@ -412,7 +412,7 @@ __device__ __forceinline__ uint32_t transpose_bits32(uint32_t x, int lane) {
 // the 16 codes and packs them into its row's code words (the row codes, container(bits) bits a code); those words,
 // transposed across the warp (transpose_bits32), are the plane words: lane b of word j holds plane b % container of
 // column 16 j / (32 / container) + b / container.  Column sums: each plane word's popcount, shifted by its plane and
-// added over the column's lanes, then over the block's slabs in shared memory.
+// added over the column's lanes, then over the block's slabs in shared memory (skipped when sums is null).
 // Counted, 4 bits: ~7 instructions a code and ~30 a transposed word (two words for 16 columns), for 32 rows at
 // once.  Before: a 32 x 8 block per 4 slabs, codes staged in shared memory and read back per column for kBits
 // ballots each, row codes repacked from that tile with a run-time division: 4.4M warp instructions for 32,000 x 16
@@ -485,7 +485,8 @@ __global__ void __launch_bounds__(kColWarps * 32) quantize_pack_col_ranges_kerne
       scale_out[c0 + lane] = range.scale;
     }
   }
-  if (threadIdx.x < kColSlabs * 32) partial_sums[threadIdx.x / 32][threadIdx.x % 32] = 0;
+  const bool want_sums = sums != nullptr;  // the same in every thread of the grid
+  if (want_sums && threadIdx.x < kColSlabs * 32) partial_sums[threadIdx.x / 32][threadIdx.x % 32] = 0;
   // The row's codes, packed as its row codes: column c at bits c·container of the group's words.
   uint32_t code_words[kCodeWords];
 #pragma unroll
@@ -498,14 +499,14 @@ __global__ void __launch_bounds__(kColWarps * 32) quantize_pack_col_ranges_kerne
       code_words[c / kPerWord] |= q << (kContainer * (c % kPerWord));
     }
   }
-  __syncthreads();  // partial_sums zeroed before any warp adds its columns
+  if (want_sums) __syncthreads();  // partial_sums zeroed before any warp adds its columns
   if (w < words) {
 #pragma unroll
     for (int j = 0; j < kCodeWords; ++j) {
       const uint32_t word = work ? transpose_bits32(code_words[j], lane) : 0u;
       const int p = lane % kContainer, c = j * kPerWord + lane / kContainer;
       if (p < kBits && c < kColGroup) out[p * plane_stride + (c0 + c) * words + w] = word;
-      if (work) {
+      if (work && want_sums) {
         uint32_t column_sum = static_cast<uint32_t>(__popc(word)) << p;
 #pragma unroll
         for (int offset = 1; offset < kContainer; offset <<= 1)
@@ -535,6 +536,7 @@ __global__ void __launch_bounds__(kColWarps * 32) quantize_pack_col_ranges_kerne
       }
     }
   }
+  if (!want_sums) return;
   __syncthreads();
   if (warp == 0 && chunk0 + lane < cols) {
     unsigned long long column_sum = 0;
@@ -699,10 +701,11 @@ namespace {
 // Ranges per column, codes in column layout (the layers' features before A·X): three launches (zeros for the
 // reductions and sums, extrema, quantize + pack + sums, and the row codes when asked for) in place of amin, amax,
 // the range arithmetic, the pack, the sums and pack_row_codes.  Given col_keys, the extrema are read from them:
-// the zeros are the sums' alone and the extrema pass is skipped.
+// the zeros are the sums' alone and the extrema pass is skipped; without the sums either (want_sums false), nothing
+// is zeroed: the quantizer is the only launch.
 QuantizedRangesAndRowCodes quantize_pack_col_ranges(const at::Tensor& x_in, int64_t bits,
                                                     const std::optional<at::Tensor>& noise_in, bool want_row_codes,
-                                                    const std::optional<at::Tensor>& col_keys) {
+                                                    const std::optional<at::Tensor>& col_keys, bool want_sums) {
   const c10::cuda::CUDAGuard guard(x_in.device());
   const auto x = x_in.contiguous();
   const auto noise = noise_in ? noise_in->contiguous() : at::Tensor();
@@ -713,10 +716,14 @@ QuantizedRangesAndRowCodes quantize_pack_col_ranges(const at::Tensor& x_in, int6
   const int64_t row_bytes = row_code_bytes(cols, bits);
   auto codes = want_row_codes ? at::empty({words * 32, row_bytes}, x.options().dtype(at::kByte)) : no_row_codes(x);
   // One zeroed buffer: code sums (padded columns stay 0), then (without col_keys) the encoded maxima and minima.
-  auto scratch = at::zeros({outer_pad + (col_keys ? 0 : 2 * cols)}, x.options().dtype(at::kLong));
-  auto* sums = reinterpret_cast<unsigned long long*>(scratch.data_ptr<int64_t>());
+  const int64_t sums_len = want_sums ? outer_pad : 0;
+  auto scratch = sums_len + (col_keys ? 0 : 2 * cols) > 0
+                     ? at::zeros({sums_len + (col_keys ? 0 : 2 * cols)}, x.options().dtype(at::kLong))
+                     : at::empty({0}, x.options().dtype(at::kLong));
+  auto* scratch_words = reinterpret_cast<unsigned long long*>(scratch.data_ptr<int64_t>());
+  unsigned long long* sums = want_sums ? scratch_words : nullptr;
   const unsigned long long* max_bits =
-      col_keys ? reinterpret_cast<const unsigned long long*>(col_keys->data_ptr<int64_t>()) : sums + outer_pad;
+      col_keys ? reinterpret_cast<const unsigned long long*>(col_keys->data_ptr<int64_t>()) : scratch_words + sums_len;
   const unsigned long long* min_bits = max_bits + cols;
   const auto stream = c10::cuda::getCurrentCUDAStream();
   const int64_t col_blocks = (cols + kRangeCols - 1) / kRangeCols;
@@ -726,7 +733,7 @@ QuantizedRangesAndRowCodes quantize_pack_col_ranges(const at::Tensor& x_in, int6
                             col_blocks);
     TORCH_CHECK_VALUE(extrema_grid.x <= 2147483647u, "too many rows for one launch");
     column_extrema_kernel<<<extrema_grid, dim3(kRangeCols, kRangeWarps), 0, stream>>>(
-        x.data_ptr<float>(), rows, cols, sums + outer_pad, sums + outer_pad + cols);
+        x.data_ptr<float>(), rows, cols, scratch_words + sums_len, scratch_words + sums_len + cols);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   const int64_t slab_blocks = (words + kColSlabs - 1) / kColSlabs;
@@ -751,20 +758,22 @@ QuantizedRangesAndRowCodes quantize_pack_col_ranges(const at::Tensor& x_in, int6
     }
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return {planes, lo, scale, scratch.narrow(0, 0, outer_pad), codes};
+  return {planes, lo, scale, scratch.narrow(0, 0, sums_len), codes};
 }
 
 }  // namespace
 
 QuantizedRangesAndRowCodes quantize_pack_ranges_cuda(
     const at::Tensor& x_in, int64_t bits, int64_t dim, bool col_layout, const std::optional<at::Tensor>& noise_in,
-    bool row_codes, const std::optional<at::Tensor>& col_keys) {
+    bool row_codes, const std::optional<at::Tensor>& col_keys, bool code_sums) {
   check_quantize_ranges_args(x_in, bits, dim, col_layout, noise_in, col_keys);
-  if (dim == 0 && col_layout) return quantize_pack_col_ranges(x_in, bits, noise_in, row_codes, col_keys);
+  if (dim == 0 && col_layout) return quantize_pack_col_ranges(x_in, bits, noise_in, row_codes, col_keys, code_sums);
   if (dim != 1 || col_layout) {
-    return with_row_codes(quantize_pack_ranges_composed(x_in, bits, dim, col_layout, noise_in, quantize_pack_cuda,
-                                                        packed_code_sums_cuda),
-                          x_in.size(1), col_layout, row_codes, pack_row_codes_cuda);
+    return without_code_sums(
+        with_row_codes(quantize_pack_ranges_composed(x_in, bits, dim, col_layout, noise_in, quantize_pack_cuda,
+                                                     packed_code_sums_cuda),
+                       x_in.size(1), col_layout, row_codes, pack_row_codes_cuda),
+        code_sums);
   }
   const c10::cuda::CUDAGuard guard(x_in.device());
   const auto x = x_in.contiguous();
@@ -796,7 +805,8 @@ QuantizedRangesAndRowCodes quantize_pack_ranges_cuda(
   };
   dispatch_bits(bits, launch_lanes);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return with_row_codes({planes, lo, scale, sums}, cols, col_layout, row_codes, pack_row_codes_cuda);
+  return without_code_sums(with_row_codes({planes, lo, scale, sums}, cols, col_layout, row_codes, pack_row_codes_cuda),
+                           code_sums);
 }
 
 }  // namespace pyg_quant

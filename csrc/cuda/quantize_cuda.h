@@ -17,9 +17,10 @@ at::Tensor pack_row_codes_cuda(const at::Tensor& planes, int64_t cols, bool col_
 at::Tensor packed_code_sums_cuda(const at::Tensor& planes);
 // (planes, lo, scale, code sums, row codes): the row codes (pack_row_codes of the planes) only when asked for,
 // else an empty uint8 tensor.  col_keys (dim 0, column layout; csrc/ordered_key.h): the columns' extrema, in place
-// of a pass over x.
+// of a pass over x.  code_sums = false: an empty int64 tensor for the sums (the column kernel then skips them, and
+// with col_keys it needs no zeroed buffer: no fill kernel).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_pack_ranges_cuda(
     const at::Tensor& x, int64_t bits, int64_t dim, bool col_layout, const std::optional<at::Tensor>& noise,
-    bool row_codes, const std::optional<at::Tensor>& col_keys);
+    bool row_codes, const std::optional<at::Tensor>& col_keys, bool code_sums);
 
 }  // namespace pyg_quant

@@ -83,14 +83,16 @@ def quantize(x: torch.Tensor, bits: int, dim: Optional[int], layout: str,
         planes = ops.quantize_pack(x32, lo, inv_scale, bits, layout == "col", None)
         return BitTensor(planes, (x32.size(0), x32.size(1)), bits, layout, lo.reshape(-1), scale.reshape(-1), dim)
     # Ranges, codes and code sums in one op (one kernel for per-row ranges in row layout on the GPU).  Per-column
-    # codes on the GPU are what bit_spmm gathers as row codes: the quantizer writes those in the same pass.
+    # codes on the GPU are what bit_spmm gathers as row codes: the quantizer writes those in the same pass, and skips
+    # the code sums, which bit_spmm never reads (BitTensor.code_sums() makes them if a bitmm asks).
     row_codes = x32.is_cuda and dim == 0 and layout == "col"
     planes, lo, scale, code_sums, codes = ops.quantize_pack_ranges(x32, bits, dim, layout == "col", None, row_codes,
-                                                                   col_keys)
+                                                                   col_keys, not row_codes)
     out = BitTensor(planes, (x32.size(0), x32.size(1)), bits, layout, lo, scale, dim)
-    out._code_sums = code_sums
     if row_codes:
         out._row_codes = codes
+    else:
+        out._code_sums = code_sums
     return out
 
 

@@ -21,11 +21,12 @@ def quantize_pack(x, lo, inv_scale, bits: int, col_layout: bool, noise: Optional
 
 
 def quantize_pack_ranges(x, bits: int, dim: int, col_layout: bool, noise: Optional[torch.Tensor] = None,
-                         row_codes: bool = False, col_keys: Optional[torch.Tensor] = None):
+                         row_codes: bool = False, col_keys: Optional[torch.Tensor] = None, code_sums: bool = True):
     """``(planes, lo, scale, code_sums, row_codes)``: see :func:`reference.quantize_pack_ranges`."""
     if use_compiled("quantize_pack_ranges", x.device):
-        return torch.ops.pyg_quant.quantize_pack_ranges(x, bits, dim, col_layout, noise, row_codes, col_keys)
-    return reference.quantize_pack_ranges(x, bits, dim, col_layout, noise, row_codes, col_keys)
+        return torch.ops.pyg_quant.quantize_pack_ranges(x, bits, dim, col_layout, noise, row_codes, col_keys,
+                                                        code_sums)
+    return reference.quantize_pack_ranges(x, bits, dim, col_layout, noise, row_codes, col_keys, code_sums)
 
 
 def fake_quantize(x, lo: Optional[torch.Tensor], hi: Optional[torch.Tensor], bits: int, dim: int,
@@ -159,14 +160,14 @@ if LOADED:
         return planes.new_empty((nodes, row_code_bytes(cols, planes.shape[0])), dtype=torch.uint8)
 
     @torch.library.register_fake("pyg_quant::quantize_pack_ranges")
-    def _(x, bits, dim, col_layout, noise, row_codes=False, col_keys=None):
+    def _(x, bits, dim, col_layout, noise, row_codes=False, col_keys=None, code_sums=True):
         outer, packed = (x.shape[1], x.shape[0]) if col_layout else (x.shape[0], x.shape[1])
         ranges = x.shape[0] if dim == 1 else x.shape[1]
         planes = x.new_empty((bits, padded_outer(outer), packed_words(packed)), dtype=torch.int32)
         codes = (_fake_row_codes(planes, x.shape[1], col_layout) if row_codes
                  else x.new_empty((0, 0), dtype=torch.uint8))
         return (planes, x.new_empty((ranges,)), x.new_empty((ranges,)),
-                x.new_empty((padded_outer(outer),), dtype=torch.int64), codes)
+                x.new_empty((padded_outer(outer) if code_sums else 0,), dtype=torch.int64), codes)
 
     @torch.library.register_fake("pyg_quant::fake_quantize")
     def _(x, lo, hi, bits, dim, noise, with_mask, random_noise=False, generator=None):

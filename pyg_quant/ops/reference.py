@@ -327,11 +327,12 @@ def check_col_keys(col_keys: torch.Tensor, cols: int, device: torch.device, colu
 
 
 def quantize_pack_ranges(x, bits: int, dim: int, col_layout: bool, noise: Optional[torch.Tensor] = None,
-                         row_codes: bool = False, col_keys: Optional[torch.Tensor] = None):
-    """``to_bit``'s ranges along ``dim`` (one per row for 1, per column for 0), the packed codes, their sums and,
-    when ``row_codes``, the packed row codes (:func:`pack_row_codes`; else an empty uint8 tensor):
-    ``(planes, lo, scale, code_sums, row_codes)``.  ``col_keys`` (dim 0, column layout only): the columns' extrema
-    as :func:`col_keys_of` gives them, in place of x's own (the same result when they describe ``x``)."""
+                         row_codes: bool = False, col_keys: Optional[torch.Tensor] = None, code_sums: bool = True):
+    """``to_bit``'s ranges along ``dim`` (one per row for 1, per column for 0), the packed codes, their sums (an empty
+    int64 tensor when not ``code_sums``) and, when ``row_codes``, the packed row codes (:func:`pack_row_codes`; else
+    an empty uint8 tensor): ``(planes, lo, scale, code_sums, row_codes)``.  ``col_keys`` (dim 0, column layout only):
+    the columns' extrema as :func:`col_keys_of` gives them, in place of x's own (the same result when they describe
+    ``x``)."""
     if col_keys is not None:
         if dim != 0 or not col_layout:
             raise ValueError(f"col_keys needs per-column ranges in the column layout (dim=0, col_layout=True), got "
@@ -345,7 +346,8 @@ def quantize_pack_ranges(x, bits: int, dim: int, col_layout: bool, noise: Option
     planes = quantize_pack(x, lo, inv_scale, bits, col_layout, noise)
     codes = (pack_row_codes(planes, x.size(1), col_layout) if row_codes
              else torch.empty((0, 0), dtype=torch.uint8, device=x.device))
-    return planes, lo.reshape(-1), scale.reshape(-1), packed_code_sums(planes), codes
+    sums = packed_code_sums(planes) if code_sums else torch.empty(0, dtype=torch.int64, device=x.device)
+    return planes, lo.reshape(-1), scale.reshape(-1), sums, codes
 
 
 # --- fake quantization (pyg_quant.qat) -------------------------------------------------------
