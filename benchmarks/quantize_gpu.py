@@ -1,9 +1,9 @@
 """Quantization on the GPU (per-row ranges in row layout, per-column ranges in column layout): the fused
 ``quantize_pack_ranges`` kernels against the composed path they replaced
 (torch ``amin``/``amax`` + the range arithmetic + ``quantize_pack`` + ``packed_code_sums``) and against a plain copy
-of the input (the bandwidth floor: the kernel reads the matrix and writes bits/32 of it); per-column ranges also as
-the layers call them (``keys_graph_us``: column keys handed over, as ``quant_mlp`` makes them, and row codes
-written); then ``dequantize`` (the way back, both layouts) against a copy of its output.
+of the input (the bandwidth floor: the kernel reads the matrix and writes bits/32 of it); per-column ranges also
+with the column keys handed over, as ``quant_mlp`` makes them, and the row codes written (``keys_graph_us``, code sums
+included); then ``dequantize`` (the way back, both layouts) against a copy of its output.
 
 Usage (from the repository root, on a GPU): ``python benchmarks/quantize_gpu.py --out quantize_gpu.json``
 """
@@ -54,7 +54,7 @@ def main(argv=None):
                        composed_us=median_us(lambda: composed(x, bits, dim, col)),
                        fused_graph_us=1e3 * graph_ms(lambda: ops.quantize_pack_ranges(x, bits, dim, col), reps=20, inner=20),
                        copy_graph_us=1e3 * graph_ms(lambda: x.clone(), reps=20, inner=20))
-            if col:  # the layers' call: extrema handed over as column keys (quant_mlp's col_keys), one pass
+            if col:  # extrema handed over as column keys (quant_mlp's col_keys): one pass
                 keys = reference.col_keys_of(x)
                 with_keys = ops.quantize_pack_ranges(x, bits, dim, col, None, True, keys)
                 assert all(torch.equal(a, b) for a, b in zip(with_keys[:4], fused[:4])), (shape, bits, "keys")

@@ -66,11 +66,14 @@ QuantizedRangesAndRowCodes with_row_codes(QuantizedRanges ranges, int64_t cols, 
   return {planes, std::get<1>(ranges), std::get<2>(ranges), std::get<3>(ranges), codes};
 }
 
-// code_sums = false: the fourth result is an empty int64 tensor (a caller that never reads the sums, such as the
-// layers' outputs bound for bit_spmm, which does not; BitTensor.code_sums() makes them when asked).
-inline QuantizedRangesAndRowCodes without_code_sums(QuantizedRangesAndRowCodes result, bool code_sums) {
-  if (!code_sums) std::get<3>(result) = at::empty({0}, std::get<3>(result).options());
-  return result;
+// The code sums of quantize_pack_ranges when asked for (code_sums), else an empty int64 tensor, not computed: for a
+// caller that never reads them, such as the layers' outputs bound for bit_spmm (BitTensor.code_sums() makes them
+// when asked).  `sums` is a backend's packed_code_sums.
+inline at::Tensor no_code_sums(const at::Tensor& like) { return at::empty({0}, like.options().dtype(at::kLong)); }
+
+template <typename Sums>
+auto code_sums_if(bool code_sums, Sums sums) {
+  return [code_sums, sums](const at::Tensor& planes) { return code_sums ? sums(planes) : no_code_sums(planes); };
 }
 
 }  // namespace pyg_quant

@@ -346,14 +346,11 @@ def test_quantize_pack_ranges_without_code_sums(device, dim, layout):
 
 
 @requires_compiled
-def test_quantize_pack_ranges_without_code_sums_opcheck():
-    x = randn(33, 5, seed=2)
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[requires_cuda, pytest.mark.cuda])])
+def test_quantize_pack_ranges_without_code_sums_opcheck(device):
+    x = randn(33, 5, seed=2).to(device)
     for args in ((x, 3, 0, True, None, True, ref.col_keys_of(x), False), (x, 4, 1, False, None, False, None, False)):
         torch.library.opcheck(torch.ops.pyg_quant.quantize_pack_ranges.default, args)
-    if torch.cuda.is_available():
-        y = x.cuda()
-        torch.library.opcheck(torch.ops.pyg_quant.quantize_pack_ranges.default,
-                              (y, 3, 0, True, None, True, ref.col_keys_of(y), False))
 
 
 @pytest.mark.cuda

@@ -310,10 +310,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_
   check_quantize_ranges_args(x, bits, dim, col_layout, noise, col_keys);
   std::optional<at::Tensor> lo, hi;
   if (col_keys.has_value()) std::tie(lo, hi) = extrema_from_col_keys(*col_keys);
-  return without_code_sums(with_row_codes(quantize_pack_ranges_composed(x, bits, dim, col_layout, noise,
-                                                                        quantize_pack_cpu, packed_code_sums_cpu, lo, hi),
-                                          x.size(1), col_layout, row_codes, pack_row_codes_cpu),
-                           code_sums);
+  return with_row_codes(quantize_pack_ranges_composed(x, bits, dim, col_layout, noise, quantize_pack_cpu,
+                                                      code_sums_if(code_sums, packed_code_sums_cpu), lo, hi),
+                        x.size(1), col_layout, row_codes, pack_row_codes_cpu);
 }
 
 }  // namespace pyg_quant

@@ -716,10 +716,9 @@ QuantizedRangesAndRowCodes quantize_pack_col_ranges(const at::Tensor& x_in, int6
   const int64_t row_bytes = row_code_bytes(cols, bits);
   auto codes = want_row_codes ? at::empty({words * 32, row_bytes}, x.options().dtype(at::kByte)) : no_row_codes(x);
   // One zeroed buffer: code sums (padded columns stay 0), then (without col_keys) the encoded maxima and minima.
+  // Empty (no fill launched) when there is neither.
   const int64_t sums_len = want_sums ? outer_pad : 0;
-  auto scratch = sums_len + (col_keys ? 0 : 2 * cols) > 0
-                     ? at::zeros({sums_len + (col_keys ? 0 : 2 * cols)}, x.options().dtype(at::kLong))
-                     : at::empty({0}, x.options().dtype(at::kLong));
+  auto scratch = at::zeros({sums_len + (col_keys ? 0 : 2 * cols)}, x.options().dtype(at::kLong));
   auto* scratch_words = reinterpret_cast<unsigned long long*>(scratch.data_ptr<int64_t>());
   unsigned long long* sums = want_sums ? scratch_words : nullptr;
   const unsigned long long* max_bits =
@@ -769,11 +768,9 @@ QuantizedRangesAndRowCodes quantize_pack_ranges_cuda(
   check_quantize_ranges_args(x_in, bits, dim, col_layout, noise_in, col_keys);
   if (dim == 0 && col_layout) return quantize_pack_col_ranges(x_in, bits, noise_in, row_codes, col_keys, code_sums);
   if (dim != 1 || col_layout) {
-    return without_code_sums(
-        with_row_codes(quantize_pack_ranges_composed(x_in, bits, dim, col_layout, noise_in, quantize_pack_cuda,
-                                                     packed_code_sums_cuda),
-                       x_in.size(1), col_layout, row_codes, pack_row_codes_cuda),
-        code_sums);
+    return with_row_codes(quantize_pack_ranges_composed(x_in, bits, dim, col_layout, noise_in, quantize_pack_cuda,
+                                                        code_sums_if(code_sums, packed_code_sums_cuda)),
+                          x_in.size(1), col_layout, row_codes, pack_row_codes_cuda);
   }
   const c10::cuda::CUDAGuard guard(x_in.device());
   const auto x = x_in.contiguous();
@@ -805,8 +802,9 @@ QuantizedRangesAndRowCodes quantize_pack_ranges_cuda(
   };
   dispatch_bits(bits, launch_lanes);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return without_code_sums(with_row_codes({planes, lo, scale, sums}, cols, col_layout, row_codes, pack_row_codes_cuda),
-                           code_sums);
+  // The row kernel forms the code sums in its pass anyway (one store a row): they are dropped when not asked for.
+  return with_row_codes({planes, lo, scale, code_sums ? sums : no_code_sums(sums)}, cols, col_layout, row_codes,
+                        pack_row_codes_cuda);
 }
 
 }  // namespace pyg_quant
