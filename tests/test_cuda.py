@@ -350,6 +350,32 @@ def _check_bit_spmm_dense_rows(dev):
             assert _equal_on_cpu(got, want), x_bits
 
 
+def _check_gather_block_order(dev):
+    """The gather kernels run their blocks SM by SM (a permutation of the launch's blocks, sm_contiguous_block in
+    csrc/cuda/spmm_gather.cuh): every row is written, once, for block counts below, at and above the SM count and at
+    several of it plus a remainder, for 1, 4 and 8 lanes a row.  The output's memory first holds another input's
+    result (the same shapes, so the caching allocator hands the same block back), so a skipped row would show."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count if dev == "cuda" else 64
+    for cols, rows_per_block in ((16, 128), (64, 32), (100, 16)):  # 4-bit codes: 1, 4 and 8 lanes a row
+        for blocks in (1, sms - 1, sms, sms + 1, 3 * sms + 7):
+            n = blocks * rows_per_block - rows_per_block // 2  # a partial last block
+            ei = torch.unique(random_edges(n, n, 12 * n, n + cols, loops=False), dim=1)  # binary
+            cpu = pq.BitAdjacency.from_edge_index(ei, n, self_loops=1, min_tile_nnz=4097)
+            gpu = pq.BitAdjacency.from_edge_index(ei.to(dev), n, self_loops=1, min_tile_nnz=4097)
+            assert gpu.num_tiles == 0 and gpu.res_val is None
+            other, x = (pq.to_bit(randn(n, cols, seed * 1000 + n, shift=0.2).to(dev), 4, dim=0, layout="col")
+                        for seed in (1, 2))
+
+            def gather(on, adj, bt):
+                return OPS.bit_spmm_int(*[getattr(adj, k) for k in ADJ_TENSORS[:6]], bt.planes.to(on), n, cols, False)
+
+            del_me = gather(dev, gpu, other)
+            del del_me
+            got = gather(dev, gpu, x)
+            want = gather("cpu", cpu, x)
+            assert want.abs().sum() > 0 and _equal_on_cpu(got, want), (cols, blocks)
+
+
 def _check_adjacency_variants(dev):
     ei = random_edges(300, 300, 2500, 2)
     for self_loops, min_tile_nnz in itertools.product((0, 1, 2), (1, 16, 10**6)):
@@ -520,6 +546,10 @@ def test_bit_spmm_csr_only_gpu_equals_cpu():
 
 def test_bit_spmm_dense_rows_gpu_equals_cpu():
     _check_bit_spmm_dense_rows(DEV)
+
+
+def test_gather_block_order_gpu_equals_cpu():
+    _check_gather_block_order(DEV)
 
 
 def test_pack_row_codes_gpu_equals_cpu():

@@ -34,6 +34,7 @@
 #include <type_traits>
 
 #include "bmma.cuh"
+#include "device_limits.h"
 #include "epilogue.h"
 #include "quantize_cuda.h"
 #include "row_codes.h"
@@ -173,7 +174,7 @@ template <typename Acc, int kContainer, int kLanes, bool kWeighted>
 __global__ void __launch_bounds__(kGatherThreads, gather_min_blocks<Acc, kContainer, kWeighted>())
     bit_spmm_gather_kernel(const SpmmArgs p, Acc* __restrict__ out_int) {
   using S = GatherSlice<kContainer, Acc>;
-  const int64_t row = (static_cast<int64_t>(blockIdx.x) * kGatherThreads + threadIdx.x) / kLanes;
+  const int64_t row = (static_cast<int64_t>(sm_contiguous_block(p.block_sms)) * kGatherThreads + threadIdx.x) / kLanes;
   if (row >= p.rows) return;  // no warp-wide operations below
   const int64_t f0 = (static_cast<int64_t>(blockIdx.y) * kLanes + threadIdx.x % kLanes) * S::kCodes;
   if (f0 >= p.cols) return;
@@ -234,6 +235,19 @@ Operands check_operands(const at::Tensor& window_ptr, const at::Tensor& tile_col
   return o;
 }
 
+// One gather kernel's launch, its blocks in the SM-contiguous order (sm_contiguous_block) when the grid is one row of
+// blocks (a second row of feature slices would be handed out after the first, so its blocks would not share SMs).
+template <typename Acc>
+void launch_gather_kernel(void (*kernel)(const SpmmArgs, Acc*), dim3 grid, SpmmArgs args, Acc* out_int,
+                          cudaStream_t stream) {
+  if (grid.y == 1) {
+    int device = 0;
+    C10_CUDA_CHECK(cudaGetDevice(&device));
+    args.block_sms = sm_count(device);
+  }
+  kernel<<<grid, kGatherThreads, 0, stream>>>(args, out_int);
+}
+
 template <typename Acc, int kContainer>
 void launch_gather_container(const SpmmArgs& args, bool weighted, Acc* out_int, cudaStream_t stream) {
   constexpr int kCodes = GatherSlice<kContainer, Acc>::kCodes;
@@ -248,9 +262,9 @@ void launch_gather_container(const SpmmArgs& args, bool weighted, Acc* out_int, 
 #define PYG_QUANT_GATHER_CASE(LANES)                                                                            \
   case LANES:                                                                                                   \
     if (weighted) {                                                                                             \
-      bit_spmm_gather_kernel<Acc, kContainer, LANES, true><<<grid, kGatherThreads, 0, stream>>>(args, out_int);  \
+      launch_gather_kernel(bit_spmm_gather_kernel<Acc, kContainer, LANES, true>, grid, args, out_int, stream);    \
     } else {                                                                                                    \
-      bit_spmm_gather_kernel<Acc, kContainer, LANES, false><<<grid, kGatherThreads, 0, stream>>>(args, out_int); \
+      launch_gather_kernel(bit_spmm_gather_kernel<Acc, kContainer, LANES, false>, grid, args, out_int, stream);   \
     }                                                                                                           \
     break;
     PYG_QUANT_GATHER_CASE(1) PYG_QUANT_GATHER_CASE(2) PYG_QUANT_GATHER_CASE(4) PYG_QUANT_GATHER_CASE(8)

@@ -36,7 +36,23 @@ struct SpmmArgs {
   bool relu;
   bool params_aligned;  // lo, scale and bias (when given) start on 16-byte boundaries
   float* out_float;
+  // The gather kernels' block order (sm_contiguous_block): the device's SM count, or 0 for the launch order.
+  int block_sms = 0;
 };
+
+// The gather kernels' blocks in an order where the blocks one SM runs hold consecutive rows.  The block scheduler
+// hands a launch's first blocks to the SMs in turn, so block b runs on the same SM as b + sms, b + 2·sms, ...;
+// mapping those to one contiguous range of rows (SM slot s = b mod sms takes ranges of q or q + 1 blocks, q =
+// blocks / sms) makes the blocks that share an SM, and so its L1, gather the same neighbourhoods: a METIS batch
+// lists each part's nodes together and most of a row's neighbours are in its part.  A bijection of [0, gridDim.x)
+// whatever the scheduler does, so it only ever costs locality.  Measured (H100, products-scale batch, 4-bit, d = 64):
+// 16.2 us against 17.7 in launch order.
+__device__ __forceinline__ uint32_t sm_contiguous_block(int block_sms) {
+  if (block_sms <= 0) return blockIdx.x;
+  const uint32_t sms = static_cast<uint32_t>(block_sms), slot = blockIdx.x % sms;
+  const uint32_t q = gridDim.x / sms, r = gridDim.x % sms;
+  return slot * q + min(slot, r) + blockIdx.x / sms;
+}
 
 // Tile-free adjacency: a group of kLanes lanes owns a row, and lane l of the group the features
 // [l·K, l·K + K) of the launch's slice of K·kLanes, read from the source's packed row codes with one aligned vector
@@ -53,7 +69,14 @@ struct SpmmArgs {
 // (graph replay; 87.5 us for fp32 CSR).  Tried and measured there, not kept: four lanes sharing a feature slice,
 // each taking every fourth entry, sums halved across lanes by shuffles, persistent threads pipelined over rows (one
 // round trip a row; 11.5M instructions: the per-row work four times over; 18.5 us, worse at d = 128 and 2 bits);
-// batches of 8 entries at 64 registers, one wave (19.0-19.8 us).
+// batches of 8 entries at 64 registers, one wave (19.0-19.8 us).  Measured again on an H100 (2026-11-26, same batch,
+// the int sums): 6.6M warp instructions, stalls mostly long-scoreboard (47% of samples, at the first use of a batch's
+// codes); 2.5M L1 data-pipe wavefronts (a column and a code load an entry, each touching one line a row of the warp's
+// eight).  With every column remapped onto the row itself (all codes L1 hits) the same kernel takes 12.1 us against
+// 17.7, onto 2,048 nodes 13.9, onto uniform random nodes 19.2: locality is worth a third, the rest is the wavefronts
+// and the per-row chain.  So the blocks run SM by SM (sm_contiguous_block, 16.2 us); the four lanes of a row sharing
+// its column loads through shuffles (a third of the wavefronts gone) was slower, 19.3 us, the shuffles sitting on the
+// path to the code loads; 8-entry batches at 64 registers in one wave, with the block order, 17.1.
 constexpr int kGatherThreads = 128, kGatherBatch = 8, kByteBatch = 12;
 static_assert(kByteBatch <= 17, "gather_row_bytes flushes once a batch: a batch must fit in 255 / 15 entries");
 
@@ -175,13 +198,14 @@ __device__ __forceinline__ void gather_row(const SpmmArgs& p, const uint8_t* __r
 
 // A binary adjacency's rows at containers of 1, 2 or 4 bits: sums run four to a register in 8-bit fields (a shift,
 // a mask and an add per four codes: half the instructions of the 16-bit halves), moved to Acc every byte_room
-// entries (255 / max code: 17 at 4 bits, 85 at 2, 255 at 1), so no row length can overflow them.  The row's
-// entries are counted in 32 bits and every batch but the last is whole, so the hot loop carries no bound checks:
-// the SASS of the version with int64 bounds on every entry spent ~37 instructions an entry and lane, two thirds of
-// them on 64-bit compares and addresses (ncu: issue 41% busy, ALU the busiest pipe, 10.5M instructions for 1.27M
-// entries).  The columns are read through a pointer that walks the row (one load with an immediate offset an
-// entry) and a slice's address is one IMAD.WIDE.U32 off a 64-bit base held in registers: indexing from the row's
-// int64 start cost ~6 instructions an entry for the column and 3 for the slice (SASS, H200 build).
+// entries (255 / max code: 17 at 4 bits, 85 at 2, 255 at 1), so no row length can overflow them.  At 4-bit
+// containers the high nibbles are not masked: `shifted` adds w >> 4 whole (one LEA.HI an entry and word), and the
+// flush takes the low nibbles' share back out, (w >> 4) summing to H + 16 (L >> 8) with H and L the high and low
+// nibbles' packed byte sums (exact mod 2^32, and H < 2^32).  The row's entries are counted in 32 bits and every
+// batch but the last is whole, so the hot loop carries no bound checks (the SASS of a version with int64 bounds on
+// every entry spent ~37 instructions an entry and lane, two thirds of them on 64-bit compares and addresses).  The
+// columns are read through a pointer that walks the row and a slice's address is one IMAD.WIDE.U32 off a 64-bit
+// base held in registers.  The last, partial batch adds its live entries four at a time.
 template <int kContainer, typename Acc>
 __device__ __forceinline__ void gather_row_bytes(const SpmmArgs& p, const uint8_t* __restrict__ source_codes,
                                                  int64_t begin, int64_t end,
@@ -189,6 +213,8 @@ __device__ __forceinline__ void gather_row_bytes(const SpmmArgs& p, const uint8_
   using S = GatherSlice<kContainer, Acc>;
   constexpr int kFields = 8 / kContainer;  // codes per byte: field s of byte b is code b·kFields + s of its word
   constexpr uint32_t kMask = ((1u << kContainer) - 1u) * 0x01010101u;
+  constexpr bool kShiftedHigh = kContainer == 4;
+  // bytes[i][f]: field f's byte sums of word i (at 4-bit containers, bytes[i][1] holds the unmasked w >> 4 sums)
   uint32_t bytes[S::kWords][kFields];
 #pragma unroll
   for (int i = 0; i < S::kWords; ++i) {
@@ -198,6 +224,7 @@ __device__ __forceinline__ void gather_row_bytes(const SpmmArgs& p, const uint8_
   const auto flush = [&]() {
 #pragma unroll
     for (int i = 0; i < S::kWords; ++i) {
+      if constexpr (kShiftedHigh) bytes[i][1] -= (bytes[i][0] >> 8) << 4;
 #pragma unroll
       for (int f = 0; f < kFields; ++f) {
 #pragma unroll
@@ -206,13 +233,15 @@ __device__ __forceinline__ void gather_row_bytes(const SpmmArgs& p, const uint8_
       }
     }
   };
-  const auto accumulate = [&](const uint32_t (&words)[kByteBatch][S::kWords]) {
+  const auto add_entry = [&](const uint32_t (&words)[S::kWords]) {
 #pragma unroll
-    for (int j = 0; j < kByteBatch; ++j) {
+    for (int i = 0; i < S::kWords; ++i) {
+      if constexpr (kShiftedHigh) {
+        bytes[i][0] += words[i] & kMask;
+        bytes[i][1] += words[i] >> 4;
+      } else {
 #pragma unroll
-      for (int i = 0; i < S::kWords; ++i) {
-#pragma unroll
-        for (int f = 0; f < kFields; ++f) bytes[i][f] += (words[j][i] >> (kContainer * f)) & kMask;
+        for (int f = 0; f < kFields; ++f) bytes[i][f] += (words[i] >> (kContainer * f)) & kMask;
       }
     }
   };
@@ -221,33 +250,33 @@ __device__ __forceinline__ void gather_row_bytes(const SpmmArgs& p, const uint8_
   const uint32_t code_ld = static_cast<uint32_t>(p.code_ld);
   int room = p.byte_room;
   const int32_t* __restrict__ next = p.res_col + begin;  // the next batch's columns
-  uint32_t col[kByteBatch];  // one batch ahead, as in gather_row
+  // One batch ahead: a batch waits for one round trip (its codes), not two (its columns, then the codes).
+  uint32_t col[kByteBatch];
+  const auto load_columns = [&](int live) {
 #pragma unroll
-  for (int j = 0; j < kByteBatch; ++j) col[j] = j < count ? static_cast<uint32_t>(__ldg(next + j)) : 0u;
+    for (int j = 0; j < kByteBatch; ++j) col[j] = j < live ? static_cast<uint32_t>(__ldg(next + j)) : 0u;
+  };
+  load_columns(count);
   next += kByteBatch;
   for (int e0 = 0; e0 < full; e0 += kByteBatch, next += kByteBatch) {
     uint32_t words[kByteBatch][S::kWords];
 #pragma unroll
     for (int j = 0; j < kByteBatch; ++j) load_slice<S::kWords>(code_slice(source_codes, col[j], code_ld), words[j]);
-    if (e0 + 2 * kByteBatch <= count) {  // the next batch is whole too
-#pragma unroll
-      for (int j = 0; j < kByteBatch; ++j) col[j] = static_cast<uint32_t>(__ldg(next + j));
-    } else {
-#pragma unroll
-      for (int j = 0; j < kByteBatch; ++j) col[j] = e0 + kByteBatch + j < count ? static_cast<uint32_t>(__ldg(next + j)) : 0u;
-    }
+    load_columns(count - e0 - kByteBatch);
     if (room < kByteBatch) {  // byte_room >= 17 > kByteBatch: one flush makes room for the whole batch
       flush();
       room = p.byte_room;
     }
     room -= kByteBatch;
-    accumulate(words);
+#pragma unroll
+    for (int j = 0; j < kByteBatch; ++j) add_entry(words[j]);
   }
-  if (full < count) {  // the last, partial batch: its dead entries add zeros
+  const int live = count - full;
+  if (live > 0) {  // the last, partial batch
     uint32_t words[kByteBatch][S::kWords];
 #pragma unroll
     for (int j = 0; j < kByteBatch; ++j) {
-      if (full + j < count) {
+      if (j < live) {
         load_slice<S::kWords>(code_slice(source_codes, col[j], code_ld), words[j]);
       } else {
 #pragma unroll
@@ -255,7 +284,12 @@ __device__ __forceinline__ void gather_row_bytes(const SpmmArgs& p, const uint8_
       }
     }
     if (room < kByteBatch) flush();
-    accumulate(words);
+#pragma unroll
+    for (int j0 = 0; j0 < kByteBatch; j0 += 4) {
+      if (j0 >= live) break;
+#pragma unroll
+      for (int j = j0; j < j0 + 4; ++j) add_entry(words[j]);  // dead entries add zeros
+    }
   }
   flush();
 }
