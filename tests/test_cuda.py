@@ -352,8 +352,8 @@ def _check_bit_spmm_dense_rows(dev):
 
 def _check_gather_block_order(dev):
     """The gather kernels run their blocks SM by SM (a permutation of the launch's blocks, sm_contiguous_block in
-    csrc/cuda/spmm_gather.cuh): every row is written, once, for block counts below, at and above the SM count and at
-    several of it plus a remainder, for 1, 4 and 8 lanes a row.  The output's memory first holds another input's
+    csrc/cuda/spmm_gather.cuh): every row is written, for block counts below, at and above the SM count and at several
+    of it plus a remainder, for 1, 4 and 8 lanes a row.  The output's memory first holds another input's
     result (the same shapes, so the caching allocator hands the same block back), so a skipped row would show."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count if dev == "cuda" else 64
     for cols, rows_per_block in ((16, 128), (64, 32), (100, 16)):  # 4-bit codes: 1, 4 and 8 lanes a row
@@ -369,8 +369,8 @@ def _check_gather_block_order(dev):
             def gather(on, adj, bt):
                 return OPS.bit_spmm_int(*[getattr(adj, k) for k in ADJ_TENSORS[:6]], bt.planes.to(on), n, cols, False)
 
-            del_me = gather(dev, gpu, other)
-            del del_me
+            stale = gather(dev, gpu, other)
+            del stale  # its memory goes back to the cache for the next result
             got = gather(dev, gpu, x)
             want = gather("cpu", cpu, x)
             assert want.abs().sum() > 0 and _equal_on_cpu(got, want), (cols, blocks)
