@@ -78,7 +78,8 @@ __device__ __forceinline__ uint32_t sm_contiguous_block(int block_sms) {
 // its column loads through shuffles (a third of the wavefronts gone) was slower, 19.3 us, the shuffles sitting on the
 // path to the code loads; 8-entry batches at 64 registers in one wave, with the block order, 17.1; the columns in a
 // sliced-ELL order (a warp's 8 rows' j-th columns in one 32-byte run) 16.1 (10.7 against 11.7 with every code an L1
-// hit); a row's codes staged into shared memory by 8-byte cp.async, 24 to 48 entries at once, 19.6-23.1.
+// hit); a row's codes staged into shared memory by 8-byte cp.async, 24 to 48 entries at once, 19.6-23.1; each
+// 128- or 64-row window's distinct source rows staged in shared memory first, 20.5-20.9 (benchmarks/RESULTS.md).
 constexpr int kGatherThreads = 128, kGatherBatch = 8, kByteBatch = 12;
 static_assert(kByteBatch <= 17, "gather_row_bytes flushes once a batch: a batch must fit in 255 / 15 entries");
 
