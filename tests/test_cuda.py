@@ -355,7 +355,7 @@ def _check_gather_block_order(dev):
     csrc/cuda/spmm_gather.cuh): every row is written, for block counts below, at and above the SM count and at several
     of it plus a remainder, for 1, 4 and 8 lanes a row.  The output's memory first holds another input's
     result (the same shapes, so the caching allocator hands the same block back), so a skipped row would show."""
-    sms = torch.cuda.get_device_properties(0).multi_processor_count if dev == "cuda" else 64
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
     for cols, rows_per_block in ((16, 128), (64, 32), (100, 16)):  # 4-bit codes: 1, 4 and 8 lanes a row
         for blocks in (1, sms - 1, sms, sms + 1, 3 * sms + 7):
             n = blocks * rows_per_block - rows_per_block // 2  # a partial last block
