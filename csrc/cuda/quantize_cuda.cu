@@ -486,7 +486,6 @@ __global__ void __launch_bounds__(kColWarps * 32) quantize_pack_col_ranges_kerne
     }
   }
   const bool want_sums = sums != nullptr;  // the same in every thread of the grid
-  if (want_sums && threadIdx.x < kColSlabs * 32) partial_sums[threadIdx.x / 32][threadIdx.x % 32] = 0;
   // The row's codes, packed as its row codes: column c at bits c·container of the group's words.
   uint32_t code_words[kCodeWords];
 #pragma unroll
@@ -499,21 +498,23 @@ __global__ void __launch_bounds__(kColWarps * 32) quantize_pack_col_ranges_kerne
       code_words[c / kPerWord] |= q << (kContainer * (c % kPerWord));
     }
   }
-  if (want_sums) __syncthreads();  // partial_sums zeroed before any warp adds its columns
-  if (w < words) {
+  // Every warp writes all kColGroup slots of its slab and group in partial_sums, zeros where it has no work (a
+  // slab past the last word, a group past the last column), so the slots need no zeroing pass and no barrier
+  // before these writes.
 #pragma unroll
-    for (int j = 0; j < kCodeWords; ++j) {
-      const uint32_t word = work ? transpose_bits32(code_words[j], lane) : 0u;
-      const int p = lane % kContainer, c = j * kPerWord + lane / kContainer;
-      if (p < kBits && c < kColGroup) out[p * plane_stride + (c0 + c) * words + w] = word;
-      if (work && want_sums) {
-        uint32_t column_sum = static_cast<uint32_t>(__popc(word)) << p;
+  for (int j = 0; j < kCodeWords; ++j) {
+    const uint32_t word = work ? transpose_bits32(code_words[j], lane) : 0u;
+    const int p = lane % kContainer, c = j * kPerWord + lane / kContainer;
+    if (w < words && p < kBits && c < kColGroup) out[p * plane_stride + (c0 + c) * words + w] = word;
+    if (want_sums) {
+      uint32_t column_sum = static_cast<uint32_t>(__popc(word)) << p;
 #pragma unroll
-        for (int offset = 1; offset < kContainer; offset <<= 1)
-          column_sum += __shfl_xor_sync(kFullMask, column_sum, offset);
-        if (p == 0 && c < kColGroup) partial_sums[slab][kColGroup * group + c] = column_sum;
-      }
+      for (int offset = 1; offset < kContainer; offset <<= 1)
+        column_sum += __shfl_xor_sync(kFullMask, column_sum, offset);
+      if (p == 0 && c < kColGroup) partial_sums[slab][kColGroup * group + c] = column_sum;
     }
+  }
+  if (w < words) {
     if (row_codes != nullptr) {
       // This group's bytes of the row (those below row_bytes: a row ends on a 16-byte boundary, which may fall
       // inside a group at 8-bit containers); the chunks' last group also zeroes the row's padding past them

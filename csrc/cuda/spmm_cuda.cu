@@ -235,16 +235,13 @@ Operands check_operands(const at::Tensor& window_ptr, const at::Tensor& tile_col
   return o;
 }
 
-// One gather kernel's launch, its blocks in the SM-contiguous order (sm_contiguous_block) when the grid is one row of
-// blocks (a second row of feature slices would be handed out after the first, so its blocks would not share SMs).
+// One gather kernel's launch, its blocks in the SM-contiguous order (sm_contiguous_block, args.block_sms) only when
+// the grid is one row of blocks (a second row of feature slices would be handed out after the first, so its blocks
+// would not share SMs).
 template <typename Acc>
 void launch_gather_kernel(void (*kernel)(const SpmmArgs, Acc*), dim3 grid, SpmmArgs args, Acc* out_int,
                           cudaStream_t stream) {
-  if (grid.y == 1) {
-    int device = 0;
-    C10_CUDA_CHECK(cudaGetDevice(&device));
-    args.block_sms = sm_count(device);
-  }
+  if (grid.y != 1) args.block_sms = 0;
   kernel<<<grid, kGatherThreads, 0, stream>>>(args, out_int);
 }
 
@@ -283,6 +280,7 @@ void set_gather_room(const Operands& o, SpmmArgs& args) {
 template <typename Acc>
 void launch_gather(const Operands& o, SpmmArgs args, Acc* out_int, cudaStream_t stream) {
   set_gather_room(o, args);
+  args.block_sms = sm_count(o.x.device().index());  // cached per device (device_limits.h)
   const bool weighted = o.res_val.defined();
   switch (container_bits(static_cast<int>(o.x.size(0)))) {
     case 1: launch_gather_container<Acc, 1>(args, weighted, out_int, stream); break;
