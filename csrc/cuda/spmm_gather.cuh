@@ -79,7 +79,10 @@ __device__ __forceinline__ uint32_t sm_contiguous_block(int block_sms) {
 // path to the code loads; 8-entry batches at 64 registers in one wave, with the block order, 17.1; the columns in a
 // sliced-ELL order (a warp's 8 rows' j-th columns in one 32-byte run) 16.1 (10.7 against 11.7 with every code an L1
 // hit); a row's codes staged into shared memory by 8-byte cp.async, 24 to 48 entries at once, 19.6-23.1; each
-// 128- or 64-row window's distinct source rows staged in shared memory first, 20.5-20.9 (benchmarks/RESULTS.md).
+// 128- or 64-row window's distinct source rows staged in shared memory first, 20.5-20.9; two rows a thread in one
+// wave, 18.1 (timestamped per warp: each warp's chain stretches with its SM's load, so the second wave costs
+// nothing); a row's columns loaded four at a time from 16-byte boundaries (a quarter of their wavefronts), 18.1
+// (benchmarks/RESULTS.md).
 constexpr int kGatherThreads = 128, kGatherBatch = 8, kByteBatch = 12;
 static_assert(kByteBatch <= 17, "gather_row_bytes flushes once a batch: a batch must fit in 255 / 15 entries");
 

@@ -38,8 +38,11 @@
 // finishing 11.9 (the finishing ~7 us: two passes of 32 rows a consumer warpgroup, each a chain of dependent loads,
 // with no MMA running meanwhile); without either 7.6 us, which is the step protocol itself: ~600-1,000 SM cycles a
 // step (merge, barriers, flags, one MMA a warpgroup) against ~256 of MMA; 2 or 4 stages instead of 8: 23.5, 19.6.
-// Next: finishing warps of their own (staged sums double-buffered) so that a unit's rows finish while the next
-// unit's MMAs run, and steps that cover several consecutive chunks (a block's chunks mostly are, on cluster batches).
+// Timestamped per CTA (2026-11-26 14:31): a CTA's first stage lands ~2 us after its entry, a unit's MMAs take ~2.8 us
+// (7 steps) and its rows' finishing ~3.7; the last CTA, with a 13-step unit, ends at ~17.  Tried and not kept:
+// finishing warps of their own (a 512-thread CTA caps ptxas at 128 registers a thread, and the m64n256 wgmma needs
+// 154), the residual entries gathered before the MMAs (19.6 us against 17.9: their chains outlast the startup).
+// What could still pay: steps that cover several consecutive chunks, and units balanced by their step counts.
 #include "spmm_wgmma_cuda.h"
 
 #include <algorithm>
