@@ -235,16 +235,6 @@ Operands check_operands(const at::Tensor& window_ptr, const at::Tensor& tile_col
   return o;
 }
 
-// One gather kernel's launch, its blocks in the SM-contiguous order (sm_contiguous_block, args.block_sms) only when
-// the grid is one row of blocks (a second row of feature slices would be handed out after the first, so its blocks
-// would not share SMs).
-template <typename Acc>
-void launch_gather_kernel(void (*kernel)(const SpmmArgs, Acc*), dim3 grid, SpmmArgs args, Acc* out_int,
-                          cudaStream_t stream) {
-  if (grid.y != 1) args.block_sms = 0;
-  kernel<<<grid, kGatherThreads, 0, stream>>>(args, out_int);
-}
-
 template <typename Acc, int kContainer>
 void launch_gather_container(const SpmmArgs& args, bool weighted, Acc* out_int, cudaStream_t stream) {
   constexpr int kCodes = GatherSlice<kContainer, Acc>::kCodes;
@@ -259,9 +249,9 @@ void launch_gather_container(const SpmmArgs& args, bool weighted, Acc* out_int, 
 #define PYG_QUANT_GATHER_CASE(LANES)                                                                            \
   case LANES:                                                                                                   \
     if (weighted) {                                                                                             \
-      launch_gather_kernel(bit_spmm_gather_kernel<Acc, kContainer, LANES, true>, grid, args, out_int, stream);    \
+      bit_spmm_gather_kernel<Acc, kContainer, LANES, true><<<grid, kGatherThreads, 0, stream>>>(args, out_int);  \
     } else {                                                                                                    \
-      launch_gather_kernel(bit_spmm_gather_kernel<Acc, kContainer, LANES, false>, grid, args, out_int, stream);   \
+      bit_spmm_gather_kernel<Acc, kContainer, LANES, false><<<grid, kGatherThreads, 0, stream>>>(args, out_int); \
     }                                                                                                           \
     break;
     PYG_QUANT_GATHER_CASE(1) PYG_QUANT_GATHER_CASE(2) PYG_QUANT_GATHER_CASE(4) PYG_QUANT_GATHER_CASE(8)
@@ -280,7 +270,7 @@ void set_gather_room(const Operands& o, SpmmArgs& args) {
 template <typename Acc>
 void launch_gather(const Operands& o, SpmmArgs args, Acc* out_int, cudaStream_t stream) {
   set_gather_room(o, args);
-  args.block_sms = sm_count(o.x.device().index());  // cached per device (device_limits.h)
+  args.block_sms = sm_count(o.x.device().index());  // the block order (sm_contiguous_block); cached per device
   const bool weighted = o.res_val.defined();
   switch (container_bits(static_cast<int>(o.x.size(0)))) {
     case 1: launch_gather_container<Acc, 1>(args, weighted, out_int, stream); break;

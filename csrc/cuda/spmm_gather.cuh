@@ -46,9 +46,10 @@ struct SpmmArgs {
 // blocks / sms) makes the blocks that share an SM, and so its L1, gather the same neighbourhoods: a METIS batch
 // lists each part's nodes together and most of a row's neighbours are in its part.  A bijection of [0, gridDim.x)
 // whatever the scheduler does, so it only ever costs locality.  Measured (H100, products-scale batch, 4-bit, d = 64):
-// 16.2 us against 17.7 in launch order.
+// 16.2 us against 17.7 in launch order.  Only for a grid of one row of blocks: a second row (feature slices) would be
+// handed out after the first, so its blocks would not share SMs with the first row's.
 __device__ __forceinline__ uint32_t sm_contiguous_block(int block_sms) {
-  if (block_sms <= 0) return blockIdx.x;
+  if (block_sms <= 0 || gridDim.y != 1) return blockIdx.x;
   const uint32_t sms = static_cast<uint32_t>(block_sms), slot = blockIdx.x % sms;
   const uint32_t q = gridDim.x / sms, r = gridDim.x % sms;
   return slot * q + min(slot, r) + blockIdx.x / sms;
