@@ -79,6 +79,19 @@ def test_cluster_graph_gpu_equals_cpu(x_bits):
                    (x_bits, self_loops, min_tile_nnz, cols))
 
 
+@pytest.mark.parametrize("x_bits", (1, 2, 4, 8))
+def test_more_units_than_blocks_gpu_equals_cpu(x_bits):
+    # 16 clusters of 1,200 rows: 150 row blocks, and 300 work units at 100 features, more than an H100's 132
+    # resident blocks, so that blocks walk a second unit (its residual bounds and first columns loaded during the
+    # first); 20% of the edges leave their cluster, most of them residual entries
+    ei, n = _cluster_graph(16, 1200, 24, 0.8, seed=40 + x_bits)
+    cpu, gpu = _adjacencies(ei, n, 0, 16)
+    assert gpu.res_nnz > 0
+    for cols in (64, 100):
+        x = pq.to_bit(randn(n, cols, 7 * x_bits + cols, shift=0.2).to(DEV), x_bits, dim=0, layout="col")
+        _check(cpu, gpu, x, None, (x_bits, cols))
+
+
 def test_block_with_more_tiles_than_the_shared_list():
     # 128 rows, each with an entry in every one of 130 column chunks: 8 windows x 130 = 1,040 tiles in one block
     # (the kernel keeps 1,024 columns of a unit in shared memory and reads the rest from global memory), and a

@@ -203,6 +203,16 @@ __device__ __forceinline__ void gather_row(const SpmmArgs& p, const uint8_t* __r
   }
 }
 
+// The columns run one batch ahead of the codes, so that a batch waits for one round trip (its codes), not two (its
+// columns, then the codes they point to).  The first batch's columns are loaded apart (load_byte_batch_columns of
+// p.res_col + begin, end - begin), so that a caller which knows its rows early has them in flight meanwhile (the
+// tile kernel, during its MMAs).
+__device__ __forceinline__ void load_byte_batch_columns(const int32_t* __restrict__ columns, int live,
+                                                        uint32_t (&col)[kByteBatch]) {
+#pragma unroll
+  for (int j = 0; j < kByteBatch; ++j) col[j] = j < live ? static_cast<uint32_t>(__ldg(columns + j)) : 0u;
+}
+
 // A binary adjacency's rows at containers of 1, 2 or 4 bits: sums run four to a register in 8-bit fields (a shift,
 // a mask and an add per four codes: half the instructions of the 16-bit halves), moved to Acc every byte_room
 // entries (255 / max code: 17 at 4 bits, 85 at 2, 255 at 1), so no row length can overflow them.  At 4-bit
@@ -212,11 +222,12 @@ __device__ __forceinline__ void gather_row(const SpmmArgs& p, const uint8_t* __r
 // batch but the last is whole, so the hot loop carries no bound checks (the SASS of a version with int64 bounds on
 // every entry spent ~37 instructions an entry and lane, two thirds of them on 64-bit compares and addresses).  The
 // columns are read through a pointer that walks the row and a slice's address is one IMAD.WIDE.U32 off a 64-bit
-// base held in registers.  The last, partial batch adds its live entries four at a time.
+// base held in registers.  The last, partial batch adds its live entries four at a time.  `col` holds the first
+// batch's columns (load_byte_batch_columns).
 template <int kContainer, typename Acc>
-__device__ __forceinline__ void gather_row_bytes(const SpmmArgs& p, const uint8_t* __restrict__ source_codes,
-                                                 int64_t begin, int64_t end,
-                                                 Acc (&sum)[GatherSlice<kContainer, Acc>::kCodes]) {
+__device__ __forceinline__ void gather_row_bytes_from(const SpmmArgs& p, const uint8_t* __restrict__ source_codes,
+                                                      int64_t begin, int64_t end, uint32_t (&col)[kByteBatch],
+                                                      Acc (&sum)[GatherSlice<kContainer, Acc>::kCodes]) {
   using S = GatherSlice<kContainer, Acc>;
   constexpr int kFields = 8 / kContainer;  // codes per byte: field s of byte b is code b·kFields + s of its word
   constexpr uint32_t kMask = ((1u << kContainer) - 1u) * 0x01010101u;
@@ -256,20 +267,12 @@ __device__ __forceinline__ void gather_row_bytes(const SpmmArgs& p, const uint8_
   const int full = count - count % kByteBatch;
   const uint32_t code_ld = static_cast<uint32_t>(p.code_ld);
   int room = p.byte_room;
-  const int32_t* __restrict__ next = p.res_col + begin;  // the next batch's columns
-  // One batch ahead: a batch waits for one round trip (its codes), not two (its columns, then the codes).
-  uint32_t col[kByteBatch];
-  const auto load_columns = [&](int live) {
-#pragma unroll
-    for (int j = 0; j < kByteBatch; ++j) col[j] = j < live ? static_cast<uint32_t>(__ldg(next + j)) : 0u;
-  };
-  load_columns(count);
-  next += kByteBatch;
+  const int32_t* __restrict__ next = p.res_col + begin + kByteBatch;  // the next batch's columns
   for (int e0 = 0; e0 < full; e0 += kByteBatch, next += kByteBatch) {
     uint32_t words[kByteBatch][S::kWords];
 #pragma unroll
     for (int j = 0; j < kByteBatch; ++j) load_slice<S::kWords>(code_slice(source_codes, col[j], code_ld), words[j]);
-    load_columns(count - e0 - kByteBatch);
+    load_byte_batch_columns(next, count - e0 - kByteBatch, col);
     if (room < kByteBatch) {  // byte_room >= 17 > kByteBatch: one flush makes room for the whole batch
       flush();
       room = p.byte_room;
@@ -299,6 +302,15 @@ __device__ __forceinline__ void gather_row_bytes(const SpmmArgs& p, const uint8_
     }
   }
   flush();
+}
+
+template <int kContainer, typename Acc>
+__device__ __forceinline__ void gather_row_bytes(const SpmmArgs& p, const uint8_t* __restrict__ source_codes,
+                                                 int64_t begin, int64_t end,
+                                                 Acc (&sum)[GatherSlice<kContainer, Acc>::kCodes]) {
+  uint32_t col[kByteBatch];
+  load_byte_batch_columns(p.res_col + begin, static_cast<int>(end - begin), col);
+  gather_row_bytes_from<kContainer>(p, source_codes, begin, end, col, sum);
 }
 
 // The per-column parameters of features f .. f + 3 of the affine epilogue: with `vector` (f a multiple of 4, all

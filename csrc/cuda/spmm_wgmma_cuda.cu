@@ -42,7 +42,13 @@
 // (7 steps) and its rows' finishing ~3.7; the last CTA, with a 13-step unit, ends at ~17.  Tried and not kept:
 // finishing warps of their own (a 512-thread CTA caps ptxas at 128 registers a thread, and the m64n256 wgmma needs
 // 154), the residual entries gathered before the MMAs (19.6 us against 17.9: their chains outlast the startup).
-// What could still pay: steps that cover several consecutive chunks, and units balanced by their step counts.
+// Kept (2026-11-26 16:22): each thread's residual bounds loaded a unit ahead and each pass's first batch of columns
+// ahead (the first pass's during the MMAs): 18.0 / 22.5 us int32 / fused float against 18.1 / 23.2, 0-5% on every
+// shape, not the 1-2 us predicted for two round trips fewer a unit.  One pass with 32-code slices spilled: ptxas
+// keeps the two accumulators' registers reserved through the finishing, which so has ~90 of the 224.  ncu (same
+// batch): 13.5% occupancy, no eligible warp 76% of cycles, L2 at 33% of its throughput, SMs idle a quarter of the
+// span while the CTAs with the longest units finish.  What could still pay: steps that cover several consecutive
+// chunks, and units balanced by their step counts.
 #include "spmm_wgmma_cuda.h"
 
 #include <algorithm>
@@ -125,6 +131,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kLanes = kTileN / S::kCodes;  // threads a row in the finishing pass
   static_assert(kTileN % S::kCodes == 0 && 128 % kLanes == 0, "a feature tile is whole gather slices");
   constexpr int kPassRows = 128 / kLanes;
+  constexpr int kPasses = 64 / kPassRows;  // 2 at containers of 2 and 4 bits, else 1
+  // Binary rows at containers of 1 to 4 bits sum in bytes (gather_row_bytes_from): a pass's first batch of residual
+  // columns is loaded ahead (the first pass's as the unit starts, so that it lands during the MMAs; the second's
+  // as the first pass starts), and every pass's bounds a unit ahead.
+  constexpr bool kEarlyColumns = kContainer <= 4;
   constexpr int kPitch = kTileN + 4;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
@@ -250,7 +261,33 @@ __global__ void __launch_bounds__(kThreads, 1)
     constexpr SmemSwizzle kSwizzle = SmemSwizzle::k32B;
     int32_t acc[kBlockN / 2];
     StageCursor cursor{stages};
+    const int tid = threadIdx.x % 128;
+    const int f_local = (tid % kLanes) * S::kCodes;
+    auto pass_row = [&](int pass) {  // this thread's row in a pass, within the row block
+      return consumer * 64 + pass * kPassRows + tid / kLanes;
+    };
+    // This thread's rows' residual entries in a unit, [begin, end) of res_col (empty past the rows or the units),
+    // in 32 bits (res_col holds fewer than 2^31 entries: check_operands).
+    int32_t res_begin[kPasses], res_end[kPasses];
+    auto residual_bounds = [&](int64_t unit, int32_t(&begin)[kPasses], int32_t(&end)[kPasses]) {
+#pragma unroll
+      for (int pass = 0; pass < kPasses; ++pass) {
+        const int64_t row = unit_rows(unit) + pass_row(pass);
+        begin[pass] = end[pass] = 0;
+        if (unit < work_units && row < p.rows) {
+          begin[pass] = static_cast<int32_t>(__ldg(p.res_ptr + row));
+          end[pass] = static_cast<int32_t>(__ldg(p.res_ptr + row + 1));
+        }
+      }
+    };
+    residual_bounds(blockIdx.x, res_begin, res_end);
     for (int64_t unit = blockIdx.x; unit < work_units; unit += gridDim.x) {
+      uint32_t columns[kByteBatch];
+      if constexpr (kEarlyColumns) {
+        load_byte_batch_columns(p.res_col + res_begin[0], res_end[0] - res_begin[0], columns);
+      }
+      int32_t next_begin[kPasses], next_end[kPasses];
+      residual_bounds(unit + gridDim.x, next_begin, next_end);
       mbar_wait(full_bars + 8u * cursor.stage, cursor.phase);
       uint32_t flag = read_flags(flags + 4u * cursor.stage, lane);
       if (flag & kNoData) {
@@ -297,26 +334,43 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
       named_barrier(1 + consumer, 128);
-      const int64_t row_block = unit_rows(unit) + consumer * 64;
-      const int n0 = unit_n0(unit);
-      const int tid = threadIdx.x % 128;
-#pragma unroll 1
-      for (int pass = 0; pass < 64 / kPassRows; ++pass) {
-        const int r = pass * kPassRows + tid / kLanes;
-        const int f_local = (tid % kLanes) * S::kCodes;
-        const int64_t row = row_block + r, f0 = n0 + f_local;
-        if (row >= p.rows || f0 >= p.cols) continue;
-        int32_t sum[S::kCodes];
+      const int64_t f0 = unit_n0(unit) + f_local;
 #pragma unroll
-        for (int k = 0; k < S::kCodes; k += 4) {
-          const int4 v = *reinterpret_cast<const int4*>(staged + r * kPitch + f_local + k);
-          sum[k] = v.x, sum[k + 1] = v.y, sum[k + 2] = v.z, sum[k + 3] = v.w;
+      for (int pass = 0; pass < kPasses; ++pass) {
+        uint32_t next_columns[kByteBatch];
+        if constexpr (kEarlyColumns) {
+          if (pass + 1 < kPasses) {
+            load_byte_batch_columns(p.res_col + res_begin[pass + 1], res_end[pass + 1] - res_begin[pass + 1],
+                                    next_columns);
+          }
         }
-        const uint8_t* source_codes = p.codes + f0 * kContainer / 8;
-        asm("" : "+l"(source_codes));  // one IMAD.WIDE.U32 an entry (see the gather kernel)
-        gather_row_sums<kContainer, false>(p, source_codes, p.res_ptr[row], p.res_ptr[row + 1], sum);
-        finish_row<kContainer>(p, out_int, row, f0, source_codes, sum);
+        const int r = pass_row(pass) - consumer * 64;
+        const int64_t row = unit_rows(unit) + pass_row(pass);
+        if (row < p.rows && f0 < p.cols) {
+          int32_t sum[S::kCodes];
+#pragma unroll
+          for (int k = 0; k < S::kCodes; k += 4) {
+            const int4 v = *reinterpret_cast<const int4*>(staged + r * kPitch + f_local + k);
+            sum[k] = v.x, sum[k + 1] = v.y, sum[k + 2] = v.z, sum[k + 3] = v.w;
+          }
+          const uint8_t* source_codes = p.codes + f0 * kContainer / 8;
+          asm("" : "+l"(source_codes));  // one IMAD.WIDE.U32 an entry (see the gather kernel)
+          if constexpr (kEarlyColumns) {
+            gather_row_bytes_from<kContainer>(p, source_codes, res_begin[pass], res_end[pass], columns, sum);
+          } else {
+            gather_row_sums<kContainer, false>(p, source_codes, res_begin[pass], res_end[pass], sum);
+          }
+          finish_row<kContainer>(p, out_int, row, f0, source_codes, sum);
+        }
+        if constexpr (kEarlyColumns) {
+          if (pass + 1 < kPasses) {
+#pragma unroll
+            for (int j = 0; j < kByteBatch; ++j) columns[j] = next_columns[j];
+          }
+        }
       }
+#pragma unroll
+      for (int pass = 0; pass < kPasses; ++pass) res_begin[pass] = next_begin[pass], res_end[pass] = next_end[pass];
     }
   }
 #else
