@@ -263,8 +263,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     StageCursor cursor{stages};
     const int tid = threadIdx.x % 128;
     const int f_local = (tid % kLanes) * S::kCodes;
-    auto pass_row = [&](int pass) {  // this thread's row in a pass, within the row block
-      return consumer * 64 + pass * kPassRows + tid / kLanes;
+    auto pass_row = [&](int pass) {  // this thread's row in a pass, within its warpgroup's 64
+      return pass * kPassRows + tid / kLanes;
     };
     // This thread's rows' residual entries in a unit, [begin, end) of res_col (empty past the rows or the units),
     // in 32 bits (res_col holds fewer than 2^31 entries: check_operands).
@@ -272,7 +272,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto residual_bounds = [&](int64_t unit, int32_t(&begin)[kPasses], int32_t(&end)[kPasses]) {
 #pragma unroll
       for (int pass = 0; pass < kPasses; ++pass) {
-        const int64_t row = unit_rows(unit) + pass_row(pass);
+        const int64_t row = unit_rows(unit) + consumer * 64 + pass_row(pass);
         begin[pass] = end[pass] = 0;
         if (unit < work_units && row < p.rows) {
           begin[pass] = static_cast<int32_t>(__ldg(p.res_ptr + row));
@@ -282,9 +282,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     residual_bounds(blockIdx.x, res_begin, res_end);
     for (int64_t unit = blockIdx.x; unit < work_units; unit += gridDim.x) {
-      uint32_t columns[kByteBatch];
+      uint32_t columns[kPasses][kByteBatch];  // each pass's first batch of residual columns
       if constexpr (kEarlyColumns) {
-        load_byte_batch_columns(p.res_col + res_begin[0], res_end[0] - res_begin[0], columns);
+        load_byte_batch_columns(p.res_col + res_begin[0], res_end[0] - res_begin[0], columns[0]);
       }
       int32_t next_begin[kPasses], next_end[kPasses];
       residual_bounds(unit + gridDim.x, next_begin, next_end);
@@ -334,18 +334,17 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
       named_barrier(1 + consumer, 128);
-      const int64_t f0 = unit_n0(unit) + f_local;
+      const int64_t row_block = unit_rows(unit) + consumer * 64, f0 = unit_n0(unit) + f_local;
 #pragma unroll
       for (int pass = 0; pass < kPasses; ++pass) {
-        uint32_t next_columns[kByteBatch];
         if constexpr (kEarlyColumns) {
           if (pass + 1 < kPasses) {
             load_byte_batch_columns(p.res_col + res_begin[pass + 1], res_end[pass + 1] - res_begin[pass + 1],
-                                    next_columns);
+                                    columns[pass + 1]);
           }
         }
-        const int r = pass_row(pass) - consumer * 64;
-        const int64_t row = unit_rows(unit) + pass_row(pass);
+        const int r = pass_row(pass);
+        const int64_t row = row_block + r;
         if (row < p.rows && f0 < p.cols) {
           int32_t sum[S::kCodes];
 #pragma unroll
@@ -356,17 +355,11 @@ __global__ void __launch_bounds__(kThreads, 1)
           const uint8_t* source_codes = p.codes + f0 * kContainer / 8;
           asm("" : "+l"(source_codes));  // one IMAD.WIDE.U32 an entry (see the gather kernel)
           if constexpr (kEarlyColumns) {
-            gather_row_bytes_from<kContainer>(p, source_codes, res_begin[pass], res_end[pass], columns, sum);
+            gather_row_bytes_from<kContainer>(p, source_codes, res_begin[pass], res_end[pass], columns[pass], sum);
           } else {
             gather_row_sums<kContainer, false>(p, source_codes, res_begin[pass], res_end[pass], sum);
           }
           finish_row<kContainer>(p, out_int, row, f0, source_codes, sum);
-        }
-        if constexpr (kEarlyColumns) {
-          if (pass + 1 < kPasses) {
-#pragma unroll
-            for (int j = 0; j < kByteBatch; ++j) columns[j] = next_columns[j];
-          }
         }
       }
 #pragma unroll
