@@ -1,9 +1,10 @@
 // quant_mlp on the GPU: the whole chain of QuantLinear bit layers in one launch.
 //
-// A block stages every layer's weight codes once in shared memory, packed 4 to a 32-bit word and stored [k][o] (word k
-// of output o at k·out + o), so that the 32 lanes of a warp, which own consecutive output channels, read 32 consecutive
-// words (no bank conflicts); the per-channel range, code sum and bias sit beside them (a layer whose input width is a
-// multiple of 16 is staged 16 codes a load).  Then each warp owns kRows rows at a time (kRowsPerWarp = 4; grid-stride
+// A block stages every layer's weight codes once in shared memory in groups of 16 codes (four 32-bit words), stored
+// [k4][o] (group k4 of output o at (k4·out + o)·16 bytes), so that the 32 lanes of a warp, which own consecutive
+// output channels, read 32 consecutive groups with one 16-byte load each (512 bytes: four wavefronts, the least a
+// warp's 16-byte load takes); the per-channel range, code sum and bias sit beside them (a layer whose input width is
+// a multiple of 16 is staged 16 codes a load).  Then each warp owns kRows rows at a time (kRowsPerWarp = 4; grid-stride
 // over groups of kRows rows).  The rows live in registers: lane j holds columns j, j+32, ... of each -- the same
 // channels it computes as outputs, so a layer's output is already where the next layer's input must be.  Per layer and
 // row: the row's min / max with order-preserving unsigned keys and one warp reduction each (__reduce_min/max_sync; a
@@ -29,17 +30,24 @@
 // instructions, 15.7M against the float kernel's 11.7M at the same issue rate, are its cost).  Row layout: a lane
 // reads the plane words of its columns straight from global memory (a warp's 32 columns share a word).
 //
-// Why kRows rows a warp: the product is bound by shared-memory loads.  With one row a warp, a lane loads per row
+// Why kRows rows a warp: the product is bound by shared-memory loads.  With one row a warp, a lane loaded per row
 // and layer words/4 × (1 LDS.128 of codes + 4·kChunks LDS.32 of weights), each weight word serving that one row:
 // 4 × (1 + 8) = 36 for a 64 -> 64 layer, ~50 shared loads a row-layer with the epilogue's parameters (a GIN MLP
 // 64 -> 64 -> 64 -> 64 over 32,000 rows: ~4.9M warp-level loads, ~37K per H100 SM; it took 49 µs).  With kRows
-// rows each weight word (and each epilogue parameter) feeds kRows rows: words/4 × (kRows + 4·kChunks) per kRows
-// rows, 12 a row-layer for 64 -> 64 at kRows = 4, ~18 with the parameters.  Each row keeps its own registers
-// (h, acc), reductions and code buffer (kRows × codes_stride bytes a warp).  Rows past the end (the last group
+// rows each weight group (and each epilogue parameter) feeds kRows rows: words/4 × (kRows + kChunks) loads per
+// kRows rows.  Each row keeps its own registers (h, acc), reductions and code buffer (32·kChunksIn bytes, a
+// compile-time stride: every code's address is the lane's base plus an immediate).  Counted (ncu source counters,
+// H100, GIN's 64 -> 64 -> 64 with col_keys over 32,000 rows, 17.6M warp instructions): a group of 4 rows took ~590
+// instructions a layer outside the product (range ~150, codes ~150, the float64 epilogue ~250) and 73 a product
+// step (32 of them IDP, 8 LDS.32 of weights and ~29 of addressing and loop control, the weight stride re-read
+// from shared memory each step); the codes' stores and the row's range were branches (BSSY / BRA / BSYNC) around
+// a per-code address recomputed from the thread index.  Now the range is decoded by selects, the codes are
+// stored branch-free at immediate offsets, and a product step is 4 + kChunks LDS.128 and 16·kChunks IDP with the
+// steps unrolled to the widest input (a runtime loop of pointer increments instead spilled 8-32 bytes in four
+// instantiations under their register caps).  Rows past the end (the last group
 // only) carry zeros and store nothing; a group's rows are the same on every lane, so every warp-wide intrinsic
-// still runs on the full warp.  Registers (ptxas, sm_80 / sm_90a), kChunks 1, 2, 4, 8: 56 / 64, 64 / 64, 80 / 78,
-// 126 / 126 at kRows = 4 (40, 40, 48, 48 at one row), no spills; the float kernels with col_keys 56 / 64, 64 / 66,
-// 80 / 80, 126 / 126.
+// still runs on the full warp.  Registers (ptxas 13.0, sm_80 / sm_90a), float input, kChunks 1, 2, 4, 8: 60 / 58,
+// 66 / 64, 80 / 80, 128 / 126 at kRows = 4, no spills; with col_keys 48 / 62, 66 / 66, 80 / 80, 128 / 128.
 #include "quant_mlp_cuda.h"
 
 #include <ATen/ATen.h>
@@ -104,8 +112,7 @@ struct MlpInput {
 struct MlpArgs {
   MlpLayer layer[kQuantMlpMaxLayers];
   int layers;
-  int codes_offset;  // per-warp code buffers, codes_stride bytes each
-  int codes_stride;
+  int codes_offset;  // per-warp code buffers, 32 · kChunksIn bytes a row
   MlpInput input;
   float* out;
   const float* row_scale;  // nullptr: none
@@ -217,41 +224,45 @@ __device__ __forceinline__ void load_rows(const MlpArgs& args, int64_t r0, int i
 
 // One bit layer on a warp's kRows rows: each row's range and codes from x (kIn values a lane: columns lane,
 // lane + 32, ...), the exact code products, and bitmm's epilogue into y (kChunks values a lane).  x and y may be one
-// array: x is read whole (into the codes) before y is written.
-template <int kIn, int kChunks, int kRows>
+// array: x is read whole (into the codes) before y is written.  codes: the warp's kRows code buffers, kStride bytes
+// apart (a compile-time stride, so that every code's address is the lane's base plus an immediate).
+template <int kIn, int kChunks, int kRows, int kStride>
 __device__ __forceinline__ void mlp_layer(const MlpLayer& L, const float (&x)[kRows][kIn], float (&y)[kRows][kChunks],
-                                          uint8_t* codes, int stride, int lane) {
+                                          uint8_t* codes, int lane) {
+  static_assert(kStride >= 32 * kIn && kStride % 16 == 0, "a row's codes take 32·kIn bytes, read 16 at a time");
   extern __shared__ __align__(16) unsigned char smem[];
   const int in = L.in, out = L.out;
   const float max_code = L.max_code;
   // Each row's extrema as ordered keys, one warp reduction each.  A NaN makes both NaN, as amin / amax do: a
   // positive NaN keys above +inf and a negative one below -inf, so the reduced keys tell whether a row holds one.
-  // Lane i < kRows then forms row i's range (the two IEEE divisions run once for all the rows, not once a row)
-  // and every lane reads the rows' ranges back with shuffles.
+  // Every lane decodes the (warp-uniform) reduced keys by selects and lane i keeps row i's, so that lane i then
+  // forms row i's range (the two IEEE divisions run once for all the rows, not once a row) and every lane reads
+  // the rows' ranges back with shuffles.
   float mn = 0.0f, mx = 0.0f;
 #pragma unroll
   for (int i = 0; i < kRows; ++i) {
     unsigned key_min = 0xffffffffu, key_max = 0u;
 #pragma unroll
     for (int j = 0; j < kIn; ++j) {
-      if (lane + 32 * j < in) {
-        const unsigned key = ordered_key(x[i][j]);
-        key_min = min(key_min, key);
-        key_max = max(key_max, key);
-      }
+      const bool live = lane + 32 * j < in;
+      const unsigned key = ordered_key(x[i][j]);
+      key_min = min(key_min, live ? key : 0xffffffffu);
+      key_max = max(key_max, live ? key : 0u);
     }
     key_min = __reduce_min_sync(kFullMask, key_min);
     key_max = __reduce_max_sync(kFullMask, key_max);
-    if (lane == i) {
-      const bool nan = key_max > ordered_key(INFINITY) || key_min < ordered_key(-INFINITY);
-      mn = nan ? __int_as_float(0x7fffffff) : from_ordered_key(key_min);
-      mx = nan ? __int_as_float(0x7fffffff) : from_ordered_key(key_max);
-    }
+    const bool nan = key_max > ordered_key(INFINITY) || key_min < ordered_key(-INFINITY);
+    const float row_mn = nan ? __int_as_float(0x7fffffff) : from_ordered_key(key_min);
+    const float row_mx = nan ? __int_as_float(0x7fffffff) : from_ordered_key(key_max);
+    mn = lane == i ? row_mn : mn;
+    mx = lane == i ? row_mx : mx;
   }
   const Range own = range_of(mn, mx, max_code);
-  // Then each row's codes into its buffer, and their sum.
+  // Then each row's codes into its buffer, and their sum.  Columns past `in` (zeros) are coded too, branch-free:
+  // their weight codes are zero, and they are left out of the sum.
   float row_lo[kRows], row_scale[kRows];
   unsigned sum[kRows];
+  uint8_t* const lane_codes = codes + lane;
 #pragma unroll
   for (int i = 0; i < kRows; ++i) {
     const Range range{__shfl_sync(kFullMask, own.lo, i), __shfl_sync(kFullMask, own.scale, i),
@@ -261,42 +272,43 @@ __device__ __forceinline__ void mlp_layer(const MlpLayer& L, const float (&x)[kR
     unsigned s = 0;
 #pragma unroll
     for (int j = 0; j < kIn; ++j) {
-      const int c = lane + 32 * j;
-      if (c < in) {
-        const uint32_t q = code_of(x[i][j], range, 0.5f, max_code);
-        codes[i * stride + c] = static_cast<uint8_t>(q);
-        s += q;
-      }
+      const uint32_t q = code_of(x[i][j], range, 0.5f, max_code);
+      lane_codes[i * kStride + 32 * j] = static_cast<uint8_t>(q);
+      s += lane + 32 * j < in ? q : 0u;
     }
     sum[i] = __reduce_add_sync(kFullMask, s);
   }
   __syncwarp();
-  // The exact code products of output channels lane, lane + 32, ...: each weight word loaded feeds kRows rows.
-  const uint32_t* ws = reinterpret_cast<const uint32_t*>(smem + L.w_offset);
+  // The exact code products of output channels lane, lane + 32, ...: 16 codes a step, each weight group (one
+  // 16-byte load: 16 codes of one output) feeding kRows rows.  The code and weight pointers advance a step at a
+  // time (unrolling the steps to the widest input let ptxas hoist loads and spill under the register caps).
+  const uint4* ws = reinterpret_cast<const uint4*>(smem + L.w_offset);
+  const int steps = (in + 15) / 16;
   unsigned acc[kRows][kChunks];
-  int o_safe[kChunks];
+  const uint4* w_lane[kChunks];
 #pragma unroll
   for (int j = 0; j < kChunks; ++j) {
-    o_safe[j] = min(lane + 32 * j, out - 1);
+    w_lane[j] = ws + min(lane + 32 * j, out - 1);
 #pragma unroll
     for (int i = 0; i < kRows; ++i) acc[i][j] = 0;
   }
-  for (int k4 = 0; k4 < L.words / 4; ++k4) {
-    uint4 a[kRows];
 #pragma unroll
-    for (int i = 0; i < kRows; ++i) a[i] = reinterpret_cast<const uint4*>(codes + i * stride)[k4];
-    const uint32_t* wk = ws + 4 * k4 * out;
+  for (int k4 = 0; k4 < 2 * kIn; ++k4) {
+    if (k4 < steps) {
+      uint4 a[kRows];
 #pragma unroll
-    for (int j = 0; j < kChunks; ++j) {
-      if (32 * j < out) {
-        const uint32_t w0 = wk[o_safe[j]], w1 = wk[out + o_safe[j]], w2 = wk[2 * out + o_safe[j]],
-                       w3 = wk[3 * out + o_safe[j]];
+      for (int i = 0; i < kRows; ++i) a[i] = *reinterpret_cast<const uint4*>(codes + i * kStride + 16 * k4);
 #pragma unroll
-        for (int i = 0; i < kRows; ++i) {
-          acc[i][j] = __dp4a(a[i].x, w0, acc[i][j]);
-          acc[i][j] = __dp4a(a[i].y, w1, acc[i][j]);
-          acc[i][j] = __dp4a(a[i].z, w2, acc[i][j]);
-          acc[i][j] = __dp4a(a[i].w, w3, acc[i][j]);
+      for (int j = 0; j < kChunks; ++j) {
+        if (32 * j < out) {
+          const uint4 w = w_lane[j][k4 * out];
+#pragma unroll
+          for (int i = 0; i < kRows; ++i) {
+            acc[i][j] = __dp4a(a[i].x, w.x, acc[i][j]);
+            acc[i][j] = __dp4a(a[i].y, w.y, acc[i][j]);
+            acc[i][j] = __dp4a(a[i].z, w.z, acc[i][j]);
+            acc[i][j] = __dp4a(a[i].w, w.w, acc[i][j]);
+          }
         }
       }
     }
@@ -333,10 +345,19 @@ __device__ __forceinline__ void mlp_layer(const MlpLayer& L, const float (&x)[kR
 // spill: at one later chunk (3 with column codes: at 4 they spilled 8 bytes with col_keys on sm_90a, and left alone
 // ptxas took 48 on sm_80 and spilled 16), and at two for float input without col_keys (with them, or with column
 // codes, 64 registers spilled 12-16 bytes).  The row-code kernel at four chunks with col_keys asks for 2: left
-// alone, ptxas took 80 on sm_90a and spilled 8 bytes.
+// alone, ptxas took 80 on sm_90a and spilled 8 bytes; the column-code kernels at four chunks ask for 2 as well (left
+// alone they took 80 and spilled 4-16 bytes on sm_90a).  The wide-first float kernel without col_keys asks for 4 on
+// sm_90a and leaves sm_80 to ptxas (64 registers: asked for 4 or 3 there it spilled 12-16 bytes).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+constexpr int kWideFloatBlocks = 0;
+#else
+constexpr int kWideFloatBlocks = 4;
+#endif
 constexpr int quant_mlp_min_blocks(int chunks_in, int chunks, int input, bool keys) {
-  return chunks_in != chunks ? (chunks == 1 ? (input == kColPlanesInput ? 3 : 4) : input == kFloatInput && !keys ? 4 : 0)
-         : input == kRowPlanesInput && chunks == 4 && keys ? 2
+  return chunks_in != chunks ? (chunks == 1   ? (input == kColPlanesInput ? 3 : 4)
+                                : input == kFloatInput && !keys ? kWideFloatBlocks
+                                                                : 0)
+         : chunks == 4 && (input == kColPlanesInput || (input == kRowPlanesInput && keys)) ? 2
          : input != kFloatInput && chunks == 1 ? 4
          : (keys && input == kFloatInput && chunks == 4) || (input == kColPlanesInput && chunks == 2) ? 3
                                                                                                     : 0;
@@ -354,18 +375,12 @@ __global__ void __launch_bounds__(kThreads, quant_mlp_min_blocks(kChunksIn, kChu
     const MlpLayer& L = args.layer[l];
     uint32_t* ws = reinterpret_cast<uint32_t*>(smem + L.w_offset);
     if (L.aligned == 2) {
-      // Whole 16-code groups (in % 16 == 0, so words = in / 4: no padding): thread i loads group k4 of output o
-      // with one 16-byte load and stores its 4 words at (4·k4 + b)·out + o -- consecutive threads, consecutive
-      // outputs: no bank conflicts, and a warp's load touches ~half as many cache lines as lanes for in = 64
-      // (the word-at-a-time loop below touches one line per lane and word).
+      // Whole 16-code groups (in % 16 == 0, so words = in / 4: no padding): thread i copies group k4 of output o,
+      // one 16-byte load and one 16-byte store -- consecutive threads, consecutive outputs.
+      uint4* ws4 = reinterpret_cast<uint4*>(ws);
       for (int i = threadIdx.x; i < L.words / 4 * L.out; i += kThreads) {
         const int k4 = i / L.out, o = i - k4 * L.out;
-        const uint4 v = *reinterpret_cast<const uint4*>(L.w + static_cast<int64_t>(o) * L.in + 16 * k4);
-        uint32_t* dst = ws + 4 * k4 * L.out + o;
-        dst[0] = v.x;
-        dst[L.out] = v.y;
-        dst[2 * L.out] = v.z;
-        dst[3 * L.out] = v.w;
+        ws4[i] = *reinterpret_cast<const uint4*>(L.w + static_cast<int64_t>(o) * L.in + 16 * k4);
       }
     } else {
       for (int i = threadIdx.x; i < L.words * L.out; i += kThreads) {
@@ -381,7 +396,7 @@ __global__ void __launch_bounds__(kThreads, quant_mlp_min_blocks(kChunksIn, kChu
             if (c < L.in) word |= static_cast<uint32_t>(row[c]) << (8 * b);
           }
         }
-        ws[i] = word;  // zero past the row: stale activation codes there multiply by 0
+        ws[((k >> 2) * L.out + o) * 4 + (k & 3)] = word;  // zero past the row: the codes there multiply by 0
       }
     }
     float* params = reinterpret_cast<float*>(smem + L.param_offset);
@@ -400,9 +415,9 @@ __global__ void __launch_bounds__(kThreads, quant_mlp_min_blocks(kChunksIn, kChu
   __syncthreads();
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  // The warp's kRows code buffers, codes_stride bytes apart (a multiple of 16: uint4 reads).
-  uint8_t* codes = smem + args.codes_offset + warp * kRows * args.codes_stride;
-  const int stride = args.codes_stride;
+  // The warp's kRows code buffers, kStride bytes apart (the widest row's codes; a multiple of 16: uint4 reads).
+  constexpr int kStride = 32 * kChunksIn;
+  uint8_t* codes = smem + args.codes_offset + warp * kRows * kStride;
   const int in0 = layers[0].in, out_cols = layers[args.layers - 1].out;
   // A block takes kWarps · kRows consecutive rows at a time, warp w's from r0 (grid-stride).  A group's rows are
   // the same on every lane, so the warp-wide intrinsics below run on the full warp whatever the rows.  Rows past
@@ -412,14 +427,14 @@ __global__ void __launch_bounds__(kThreads, quant_mlp_min_blocks(kChunksIn, kChu
     float h[kRows][kChunks];
     if constexpr (kChunksIn == kChunks) {
       load_rows<kChunks, kRows, kInput>(args, r0, in0, lane, h);
-      for (int l = 0; l < args.layers; ++l) mlp_layer<kChunks, kChunks, kRows>(layers[l], h, h, codes, stride, lane);
+      for (int l = 0; l < args.layers; ++l) mlp_layer<kChunks, kChunks, kRows, kStride>(layers[l], h, h, codes, lane);
     } else {
       // The first layer's input is wider than every later width: its values sit in their own registers, which are
       // free once the layer has turned them into codes.
       float h_in[kRows][kChunksIn];
       load_rows<kChunksIn, kRows, kInput>(args, r0, in0, lane, h_in);
-      mlp_layer<kChunksIn, kChunks, kRows>(layers[0], h_in, h, codes, stride, lane);
-      for (int l = 1; l < args.layers; ++l) mlp_layer<kChunks, kChunks, kRows>(layers[l], h, h, codes, stride, lane);
+      mlp_layer<kChunksIn, kChunks, kRows, kStride>(layers[0], h_in, h, codes, lane);
+      for (int l = 1; l < args.layers; ++l) mlp_layer<kChunks, kChunks, kRows, kStride>(layers[l], h, h, codes, lane);
     }
     // Lane i < kRows reads row i's scale; x · 1 is x for every float32 (NaNs stay NaNs).
     const float own_scale =
@@ -521,6 +536,7 @@ at::Tensor launch_quant_mlp(MlpInput input, int kind, const char* input_name, in
     L.aligned = L.in % 16 == 0 && w_address % 16 == 0 ? 2 : L.in % 4 == 0 && w_address % 4 == 0 ? 1 : 0;
     L.max_code = static_cast<float>((1 << act_bits[l]) - 1);
     L.relu = relu.get(l) ? 1 : 0;
+    offset = align_up(offset, 16);  // the kernel reads a weight group as one 16-byte load
     L.w_offset = offset;
     offset += L.words * L.out * 4;
     L.param_offset = offset;
@@ -542,8 +558,10 @@ at::Tensor launch_quant_mlp(MlpInput input, int kind, const char* input_name, in
   const bool wide_first = chunks == 4 && later_chunks <= 2 && kind != kRowPlanesInput;
   const int rows_per = rows_per_warp(chunks);
   args.codes_offset = align_up(offset, 16);
-  args.codes_stride = align_up(max_width, 16);
-  int smem = args.codes_offset + kWarps * rows_per * args.codes_stride;
+  // A row's code buffer holds 32 codes a chunk of the kernel's first layer (chunks: the wide-first kernels take
+  // four, the others `chunks` throughout): the kernel's kStride.
+  const int codes_stride = 32 * chunks;
+  int smem = args.codes_offset + kWarps * rows_per * codes_stride;
   args.out = out.data_ptr<float>();
   if (row_scale.has_value()) {
     keep.push_back(row_scale->contiguous());

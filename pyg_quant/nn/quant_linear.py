@@ -53,9 +53,9 @@ _QUANT_MLP_LAYER_BYTES = 88 * 1024
 
 
 def _layer_bytes(in_channels: int, out_channels: int) -> int:
-    """Shared memory of one layer in the CUDA kernel: weight words (rows padded to 16 codes), lo, scale and bias
-    (float32) and the code sums (float64) of each output channel."""
-    return -(-in_channels // 16) * 16 * out_channels + 20 * out_channels + 8
+    """Shared memory of one layer in the CUDA kernel: weight codes (rows padded to 16 codes, starting on a 16-byte
+    boundary), lo, scale and bias (float32) and the code sums (float64) of each output channel."""
+    return -(-in_channels // 16) * 16 * out_channels + 20 * out_channels + 16
 
 
 class QuantLinear(Linear):
