@@ -47,7 +47,7 @@
 // instantiations under their register caps).  Rows past the end (the last group
 // only) carry zeros and store nothing; a group's rows are the same on every lane, so every warp-wide intrinsic
 // still runs on the full warp.  Registers (ptxas 13.0, sm_80 / sm_90a), float input, kChunks 1, 2, 4, 8: 60 / 58,
-// 66 / 64, 80 / 80, 128 / 126 at kRows = 4, no spills; with col_keys 48 / 62, 66 / 66, 80 / 80, 128 / 128.
+// 66 / 64, 80 / 80, 126 / 128 at kRows = 4, no spills; with col_keys 48 / 62, 66 / 64, 79 / 80, 128 / 128.
 #include "quant_mlp_cuda.h"
 
 #include <ATen/ATen.h>
@@ -347,11 +347,14 @@ __device__ __forceinline__ void mlp_layer(const MlpLayer& L, const float (&x)[kR
 // codes, 64 registers spilled 12-16 bytes).  The row-code kernel at four chunks with col_keys asks for 2: left
 // alone, ptxas took 80 on sm_90a and spilled 8 bytes; the column-code kernels at four chunks ask for 2 as well (left
 // alone they took 80 and spilled 4-16 bytes on sm_90a).  The wide-first float kernel without col_keys asks for 4 on
-// sm_90a and leaves sm_80 to ptxas (64 registers: asked for 4 or 3 there it spilled 12-16 bytes).
+// sm_90a and leaves sm_80 to ptxas (64 registers: asked for 4 or 3 there it spilled 12-16 bytes).  The float
+// kernels at two chunks ask for 4 on sm_90a: with col_keys ptxas took 66 registers (3 blocks; 26.0 against 21.9 µs
+// without keys in a GIN batch, H100) and, held to 64, spilled the sign word of the output row pitch until the
+// store's row offset took that pitch zero-extended (sm_80 is left to ptxas: held to 64 it spilled 4 bytes).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-constexpr int kWideFloatBlocks = 0;
+constexpr int kWideFloatBlocks = 0, kFloatTwoChunkBlocks = 0;
 #else
-constexpr int kWideFloatBlocks = 4;
+constexpr int kWideFloatBlocks = 4, kFloatTwoChunkBlocks = 4;
 #endif
 constexpr int quant_mlp_min_blocks(int chunks_in, int chunks, int input, bool keys) {
   return chunks_in != chunks ? (chunks == 1   ? (input == kColPlanesInput ? 3 : 4)
@@ -359,6 +362,7 @@ constexpr int quant_mlp_min_blocks(int chunks_in, int chunks, int input, bool ke
                                                                 : 0)
          : chunks == 4 && (input == kColPlanesInput || (input == kRowPlanesInput && keys)) ? 2
          : input != kFloatInput && chunks == 1 ? 4
+         : input == kFloatInput && chunks == 2 ? kFloatTwoChunkBlocks
          : (keys && input == kFloatInput && chunks == 4) || (input == kColPlanesInput && chunks == 2) ? 3
                                                                                                     : 0;
 }
@@ -447,7 +451,8 @@ __global__ void __launch_bounds__(kThreads, quant_mlp_min_blocks(kChunksIn, kChu
         for (int j = 0; j < kChunks; ++j) h[i][j] = __fmul_rn(h[i][j], scale);
       }
       if (r0 + i < args.rows) {
-        float* out_row = args.out + (r0 + i) * out_cols;
+        // out_cols zero-extended: no register holds a sign word through the loop (it spilled under 4 blocks an SM)
+        float* out_row = args.out + (r0 + i) * static_cast<int64_t>(static_cast<uint32_t>(out_cols));
 #pragma unroll
         for (int j = 0; j < kChunks; ++j) {
           const int c = lane + 32 * j;
