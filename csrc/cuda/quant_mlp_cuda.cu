@@ -280,8 +280,9 @@ __device__ __forceinline__ void mlp_layer(const MlpLayer& L, const float (&x)[kR
   }
   __syncwarp();
   // The exact code products of output channels lane, lane + 32, ...: 16 codes a step, each weight group (one
-  // 16-byte load: 16 codes of one output) feeding kRows rows.  The code and weight pointers advance a step at a
-  // time (unrolling the steps to the widest input let ptxas hoist loads and spill under the register caps).
+  // 16-byte load: 16 codes of one output) feeding kRows rows.  The steps are unrolled to the widest input the
+  // instantiation takes (32·kIn codes) behind a uniform guard, so every code load is the buffer plus an immediate
+  // (a run-time loop of pointer increments spilled 8-32 bytes in four instantiations under their register caps).
   const uint4* ws = reinterpret_cast<const uint4*>(smem + L.w_offset);
   const int steps = (in + 15) / 16;
   unsigned acc[kRows][kChunks];
