@@ -3,7 +3,7 @@ r"""README.md against the files it cites: links resolve, and its result tables e
 * every relative link and image target exists in the repository;
 * the QAT accuracy table equals ``benchmarks/accuracy.json`` (mean ± sample sd over the seeds, drop = fp32 mean
   − quantized mean, in points, two decimals) and its "target met" column follows from the drops;
-* the end-to-end headline equals ``benchmarks/results/e2e_h200_gather.json`` (graph-replay medians on one stream
+* the end-to-end headline equals ``benchmarks/results/e2e_h200_mlp.json`` (graph-replay medians on one stream
   and on several, resident and with transfers, to 0.01 ms), and so do its speedups over PyG's fastest path.
 """
 import json
@@ -38,7 +38,7 @@ def table_rows(text: str, header_start: str):
 def test_relative_links_and_images_exist(readme):
     targets = re.findall(r"\]\(([^)\s]+)\)", readme)
     local = [t.split("#")[0] for t in targets if not re.match(r"[a-z]+://", t) and not t.startswith("#")]
-    assert "benchmarks/accuracy.png" in local and "benchmarks/results/e2e_h200_transpose.png" in local
+    assert "benchmarks/accuracy.png" in local and "benchmarks/results/e2e_h200_mlp.png" in local
     missing = [t for t in local if t and not os.path.exists(os.path.join(ROOT, t))]
     assert not missing, missing
     for image in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", readme):
@@ -82,7 +82,7 @@ def test_qat_accuracy_table_matches_accuracy_json(readme):
 
 
 def test_e2e_headline_matches_e2e_json(readme):
-    with open(os.path.join(ROOT, "benchmarks", "results", "e2e_h200_transpose.json")) as f:
+    with open(os.path.join(ROOT, "benchmarks", "results", "e2e_h200_mlp.json")) as f:
         inference = json.load(f)["inference"]
     by_label = {(row["model"], row["label"]): row for row in inference}
     table = table_rows(readme, "| model | PyG fp32 CSR | PyG bf16 CSR | pyg_quant 8-bit")
@@ -96,7 +96,7 @@ def test_e2e_headline_matches_e2e_json(readme):
             assert r["streams"] == 3
             one, several = (r[f"graph_{mode}"]["median_ms"], r[f"graph_{mode}_streams"]["median_ms"])
             assert text == f"{one:.2f} / {several:.2f}", (row[0], label)
-    # "2.64× (GIN) and 3.08× (GCN) faster ... resident, 2.34× and 2.82× with transfers": the JSON's own ratios
+    # "2.91× (GIN) and 3.15× (GCN) faster ... resident, 2.51× and 2.89× with transfers": the JSON's own ratios
     ratios = re.search(r"\*\*([\d.]+)× \(GIN\) and ([\d.]+)× \(GCN\) faster than PyG's fastest path with the batches "
                        r"resident, ([\d.]+)× and ([\d.]+)×", readme.replace("\n", " "))
     assert ratios
