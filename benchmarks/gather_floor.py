@@ -25,8 +25,10 @@ from torch.utils.cpp_extension import load_inline
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
 import pyg_quant as pq  # noqa: E402
 from pyg_quant.synthetic import planted_partition_graph  # noqa: E402
+from quant_mlp_gpu import time_graph as graph_us  # noqa: E402  (median µs a call of a replayed graph of 20 calls)
 
 PROBE = r'''
 #include <torch/extension.h>
@@ -67,31 +69,6 @@ void run(torch::Tensor col, torch::Tensor codes, long long ld, torch::Tensor out
   else floor_kernel<4><<<grid, block, 0, stream>>>(c, nnz, k, ld, o);
 }
 '''
-
-
-def graph_us(fn, calls=20, reps=20):
-    """Median µs a call over ``reps`` replays of a CUDA graph of ``calls`` calls."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    return statistics.median(times)
 
 
 def main():
