@@ -27,7 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import pyg_quant as pq  # noqa: E402
-from pyg_quant.synthetic import planted_partition_graph  # noqa: E402
+from gpu_kernels import cluster_batch  # noqa: E402  (the products-scale batch gpu_kernels.py's bit_spmm rows use)
 from quant_mlp_gpu import time_graph as graph_us  # noqa: E402  (median µs a call of a replayed graph of 20 calls)
 
 PROBE = r'''
@@ -80,9 +80,8 @@ def main():
     probe = load_inline("gather_floor_probe", cpp_sources=(
         "void run(torch::Tensor col, torch::Tensor codes, long long ld, torch::Tensor out, int lanes);"),
         cuda_sources=PROBE, functions=["run"], extra_cuda_cflags=["-O3", "-gencode=arch=compute_90a,code=sm_90a"])
-    n, d, bits = 32000, 64, 4
-    edge_index = torch.unique(planted_partition_graph(20, 1600, 40, 0.8, torch.Generator().manual_seed(0)),
-                              dim=1).cuda()
+    d, bits = 64, 4
+    edge_index, n = cluster_batch(None)
     adj = pq.BitAdjacency.from_edge_index(edge_index, n, min_tile_nnz=4097)  # every entry in the CSR form
     x_float = torch.randn(n, d, device="cuda")
     x = pq.to_bit(x_float, bits, dim=0, layout="col")

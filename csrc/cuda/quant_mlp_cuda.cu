@@ -43,8 +43,7 @@
 // from shared memory each step); the codes' stores and the row's range were branches (BSSY / BRA / BSYNC) around
 // a per-code address recomputed from the thread index.  Now the range is decoded by selects, the codes are
 // stored branch-free at immediate offsets, and a product step is 4 + kChunks LDS.128 and 16·kChunks IDP with the
-// steps unrolled to the widest input (a runtime loop of pointer increments instead spilled 8-32 bytes in four
-// instantiations under their register caps).  Rows past the end (the last group
+// steps unrolled to the widest input (mlp_layer).  Rows past the end (the last group
 // only) carry zeros and store nothing; a group's rows are the same on every lane, so every warp-wide intrinsic
 // still runs on the full warp.  Registers (ptxas 13.0, sm_80 / sm_90a), float input, kChunks 1, 2, 4, 8: 60 / 58,
 // 66 / 64, 80 / 80, 126 / 128 at kRows = 4, no spills; with col_keys 48 / 62, 66 / 64, 79 / 80, 128 / 128.
