@@ -84,7 +84,11 @@ __device__ __forceinline__ uint32_t sm_contiguous_block(int block_sms) {
 // wave, 18.1 (timestamped per warp: each warp's chain stretches with its SM's load, so the second wave costs
 // nothing); a row's columns loaded four at a time from 16-byte boundaries (a quarter of their wavefronts), 18.1
 // (benchmarks/RESULTS.md); the byte loop's column loads without their bound checks (11% fewer instructions a batch),
-// no faster (16.3 against 16.2).
+// no faster (16.3 against 16.2).  What all of those left out was the store (2026-11-26, H200): with 4,000 entries
+// in the whole batch the kernel still took 12.3 us at d = 64 (8 MB of int32 results, each lane's 64 bytes stored
+// straight from its registers, so that every 16-byte store instruction of a warp half-wrote 32 sectors), and the
+// same kernel with the warp's rows staged in shared memory and stored by consecutive lanes (store_staged_rows)
+// 5.1 us: 12.7 us instead of 15.3 for the whole batch.
 constexpr int kGatherThreads = 128, kGatherBatch = 8, kByteBatch = 12;
 static_assert(kByteBatch <= 17, "gather_row_bytes flushes once a batch: a batch must fit in 255 / 15 entries");
 
@@ -386,6 +390,40 @@ __device__ __forceinline__ void gather_row_sums(const SpmmArgs& p, const uint8_t
   }
 }
 
+// The affine epilogue of row `row`'s features f0 .. f0 + kCodes - 1 from their code sums, four at a time: `sink(g,
+// value)` receives features 4g .. 4g + 3 (those past cols computed too), the self term's codes read from
+// `source_codes` (the row's own slice).  `vector_params`: the column parameters may be read 16 bytes at a time.
+template <int kContainer, typename Acc, typename Sink>
+__device__ __forceinline__ void affine_row(const SpmmArgs& p, int64_t row, int64_t f0,
+                                           const uint8_t* __restrict__ source_codes,
+                                           const Acc (&sum)[GatherSlice<kContainer, Acc>::kCodes], bool vector_params,
+                                           Sink&& sink) {
+  using S = GatherSlice<kContainer, Acc>;
+  const double row_sum = static_cast<double>(p.row_sums[row]);
+  const double self_weight = p.self_weight ? static_cast<double>(p.self_weight[row * p.self_weight_stride]) : 0.0;
+  const double row_scale = p.row_scale ? static_cast<double>(p.row_scale[row]) : 1.0;
+  uint32_t self_words[S::kWords];
+#pragma unroll
+  for (int i = 0; i < S::kWords; ++i) self_words[i] = 0;
+  if (p.self_weight) load_slice<S::kWords>(source_codes + row * p.code_ld, self_words);
+  // Four codes at a time, each group handed on before the next is computed (fewer live registers: the kernels are
+  // capped).
+#pragma unroll
+  for (int g = 0; g < S::kCodes / 4; ++g) {
+    const ColumnParams4 c = load_column_params4(p, f0 + 4 * g, vector_params);
+    float value[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int k = 4 * g + i;
+      const float self_code = static_cast<float>((self_words[k / S::kPerWord] >> (kContainer * (k % S::kPerWord))) &
+                                                 ((1u << kContainer) - 1u));
+      value[i] = affine_epilogue(static_cast<double>(sum[k]), c.lo[i], c.scale[i], row_sum, self_weight, self_code,
+                                 row_scale, static_cast<double>(c.bias[i]), p.relu);
+    }
+    sink(g, value);
+  }
+}
+
 // Row `row`'s features f0 .. f0 + kCodes - 1 (those below cols) from their code sums: stored as integers
 // (out_int) or through the affine epilogue as float32 (p.out_float), the self term's codes read from
 // `source_codes` (the row's own slice).
@@ -401,33 +439,45 @@ __device__ __forceinline__ void finish_row(const SpmmArgs& p, Acc* __restrict__ 
     store_sums<Acc, S::kCodes>(out_int + row * p.cols + f0, sum, live, vector_store);
     return;
   }
-  const double row_sum = static_cast<double>(p.row_sums[row]);
-  const double self_weight = p.self_weight ? static_cast<double>(p.self_weight[row * p.self_weight_stride]) : 0.0;
-  const double row_scale = p.row_scale ? static_cast<double>(p.row_scale[row]) : 1.0;
-  uint32_t self_words[S::kWords];
-#pragma unroll
-  for (int i = 0; i < S::kWords; ++i) self_words[i] = 0;
-  if (p.self_weight) load_slice<S::kWords>(source_codes + row * p.code_ld, self_words);
   float* out_row = p.out_float + row * p.cols + f0;
-  // Four codes at a time, each group stored before the next is computed (fewer live registers: the kernel is capped).
+  affine_row<kContainer>(p, row, f0, source_codes, sum, vector_store && p.params_aligned,
+                         [&](int g, const float (&value)[4]) {
+                           if (vector_store) {
+                             reinterpret_cast<float4*>(out_row)[g] = make_float4(value[0], value[1], value[2], value[3]);
+                           } else {
 #pragma unroll
-  for (int g = 0; g < S::kCodes / 4; ++g) {
-    const ColumnParams4 c = load_column_params4(p, f0 + 4 * g, vector_store && p.params_aligned);
-    float value[4];
+                             for (int i = 0; i < 4; ++i) {
+                               if (4 * g + i < live) out_row[4 * g + i] = value[i];
+                             }
+                           }
+                         });
+}
+
+// A warp's results staged in shared memory ([rows of the warp][kRowValues] of T, the lanes of a row side by side),
+// stored with consecutive lanes writing consecutive 16-byte pieces of a row, so that every store instruction writes
+// whole 32-byte sectors.  Stored straight from the lanes' registers, a lane's kCodes values are 64 contiguous bytes
+// and one 16-byte store instruction of the warp writes half of each of 32 sectors: measured (H200, products-scale
+// batch, 4-bit codes, d = 64) the gather took 12.2 us for a CSR of 4,000 entries, 15.5 for 1.27M, that is ~12 us
+// of stores of an 8 MB output (0.7 TB/s).  `row0`: the warp's first row; `f_base`: the launch slice's first feature.
+template <typename T, int kRows, int kRowValues>
+__device__ __forceinline__ void store_staged_rows(const SpmmArgs& p, const T* __restrict__ staged, T* __restrict__ out,
+                                                  int64_t row0, int64_t f_base, int lane) {
+  constexpr int kPerVector = 16 / static_cast<int>(sizeof(T)), kChunks = kRowValues / kPerVector;
+  static_assert(kRowValues % kPerVector == 0, "a staged row is whole 16-byte pieces");
+  const bool vector = p.cols % kPerVector == 0;  // then every piece below cols is whole and 16-byte aligned
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int k = 4 * g + i;
-      const float self_code = static_cast<float>((self_words[k / S::kPerWord] >> (kContainer * (k % S::kPerWord))) &
-                                                 ((1u << kContainer) - 1u));
-      value[i] = affine_epilogue(static_cast<double>(sum[k]), c.lo[i], c.scale[i], row_sum, self_weight, self_code,
-                                 row_scale, static_cast<double>(c.bias[i]), p.relu);
-    }
-    if (vector_store) {
-      reinterpret_cast<float4*>(out_row)[g] = make_float4(value[0], value[1], value[2], value[3]);
+  for (int k0 = 0; k0 < kRows * kChunks; k0 += 32) {
+    const int k = k0 + lane, r = k / kChunks, c = k % kChunks;
+    const int64_t row = row0 + r, f = f_base + c * kPerVector;
+    if (k >= kRows * kChunks || row >= p.rows || f >= p.cols) continue;
+    const T* src = staged + r * kRowValues + c * kPerVector;
+    T* dst = out + row * p.cols + f;
+    if (vector) {
+      *reinterpret_cast<int4*>(dst) = *reinterpret_cast<const int4*>(src);
     } else {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        if (4 * g + i < live) out_row[4 * g + i] = value[i];
+      for (int i = 0; i < kPerVector; ++i) {
+        if (f + i < p.cols) dst[i] = src[i];
       }
     }
   }
