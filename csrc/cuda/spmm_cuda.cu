@@ -207,10 +207,10 @@ __global__ void __launch_bounds__(kGatherThreads, gather_min_blocks<Acc, kContai
       for (int k = 0; k < S::kCodes; ++k) mine[k] = sum[k];
     } else {
       float* mine = reinterpret_cast<float*>(warp_staged) + lane * S::kCodes;
-      affine_row<kContainer>(p, row, f0, source_codes, sum, f0 + S::kCodes <= p.cols && p.cols % 4 == 0 && p.params_aligned,
-                             [&](int g, const float (&value)[4]) {
-                               reinterpret_cast<float4*>(mine)[g] = make_float4(value[0], value[1], value[2], value[3]);
-                             });
+      const bool vector_params = f0 + S::kCodes <= p.cols && p.cols % 4 == 0 && p.params_aligned;
+      affine_row<kContainer>(p, row, f0, source_codes, sum, vector_params, [&](int g, const float (&value)[4]) {
+        reinterpret_cast<float4*>(mine)[g] = make_float4(value[0], value[1], value[2], value[3]);
+      });
     }
   }
   if constexpr (!kStaged) return;

@@ -443,7 +443,8 @@ __device__ __forceinline__ void finish_row(const SpmmArgs& p, Acc* __restrict__ 
   affine_row<kContainer>(p, row, f0, source_codes, sum, vector_store && p.params_aligned,
                          [&](int g, const float (&value)[4]) {
                            if (vector_store) {
-                             reinterpret_cast<float4*>(out_row)[g] = make_float4(value[0], value[1], value[2], value[3]);
+                             reinterpret_cast<float4*>(out_row)[g] =
+                                 make_float4(value[0], value[1], value[2], value[3]);
                            } else {
 #pragma unroll
                              for (int i = 0; i < 4; ++i) {
