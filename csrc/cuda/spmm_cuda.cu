@@ -186,9 +186,10 @@ __global__ void __launch_bounds__(kGatherThreads, gather_min_blocks<Acc, kContai
   const int64_t row = thread / kLanes, warp_row0 = (thread - lane) / kLanes;
   const int64_t f_base = static_cast<int64_t>(blockIdx.y) * kRowValues;
   const int64_t f0 = f_base + (threadIdx.x % kLanes) * S::kCodes;
+  const bool live = row < p.rows && f0 < p.cols;
+  if (kStaged ? warp_row0 >= p.rows : !live) return;  // staged: whole warps only (the __syncwarp below)
   unsigned char* warp_staged = staged + (threadIdx.x / 32) * 32 * S::kCodes * sizeof(Acc);
-  if (kStaged ? warp_row0 >= p.rows : (row >= p.rows || f0 >= p.cols)) return;  // staged: whole warps only
-  if (row < p.rows && f0 < p.cols) {
+  if (live) {
     const uint8_t* source_codes = p.codes + f0 * kContainer / 8;
     // Held as one 64-bit register pair, so that a slice's address is one IMAD.WIDE.U32 off it (left visible, the
     // compiler re-associated p.codes + (col · ld + offset) into three instructions an entry).
@@ -197,30 +198,24 @@ __global__ void __launch_bounds__(kGatherThreads, gather_min_blocks<Acc, kContai
 #pragma unroll
     for (int k = 0; k < S::kCodes; ++k) sum[k] = 0;
     gather_row_sums<kContainer, kWeighted>(p, source_codes, p.res_ptr[row], p.res_ptr[row + 1], sum);
-    if constexpr (!kStaged) {
-      finish_row<kContainer>(p, out_int, row, f0, source_codes, sum);
-      return;
-    }
-    if (p.out_float == nullptr) {
-      Acc* mine = reinterpret_cast<Acc*>(warp_staged) + lane * S::kCodes;
-#pragma unroll
-      for (int k = 0; k < S::kCodes; ++k) mine[k] = sum[k];
-    } else {
-      float* mine = reinterpret_cast<float*>(warp_staged) + lane * S::kCodes;
+    if constexpr (kStaged) {  // the lane's slot: every value, 16-byte stores (features past cols are never stored)
       const bool vector_params = f0 + S::kCodes <= p.cols && p.cols % 4 == 0 && p.params_aligned;
-      affine_row<kContainer>(p, row, f0, source_codes, sum, vector_params, [&](int g, const float (&value)[4]) {
-        reinterpret_cast<float4*>(mine)[g] = make_float4(value[0], value[1], value[2], value[3]);
-      });
+      finish_slice<kContainer>(p, row, f0, source_codes, sum, reinterpret_cast<Acc*>(warp_staged) + lane * S::kCodes,
+                               reinterpret_cast<float*>(warp_staged) + lane * S::kCodes, S::kCodes, true,
+                               vector_params);
+    } else {
+      finish_row<kContainer>(p, out_int, row, f0, source_codes, sum);
     }
   }
-  if constexpr (!kStaged) return;
-  __syncwarp();
-  if (p.out_float == nullptr) {
-    store_staged_rows<Acc, kWarpRows, kRowValues>(p, reinterpret_cast<const Acc*>(warp_staged), out_int, warp_row0,
-                                                  f_base, lane);
-  } else {
-    store_staged_rows<float, kWarpRows, kRowValues>(p, reinterpret_cast<const float*>(warp_staged), p.out_float,
+  if constexpr (kStaged) {
+    __syncwarp();
+    if (p.out_float == nullptr) {
+      store_staged_rows<Acc, kWarpRows, kRowValues>(p, reinterpret_cast<const Acc*>(warp_staged), out_int,
                                                     warp_row0, f_base, lane);
+    } else {
+      store_staged_rows<float, kWarpRows, kRowValues>(p, reinterpret_cast<const float*>(warp_staged), p.out_float,
+                                                      warp_row0, f_base, lane);
+    }
   }
 }
 

@@ -390,15 +390,22 @@ __device__ __forceinline__ void gather_row_sums(const SpmmArgs& p, const uint8_t
   }
 }
 
-// The affine epilogue of row `row`'s features f0 .. f0 + kCodes - 1 from their code sums, four at a time: `sink(g,
-// value)` receives features 4g .. 4g + 3 (those past cols computed too), the self term's codes read from
-// `source_codes` (the row's own slice).  `vector_params`: the column parameters may be read 16 bytes at a time.
-template <int kContainer, typename Acc, typename Sink>
-__device__ __forceinline__ void affine_row(const SpmmArgs& p, int64_t row, int64_t f0,
-                                           const uint8_t* __restrict__ source_codes,
-                                           const Acc (&sum)[GatherSlice<kContainer, Acc>::kCodes], bool vector_params,
-                                           Sink&& sink) {
+// Row `row`'s features f0 .. f0 + kCodes - 1 from their code sums, written to `int_dst` as integers (p.out_float
+// null) or through the affine epilogue to `float_dst` as float32, the self term's codes read from `source_codes` (the
+// row's own slice): the first `live` values, with 16-byte stores when `vector_store` (the destination 16-byte aligned
+// and all kCodes live).  `vector_params`: the column parameters of f0 .. f0 + kCodes - 1 may be read 16 bytes at a
+// time.  The destination is the output row (finish_row) or a warp's staging slot in shared memory.
+template <int kContainer, typename Acc>
+__device__ __forceinline__ void finish_slice(const SpmmArgs& p, int64_t row, int64_t f0,
+                                             const uint8_t* __restrict__ source_codes,
+                                             const Acc (&sum)[GatherSlice<kContainer, Acc>::kCodes],
+                                             Acc* __restrict__ int_dst, float* __restrict__ float_dst, int live,
+                                             bool vector_store, bool vector_params) {
   using S = GatherSlice<kContainer, Acc>;
+  if (p.out_float == nullptr) {
+    store_sums<Acc, S::kCodes>(int_dst, sum, live, vector_store);
+    return;
+  }
   const double row_sum = static_cast<double>(p.row_sums[row]);
   const double self_weight = p.self_weight ? static_cast<double>(p.self_weight[row * p.self_weight_stride]) : 0.0;
   const double row_scale = p.row_scale ? static_cast<double>(p.row_scale[row]) : 1.0;
@@ -406,8 +413,7 @@ __device__ __forceinline__ void affine_row(const SpmmArgs& p, int64_t row, int64
 #pragma unroll
   for (int i = 0; i < S::kWords; ++i) self_words[i] = 0;
   if (p.self_weight) load_slice<S::kWords>(source_codes + row * p.code_ld, self_words);
-  // Four codes at a time, each group handed on before the next is computed (fewer live registers: the kernels are
-  // capped).
+  // Four codes at a time, each group stored before the next is computed (fewer live registers: the kernels are capped).
 #pragma unroll
   for (int g = 0; g < S::kCodes / 4; ++g) {
     const ColumnParams4 c = load_column_params4(p, f0 + 4 * g, vector_params);
@@ -420,13 +426,18 @@ __device__ __forceinline__ void affine_row(const SpmmArgs& p, int64_t row, int64
       value[i] = affine_epilogue(static_cast<double>(sum[k]), c.lo[i], c.scale[i], row_sum, self_weight, self_code,
                                  row_scale, static_cast<double>(c.bias[i]), p.relu);
     }
-    sink(g, value);
+    if (vector_store) {
+      reinterpret_cast<float4*>(float_dst)[g] = make_float4(value[0], value[1], value[2], value[3]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        if (4 * g + i < live) float_dst[4 * g + i] = value[i];
+      }
+    }
   }
 }
 
-// Row `row`'s features f0 .. f0 + kCodes - 1 (those below cols) from their code sums: stored as integers
-// (out_int) or through the affine epilogue as float32 (p.out_float), the self term's codes read from
-// `source_codes` (the row's own slice).
+// Row `row`'s features f0 .. f0 + kCodes - 1 (those below cols) stored straight into the output row.
 template <int kContainer, typename Acc>
 __device__ __forceinline__ void finish_row(const SpmmArgs& p, Acc* __restrict__ out_int, int64_t row, int64_t f0,
                                            const uint8_t* __restrict__ source_codes,
@@ -435,31 +446,17 @@ __device__ __forceinline__ void finish_row(const SpmmArgs& p, Acc* __restrict__ 
   const int live = static_cast<int>(min(static_cast<int64_t>(S::kCodes), p.cols - f0));
   // 16-byte aligned when whole: row · cols and f0 are multiples of 4 (of 16 at 8-byte sums: f0 is one of kCodes).
   const bool vector_store = live == S::kCodes && p.cols % 4 == 0;
-  if (p.out_float == nullptr) {
-    store_sums<Acc, S::kCodes>(out_int + row * p.cols + f0, sum, live, vector_store);
-    return;
-  }
-  float* out_row = p.out_float + row * p.cols + f0;
-  affine_row<kContainer>(p, row, f0, source_codes, sum, vector_store && p.params_aligned,
-                         [&](int g, const float (&value)[4]) {
-                           if (vector_store) {
-                             reinterpret_cast<float4*>(out_row)[g] =
-                                 make_float4(value[0], value[1], value[2], value[3]);
-                           } else {
-#pragma unroll
-                             for (int i = 0; i < 4; ++i) {
-                               if (4 * g + i < live) out_row[4 * g + i] = value[i];
-                             }
-                           }
-                         });
+  const int64_t offset = row * p.cols + f0;
+  finish_slice<kContainer>(p, row, f0, source_codes, sum, out_int + offset,
+                           p.out_float != nullptr ? p.out_float + offset : nullptr, live, vector_store,
+                           vector_store && p.params_aligned);
 }
 
 // A warp's results staged in shared memory ([rows of the warp][kRowValues] of T, the lanes of a row side by side),
 // stored with consecutive lanes writing consecutive 16-byte pieces of a row, so that every store instruction writes
-// whole 32-byte sectors.  Stored straight from the lanes' registers, a lane's kCodes values are 64 contiguous bytes
-// and one 16-byte store instruction of the warp writes half of each of 32 sectors: measured (H200, products-scale
-// batch, 4-bit codes, d = 64) the gather took 12.2 us for a CSR of 4,000 entries, 15.5 for 1.27M, that is ~12 us
-// of stores of an 8 MB output (0.7 TB/s).  `row0`: the warp's first row; `f_base`: the launch slice's first feature.
+// whole 32-byte sectors (stored from the lanes' registers, one 16-byte store instruction of a warp writes half of
+// each of 32 sectors: see the gather's comment above for what that cost).  `row0`: the warp's first row; `f_base`:
+// the launch slice's first feature.
 template <typename T, int kRows, int kRowValues>
 __device__ __forceinline__ void store_staged_rows(const SpmmArgs& p, const T* __restrict__ staged, T* __restrict__ out,
                                                   int64_t row0, int64_t f_base, int lane) {
