@@ -257,6 +257,29 @@ def test_bit_spmm_int_exact(graph, min_tile_nnz):
             assert wide.dtype == torch.int64 and torch.equal(wide, want)
 
 
+@requires_compiled
+@pytest.mark.parametrize("weight", [2**22, 2**30, -(2**30)])
+def test_compiled_bit_spmm_int_sums_past_int32(weight):
+    """The CPU kernel sums in 32 bits only where no sum can reach 2**31: with weights this large a row's sums pass
+    it, and the int64 result must still be exact; the int32 one keeps the low 32 bits, as the reference's cast."""
+    n, cols = 40, 19
+    x = pq.to_bit(randn(n, cols, 5), 8, dim=0, layout="col")
+    counts = torch.tensor([0, 5, 0, 1] + [3] * (n - 4))
+    res_ptr = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
+    res_col = torch.randint(n, (int(counts.sum()),), generator=gen(3)).int()
+    res_val = torch.full_like(res_col, weight)
+    res_val[::2] = 3
+    windows = (n + 15) // 16
+    args = (torch.zeros(windows + 1, dtype=torch.long), torch.zeros(0, dtype=torch.int32),
+            torch.zeros(1, 0, 16, 8, dtype=torch.int32), res_ptr, res_col, res_val, x.planes, n, cols)
+    want = ref.bit_spmm_int(*args, True)
+    assert int(want.abs().max()) >= 2**31 or weight == 2**22
+    for wide in (True, False):
+        got = torch.ops.pyg_quant.bit_spmm_int(*args, wide)
+        assert got.dtype == (torch.int64 if wide else torch.int32)
+        assert torch.equal(got, want if wide else want.to(torch.int32))
+
+
 @pytest.mark.parametrize("graph", ["n300", "n1000", "n260-dense"])
 def test_bit_spmm_equals_pyg_sum_aggregation(graph):
     adj, ei, n, _ = build(graph, 0)

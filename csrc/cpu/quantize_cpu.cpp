@@ -230,13 +230,70 @@ void for_each_code(const at::Tensor& planes, int64_t rows, int64_t cols, bool co
 
 }  // namespace
 
+namespace {
+
+// kSpreadBits[b]: byte i holds bit i of b.  Eight codes from their planes' bytes: Σ_p kSpreadBits[byte_p] << p.
+struct SpreadBits {
+  uint64_t table[256];
+  constexpr SpreadBits() : table() {
+    for (int b = 0; b < 256; ++b) {
+      uint64_t v = 0;
+      for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>((b >> i) & 1) << (8 * i);
+      table[b] = v;
+    }
+  }
+};
+constexpr SpreadBits kSpreadBits{};
+
+// Codes of the 8 elements at bits 8·k .. 8·k + 7 of one word in each of `bits` planes (`plane_stride` words apart),
+// one a byte.
+inline uint64_t eight_codes(const uint32_t* word, int64_t bits, int64_t plane_stride, int k) {
+  uint64_t v = 0;
+  for (int64_t p = 0; p < bits; ++p) v |= kSpreadBits.table[(word[p * plane_stride] >> (8 * k)) & 0xffu] << p;
+  return v;
+}
+
+}  // namespace
+
+// Eight codes at a time (kSpreadBits), a word of 32 elements of one plane row at a time: column layout (a word holds
+// 32 rows of one column) in blocks of 32 rows, row layout (32 columns of one row) row by row.
 at::Tensor unpack_codes_cpu(const at::Tensor& planes_in, int64_t rows, int64_t cols, bool col_layout) {
   check_unpack_shape(planes_in, rows, cols, col_layout);
   const auto planes = planes_in.contiguous();
   auto codes = at::empty({rows, cols}, planes.options().dtype(at::kByte));
   uint8_t* out = codes.data_ptr<uint8_t>();
-  for_each_code(planes, rows, cols, col_layout,
-                [&](int64_t r, int64_t c, uint32_t q) { out[r * cols + c] = static_cast<uint8_t>(q); });
+  const int64_t bits = planes.size(0), words = planes.size(2), plane_stride = planes.stride(0);
+  const uint32_t* in = reinterpret_cast<const uint32_t*>(planes.data_ptr<int32_t>());
+  if (col_layout) {
+    at::parallel_for(0, (rows + 31) / 32, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t w = begin; w < end; ++w) {
+        for (int64_t c = 0; c < cols; ++c) {
+          const uint32_t* word = in + c * words + w;
+          for (int k = 0; k < 4; ++k) {
+            const int64_t r0 = 32 * w + 8 * k;
+            if (r0 >= rows) break;
+            const uint64_t v = eight_codes(word, bits, plane_stride, k);
+            const int64_t live = std::min<int64_t>(8, rows - r0);
+            for (int64_t i = 0; i < live; ++i) out[(r0 + i) * cols + c] = static_cast<uint8_t>(v >> (8 * i));
+          }
+        }
+      }
+    });
+  } else {
+    at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        for (int64_t c0 = 0; c0 < cols; c0 += 8) {
+          const uint64_t v = eight_codes(in + r * words + (c0 >> 5), bits, plane_stride, static_cast<int>((c0 >> 3) & 3));
+          const int64_t live = std::min<int64_t>(8, cols - c0);
+          if (live == 8) {
+            std::memcpy(out + r * cols + c0, &v, 8);  // bytes in address order: little-endian, as kSpreadBits
+          } else {
+            for (int64_t i = 0; i < live; ++i) out[r * cols + c0 + i] = static_cast<uint8_t>(v >> (8 * i));
+          }
+        }
+      }
+    });
+  }
   return codes;
 }
 

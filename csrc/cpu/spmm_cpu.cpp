@@ -33,6 +33,27 @@ constexpr int64_t kSparseTileBitsPerPlanePair = 64;
 
 namespace {
 
+// Whether every sum of a row's products stays below 2^31, so that 32-bit sums are exact: at most (the longest
+// residual row × its largest weight + the most tiles a window holds × 256 columns × (2^a_bits - 1)) × (2^x_bits - 1).
+// Weights (res_val) are the adjacency's non-negative codes; a negative one sends the caller to 64-bit sums.
+bool sums_fit_31_bits(const at::Tensor& window_ptr, const at::Tensor& res_ptr, const at::Tensor& res_val, int a_bits,
+                      int x_bits, int64_t rows) {
+  int64_t longest_row = 0, largest_weight = 1, most_tiles = 0;
+  if (rows > 0) longest_row = (res_ptr.narrow(0, 1, rows) - res_ptr.narrow(0, 0, rows)).max().item<int64_t>();
+  if (res_val.defined() && res_val.numel() > 0) {
+    if (res_val.min().item<int32_t>() < 0) return false;
+    largest_weight = res_val.max().item<int32_t>();
+  }
+  if (window_ptr.size(0) > 1) {
+    const int64_t windows = window_ptr.size(0) - 1;
+    most_tiles = (window_ptr.narrow(0, 1, windows) - window_ptr.narrow(0, 0, windows)).max().item<int64_t>();
+  }
+  const double bound = (static_cast<double>(longest_row) * static_cast<double>(largest_weight) +
+                        static_cast<double>(most_tiles) * 256.0 * static_cast<double>((1 << a_bits) - 1)) *
+                       static_cast<double>((1 << x_bits) - 1);
+  return bound < 2147483648.0;
+}
+
 // bit_spmm_int; `unpacked` (if given) receives x's unpacked codes [nodes_pad, cols] when the product needed them
 // (undefined otherwise), so that the affine epilogue's self term does not unpack them again.
 at::Tensor bit_spmm_int_impl(const at::Tensor& window_ptr_in, const at::Tensor& tile_col_in,
@@ -93,73 +114,92 @@ at::Tensor bit_spmm_int_impl(const at::Tensor& window_ptr_in, const at::Tensor& 
   if (res_col.numel() > 0 || num_tiles > 0) codes = unpack_codes_cpu(x, x_words64 * 64, cols, /*col_layout=*/true);
   const uint8_t* code = codes.defined() ? codes.data_ptr<uint8_t>() : nullptr;
 
-  auto out = at::zeros({rows, cols}, x.options().dtype(wide ? at::kLong : at::kInt));
+  // Every row is written below (each lies in a window), so the output needs no zero fill.
+  auto out = at::empty({rows, cols}, x.options().dtype(wide ? at::kLong : at::kInt));
   int64_t* out64 = wide ? out.data_ptr<int64_t>() : nullptr;
   int32_t* out32 = wide ? nullptr : out.data_ptr<int32_t>();
 
-  at::parallel_for(0, num_windows, 1, [&](int64_t begin, int64_t end) {
-    std::vector<int64_t> acc(kTileRows * cols);
-    for (int64_t win = begin; win < end; ++win) {
-      std::fill(acc.begin(), acc.end(), 0);
-      const int64_t live_rows = std::min(kTileRows, rows - win * kTileRows);
-      if (live_rows <= 0) continue;
-      for (int64_t t = wptr[win]; t < wptr[win + 1]; ++t) {
-        const uint64_t* tile = tiles + t * kTileRows * kTileWords64;
-        int64_t set_bits = 0;
-        for (int a = 0; a < a_bits; ++a)
-          for (int64_t w = 0; w < kTileRows * kTileWords64; ++w) set_bits += popcount64(tile[a * tile_plane + w]);
-        if (set_bits < kSparseTileBitsPerPlanePair * a_bits * x_bits) {
-          const int64_t first_node = static_cast<int64_t>(tcol[t]) * kTileWords64 * 64;
-          for (int a = 0; a < a_bits; ++a) {
-            for (int64_t r = 0; r < live_rows; ++r) {
-              int64_t* acc_row = acc.data() + r * cols;
-              for (int64_t w = 0; w < kTileWords64; ++w) {
-                for (uint64_t v = tile[a * tile_plane + r * kTileWords64 + w]; v; v &= v - 1) {
-                  const uint8_t* src = code + (first_node + w * 64 + __builtin_ctzll(v)) * cols;
-                  for (int64_t d = 0; d < cols; ++d) acc_row[d] += static_cast<int64_t>(src[d]) << a;
+  // The window loop, summing in Acc: uint32_t for int32 results (wrapping sums give the int64 sums' low 32 bits,
+  // which is what the int32 result keeps) or when no sum can reach 2^31 (sums_fit_31_bits), else int64_t.  A vector
+  // add of the residual's code rows then takes twice the lanes, each code widened to 32 bits instead of 64.
+  const auto run = [&](auto acc_tag) {
+    using Acc = decltype(acc_tag);
+    at::parallel_for(0, num_windows, 1, [&](int64_t begin, int64_t end) {
+      std::vector<Acc> acc(kTileRows * cols);
+      for (int64_t win = begin; win < end; ++win) {
+        std::fill(acc.begin(), acc.end(), Acc(0));
+        const int64_t live_rows = std::min(kTileRows, rows - win * kTileRows);
+        if (live_rows <= 0) continue;
+        for (int64_t t = wptr[win]; t < wptr[win + 1]; ++t) {
+          const uint64_t* tile = tiles + t * kTileRows * kTileWords64;
+          int64_t set_bits = 0;
+          for (int a = 0; a < a_bits; ++a)
+            for (int64_t w = 0; w < kTileRows * kTileWords64; ++w) set_bits += popcount64(tile[a * tile_plane + w]);
+          if (set_bits < kSparseTileBitsPerPlanePair * a_bits * x_bits) {
+            const int64_t first_node = static_cast<int64_t>(tcol[t]) * kTileWords64 * 64;
+            for (int a = 0; a < a_bits; ++a) {
+              for (int64_t r = 0; r < live_rows; ++r) {
+                Acc* acc_row = acc.data() + r * cols;
+                for (int64_t w = 0; w < kTileWords64; ++w) {
+                  for (uint64_t v = tile[a * tile_plane + r * kTileWords64 + w]; v; v &= v - 1) {
+                    const uint8_t* src = code + (first_node + w * 64 + __builtin_ctzll(v)) * cols;
+                    for (int64_t d = 0; d < cols; ++d) acc_row[d] += static_cast<Acc>(src[d]) << a;
+                  }
                 }
               }
             }
+            continue;
           }
-          continue;
-        }
-        const uint64_t* xcol = xp + static_cast<int64_t>(tcol[t]) * kTileWords64;
-        for (int64_t d = 0; d < cols; ++d) {
-          for (int q = 0; q < x_bits; ++q) {
-            const uint64_t* xv = xcol + q * x_plane + d * x_words64;
-            const uint64_t x0 = xv[0], x1 = xv[1], x2 = xv[2], x3 = xv[3];
-            if ((x0 | x1 | x2 | x3) == 0) continue;
-            for (int64_t r = 0; r < live_rows; ++r) {
-              int64_t sum = 0;
-              for (int a = 0; a < a_bits; ++a) {
-                const uint64_t* av = tile + a * tile_plane + r * kTileWords64;
-                const int64_t count = popcount64(av[0] & x0) + popcount64(av[1] & x1) +
-                                      popcount64(av[2] & x2) + popcount64(av[3] & x3);
-                sum += count << a;
+          const uint64_t* xcol = xp + static_cast<int64_t>(tcol[t]) * kTileWords64;
+          for (int64_t d = 0; d < cols; ++d) {
+            for (int q = 0; q < x_bits; ++q) {
+              const uint64_t* xv = xcol + q * x_plane + d * x_words64;
+              const uint64_t x0 = xv[0], x1 = xv[1], x2 = xv[2], x3 = xv[3];
+              if ((x0 | x1 | x2 | x3) == 0) continue;
+              for (int64_t r = 0; r < live_rows; ++r) {
+                Acc sum = 0;
+                for (int a = 0; a < a_bits; ++a) {
+                  const uint64_t* av = tile + a * tile_plane + r * kTileWords64;
+                  const Acc count = static_cast<Acc>(popcount64(av[0] & x0) + popcount64(av[1] & x1) +
+                                                     popcount64(av[2] & x2) + popcount64(av[3] & x3));
+                  sum += count << a;
+                }
+                acc[r * cols + d] += sum << q;
               }
-              acc[r * cols + d] += sum << q;
+            }
+          }
+        }
+        for (int64_t r = 0; r < live_rows; ++r) {
+          const int64_t row = win * kTileRows + r;
+          Acc* __restrict__ acc_row = acc.data() + r * cols;
+          if (rval == nullptr) {
+            for (int64_t e = rptr[row]; e < rptr[row + 1]; ++e) {
+              const uint8_t* __restrict__ src = code + static_cast<int64_t>(rcol[e]) * cols;
+              for (int64_t d = 0; d < cols; ++d) acc_row[d] += static_cast<Acc>(src[d]);
+            }
+          } else {
+            for (int64_t e = rptr[row]; e < rptr[row + 1]; ++e) {
+              const uint8_t* __restrict__ src = code + static_cast<int64_t>(rcol[e]) * cols;
+              const Acc weight = static_cast<Acc>(rval[e]);
+              for (int64_t d = 0; d < cols; ++d) acc_row[d] += weight * static_cast<Acc>(src[d]);
+            }
+          }
+          for (int64_t d = 0; d < cols; ++d) {
+            if (wide) {
+              out64[row * cols + d] = static_cast<int64_t>(acc_row[d]);
+            } else {
+              out32[row * cols + d] = static_cast<int32_t>(acc_row[d]);
             }
           }
         }
       }
-      for (int64_t r = 0; r < live_rows; ++r) {
-        const int64_t row = win * kTileRows + r;
-        int64_t* acc_row = acc.data() + r * cols;
-        for (int64_t e = rptr[row]; e < rptr[row + 1]; ++e) {
-          const uint8_t* src = code + static_cast<int64_t>(rcol[e]) * cols;
-          const int64_t weight = rval ? rval[e] : 1;
-          for (int64_t d = 0; d < cols; ++d) acc_row[d] += weight * src[d];
-        }
-        for (int64_t d = 0; d < cols; ++d) {
-          if (wide) {
-            out64[row * cols + d] = acc[r * cols + d];
-          } else {
-            out32[row * cols + d] = static_cast<int32_t>(acc[r * cols + d]);
-          }
-        }
-      }
-    }
-  });
+    });
+  };
+  if (!wide || sums_fit_31_bits(window_ptr, res_ptr, res_val, a_bits, x_bits, rows)) {
+    run(uint32_t{});
+  } else {
+    run(int64_t{});
+  }
   if (unpacked != nullptr) *unpacked = codes;
   return out;
 }
@@ -232,7 +272,7 @@ at::Tensor bit_spmm_affine_cpu(const at::Tensor& window_ptr, const at::Tensor& t
       }
     }
   });
-  (void)wide;  // the CPU accumulates in int64 whatever the caller's bound says
+  (void)wide;  // the product is exact whatever the caller's bound says: int64, from 32-bit sums only where they fit
   return out;
 }
 
