@@ -321,13 +321,12 @@ def planted_partition(num_nodes: int, clusters: int, avg_degree: int, p_in: floa
     return edge_index, intra
 
 
-CSR_ONLY = 4097  # min_tile_nnz past a tile's 4,096 bits: no tiles, every entry in the CSR residual
-
-
-def run_spmm(num_nodes, clusters, avg_degree, p_in, features, bits_list, reps, seed: int, min_tile_nnz: int = 16):
+def run_spmm(num_nodes, clusters, avg_degree, p_in, features, bits_list, reps, seed: int, min_tile_nnz: int = 16,
+             adjacency: str = "tiles"):
     edge_index, intra = planted_partition(num_nodes, clusters, avg_degree, p_in, seed)
     nnz = edge_index.size(1)
-    adj = pq.BitAdjacency.from_edge_index(edge_index, num_nodes, self_loops=0, min_tile_nnz=min_tile_nnz)
+    adj = pq.BitAdjacency.from_edge_index(edge_index, num_nodes, self_loops=0, min_tile_nnz=min_tile_nnz,
+                                          adjacency=adjacency)
     # fp32 CSR with rows = targets, cols = sources, like BitAdjacency
     src, dst = edge_index[0], edge_index[1]
     crow = torch.zeros(num_nodes + 1, dtype=torch.int64)
@@ -344,7 +343,7 @@ def run_spmm(num_nodes, clusters, avg_degree, p_in, features, bits_list, reps, s
              "intra_fraction": intra, "adj_bits": adj.bits, "tiles": adj.num_tiles,
              "windows": adj.window_ptr.numel() - 1, "tiles_per_window": adj.num_tiles / (adj.window_ptr.numel() - 1),
              "fill_ratio": adj.fill_ratio, "tile_nnz": adj.tile_nnz, "res_nnz": adj.res_nnz,
-             "min_tile_nnz": min_tile_nnz, "features": features}
+             "min_tile_nnz": min_tile_nnz, "adjacency": adjacency, "features": features}
     print(f"  graph: {num_nodes} nodes, {nnz} directed edges ({nnz / num_nodes:.1f}/node, "
           f"{100 * intra:.1f}% intra-cluster), {adj.num_tiles} tiles (fill {adj.fill_ratio:.4f}), "
           f"{adj.res_nnz} entries in the CSR residual; "
@@ -404,7 +403,7 @@ def spmm_table(spmm) -> str:
              f"intra-cluster), {g['features']} features; {g['tiles']} stored 16×256 tiles "
              f"({g['tiles_per_window']:.1f} per row window, fill {g['fill_ratio']:.4f}, "
              f"{g['tile_nnz']} entries) + {g['res_nnz']} entries in the CSR residual "
-             f"(min_tile_nnz={g['min_tile_nnz']}).  fp32 CSR: {r0['fp32_csr_gops']:.1f} GFLOP/s; "
+             f"(adjacency={g['adjacency']!r}, min_tile_nnz={g['min_tile_nnz']}).  fp32 CSR: {r0['fp32_csr_gops']:.1f} GFLOP/s; "
              f"eff. GOP/s = 2·nnz·F / time.", "",
              head, "|" + "|".join(["---"] * (head.count("|") - 1)) + "|"]
     for r in spmm["rows"]:
@@ -459,7 +458,7 @@ def main(argv=None):
     print("\nSpMM (check + timing):", flush=True)
     spmm = run_spmm(bits_list=SPMM_BITS, reps=reps, seed=args.seed, **graph)
     print("\nSpMM, CSR form only (check + timing):", flush=True)
-    spmm_csr = run_spmm(bits_list=SPMM_BITS, reps=reps, seed=args.seed, min_tile_nnz=CSR_ONLY, **graph)
+    spmm_csr = run_spmm(bits_list=SPMM_BITS, reps=reps, seed=args.seed, adjacency="csr", **graph)
     elapsed = time.perf_counter() - t_start
     other = foreign_load(load_start, elapsed)
 
