@@ -350,6 +350,35 @@ def _check_bit_spmm_dense_rows(dev):
             assert _equal_on_cpu(got, want), x_bits
 
 
+def _check_gather_saturated_codes(dev):
+    """8-bit containers at their largest codes through long rows: the gather's 16-bit-field sums (bytes 0 and 2
+    masked, w >> 8 whole) flush every 255 entries, where 255 codes of 255 bring both registers to within 1% of 2^32:
+    GPU == CPU == the exact integer product for 6- to 8-bit codes (containers of 8), rows of 254 to 4,999 entries,
+    every code of a source row its maximum (and a few rows of other codes, so that every field carries its own sum)."""
+    n = 5000
+    hub = torch.stack([torch.arange(1, n), torch.zeros(n - 1, dtype=torch.long)])  # node 0: 4,999 entries
+    row1 = torch.stack([torch.arange(2, 257), torch.ones(255, dtype=torch.long)])  # node 1: 255 entries
+    row2 = torch.stack([torch.arange(3, 257), torch.full((254,), 2)])  # node 2: 254
+    ei = torch.cat([hub, row1, row2], 1)
+    cpu = pq.BitAdjacency.from_edge_index(ei, n, min_tile_nnz=4097)
+    gpu = pq.BitAdjacency.from_edge_index(ei.to(dev), n, min_tile_nnz=4097)
+    assert gpu.num_tiles == 0 and gpu.res_val is None
+    A = dense_from_edges(ei, n, n).long()
+    for x_bits, cols in itertools.product((6, 7, 8), (16, 64, 100)):
+        values = torch.ones(n, cols)
+        values[0] = 0.0  # node 0's codes are 0, every other node's the maximum: lo = 0, scale = 1 / max code
+        values[5:25] = torch.rand(20, cols, generator=gen(x_bits + cols))  # a few mixed rows
+        x = pq.to_bit(values.to(dev), x_bits, dim=0, layout="col")
+        codes = OPS.unpack_codes(x.planes.cpu(), n, cols, True).long()
+        assert int(codes[1:5].min()) == 2**x_bits - 1
+        for wide in (False, True):
+            args = [getattr(gpu, k) for k in ADJ_TENSORS[:6]] + [x.planes, n, cols, wide]
+            got = OPS.bit_spmm_int(*args)
+            want = OPS.bit_spmm_int(*[getattr(cpu, k) for k in ADJ_TENSORS[:6]] + [x.planes.cpu(), n, cols, wide])
+            assert _equal_on_cpu(got, want), (x_bits, cols, wide)
+            assert torch.equal(want.long(), A @ codes), (x_bits, cols, wide)
+
+
 def _check_gather_block_order(dev):
     """The gather kernels run their blocks SM by SM (a permutation of the launch's blocks, sm_contiguous_block in
     csrc/cuda/spmm_gather.cuh): every row is written, for block counts below, at and above the SM count and at several
@@ -546,6 +575,10 @@ def test_bit_spmm_csr_only_gpu_equals_cpu():
 
 def test_bit_spmm_dense_rows_gpu_equals_cpu():
     _check_bit_spmm_dense_rows(DEV)
+
+
+def test_gather_saturated_codes_gpu_equals_cpu():
+    _check_gather_saturated_codes(DEV)
 
 
 def test_gather_block_order_gpu_equals_cpu():

@@ -90,6 +90,8 @@ __device__ __forceinline__ uint32_t sm_contiguous_block(int block_sms) {
 // same kernel with the warp's rows staged in shared memory and stored by consecutive lanes (store_staged_rows)
 // 5.1 us: 12.7 us instead of 15.3 for the whole batch.
 constexpr int kGatherThreads = 128, kGatherBatch = 8, kByteBatch = 12;
+// Entries the 16-bit-field sums of 8-bit containers take between flushes (gather_row_bytes_from).
+constexpr int kHalfFieldRoom = 255;
 static_assert(kByteBatch <= 17, "gather_row_bytes flushes once a batch: a batch must fit in 255 / 15 entries");
 
 template <int kContainer, typename Acc>
@@ -229,15 +231,24 @@ __device__ __forceinline__ void load_byte_batch_columns(const int32_t* __restric
 // columns are read through a pointer that walks the row and a slice's address is one IMAD.WIDE.U32 off a 64-bit
 // base held in registers.  The last, partial batch adds its live entries four at a time.  `col` holds the first
 // batch's columns (load_byte_batch_columns).
+// At 8-bit containers the same loop sums in 16-bit fields, two registers a word: bytes 0 and 2 masked, and w >> 8
+// whole (one LEA.HI an entry and word), the flush taking byte 2's share back out of the latter, every
+// kHalfFieldRoom = 255 entries (exact: see flush).  sm_90a SASS: ~19 instructions an entry and lane, where
+// gather_row's 16-bit halves (three instructions a word's two halves, and 64-bit bound checks on every entry)
+// took ~38; measured (H100, products-scale batch, CSR form, 8-bit codes): 14.7 us against 16.7-17.1 at d = 64,
+// 24.6 against 28.4-29.0 at d = 100, 23.9 against 28.5-28.9 at d = 128.
 template <int kContainer, typename Acc>
 __device__ __forceinline__ void gather_row_bytes_from(const SpmmArgs& p, const uint8_t* __restrict__ source_codes,
                                                       int64_t begin, int64_t end, uint32_t (&col)[kByteBatch],
                                                       Acc (&sum)[GatherSlice<kContainer, Acc>::kCodes]) {
   using S = GatherSlice<kContainer, Acc>;
-  constexpr int kFields = 8 / kContainer;  // codes per byte: field s of byte b is code b·kFields + s of its word
-  constexpr uint32_t kMask = ((1u << kContainer) - 1u) * 0x01010101u;
+  // 8-bit containers: two 16-bit-field sums a word (kHalfFields), else fields of a byte.
+  constexpr bool kHalfFields = kContainer == 8;
+  constexpr int kFields = kHalfFields ? 2 : 8 / kContainer;  // codes per byte: field s of byte b is code b·kFields + s
+  constexpr uint32_t kMask = kHalfFields ? 0x00ff00ffu : ((1u << kContainer) - 1u) * 0x01010101u;
   constexpr bool kShiftedHigh = kContainer == 4;
-  // bytes[i][f]: field f's byte sums of word i (at 4-bit containers, bytes[i][1] holds the unmasked w >> 4 sums)
+  // bytes[i][f]: field f's byte sums of word i (at 4-bit containers, bytes[i][1] holds the unmasked w >> 4 sums; at
+  // 8-bit ones bytes[i][0] the masked bytes 0 and 2, bytes[i][1] the unmasked w >> 8)
   uint32_t bytes[S::kWords][kFields];
 #pragma unroll
   for (int i = 0; i < S::kWords; ++i) {
@@ -247,6 +258,17 @@ __device__ __forceinline__ void gather_row_bytes_from(const SpmmArgs& p, const u
   const auto flush = [&]() {
 #pragma unroll
     for (int i = 0; i < S::kWords; ++i) {
+      if constexpr (kHalfFields) {
+        // L = Σ b0 + 2^16 Σ b2 and H = Σ (w >> 8) = Σ b1 + 2^8 Σ b2 + 2^16 Σ b3, each below 2^32 and every Σ below
+        // 2^16 for at most 255 entries of codes <= 255.
+        const uint32_t low = bytes[i][0], b2 = low >> 16, rest = bytes[i][1] - (b2 << 8);
+        sum[i * S::kPerWord] += static_cast<Acc>(low & 0xffffu);
+        sum[i * S::kPerWord + 1] += static_cast<Acc>(rest & 0xffffu);
+        sum[i * S::kPerWord + 2] += static_cast<Acc>(b2);
+        sum[i * S::kPerWord + 3] += static_cast<Acc>(rest >> 16);
+        bytes[i][0] = bytes[i][1] = 0;
+        continue;
+      }
       if constexpr (kShiftedHigh) bytes[i][1] -= (bytes[i][0] >> 8) << 4;
 #pragma unroll
       for (int f = 0; f < kFields; ++f) {
@@ -259,9 +281,9 @@ __device__ __forceinline__ void gather_row_bytes_from(const SpmmArgs& p, const u
   const auto add_entry = [&](const uint32_t (&words)[S::kWords]) {
 #pragma unroll
     for (int i = 0; i < S::kWords; ++i) {
-      if constexpr (kShiftedHigh) {
+      if constexpr (kShiftedHigh || kHalfFields) {
         bytes[i][0] += words[i] & kMask;
-        bytes[i][1] += words[i] >> 4;
+        bytes[i][1] += words[i] >> (kHalfFields ? 8 : 4);
       } else {
 #pragma unroll
         for (int f = 0; f < kFields; ++f) bytes[i][f] += (words[i] >> (kContainer * f)) & kMask;
@@ -271,16 +293,17 @@ __device__ __forceinline__ void gather_row_bytes_from(const SpmmArgs& p, const u
   const int count = static_cast<int>(end - begin);  // a row's length fits: res_col is indexed by int32 columns
   const int full = count - count % kByteBatch;
   const uint32_t code_ld = static_cast<uint32_t>(p.code_ld);
-  int room = p.byte_room;
+  const int full_room = kHalfFields ? kHalfFieldRoom : p.byte_room;
+  int room = full_room;
   const int32_t* __restrict__ next = p.res_col + begin + kByteBatch;  // the next batch's columns
   for (int e0 = 0; e0 < full; e0 += kByteBatch, next += kByteBatch) {
     uint32_t words[kByteBatch][S::kWords];
 #pragma unroll
     for (int j = 0; j < kByteBatch; ++j) load_slice<S::kWords>(code_slice(source_codes, col[j], code_ld), words[j]);
     load_byte_batch_columns(next, count - e0 - kByteBatch, col);
-    if (room < kByteBatch) {  // byte_room >= 17 > kByteBatch: one flush makes room for the whole batch
+    if (room < kByteBatch) {  // full_room >= 17 > kByteBatch: one flush makes room for the whole batch
       flush();
-      room = p.byte_room;
+      room = full_room;
     }
     room -= kByteBatch;
 #pragma unroll
@@ -369,13 +392,15 @@ __device__ __forceinline__ void store_sums(Acc* __restrict__ out, const Acc (&su
 }
 
 // Adds row `begin..end` of the CSR residual's codes to `sum` (a lane's kCodes features starting where
-// `source_codes` points, in every source's packed row codes).
-template <int kContainer, bool kWeighted, typename Acc>
+// `source_codes` points, in every source's packed row codes).  kByteLoopAt8: binary rows at 8-bit containers take
+// gather_row_bytes_from's 16-bit fields (else gather_row's halves, in fewer registers: the wgmma kernel, whose
+// 168-register budget spilled 48 bytes with the 12-entry loop).
+template <int kContainer, bool kWeighted, typename Acc, bool kByteLoopAt8 = true>
 __device__ __forceinline__ void gather_row_sums(const SpmmArgs& p, const uint8_t* __restrict__ source_codes,
                                                 int64_t begin, int64_t end,
                                                 Acc (&sum)[GatherSlice<kContainer, Acc>::kCodes]) {
   using S = GatherSlice<kContainer, Acc>;
-  if constexpr (!kWeighted && kContainer <= 4) {
+  if constexpr (!kWeighted && (kContainer <= 4 || kByteLoopAt8)) {
     gather_row_bytes<kContainer>(p, source_codes, begin, end, sum);
   } else {
     uint32_t half[S::kHalves];

@@ -357,7 +357,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           if constexpr (kEarlyColumns) {
             gather_row_bytes_from<kContainer>(p, source_codes, res_begin[pass], res_end[pass], columns[pass], sum);
           } else {
-            gather_row_sums<kContainer, false>(p, source_codes, res_begin[pass], res_end[pass], sum);
+            gather_row_sums<kContainer, false, int32_t, /*kByteLoopAt8=*/false>(p, source_codes, res_begin[pass],
+                                                                                res_end[pass], sum);
           }
           finish_row<kContainer>(p, out_int, row, f0, source_codes, sum);
         }
