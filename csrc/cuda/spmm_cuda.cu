@@ -294,7 +294,9 @@ void launch_gather_container(const SpmmArgs& args, bool weighted, Acc* out_int, 
 void set_gather_room(const Operands& o, SpmmArgs& args) {
   const int max_code = (1 << static_cast<int>(o.x.size(0))) - 1, max_weight = o.res_val.defined() ? 255 : 1;
   args.flush_every = 65535 / (max_code * max_weight);
-  args.byte_room = 255 / max_code;
+  // 8-bit fields at containers of 1 to 4 bits (255 / max code entries); 16-bit fields at 8-bit containers, exact for
+  // 255 entries of any code (gather_row_bytes_from's flush).
+  args.byte_room = container_bits(o.x.size(0)) == 8 ? 255 : 255 / max_code;
 }
 
 template <typename Acc>

@@ -23,7 +23,7 @@ struct SpmmArgs {
   int64_t code_ld;
   int code_bits;  // their container width
   int flush_every;  // gather kernel: entries a 16-bit partial sum can take without overflowing
-  int byte_room;    // gather kernel, binary adjacency: entries an 8-bit partial sum can take (255 / max code)
+  int byte_room;    // gather kernel, binary adjacency: entries gather_row_bytes_from's fields take between flushes
   int64_t num_windows, rows, cols;
   // affine epilogue (out_float != nullptr)
   const float* lo;
@@ -62,8 +62,8 @@ __device__ __forceinline__ uint32_t sm_contiguous_block(int block_sms) {
 // 32-bit register in 16-bit halves (a shift, a mask and an add per two codes, instead of unpacking every code)
 // and are moved to Acc before a half could overflow: flush_every = floor(65535 / (max code · max weight))
 // entries, with weights at most 255 (the 8-bit adjacency); a larger weight is added straight to Acc.  A binary
-// adjacency's row shorter than flush_every runs a loop without the overflow count; a binary adjacency at containers
-// of 1 to 4 bits sums in 8-bit fields instead (gather_row_bytes).  Each lane keeps kGatherBatch gathers in flight
+// adjacency's row shorter than flush_every runs a loop without the overflow count; a binary adjacency sums in 8-bit
+// fields instead at containers of 1 to 4 bits, in 16-bit fields at 8-bit ones (gather_row_bytes).  Each lane keeps kGatherBatch gathers in flight
 // and loads the next batch's columns while they land.  What bounds it (ncu, H200, 32,000 rows, 1.27M entries,
 // 4-bit, d = 64, fused float epilogue): instruction issue -- 8.9M warp instructions, issue slots 60% busy with 4.8
 // active warps a scheduler (28% occupancy at 80 registers, 1.26 waves), L2 at 44% of its throughput.  19 us there
@@ -90,8 +90,6 @@ __device__ __forceinline__ uint32_t sm_contiguous_block(int block_sms) {
 // same kernel with the warp's rows staged in shared memory and stored by consecutive lanes (store_staged_rows)
 // 5.1 us: 12.7 us instead of 15.3 for the whole batch.
 constexpr int kGatherThreads = 128, kGatherBatch = 8, kByteBatch = 12;
-// Entries the 16-bit-field sums of 8-bit containers take between flushes (gather_row_bytes_from).
-constexpr int kHalfFieldRoom = 255;
 static_assert(kByteBatch <= 17, "gather_row_bytes flushes once a batch: a batch must fit in 255 / 15 entries");
 
 template <int kContainer, typename Acc>
@@ -232,8 +230,8 @@ __device__ __forceinline__ void load_byte_batch_columns(const int32_t* __restric
 // base held in registers.  The last, partial batch adds its live entries four at a time.  `col` holds the first
 // batch's columns (load_byte_batch_columns).
 // At 8-bit containers the same loop sums in 16-bit fields, two registers a word: bytes 0 and 2 masked, and w >> 8
-// whole (one LEA.HI an entry and word), the flush taking byte 2's share back out of the latter, every
-// kHalfFieldRoom = 255 entries (exact: see flush).  sm_90a SASS: ~19 instructions an entry and lane, where
+// whole (one LEA.HI an entry and word), the flush taking byte 2's share back out of the latter, every byte_room
+// = 255 entries (exact: see flush).  sm_90a SASS: ~19 instructions an entry and lane, where
 // gather_row's 16-bit halves (three instructions a word's two halves, and 64-bit bound checks on every entry)
 // took ~38; measured (H100, products-scale batch, CSR form, 8-bit codes): 14.7 us against 16.7-17.1 at d = 64,
 // 24.6 against 28.4-29.0 at d = 100, 23.9 against 28.5-28.9 at d = 128.
@@ -267,14 +265,16 @@ __device__ __forceinline__ void gather_row_bytes_from(const SpmmArgs& p, const u
         sum[i * S::kPerWord + 2] += static_cast<Acc>(b2);
         sum[i * S::kPerWord + 3] += static_cast<Acc>(rest >> 16);
         bytes[i][0] = bytes[i][1] = 0;
-        continue;
-      }
-      if constexpr (kShiftedHigh) bytes[i][1] -= (bytes[i][0] >> 8) << 4;
+      } else {
+        if constexpr (kShiftedHigh) bytes[i][1] -= (bytes[i][0] >> 8) << 4;
 #pragma unroll
-      for (int f = 0; f < kFields; ++f) {
+        for (int f = 0; f < kFields; ++f) {
 #pragma unroll
-        for (int b = 0; b < 4; ++b) sum[i * S::kPerWord + b * kFields + f] += static_cast<Acc>((bytes[i][f] >> (8 * b)) & 0xffu);
-        bytes[i][f] = 0;
+          for (int b = 0; b < 4; ++b) {
+            sum[i * S::kPerWord + b * kFields + f] += static_cast<Acc>((bytes[i][f] >> (8 * b)) & 0xffu);
+          }
+          bytes[i][f] = 0;
+        }
       }
     }
   };
@@ -293,17 +293,16 @@ __device__ __forceinline__ void gather_row_bytes_from(const SpmmArgs& p, const u
   const int count = static_cast<int>(end - begin);  // a row's length fits: res_col is indexed by int32 columns
   const int full = count - count % kByteBatch;
   const uint32_t code_ld = static_cast<uint32_t>(p.code_ld);
-  const int full_room = kHalfFields ? kHalfFieldRoom : p.byte_room;
-  int room = full_room;
+  int room = p.byte_room;
   const int32_t* __restrict__ next = p.res_col + begin + kByteBatch;  // the next batch's columns
   for (int e0 = 0; e0 < full; e0 += kByteBatch, next += kByteBatch) {
     uint32_t words[kByteBatch][S::kWords];
 #pragma unroll
     for (int j = 0; j < kByteBatch; ++j) load_slice<S::kWords>(code_slice(source_codes, col[j], code_ld), words[j]);
     load_byte_batch_columns(next, count - e0 - kByteBatch, col);
-    if (room < kByteBatch) {  // full_room >= 17 > kByteBatch: one flush makes room for the whole batch
+    if (room < kByteBatch) {  // byte_room >= 17 > kByteBatch: one flush makes room for the whole batch
       flush();
-      room = full_room;
+      room = p.byte_room;
     }
     room -= kByteBatch;
 #pragma unroll
