@@ -403,7 +403,8 @@ def spmm_table(spmm) -> str:
              f"intra-cluster), {g['features']} features; {g['tiles']} stored 16×256 tiles "
              f"({g['tiles_per_window']:.1f} per row window, fill {g['fill_ratio']:.4f}, "
              f"{g['tile_nnz']} entries) + {g['res_nnz']} entries in the CSR residual "
-             f"(adjacency={g['adjacency']!r}, min_tile_nnz={g['min_tile_nnz']}).  fp32 CSR: {r0['fp32_csr_gops']:.1f} GFLOP/s; "
+             f"(adjacency={g['adjacency']!r}, min_tile_nnz={g['min_tile_nnz']}).  "
+             f"fp32 CSR: {r0['fp32_csr_gops']:.1f} GFLOP/s; "
              f"eff. GOP/s = 2·nnz·F / time.", "",
              head, "|" + "|".join(["---"] * (head.count("|") - 1)) + "|"]
     for r in spmm["rows"]:

@@ -228,10 +228,6 @@ void for_each_code(const at::Tensor& planes, int64_t rows, int64_t cols, bool co
   });
 }
 
-}  // namespace
-
-namespace {
-
 // kSpreadBits[b]: byte i holds bit i of b.  Eight codes from their planes' bytes: Σ_p kSpreadBits[byte_p] << p.
 struct SpreadBits {
   uint64_t table[256];
@@ -283,7 +279,8 @@ at::Tensor unpack_codes_cpu(const at::Tensor& planes_in, int64_t rows, int64_t c
     at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         for (int64_t c0 = 0; c0 < cols; c0 += 8) {
-          const uint64_t v = eight_codes(in + r * words + (c0 >> 5), bits, plane_stride, static_cast<int>((c0 >> 3) & 3));
+          const uint64_t v =
+              eight_codes(in + r * words + (c0 >> 5), bits, plane_stride, static_cast<int>((c0 >> 3) & 3));
           const int64_t live = std::min<int64_t>(8, cols - c0);
           if (live == 8) {
             std::memcpy(out + r * cols + c0, &v, 8);  // bytes in address order: little-endian, as kSpreadBits

@@ -36,8 +36,8 @@ namespace {
 // Whether every sum of a row's products stays below 2^31, so that 32-bit sums are exact: at most (the longest
 // residual row × its largest weight + the most tiles a window holds × 256 columns × (2^a_bits - 1)) × (2^x_bits - 1).
 // Weights (res_val) are the adjacency's non-negative codes; a negative one sends the caller to 64-bit sums.
-bool sums_fit_31_bits(const at::Tensor& window_ptr, const at::Tensor& res_ptr, const at::Tensor& res_val, int a_bits,
-                      int x_bits, int64_t rows) {
+bool sums_fit_31_bits(const at::Tensor& window_ptr, const at::Tensor& res_ptr, const at::Tensor& res_val,
+                      int a_bits, int x_bits, int64_t rows) {
   int64_t longest_row = 0, largest_weight = 1, most_tiles = 0;
   if (rows > 0) longest_row = (res_ptr.narrow(0, 1, rows) - res_ptr.narrow(0, 0, rows)).max().item<int64_t>();
   if (res_val.defined() && res_val.numel() > 0) {

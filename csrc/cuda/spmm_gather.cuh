@@ -63,8 +63,8 @@ __device__ __forceinline__ uint32_t sm_contiguous_block(int block_sms) {
 // and are moved to Acc before a half could overflow: flush_every = floor(65535 / (max code · max weight))
 // entries, with weights at most 255 (the 8-bit adjacency); a larger weight is added straight to Acc.  A binary
 // adjacency's row shorter than flush_every runs a loop without the overflow count; a binary adjacency sums in 8-bit
-// fields instead at containers of 1 to 4 bits, in 16-bit fields at 8-bit ones (gather_row_bytes).  Each lane keeps kGatherBatch gathers in flight
-// and loads the next batch's columns while they land.  What bounds it (ncu, H200, 32,000 rows, 1.27M entries,
+// fields instead at containers of 1 to 4 bits, in 16-bit fields at 8-bit ones (gather_row_bytes).  Each lane keeps
+// kGatherBatch gathers in flight and loads the next batch's columns while they land.  What bounds it (ncu, H200, 32,000 rows, 1.27M entries,
 // 4-bit, d = 64, fused float epilogue): instruction issue -- 8.9M warp instructions, issue slots 60% busy with 4.8
 // active warps a scheduler (28% occupancy at 80 registers, 1.26 waves), L2 at 44% of its throughput.  19 us there
 // (graph replay; 87.5 us for fp32 CSR).  Tried and measured there, not kept: four lanes sharing a feature slice,
