@@ -17,6 +17,7 @@ TORCH_LIBRARY(pyg_quant, m) {
   m.def("dequantize(Tensor planes, int rows, int cols, bool col_layout, Tensor lo, Tensor scale, int dim) -> Tensor");
   m.def("packed_code_sums(Tensor planes) -> Tensor");
   m.def("pack_row_codes(Tensor planes, int cols, bool col_layout) -> Tensor");
+  m.def("planes_from_row_codes(Tensor row_codes, int rows, int cols, int bits) -> Tensor");
   m.def("bitmm_int(Tensor a_planes, Tensor b_planes, int rows, int cols, bool wide) -> Tensor");
   m.def(
       "bitmm_affine(Tensor product, Tensor row_sums, Tensor col_sums, Tensor a_lo, Tensor a_scale, Tensor b_lo, "
@@ -42,6 +43,15 @@ TORCH_LIBRARY(pyg_quant, m) {
       "quant_mlp_planes(Tensor planes, int rows, int cols, bool col_layout, Tensor lo, Tensor scale, int dim, "
       "Tensor[] weight_codes, Tensor[] weight_lo, Tensor[] weight_scale, Tensor[] weight_sums, Tensor?[] bias, "
       "int[] act_bits, int[] weight_bits, bool[] relu, Tensor? row_scale=None, Tensor(a!)? col_keys=None) -> Tensor");
+  m.def(
+      "quant_mlp_row_codes(Tensor x, Tensor[] weight_codes, Tensor[] weight_lo, Tensor[] weight_scale, "
+      "Tensor[] weight_sums, Tensor?[] bias, int[] act_bits, int[] weight_bits, bool[] relu, Tensor? row_scale, "
+      "Tensor out_lo, Tensor out_inv_scale, int out_bits) -> Tensor");
+  m.def(
+      "quant_mlp_planes_row_codes(Tensor planes, int rows, int cols, bool col_layout, Tensor lo, Tensor scale, "
+      "int dim, Tensor[] weight_codes, Tensor[] weight_lo, Tensor[] weight_scale, Tensor[] weight_sums, "
+      "Tensor?[] bias, int[] act_bits, int[] weight_bits, bool[] relu, Tensor? row_scale, Tensor out_lo, "
+      "Tensor out_inv_scale, int out_bits) -> Tensor");
   m.def(
       "expand_csr(Tensor tile_key, Tensor row_count, Tensor entry_col, Tensor? entry_val, Tensor res_row, "
       "Tensor res_col, Tensor? res_val, int num_rows, int num_cols) -> (Tensor, Tensor, Tensor, Tensor)");

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "col_keys.h"
@@ -114,6 +115,20 @@ inline std::vector<int64_t> check_quant_mlp_planes_args(const at::Tensor& planes
   check_dequantize_ranges(planes, lo, scale, rows, cols, dim);
   return check_quant_mlp_layers(rows, cols, planes.device(), "planes", weight_codes, weight_lo, weight_scale,
                                 weight_sums, bias, act_bits, weight_bits, relu, row_scale, col_keys);
+}
+
+// The fixed output ranges of quant_mlp_codes / quant_mlp_planes_codes: the chain's output is quantized per column
+// with out_lo / out_inv_scale (float32 [out_cols] on `device`, quantize_pack's lo and inv_scale) to out_bits.
+inline void check_quant_mlp_out_codes(const at::Tensor& out_lo, const at::Tensor& out_inv_scale, int64_t out_bits,
+                                      int64_t out_cols, const c10::Device& device, const char* input) {
+  TORCH_CHECK_VALUE(out_bits >= 1 && out_bits <= 8, "out_bits must be in 1..8, got ", out_bits);
+  for (const auto& [t, name] : {std::pair<const at::Tensor*, const char*>{&out_lo, "out_lo"},
+                                std::pair<const at::Tensor*, const char*>{&out_inv_scale, "out_inv_scale"}}) {
+    TORCH_CHECK_VALUE(t->dim() == 1 && t->size(0) == out_cols && t->scalar_type() == at::kFloat, name,
+                      " must be float32 [", out_cols, "] (one range per output column), got ", t->scalar_type(), " ",
+                      t->sizes());
+    TORCH_CHECK_VALUE(t->device() == device, name, " is on ", t->device(), " but ", input, " is on ", device);
+  }
 }
 
 }  // namespace pyg_quant

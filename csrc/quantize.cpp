@@ -1,5 +1,5 @@
-// Backend kernels of quantize_pack, quantize_pack_ranges, unpack_codes, dequantize, packed_code_sums and
-// pack_row_codes.
+// Backend kernels of quantize_pack, quantize_pack_ranges, unpack_codes, dequantize, packed_code_sums,
+// pack_row_codes and planes_from_row_codes.
 #include <torch/library.h>
 
 #include "cpu/quantize_cpu.h"
@@ -13,6 +13,7 @@ TORCH_LIBRARY_IMPL(pyg_quant, CPU, m) {
   m.impl("dequantize", &pyg_quant::dequantize_cpu);
   m.impl("packed_code_sums", &pyg_quant::packed_code_sums_cpu);
   m.impl("pack_row_codes", &pyg_quant::pack_row_codes_cpu);
+  m.impl("planes_from_row_codes", &pyg_quant::planes_from_row_codes_cpu);
   m.impl("quantize_pack_ranges", &pyg_quant::quantize_pack_ranges_cpu);
 }
 
@@ -23,6 +24,7 @@ TORCH_LIBRARY_IMPL(pyg_quant, CUDA, m) {
   m.impl("dequantize", &pyg_quant::dequantize_cuda);
   m.impl("packed_code_sums", &pyg_quant::packed_code_sums_cuda);
   m.impl("pack_row_codes", &pyg_quant::pack_row_codes_cuda);
+  m.impl("planes_from_row_codes", &pyg_quant::planes_from_row_codes_cuda);
   m.impl("quantize_pack_ranges", &pyg_quant::quantize_pack_ranges_cuda);
 }
 #endif

@@ -46,6 +46,26 @@ inline RowCodesShape row_codes_shape(const at::Tensor& planes, int64_t cols, boo
   return {bits, outer, words, col_layout ? words * 32 : outer, row_code_bytes(cols, bits)};
 }
 
+// The planes of planes_from_row_codes(row_codes, rows, cols, bits): the column-layout planes (layout.py) of a
+// rows x cols tensor of `bits`-bit codes whose packed row codes are row_codes.
+struct PlanesFromRowCodesShape {
+  int64_t outer_pad, words, row_bytes;  // planes int32 [bits, outer_pad, words]; row_codes [words · 32, row_bytes]
+};
+
+inline PlanesFromRowCodesShape planes_from_row_codes_shape(const at::Tensor& row_codes, int64_t rows, int64_t cols,
+                                                           int64_t bits) {
+  TORCH_CHECK_VALUE(bits >= 1 && bits <= 8, "bits must be in 1..8, got ", bits);
+  TORCH_CHECK_VALUE(rows >= 0 && cols >= 1, "rows must be >= 0 and cols >= 1, got ", rows, " and ", cols);
+  const auto padded = [](int64_t n, int64_t m) { return ((n > 1 ? n : 1) + m - 1) / m * m; };
+  const PlanesFromRowCodesShape shape{padded(cols, 64), padded(rows, 256) / 32, row_code_bytes(cols, bits)};
+  TORCH_CHECK_VALUE(row_codes.dim() == 2 && row_codes.scalar_type() == at::kByte && row_codes.is_contiguous() &&
+                        row_codes.size(0) == shape.words * 32 && row_codes.size(1) == shape.row_bytes,
+                    "row_codes must be the contiguous uint8 packed row codes of ", rows, " x ", cols, " ", bits,
+                    "-bit codes ([", shape.words * 32, ", ", shape.row_bytes, "]), got ", row_codes.scalar_type(),
+                    " ", row_codes.sizes());
+  return shape;
+}
+
 // The planes of unpack_codes / dequantize: int32 [bits, outer, words] holding a rows x cols matrix.
 inline void check_unpack_shape(const at::Tensor& planes, int64_t rows, int64_t cols, bool col_layout) {
   TORCH_CHECK_VALUE(planes.dim() == 3 && planes.scalar_type() == at::kInt, "planes must be int32[bits, outer, words]");

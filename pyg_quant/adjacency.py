@@ -13,7 +13,7 @@ from . import ops
 from .bit_tensor import BitTensor
 from .bitmm import INT32_MAX
 from .compact_adjacency import DEFAULT_MIN_TILE_NNZ, CompactAdjacency, check_adjacency_form, distinct_entries
-from .layout import TILE_COLS, TILE_ROWS
+from .layout import TILE_COLS, TILE_ROWS, packed_words, padded_outer
 
 
 def _check_edge_index(edge_index, num_src: int, num_dst: int) -> torch.Tensor:
@@ -331,9 +331,10 @@ def bit_spmm(adj: BitAdjacency, x: BitTensor, *, self_weight=None, row_scale=Non
     wide = adj.max_row_sum * (2**x.bits - 1) > INT32_MAX
     lo = x.lo.expand(cols).contiguous()
     scale = x.scale.expand(cols).contiguous()
+    x_planes, x_codes = gather_operands(adj, x_col, self_term is not None)
     return ops.bit_spmm_affine(adj.window_ptr, adj.tile_col, adj.tile_bits, adj.res_ptr, adj.res_col, adj.res_val,
-                               x_col.planes, lo, scale, adj.row_sums, self_term, row_scale, bias, relu, rows, cols,
-                               wide, gathered_codes(adj, x_col, self_term is not None))
+                               x_planes, lo, scale, adj.row_sums, self_term, row_scale, bias, relu, rows, cols,
+                               wide, x_codes)
 
 
 def gathered_codes(adj: "BitAdjacency", x_col: BitTensor, self_term: bool) -> Optional[torch.Tensor]:
@@ -342,3 +343,16 @@ def gathered_codes(adj: "BitAdjacency", x_col: BitTensor, self_term: bool) -> Op
     if x_col.device.type != "cuda" or (adj.res_col.numel() == 0 and not self_term):
         return None
     return x_col.row_codes()
+
+
+def gather_operands(adj: "BitAdjacency", x_col: BitTensor,
+                    self_term: bool) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """``(x_planes, x_codes)`` of a ``bit_spmm`` op on ``x_col``: its planes and :func:`gathered_codes`.  A
+    BitTensor held as row codes (:meth:`BitTensor.from_row_codes`) keeps them where nothing reads its planes: on
+    CUDA (compiled kernels) with an adjacency without tiles, the kernels read only the row codes and take the planes'
+    shape from the ``x_planes`` argument, which is then an allocated, unread tensor of that shape."""
+    if (x_col.has_planes or adj.tile_col.numel() > 0 or x_col.device.type != "cuda"
+            or not ops.use_compiled("bit_spmm_int", x_col.device)):
+        return x_col.planes, gathered_codes(adj, x_col, self_term)
+    shape = (x_col.bits, padded_outer(x_col.cols), packed_words(x_col.rows))
+    return torch.empty(shape, dtype=torch.int32, device=x_col.device), x_col.row_codes()

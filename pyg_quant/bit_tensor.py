@@ -4,7 +4,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import ops
-from .layout import LAYOUTS, MAX_BITS
+from .layout import LAYOUTS, MAX_BITS, packed_words, row_code_bytes
 
 
 def _check_bits(bits, name: str = "bits") -> int:
@@ -47,12 +47,12 @@ class BitTensor:
     Build one with :func:`pyg_quant.to_bit`; get floats back with :func:`pyg_quant.to_val`.
     """
 
-    __slots__ = ("planes", "shape", "bits", "layout", "lo", "scale", "dim", "_other_layout", "_code_sums",
+    __slots__ = ("_planes", "shape", "bits", "layout", "lo", "scale", "dim", "_other_layout", "_code_sums",
                  "_row_codes")
 
     def __init__(self, planes: torch.Tensor, shape: Tuple[int, int], bits: int, layout: str,
                  lo: torch.Tensor, scale: torch.Tensor, dim: Optional[int]):
-        self.planes = planes
+        self._planes: Optional[torch.Tensor] = planes
         self.shape = (int(shape[0]), int(shape[1]))
         self.bits = _check_bits(bits)
         self.layout = _check_layout(layout)
@@ -70,10 +70,41 @@ class BitTensor:
             raise ValueError(f"planes must be int32[bits={bits}, outer, words], got "
                              f"{planes.dtype}{list(planes.shape)}")
 
+    @classmethod
+    def from_row_codes(cls, row_codes: torch.Tensor, shape: Tuple[int, int], bits: int, lo: torch.Tensor,
+                       scale: torch.Tensor, dim: Optional[int]) -> "BitTensor":
+        """A column-layout BitTensor held as its packed row codes (``uint8[packed_words(rows)·32, row bytes]``, see
+        :mod:`pyg_quant.layout`): what the CSR gather of :func:`pyg_quant.bit_spmm` reads.  Its planes are made from
+        them the first time they are asked for (:func:`pyg_quant.ops.planes_from_row_codes`)."""
+        rows, cols = int(shape[0]), int(shape[1])
+        nodes, row_bytes = packed_words(rows) * 32, row_code_bytes(cols, _check_bits(bits))
+        if (row_codes.dtype != torch.uint8 or tuple(row_codes.shape) != (nodes, row_bytes)
+                or not row_codes.is_contiguous()):
+            raise ValueError(f"row_codes must be contiguous uint8[{nodes}, {row_bytes}] for {rows} x {cols} "
+                             f"{bits}-bit codes, got {row_codes.dtype}{list(row_codes.shape)}")
+        out = cls(torch.empty((bits, 0, 0), dtype=torch.int32, device=row_codes.device), shape, bits, "col", lo,
+                  scale, dim)
+        out._planes = None
+        out._row_codes = row_codes
+        return out
+
+    @property
+    def planes(self) -> torch.Tensor:
+        """``int32[bits, outer_pad, words]`` (:mod:`pyg_quant.layout`); made from the row codes on first use by a
+        BitTensor built :meth:`from_row_codes`."""
+        if self._planes is None:
+            self._planes = ops.planes_from_row_codes(self._row_codes, self.rows, self.cols, self.bits)
+        return self._planes
+
+    @property
+    def has_planes(self) -> bool:
+        """Whether the planes are made (False only for a :meth:`from_row_codes` tensor not yet asked for them)."""
+        return self._planes is not None
+
     # --- shape and storage -------------------------------------------------------------
     @property
     def device(self) -> torch.device:
-        return self.planes.device
+        return (self._planes if self._planes is not None else self._row_codes).device
 
     @property
     def rows(self) -> int:
@@ -85,8 +116,10 @@ class BitTensor:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held: the planes (padding included) plus the ranges."""
-        return sum(t.numel() * t.element_size() for t in (self.planes, self.lo, self.scale))
+        """Bytes held: the planes (padding included; the row codes while the planes are not made) plus the
+        ranges."""
+        held = self._planes if self._planes is not None else self._row_codes
+        return sum(t.numel() * t.element_size() for t in (held, self.lo, self.scale))
 
     def codes(self) -> torch.Tensor:
         """The integer codes as ``uint8[rows, cols]``."""
@@ -109,14 +142,17 @@ class BitTensor:
         state.update(fields)
         return BitTensor(**state)
 
+    def _moved(self, move) -> "BitTensor":
+        if self._planes is None:  # still held as row codes: they move, the planes are made where needed
+            return BitTensor.from_row_codes(move(self._row_codes), self.shape, self.bits, move(self.lo),
+                                            move(self.scale), self.dim)
+        return self._replace(planes=move(self._planes), lo=move(self.lo), scale=move(self.scale))
+
     def to(self, device=None, non_blocking: bool = False) -> "BitTensor":
-        return self._replace(planes=self.planes.to(device, non_blocking=non_blocking),
-                             lo=self.lo.to(device, non_blocking=non_blocking),
-                             scale=self.scale.to(device, non_blocking=non_blocking))
+        return self._moved(lambda t: t.to(device, non_blocking=non_blocking))
 
     def pin_memory(self) -> "BitTensor":
-        return self._replace(planes=self.planes.pin_memory(), lo=self.lo.pin_memory(),
-                             scale=self.scale.pin_memory())
+        return self._moved(lambda t: t.pin_memory())
 
     def as_layout(self, layout: str) -> "BitTensor":
         """The same codes packed in ``layout``; repacked once and cached."""

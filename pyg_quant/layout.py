@@ -62,7 +62,9 @@ aggregation ``A·X`` reads features in place, with no repacking.  The CSR residu
 the *row codes* below.
 
 Row codes (the gather form of node features, derived from the planes and cached
-on the :class:`~pyg_quant.BitTensor`, like its code sums)::
+on the :class:`~pyg_quant.BitTensor`, like its code sums; a BitTensor made by a
+kernel that writes only them, :meth:`~pyg_quant.BitTensor.from_row_codes`, makes
+its planes from them when asked, ``ops.planes_from_row_codes``)::
 
     row_codes : uint8[nodes_pad, row_code_bytes(cols, bits)]
 

@@ -31,8 +31,10 @@ def test_e2e_tiny_cpu(tmp_path):
     assert os.path.exists(tmp_path / "e2e.png")
 
     inference = saved["inference"]
-    # 4 PyG variants + pyg_quant at 2 widths + pq-kernels at 1 width, for GIN and GCN
-    assert len(inference) == 2 * (4 + 2 + 1)
+    # 4 PyG variants + pyg_quant at 2 widths + pyg_quant with calibrated ranges at 4 bits (--static-bits 8,4 of
+    # --bits 4,1) + pq-kernels at 1 width, for GIN and GCN
+    assert len(inference) == 2 * (4 + 2 + 1 + 1)
+    assert {r["label"] for r in inference if "static" in r["label"]} == {"pyg_quant 4-bit static"}
     for row in inference:
         if row["label"] == "PyG bf16 CSR":  # torch's CPU CSR matmul has no bf16 kernel
             continue

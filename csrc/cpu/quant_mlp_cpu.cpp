@@ -162,4 +162,50 @@ at::Tensor quant_mlp_planes_cpu(const at::Tensor& planes, int64_t rows, int64_t 
                        weight_scale, weight_sums, bias, act_bits, weight_bits, relu, row_scale, col_keys);
 }
 
+namespace {
+
+// The definition of the row-codes ops: the float chain's output quantized per column with the fixed ranges
+// (quantize_pack, column layout), as packed row codes (pack_row_codes).
+at::Tensor output_row_codes(const at::Tensor& out, const at::Tensor& out_lo, const at::Tensor& out_inv_scale,
+                            int64_t out_bits) {
+  const at::Tensor planes = quantize_pack_cpu(out, out_lo.view({1, -1}), out_inv_scale.view({1, -1}), out_bits,
+                                              /*col_layout=*/true, std::nullopt);
+  return pack_row_codes_cpu(planes, out.size(1), /*col_layout=*/true);
+}
+
+}  // namespace
+
+at::Tensor quant_mlp_row_codes_cpu(const at::Tensor& x, at::TensorList weight_codes, at::TensorList weight_lo,
+                                   at::TensorList weight_scale, at::TensorList weight_sums,
+                                   const c10::List<std::optional<at::Tensor>>& bias, at::IntArrayRef act_bits,
+                                   at::IntArrayRef weight_bits, const c10::List<bool>& relu,
+                                   const std::optional<at::Tensor>& row_scale, const at::Tensor& out_lo,
+                                   const at::Tensor& out_inv_scale, int64_t out_bits) {
+  const std::vector<int64_t> widths = check_quant_mlp_args(x, weight_codes, weight_lo, weight_scale, weight_sums,
+                                                           bias, act_bits, weight_bits, relu, row_scale, std::nullopt);
+  check_quant_mlp_out_codes(out_lo, out_inv_scale, out_bits, widths.back(), x.device(), "x");
+  return output_row_codes(quant_mlp_cpu(x, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits,
+                                        weight_bits, relu, row_scale, std::nullopt),
+                          out_lo, out_inv_scale, out_bits);
+}
+
+at::Tensor quant_mlp_planes_row_codes_cpu(const at::Tensor& planes, int64_t rows, int64_t cols, bool col_layout,
+                                          const at::Tensor& lo, const at::Tensor& scale, int64_t dim,
+                                          at::TensorList weight_codes, at::TensorList weight_lo,
+                                          at::TensorList weight_scale, at::TensorList weight_sums,
+                                          const c10::List<std::optional<at::Tensor>>& bias, at::IntArrayRef act_bits,
+                                          at::IntArrayRef weight_bits, const c10::List<bool>& relu,
+                                          const std::optional<at::Tensor>& row_scale, const at::Tensor& out_lo,
+                                          const at::Tensor& out_inv_scale, int64_t out_bits) {
+  const std::vector<int64_t> widths =
+      check_quant_mlp_planes_args(planes, rows, cols, col_layout, lo, scale, dim, weight_codes, weight_lo,
+                                  weight_scale, weight_sums, bias, act_bits, weight_bits, relu, row_scale,
+                                  std::nullopt);
+  check_quant_mlp_out_codes(out_lo, out_inv_scale, out_bits, widths.back(), planes.device(), "planes");
+  return output_row_codes(quant_mlp_planes_cpu(planes, rows, cols, col_layout, lo, scale, dim, weight_codes,
+                                               weight_lo, weight_scale, weight_sums, bias, act_bits, weight_bits,
+                                               relu, row_scale, std::nullopt),
+                          out_lo, out_inv_scale, out_bits);
+}
+
 }  // namespace pyg_quant

@@ -27,4 +27,25 @@ at::Tensor quant_mlp_planes_cpu(const at::Tensor& planes, int64_t rows, int64_t 
                                 at::IntArrayRef act_bits, at::IntArrayRef weight_bits, const c10::List<bool>& relu,
                                 const std::optional<at::Tensor>& row_scale, const std::optional<at::Tensor>& col_keys);
 
+// The chain's output quantized per column with fixed ranges (quantize_pack with out_lo / out_inv_scale [out_cols],
+// column layout, nearest rounding), as that tensor's packed row codes (pack_row_codes; its planes are
+// planes_from_row_codes of them).  The GPU kernel writes the codes as it stores the rows, so a layer with static
+// (calibrated) output ranges needs no quantizer pass over its output.
+at::Tensor quant_mlp_row_codes_cpu(const at::Tensor& x, at::TensorList weight_codes, at::TensorList weight_lo,
+                                   at::TensorList weight_scale, at::TensorList weight_sums,
+                                   const c10::List<std::optional<at::Tensor>>& bias, at::IntArrayRef act_bits,
+                                   at::IntArrayRef weight_bits, const c10::List<bool>& relu,
+                                   const std::optional<at::Tensor>& row_scale, const at::Tensor& out_lo,
+                                   const at::Tensor& out_inv_scale, int64_t out_bits);
+
+// quant_mlp_row_codes of dequantize(planes, rows, cols, col_layout, lo, scale, dim).
+at::Tensor quant_mlp_planes_row_codes_cpu(const at::Tensor& planes, int64_t rows, int64_t cols, bool col_layout,
+                                          const at::Tensor& lo, const at::Tensor& scale, int64_t dim,
+                                          at::TensorList weight_codes, at::TensorList weight_lo,
+                                          at::TensorList weight_scale, at::TensorList weight_sums,
+                                          const c10::List<std::optional<at::Tensor>>& bias, at::IntArrayRef act_bits,
+                                          at::IntArrayRef weight_bits, const c10::List<bool>& relu,
+                                          const std::optional<at::Tensor>& row_scale, const at::Tensor& out_lo,
+                                          const at::Tensor& out_inv_scale, int64_t out_bits);
+
 }  // namespace pyg_quant

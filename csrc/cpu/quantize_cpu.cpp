@@ -335,6 +335,27 @@ at::Tensor pack_row_codes_cpu(const at::Tensor& planes_in, int64_t cols, bool co
   return codes;
 }
 
+at::Tensor planes_from_row_codes_cpu(const at::Tensor& row_codes, int64_t rows, int64_t cols, int64_t bits) {
+  const PlanesFromRowCodesShape shape = planes_from_row_codes_shape(row_codes, rows, cols, bits);
+  const int64_t words = shape.words, row_bytes = shape.row_bytes, plane_stride = shape.outer_pad * words;
+  const int container = container_bits(bits);
+  auto planes = at::zeros({bits, shape.outer_pad, words}, row_codes.options().dtype(at::kInt));
+  const uint8_t* in = row_codes.data_ptr<uint8_t>();
+  uint32_t* out = reinterpret_cast<uint32_t*>(planes.data_ptr<int32_t>());
+  // A task a column: its words are its own (no two threads write one word).
+  at::parallel_for(0, cols, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      const int64_t bit = c * container;
+      for (int64_t r = 0; r < words * 32; ++r) {
+        const uint32_t q = (static_cast<uint32_t>(in[r * row_bytes + (bit >> 3)]) >> (bit & 7)) &
+                           ((1u << container) - 1u);
+        for (int64_t p = 0; p < bits; ++p) out[p * plane_stride + c * words + (r >> 5)] |= ((q >> p) & 1u) << (r & 31);
+      }
+    }
+  });
+  return planes;
+}
+
 at::Tensor packed_code_sums_cpu(const at::Tensor& planes_in) {
   TORCH_CHECK_VALUE(planes_in.dim() == 3 && planes_in.scalar_type() == at::kInt, "planes must be int32[bits, outer, words]");
   TORCH_CHECK_VALUE(planes_in.size(2) % 2 == 0, "planes must have an even number of words");

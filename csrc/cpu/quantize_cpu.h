@@ -14,6 +14,9 @@ at::Tensor packed_code_sums_cpu(const at::Tensor& planes);
 // The packed row codes of planes (csrc/row_codes.h): uint8[nodes, row_code_bytes(cols, bits)], nodes = the planes'
 // padded node count (words * 32 in column layout, outer in row layout).
 at::Tensor pack_row_codes_cpu(const at::Tensor& planes, int64_t cols, bool col_layout);
+// The inverse: the column-layout planes int32 [bits, outer_pad, words] of a rows x cols tensor of bits-bit codes
+// from its packed row codes (row_codes.h); padding codes are zero.
+at::Tensor planes_from_row_codes_cpu(const at::Tensor& row_codes, int64_t rows, int64_t cols, int64_t bits);
 
 }  // namespace pyg_quant
 

@@ -16,7 +16,9 @@
 // its linear layer).  With col_keys (ordered_key.h), the column keys of the stored values are max-reduced into it as
 // well (a warp's group of rows in registers, the block's warps in shared memory, one global atomic a column and
 // block), so that quantize_pack_ranges can take the output's per-column ranges without reading it again (GIN's and
-// GCN's requantization).  Those kernels are instantiated apart (kKeys), so the others keep their registers.
+// GCN's requantization).  Those kernels are instantiated apart (kOutKeys), so the others keep their registers.
+// With fixed per-column output ranges (quant_mlp_row_codes: calibrated ranges), a third instantiation (kOutCodes,
+// store_codes) stores the output as the next aggregation's packed row codes instead of floats.
 // Nothing but the output is allocated and nothing waits on the host.
 //
 // The input is float32 rows, or (quant_mlp_planes) the codes of a packed tensor, decoded with to_val's float32 steps
@@ -118,7 +120,17 @@ struct MlpArgs {
   int64_t rows;
   unsigned long long* col_keys;  // nullptr: none; else the output's column keys, max-reduced (ordered_key.h)
   int keys_offset;               // the block's own [2 · out_cols] uint32 column keys in shared memory
+  // kOutCodes: the output quantized per column with fixed ranges, stored as codes instead of floats.
+  uint32_t* out_codes;   // uint8 [groups · 32, 4 · row_words]: the row codes (row_codes.h), as words
+  const float* out_lo;   // [out_cols]
+  const float* out_inv;  // [out_cols]
+  float out_max_code;
+  int out_bits, row_words;
+  int64_t groups;  // 32-row groups of the padded node count (the planes' words)
 };
+
+// What the kernel stores: float rows, float rows and their column keys, or codes with fixed per-column ranges.
+enum OutputKind { kOutFloat = 0, kOutKeys = 1, kOutCodes = 2 };
 
 // Rows r0 .. r0 + kRows - 1 of the chain's input into h (lane: columns lane, lane + 32, ...); rows past args.rows and
 // columns past in0 are zeros.
@@ -336,6 +348,65 @@ __device__ __forceinline__ void mlp_layer(const MlpLayer& L, const float (&x)[kR
   __syncwarp();  // every lane is done reading the codes before the next layer writes them
 }
 
+// The codes form of the output (kOutCodes): each warp runs the chain on its rows as the float kernel does and
+// quantizes each value it would store with its column's fixed range (code_of, nearest: quantize_pack's steps on the
+// float32 the float kernel stores), then stores the row's packed row codes (row_codes.h) itself: a lane's code
+// shifted to its place in its 32-bit word, the word's lanes (32 / container of them, consecutive) OR-ed together by
+// shuffles, the word stored by its first lane.  Nothing is shared between warps, so no barrier ties them (a first
+// version staged a block's 32 rows in shared memory and wrote the column-layout planes after a barrier: on an H100
+// it took 39 µs on GIN's 64 -> 64 -> 64 against 24 for the float kernel, the warps' phases lined up by the barrier).
+// The column-layout planes are made from the row codes when asked for (planes_from_row_codes).  The warps also
+// cover the rows of the padded node count past args.rows (zero codes), so that every row is written: no memset.
+template <int kChunks, int kRows, typename Chain>
+__device__ __forceinline__ void store_codes(const MlpArgs& args, int out_cols, int lane, int warp,
+                                            const Chain& run_chain) {
+  const int container = container_bits(args.out_bits), per_word = 32 / container, row_words = args.row_words;
+  const int slot = lane & (per_word - 1);  // the lane's place in its word (a chunk's 32 columns are whole words)
+  const int64_t padded_rows = args.groups * 32;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kWarps * kRows;
+  for (int64_t r0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * kRows; r0 < padded_rows; r0 += step) {
+    float h[kRows][kChunks];
+    if (r0 < args.rows) {  // warp-uniform; rows wholly past args.rows read nothing
+      run_chain(r0, h);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) {
+#pragma unroll
+        for (int j = 0; j < kChunks; ++j) h[i][j] = 0.0f;
+      }
+    }
+    const float own_scale =
+        args.row_scale && lane < kRows && r0 + lane < args.rows ? __ldg(args.row_scale + r0 + lane) : 1.0f;
+    // The lane's columns' ranges, loaded here (L1 hits after the first group) rather than held through the chain.
+    float col_lo[kChunks], col_inv[kChunks];
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      const int c = min(lane + 32 * j, out_cols - 1);
+      col_lo[j] = __ldg(args.out_lo + c);
+      col_inv[j] = __ldg(args.out_inv + c);
+    }
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      const float scale = __shfl_sync(kFullMask, own_scale, i);
+      const bool live = r0 + i < args.rows;
+      uint32_t* row_out = args.out_codes + (r0 + i) * row_words;
+#pragma unroll
+      for (int j = 0; j < kChunks; ++j) {
+        const int c = lane + 32 * j;
+        const uint32_t q = live && c < out_cols
+                               ? code_of(__fmul_rn(h[i][j], scale), col_lo[j], col_inv[j], 0.5f, args.out_max_code)
+                               : 0u;
+        uint32_t word = q << (slot * container);
+        for (int offset = 1; offset < per_word; offset <<= 1) word |= __shfl_xor_sync(kFullMask, word, offset);
+        const int w = j * container + lane / per_word;
+        if (slot == 0 && w < row_words) row_out[w] = word;
+      }
+      // Words past the chunks' columns (rows are padded to 16 bytes): zeros.
+      for (int w = kChunks * container + lane; w < row_words; w += 32) row_out[w] = 0u;
+    }
+  }
+}
+
 // The code-input kernels at one chunk ask for 4 resident blocks (64 registers): ptxas's own choice was 48 with
 // 8-12 bytes of spills on sm_90a.  The float kernel at four chunks with col_keys asks for 3 (80 registers, as
 // without them): ptxas's own choice was 94 on sm_90a, one block less.  The column-code kernels at two chunks ask
@@ -367,9 +438,26 @@ constexpr int quant_mlp_min_blocks(int chunks_in, int chunks, int input, bool ke
                                                                                                     : 0;
 }
 
-// kChunks: values per lane (every width <= 32·kChunks); kRows: rows a warp carries at a time; kInput: InputKind.
-template <int kChunksIn, int kChunks, int kRows, int kInput, bool kKeys>
-__global__ void __launch_bounds__(kThreads, quant_mlp_min_blocks(kChunksIn, kChunks, kInput, kKeys)) quant_mlp_kernel(const __grid_constant__ MlpArgs args) {
+// The codes kernels (kOutCodes) ask for what the float kernels ask for, except at two chunks after a wider first
+// layer or on row-layout codes: there 64 registers spilled 4-16 bytes (sm_90a), so they ask for 3 blocks; and the
+// float kernel at four chunks on sm_80, where ptxas left alone took 80 registers and spilled 20 bytes: 2.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+constexpr int kCodesFourChunkBlocks = 2;
+#else
+constexpr int kCodesFourChunkBlocks = 0;
+#endif
+constexpr int quant_mlp_codes_min_blocks(int chunks_in, int chunks, int input) {
+  return chunks == 2 && (input == kRowPlanesInput || chunks_in != chunks)     ? 3
+         : chunks_in == 4 && chunks == 4 && input == kFloatInput ? kCodesFourChunkBlocks
+                                                                 : quant_mlp_min_blocks(chunks_in, chunks, input, false);
+}
+
+template <int kChunksIn, int kChunks, int kRows, int kInput, int kOut>
+__global__ void __launch_bounds__(kThreads, kOut == kOutCodes ? quant_mlp_codes_min_blocks(kChunksIn, kChunks, kInput)
+                                                              : quant_mlp_min_blocks(kChunksIn, kChunks, kInput,
+                                                                                     kOut == kOutKeys))
+    quant_mlp_kernel(const __grid_constant__ MlpArgs args) {
+  constexpr bool kKeys = kOut == kOutKeys;
   static_assert(kRows <= 32, "lane i forms row i's range");
   static_assert(kInput == kFloatInput || kRows <= 4, "a code input's rows are the bytes of one register");
   extern __shared__ __align__(16) unsigned char smem[];
@@ -426,9 +514,7 @@ __global__ void __launch_bounds__(kThreads, quant_mlp_min_blocks(kChunksIn, kChu
   // A block takes kWarps · kRows consecutive rows at a time, warp w's from r0 (grid-stride).  A group's rows are
   // the same on every lane, so the warp-wide intrinsics below run on the full warp whatever the rows.  Rows past
   // args.rows (the last group only) carry zeros through every layer and store nothing.
-  const int64_t step = static_cast<int64_t>(gridDim.x) * kWarps * kRows;
-  for (int64_t r0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * kRows; r0 < args.rows; r0 += step) {
-    float h[kRows][kChunks];
+  const auto run_chain = [&](int64_t r0, float (&h)[kRows][kChunks]) {
     if constexpr (kChunksIn == kChunks) {
       load_rows<kChunks, kRows, kInput>(args, r0, in0, lane, h);
       for (int l = 0; l < args.layers; ++l) mlp_layer<kChunks, kChunks, kRows, kStride>(layers[l], h, h, codes, lane);
@@ -440,6 +526,15 @@ __global__ void __launch_bounds__(kThreads, quant_mlp_min_blocks(kChunksIn, kChu
       mlp_layer<kChunksIn, kChunks, kRows, kStride>(layers[0], h_in, h, codes, lane);
       for (int l = 1; l < args.layers; ++l) mlp_layer<kChunks, kChunks, kRows, kStride>(layers[l], h, h, codes, lane);
     }
+  };
+  if constexpr (kOut == kOutCodes) {
+    store_codes<kChunks, kRows>(args, out_cols, lane, warp, run_chain);
+    return;
+  }
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kWarps * kRows;
+  for (int64_t r0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * kRows; r0 < args.rows; r0 += step) {
+    float h[kRows][kChunks];
+    run_chain(r0, h);
     // Lane i < kRows reads row i's scale; x · 1 is x for every float32 (NaNs stay NaNs).
     const float own_scale =
         args.row_scale && lane < kRows && r0 + lane < args.rows ? __ldg(args.row_scale + r0 + lane) : 1.0f;
@@ -495,15 +590,26 @@ __global__ void __launch_bounds__(kThreads, quant_mlp_min_blocks(kChunksIn, kChu
 
 int align_up(int n, int m) { return (n + m - 1) / m * m; }
 
-// The launch shared by quant_mlp and quant_mlp_planes: `input` says what the first layer reads (its pointers set),
-// `widths` are the checked widths C_0 .. C_L.
+// The fixed output ranges of the row-codes ops (checked), and the row codes the kernel fills.
+struct OutCodes {
+  at::Tensor lo, inv;
+  int64_t bits;
+  at::Tensor row_codes;  // set by launch_quant_mlp
+};
+
+// The padded node count of a column-layout tensor (layout.py; quantize_pack's): 256 rows.
+int64_t padded(int64_t n, int64_t m) { return (std::max<int64_t>(n, 1) + m - 1) / m * m; }
+
+// The launch shared by quant_mlp and quant_mlp_planes (and their row-codes ops, `codes` non-null): `input` says what
+// the first layer reads (its pointers set), `widths` are the checked widths C_0 .. C_L.  Returns the float output,
+// or an undefined tensor when `codes` takes the output (its row codes).
 at::Tensor launch_quant_mlp(MlpInput input, int kind, const char* input_name, int64_t rows,
                             const std::vector<int64_t>& widths,
                             const at::TensorOptions& options, at::TensorList weight_codes, at::TensorList weight_lo,
                             at::TensorList weight_scale, at::TensorList weight_sums,
                             const c10::List<std::optional<at::Tensor>>& bias, at::IntArrayRef act_bits,
                             const c10::List<bool>& relu, const std::optional<at::Tensor>& row_scale,
-                            const std::optional<at::Tensor>& col_keys) {
+                            const std::optional<at::Tensor>& col_keys, OutCodes* codes = nullptr) {
   const int64_t layers = static_cast<int64_t>(weight_codes.size());
   TORCH_CHECK_VALUE(layers <= kQuantMlpMaxLayers, "weight_codes: the CUDA kernel takes at most ",
                     kQuantMlpMaxLayers, " layers, got ", layers);
@@ -512,10 +618,24 @@ at::Tensor launch_quant_mlp(MlpInput input, int kind, const char* input_name, in
                       l == 0 ? "" : std::to_string(l - 1), l == 0 ? "" : "]", ": the CUDA kernel takes widths up to ",
                       kQuantMlpMaxWidth, ", got ", widths[l]);
   }
-  auto out = at::empty({rows, widths.back()}, options);
+  at::Tensor out;
+  MlpArgs args{};
+  if (codes == nullptr) {
+    out = at::empty({rows, widths.back()}, options);
+  } else {
+    const int64_t out_cols = widths.back(), groups = padded(rows, 256) / 32;
+    const int64_t row_bytes = row_code_bytes(out_cols, codes->bits);
+    codes->row_codes = at::empty({groups * 32, row_bytes}, options.dtype(at::kByte));
+    args.out_codes = reinterpret_cast<uint32_t*>(codes->row_codes.data_ptr<uint8_t>());
+    args.out_lo = codes->lo.data_ptr<float>();
+    args.out_inv = codes->inv.data_ptr<float>();
+    args.out_bits = static_cast<int>(codes->bits);
+    args.out_max_code = static_cast<float>((1 << codes->bits) - 1);
+    args.row_words = static_cast<int>(row_bytes / 4);
+    args.groups = groups;
+  }
 
   std::vector<at::Tensor> keep;  // no-ops for contiguous inputs (what the callers pass)
-  MlpArgs args{};
   args.input = input;
   args.layers = static_cast<int>(layers);
   int offset = 0, max_width = 0;
@@ -567,7 +687,7 @@ at::Tensor launch_quant_mlp(MlpInput input, int kind, const char* input_name, in
   // four, the others `chunks` throughout): the kernel's kStride.
   const int codes_stride = 32 * chunks;
   int smem = args.codes_offset + kWarps * rows_per * codes_stride;
-  args.out = out.data_ptr<float>();
+  if (codes == nullptr) args.out = out.data_ptr<float>();
   if (row_scale.has_value()) {
     keep.push_back(row_scale->contiguous());
     args.row_scale = keep.back().data_ptr<float>();
@@ -578,6 +698,10 @@ at::Tensor launch_quant_mlp(MlpInput input, int kind, const char* input_name, in
     smem += 2 * static_cast<int>(widths.back()) * 4;
   }
   args.rows = rows;
+  if (codes != nullptr && rows == 0) {  // zero codes: the padding
+    codes->row_codes.zero_();
+    return out;
+  }
   if (rows == 0) return out;
 
   const int device = options.device().index();
@@ -592,7 +716,8 @@ at::Tensor launch_quant_mlp(MlpInput input, int kind, const char* input_name, in
     const int64_t resident = static_cast<int64_t>(cuda::sm_count(device)) *
                              cuda::resident_blocks_per_sm(reinterpret_cast<const void*>(kernel), kThreads, smem, device);
     const int64_t rows_per_block = static_cast<int64_t>(kWarps) * rows_per;
-    const int64_t blocks = std::min<int64_t>((rows + rows_per_block - 1) / rows_per_block, resident);
+    const int64_t padded_rows = codes != nullptr ? args.groups * 32 : rows;
+    const int64_t blocks = std::min<int64_t>((padded_rows + rows_per_block - 1) / rows_per_block, resident);
     kernel<<<static_cast<unsigned>(blocks), kThreads, smem, c10::cuda::getCurrentCUDAStream()>>>(args);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
@@ -602,10 +727,12 @@ at::Tensor launch_quant_mlp(MlpInput input, int kind, const char* input_name, in
     constexpr int kRows = rows_per_warp(kChunksIn);
     const auto launch_keys = [&](auto input_tag) {
       constexpr int kInput = decltype(input_tag)::value;
-      if (args.col_keys != nullptr) {
-        launch(quant_mlp_kernel<kChunksIn, kChunks, kRows, kInput, true>);
+      if (codes != nullptr) {
+        launch(quant_mlp_kernel<kChunksIn, kChunks, kRows, kInput, kOutCodes>);
+      } else if (args.col_keys != nullptr) {
+        launch(quant_mlp_kernel<kChunksIn, kChunks, kRows, kInput, kOutKeys>);
       } else {
-        launch(quant_mlp_kernel<kChunksIn, kChunks, kRows, kInput, false>);
+        launch(quant_mlp_kernel<kChunksIn, kChunks, kRows, kInput, kOutFloat>);
       }
     };
     if (kind == kColPlanesInput) {
@@ -657,6 +784,23 @@ at::Tensor quant_mlp_cuda(const at::Tensor& x_in, at::TensorList weight_codes, a
                           weight_scale, weight_sums, bias, act_bits, relu, row_scale, col_keys);
 }
 
+namespace {
+
+// The first layer's input read from packed codes (checked, contiguous, kept alive by the caller).
+MlpInput planes_input(const at::Tensor& planes, const at::Tensor& lo, const at::Tensor& scale, int64_t dim) {
+  MlpInput input{};
+  input.planes = reinterpret_cast<const uint32_t*>(planes.data_ptr<int32_t>());
+  input.lo = lo.data_ptr<float>();
+  input.scale = scale.data_ptr<float>();
+  input.words = planes.size(2);
+  input.plane_stride = planes.size(1) * planes.size(2);
+  input.bits = static_cast<int>(planes.size(0));
+  input.dim = static_cast<int>(dim);
+  return input;
+}
+
+}  // namespace
+
 at::Tensor quant_mlp_planes_cuda(const at::Tensor& planes_in, int64_t rows, int64_t cols, bool col_layout,
                                  const at::Tensor& lo_in, const at::Tensor& scale_in, int64_t dim,
                                  at::TensorList weight_codes, at::TensorList weight_lo, at::TensorList weight_scale,
@@ -669,17 +813,51 @@ at::Tensor quant_mlp_planes_cuda(const at::Tensor& planes_in, int64_t rows, int6
                                   weight_scale, weight_sums, bias, act_bits, weight_bits, relu, row_scale, col_keys);
   c10::cuda::CUDAGuard guard(planes_in.device());
   const at::Tensor planes = planes_in.contiguous(), lo = lo_in.contiguous(), scale = scale_in.contiguous();
+  return launch_quant_mlp(planes_input(planes, lo, scale, dim), col_layout ? kColPlanesInput : kRowPlanesInput,
+                          "planes", rows, widths, planes.options().dtype(at::kFloat), weight_codes, weight_lo,
+                          weight_scale, weight_sums, bias, act_bits, relu, row_scale, col_keys);
+}
+
+at::Tensor quant_mlp_row_codes_cuda(const at::Tensor& x_in, at::TensorList weight_codes, at::TensorList weight_lo,
+                                    at::TensorList weight_scale, at::TensorList weight_sums,
+                                    const c10::List<std::optional<at::Tensor>>& bias, at::IntArrayRef act_bits,
+                                    at::IntArrayRef weight_bits, const c10::List<bool>& relu,
+                                    const std::optional<at::Tensor>& row_scale, const at::Tensor& out_lo,
+                                    const at::Tensor& out_inv_scale, int64_t out_bits) {
+  const std::vector<int64_t> widths = check_quant_mlp_args(x_in, weight_codes, weight_lo, weight_scale, weight_sums,
+                                                           bias, act_bits, weight_bits, relu, row_scale, std::nullopt);
+  check_quant_mlp_out_codes(out_lo, out_inv_scale, out_bits, widths.back(), x_in.device(), "x");
+  c10::cuda::CUDAGuard guard(x_in.device());
+  const at::Tensor x = x_in.contiguous();
   MlpInput input{};
-  input.planes = reinterpret_cast<const uint32_t*>(planes.data_ptr<int32_t>());
-  input.lo = lo.data_ptr<float>();
-  input.scale = scale.data_ptr<float>();
-  input.words = planes.size(2);
-  input.plane_stride = planes.size(1) * planes.size(2);
-  input.bits = static_cast<int>(planes.size(0));
-  input.dim = static_cast<int>(dim);
-  return launch_quant_mlp(input, col_layout ? kColPlanesInput : kRowPlanesInput, "planes", rows, widths,
-                          planes.options().dtype(at::kFloat), weight_codes, weight_lo, weight_scale, weight_sums,
-                          bias, act_bits, relu, row_scale, col_keys);
+  input.x = x.data_ptr<float>();
+  OutCodes codes{out_lo.contiguous(), out_inv_scale.contiguous(), out_bits};
+  launch_quant_mlp(input, kFloatInput, "x", x.size(0), widths, x.options(), weight_codes, weight_lo, weight_scale,
+                   weight_sums, bias, act_bits, relu, row_scale, std::nullopt, &codes);
+  return codes.row_codes;
+}
+
+at::Tensor quant_mlp_planes_row_codes_cuda(const at::Tensor& planes_in, int64_t rows, int64_t cols, bool col_layout,
+                                           const at::Tensor& lo_in, const at::Tensor& scale_in, int64_t dim,
+                                           at::TensorList weight_codes, at::TensorList weight_lo,
+                                           at::TensorList weight_scale, at::TensorList weight_sums,
+                                           const c10::List<std::optional<at::Tensor>>& bias,
+                                           at::IntArrayRef act_bits, at::IntArrayRef weight_bits,
+                                           const c10::List<bool>& relu, const std::optional<at::Tensor>& row_scale,
+                                           const at::Tensor& out_lo, const at::Tensor& out_inv_scale,
+                                           int64_t out_bits) {
+  const std::vector<int64_t> widths =
+      check_quant_mlp_planes_args(planes_in, rows, cols, col_layout, lo_in, scale_in, dim, weight_codes, weight_lo,
+                                  weight_scale, weight_sums, bias, act_bits, weight_bits, relu, row_scale,
+                                  std::nullopt);
+  check_quant_mlp_out_codes(out_lo, out_inv_scale, out_bits, widths.back(), planes_in.device(), "planes");
+  c10::cuda::CUDAGuard guard(planes_in.device());
+  const at::Tensor planes = planes_in.contiguous(), lo = lo_in.contiguous(), scale = scale_in.contiguous();
+  OutCodes codes{out_lo.contiguous(), out_inv_scale.contiguous(), out_bits};
+  launch_quant_mlp(planes_input(planes, lo, scale, dim), col_layout ? kColPlanesInput : kRowPlanesInput, "planes",
+                   rows, widths, planes.options().dtype(at::kFloat), weight_codes, weight_lo, weight_scale,
+                   weight_sums, bias, act_bits, relu, row_scale, std::nullopt, &codes);
+  return codes.row_codes;
 }
 
 }  // namespace pyg_quant

@@ -14,6 +14,8 @@ at::Tensor dequantize_cuda(const at::Tensor& planes, int64_t rows, int64_t cols,
 // The packed row codes of planes (csrc/row_codes.h), as pack_row_codes_cpu: the gather form of node features for the
 // CSR part of bit_spmm.
 at::Tensor pack_row_codes_cuda(const at::Tensor& planes, int64_t cols, bool col_layout);
+// The column-layout planes of packed row codes, as planes_from_row_codes_cpu.
+at::Tensor planes_from_row_codes_cuda(const at::Tensor& row_codes, int64_t rows, int64_t cols, int64_t bits);
 at::Tensor packed_code_sums_cuda(const at::Tensor& planes);
 // (planes, lo, scale, code sums, row codes): the row codes (pack_row_codes of the planes) only when asked for,
 // else an empty uint8 tensor.  col_keys (dim 0, column layout; csrc/ordered_key.h): the columns' extrema, in place

@@ -23,7 +23,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from ..adjacency import bit_spmm, gathered_codes
+from ..adjacency import bit_spmm, gather_operands
 from ..bit_tensor import BitTensor, to_val
 from ..compact_adjacency import DEFAULT_MIN_TILE_NNZ, check_adjacency_form
 from ._adjacency_formats import EdgeSet, bit_spmm_codes, edge_spmm_int, pack_entries
@@ -266,7 +266,7 @@ class QuantGraph:
     def _code_products(self, y: BitTensor):
         """``(M·Q, C·Q or None)`` as integer tensors; ``y`` in column layout."""
         if self.prebuilt is not None:
-            return bit_spmm_codes(self.prebuilt, y.planes, y.bits, y.cols, gathered_codes(self.prebuilt, y, False)), None
+            return self._products(self.prebuilt, y), None
         if is_compiling():
             edges = self.edges
             args = (y.planes, self.num_src, self.num_dst, y.bits, y.cols, self.min_tile_nnz, self.adjacency)
@@ -274,9 +274,12 @@ class QuantGraph:
             coded = edge_spmm_int(edges.src, edges.dst, self.keep, self.codes, *args) if self.weighted else None
             return products, coded
         mask, coded = self._pack()
-        return (bit_spmm_codes(mask, y.planes, y.bits, y.cols, gathered_codes(mask, y, False)),
-                bit_spmm_codes(coded, y.planes, y.bits, y.cols, gathered_codes(coded, y, False))
-                if coded is not None else None)
+        return self._products(mask, y), self._products(coded, y) if coded is not None else None
+
+    @staticmethod
+    def _products(adj, y: BitTensor) -> torch.Tensor:
+        x_planes, x_codes = gather_operands(adj, y, False)
+        return bit_spmm_codes(adj, x_planes, y.bits, y.cols, x_codes)
 
     def aggregate_bits(self, y: BitTensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         r"""``Â · to_val(y)`` on the bit tiles, ``[num_dst, y.cols]``; ``y`` scaled per column or tensor.

@@ -8,7 +8,7 @@ data-dependent input checks, which ``torch.compile`` cannot trace without a
 graph break; the layers check their inputs once, outside the traced region
 (:func:`check_finite`).
 """
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -118,3 +118,48 @@ def fits(x: BitTensor, bits: Optional[int], dims) -> bool:
 
 def dequantize(x: BitTensor) -> torch.Tensor:
     return to_val(x)
+
+
+class FixedRanges(NamedTuple):
+    """Per-column ranges fixed in advance (calibrated, see :mod:`pyg_quant.nn.calibration`) for ``bits``-bit codes:
+    float32 ``lo``, ``scale`` and ``inv_scale`` ``[cols]``, made from the extrema by :func:`_ranges`' steps, so that
+    ranges calibrated on a tensor quantize it exactly as its own per-column ranges do."""
+    lo: torch.Tensor
+    scale: torch.Tensor
+    inv_scale: torch.Tensor
+    bits: int
+
+    @staticmethod
+    def from_extrema(lo: torch.Tensor, hi: torch.Tensor, bits: int) -> "FixedRanges":
+        lo32, hi32 = lo.detach().to(torch.float32).reshape(1, -1), hi.detach().to(torch.float32).reshape(1, -1)
+        scale = (hi32 - lo32) / torch.full_like(hi32, float(2**bits - 1))
+        inv_scale = torch.where(scale > 0, torch.ones_like(scale) / scale, torch.zeros_like(scale))
+        return FixedRanges(lo32.reshape(-1).contiguous(), scale.reshape(-1), inv_scale.reshape(-1), int(bits))
+
+    def bit_tensor(self, planes: torch.Tensor, rows: int) -> BitTensor:
+        """The column-layout :class:`BitTensor` of ``planes`` (``rows`` × ``cols`` codes of these ranges)."""
+        return BitTensor(planes, (rows, self.lo.numel()), self.bits, "col", self.lo, self.scale, 0)
+
+    def from_row_codes(self, row_codes: torch.Tensor, rows: int) -> BitTensor:
+        """The same, held as its packed row codes (:meth:`BitTensor.from_row_codes`)."""
+        return BitTensor.from_row_codes(row_codes, (rows, self.lo.numel()), self.bits, self.lo, self.scale, 0)
+
+
+def quantize_fixed(x: torch.Tensor, ranges: FixedRanges) -> BitTensor:
+    """Round-to-nearest column-layout :class:`BitTensor` of a 2-D ``x`` with fixed per-column ranges: codes
+    ``clamp(floor((x − lo)·inv_scale + 0.5), 0, 2**bits − 1)``, so values outside a range take its end codes."""
+    if x.dim() != 2 or x.size(1) != ranges.lo.numel():
+        raise ValueError(f"x must be 2-D with {ranges.lo.numel()} columns (one per calibrated range), got shape "
+                         f"{tuple(x.shape)}")
+    x32 = x.detach().to(torch.float32).contiguous()
+    planes = ops.quantize_pack(x32, ranges.lo.view(1, -1), ranges.inv_scale.view(1, -1), ranges.bits, True, None)
+    return ranges.bit_tensor(planes, x32.size(0))
+
+
+def fake_quantize_fixed(x: torch.Tensor, ranges: FixedRanges) -> torch.Tensor:
+    r"""``lo + scale·q`` of :func:`quantize_fixed`'s codes, float32, with a straight-through gradient."""
+    x32 = x.to(torch.float32)
+    detached = x32.detach()
+    lo, scale, inv_scale = (t.view(1, -1) for t in ranges[:3])
+    codes = torch.floor((detached - lo) * inv_scale + 0.5).clamp_(0, 2**ranges.bits - 1)
+    return (lo + scale * codes) + (x32 - detached)

@@ -12,11 +12,12 @@ from ._common import (check_aggr, check_node_dim, check_out_dim, node_matrix, qu
                       requantize_output)
 from ._graph import QuantGraph
 from ._graph_cache import cached_graph
-from ._quantize import check_bits, fake_quantize, quantize
+from ._quantize import check_bits, fake_quantize, fake_quantize_fixed, quantize, quantize_fixed
+from .calibration import StaticRange
 from .quant_linear import _UNSET, QuantLinear, bit_kernels_apply, resolve_bits, run_row_scaled_linear
 
 
-class QGCNConv(MessagePassing):
+class QGCNConv(StaticRange, MessagePassing):
     r"""A drop-in quantized :class:`torch_geometric.nn.conv.GCNConv`, computed on bit planes.
 
     .. math::
@@ -109,7 +110,10 @@ class QGCNConv(MessagePassing):
             ``None`` is the float layer.
         weight_bits, act_bits (int, optional): separate widths for
             :math:`\mathbf{\Theta}` and for the features (inputs and
-            :math:`\mathbf{H}^{\prime}`).
+            :math:`\mathbf{H}^{\prime}`).  The ranges of
+            :math:`\mathbf{H}^{\prime}` can be calibrated once and fixed
+            (:func:`pyg_quant.nn.calibrate`, the ``static_range`` buffer):
+            then, in ``eval()``, the fused kernel of step 1 writes its codes.
         adj_bits (int, optional): width of the edge-weight codes. (default: ``8``)
         stochastic (bool): stochastic rounding in training. (default: ``False``)
         out_bits (int, optional): in ``eval()`` with the bit kernels, return the
@@ -159,6 +163,7 @@ class QGCNConv(MessagePassing):
         self.out_dim = check_out_dim(out_dim)
 
         self._cached_graph = None
+        self._init_static_range()
 
         self.lin = QuantLinear(in_channels, out_channels, bias=False, weight_initializer="glorot",
                                weight_bits=self.weight_bits, act_bits=self.act_bits, stochastic=self.stochastic)
@@ -175,6 +180,13 @@ class QGCNConv(MessagePassing):
         self.lin.reset_parameters()
         zeros(self.bias)
         self._cached_graph = None
+        self.clear_static_range()  # ranges of other weights
+
+    def _static_bits(self) -> Optional[int]:
+        return self.act_bits
+
+    def _static_channels(self) -> Optional[int]:
+        return self.out_channels
 
     def _graph(self, x, edge_index, edge_weight: Optional[Tensor]) -> QuantGraph:
         if self._cached_graph is not None:
@@ -236,26 +248,35 @@ class QGCNConv(MessagePassing):
         deg_inv_sqrt = graph.deg_inv_sqrt
         act_bits = self.act_bits
         quantized = act_bits is not None and graph.can_run_bits and bit_kernels  # h is quantized per channel below
-        h = h_keys = None
+        fixed = self._fixed_ranges()  # calibrated ranges of h (eval only)
+        h = h_keys = codes = None
         if deg_inv_sqrt is not None and bit_kernels:  # D^-1/2 (X W): the fused kernel's last float32 multiply
             row_scale = graph.column(deg_inv_sqrt, torch.float32)
-            if quantized and x.device.type == "cuda":
+            if quantized and fixed is not None and x.device.type == "cuda":
+                # h's codes straight from the kernel that computes h (None: the layer runs unfused below)
+                codes = run_row_scaled_linear(self.lin, x, row_scale, out_codes=fixed)
+            elif quantized and fixed is None and x.device.type == "cuda":
                 # The kernel also hands the quantizer h's column extrema (col_keys), which spares it a pass over h
                 # (the same codes); on the CPU that pass is cheap and the plain path stays.
                 scaled = run_row_scaled_linear(self.lin, x, row_scale, col_keys=True)
                 h, h_keys = (None, None) if scaled is None else scaled
             else:
                 h = run_row_scaled_linear(self.lin, x, row_scale)
-        if h is None:
+        if h is None and codes is None:
             h = self.lin(x)
             if deg_inv_sqrt is not None:
                 h = h * graph.column(deg_inv_sqrt, h.dtype)
         if quantized:
-            matrix, restore = node_matrix(h)  # h itself where the kernel ran (2-D float32): what h_keys describe
-            codes = quantize(matrix, act_bits, 0, "col", h_keys)
+            restore, two_d = (lambda out: out), True
+            if codes is None:
+                matrix, restore = node_matrix(h)  # h itself where the kernel ran (2-D float32): what h_keys describe
+                two_d = h.dim() == 2
+                self._observe(matrix)
+                codes = quantize_fixed(matrix, fixed) if fixed is not None else quantize(matrix, act_bits, 0, "col",
+                                                                                          h_keys)
             bias = self.bias.detach() if self.bias is not None else None
             fused = (graph.aggregate_bits_fused(codes, row_scale=deg_inv_sqrt, bias=bias)
-                     if h.dim() == 2 and (bias is None or bias.dtype == torch.float32) else None)
+                     if two_d and (bias is None or bias.dtype == torch.float32) else None)
             if fused is not None:  # normalization and bias ran in the kernel's epilogue
                 return self._finish(fused, x, bit_kernels)
             # the same float64 epilogue, in torch: every format gives the same bits
@@ -268,7 +289,9 @@ class QGCNConv(MessagePassing):
 
         if act_bits is not None:
             matrix, restore = node_matrix(h)
-            h = restore(fake_quantize(matrix, act_bits, 0, self.stochastic and self.training))
+            self._observe(matrix)
+            h = restore(fake_quantize_fixed(matrix, fixed) if fixed is not None
+                        else fake_quantize(matrix, act_bits, 0, self.stochastic and self.training))
         out = graph.aggregate_float(h)
         if deg_inv_sqrt is not None:
             out = out * graph.column(deg_inv_sqrt, out.dtype)

@@ -14,7 +14,8 @@ from ._adjacency_formats import to_edge_set
 from ._common import check_aggr, check_node_dim, check_out_dim, node_matrix, quant_options_repr, requantize_output
 from ._graph import QuantGraph
 from ._graph_cache import cached_graph
-from ._quantize import check_bits, check_finite, dequantize, fake_quantize, fits, quantize
+from ._quantize import check_bits, check_finite, dequantize, fake_quantize, fits, quantize, quantize_fixed
+from .calibration import StaticRange
 from .quant_linear import _UNSET, QuantLinear, bit_kernels_apply, resolve_bits, run_fused_mlp
 
 
@@ -31,7 +32,7 @@ def quantize_linears(module: Callable, **quant_kwargs) -> Callable:
     return module
 
 
-class QGINConv(MessagePassing):
+class QGINConv(StaticRange, MessagePassing):
     r"""A drop-in quantized :class:`torch_geometric.nn.conv.GINConv`, computed on bit planes.
 
     .. math::
@@ -89,7 +90,10 @@ class QGINConv(MessagePassing):
             result requantized as a :class:`BitTensor` of this width.
         out_dim (int, optional): its ranges: ``0`` per channel (what a next
             QGINConv aggregates as it is; default), ``1`` per node (what a
-            QGCNConv uses), ``None`` per tensor.
+            QGCNConv uses), ``None`` per tensor.  Per-channel ranges can be
+            calibrated once and fixed (:func:`pyg_quant.nn.calibrate`, the
+            ``static_range`` buffer): then the fused MLP kernel writes the
+            codes itself.
         **kwargs (optional): :class:`torch_geometric.nn.conv.MessagePassing`
             arguments (``flow``, ``node_dim``).
 
@@ -116,6 +120,7 @@ class QGINConv(MessagePassing):
             nn = quantize_linears(nn, weight_bits=self.weight_bits, act_bits=self.act_bits,
                                   stochastic=self.stochastic)
         self.nn = nn
+        self._init_static_range()
         self.initial_eps = eps
         if train_eps:
             self.eps = torch.nn.Parameter(torch.empty(1))
@@ -127,6 +132,10 @@ class QGINConv(MessagePassing):
         super().reset_parameters()
         reset(self.nn)
         self.eps.data.fill_(self.initial_eps)
+        self.clear_static_range()  # ranges of other weights
+
+    def _static_bits(self) -> Optional[int]:
+        return self.out_bits if self.out_dim == 0 else None
 
     def _node_counts(self, x_src, x_dst, edge_index, size) -> Tuple[int, int]:
         num_src = x_src.rows if isinstance(x_src, BitTensor) else x_src.size(-2)
@@ -238,14 +247,28 @@ class QGINConv(MessagePassing):
         :func:`~pyg_quant.nn.quant_linear.run_fused_mlp`); on CUDA, when its result is requantized per channel, the
         kernel also hands the quantizer the result's column extrema (``col_keys``), which spares it a pass over the
         result (the same codes).  On the CPU that pass is cheap and the plain path stays."""
+        fixed = self._fixed_ranges() if bit_kernels else None
+        if fixed is not None:
+            # Calibrated ranges: on CUDA the fused kernel stores the codes (the same codes; on the CPU, where the
+            # quantizer's pass is cheap, the row codes it would also make are not needed)
+            codes = run_fused_mlp(self.nn, x, out_codes=fixed) if isinstance(x, Tensor) and x.is_cuda else None
+            if codes is not None:
+                return codes
+            out = self.nn(x)
+            if out.dim() != 2:
+                raise ValueError(f"out_bits needs 2-D node features, got a result of shape {tuple(out.shape)}")
+            return quantize_fixed(out, fixed)
         if bit_kernels:
             want_keys = (self.out_bits is not None and self.out_dim == 0 and isinstance(x, Tensor) and x.is_cuda
                          and x.dim() == 2)
             fused = run_fused_mlp(self.nn, x, col_keys=True) if want_keys else run_fused_mlp(self.nn, x)
             if fused is not None:
                 out, keys = fused if want_keys else (fused, None)
+                self._observe(out)
                 return requantize_output(out, self.out_bits, self.out_dim, bit_kernels, keys)
-        return requantize_output(self.nn(x), self.out_bits, self.out_dim, bit_kernels)
+        out = self.nn(x)
+        self._observe(out)
+        return requantize_output(out, self.out_bits, self.out_dim, bit_kernels)
 
     def __repr__(self) -> str:
         options = quant_options_repr(self.weight_bits, self.act_bits, self.out_bits)

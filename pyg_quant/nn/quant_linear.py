@@ -10,8 +10,8 @@ from .. import ops
 from ..bit_tensor import BitTensor
 from ..bitmm import bitmm_float
 from ._common import quant_options_repr
-from ._quantize import (check_bits, check_finite, dequantize, fake_quantize, fits, is_compiling, quantize,
-                        values_finite)
+from ._quantize import (FixedRanges, check_bits, check_finite, dequantize, fake_quantize, fits, is_compiling,
+                        quantize, values_finite)
 
 
 def bit_kernels_apply(module: torch.nn.Module, *tensors) -> bool:
@@ -236,12 +236,14 @@ def _reads_codes(lin: "QuantLinear", x: BitTensor) -> bool:
 
 
 def _quant_mlp(x2: Union[Tensor, BitTensor], linears, relus, row_scale: Optional[Tensor] = None,
-               col_keys: Optional[Tensor] = None) -> Tensor:
+               col_keys: Optional[Tensor] = None, out_codes: Optional["FixedRanges"] = None):
     """``ops.quant_mlp`` of a 2-D input through ``linears`` (each followed by ReLU where ``relus`` says), in as
     few calls as the kernel's limits allow (consecutive layers grouped greedily); ``row_scale`` (float32 ``[rows]``)
     multiplies the output rows in the last call, which also max-reduces the output's column keys into ``col_keys``
     when given.  A :class:`BitTensor` input is read as ``dequantize(x2)``, by the first call itself
-    (``ops.quant_mlp_planes``)."""
+    (``ops.quant_mlp_planes``).  With ``out_codes`` (fixed per-column ranges), the last call quantizes the output
+    with them (``ops.quant_mlp_row_codes``) and the result is that column-layout :class:`BitTensor`, held as its row
+    codes (its planes are made if something asks for them)."""
     h = x2 if isinstance(x2, BitTensor) else x2.detach().to(torch.float32).contiguous()
     start = 0
     while start < len(linears):
@@ -258,6 +260,15 @@ def _quant_mlp(x2: Union[Tensor, BitTensor], linears, relus, row_scale: Optional
                   [None if lin.bias is None else lin.bias.detach() for lin in group], [lin.act_bits for lin in group],
                   [lin.weight_bits for lin in group], list(relus[start:end]),
                   row_scale if end == len(linears) else None, col_keys if end == len(linears) else None)
+        if out_codes is not None and end == len(linears):
+            ranges = (out_codes.lo, out_codes.inv_scale, out_codes.bits)
+            if isinstance(h, BitTensor):
+                row_codes = ops.quant_mlp_planes_row_codes(
+                    h.planes, h.rows, h.cols, h.layout == "col", h.lo.detach(), h.scale.detach(),
+                    -1 if h.dim is None else h.dim, *layers[:-1], *ranges)
+            else:
+                row_codes = ops.quant_mlp_row_codes(h, *layers[:-1], *ranges)
+            return out_codes.from_row_codes(row_codes, x2.rows if isinstance(x2, BitTensor) else x2.size(0))
         if isinstance(h, BitTensor):
             h = ops.quant_mlp_planes(h.planes, h.rows, h.cols, h.layout == "col", h.lo.detach(), h.scale.detach(),
                                      -1 if h.dim is None else h.dim, *layers)
@@ -334,14 +345,23 @@ def _with_col_keys(run, cols: int, device, col_keys: bool):
     return run(keys), keys
 
 
-def run_row_scaled_linear(lin, x, row_scale: Tensor, col_keys: bool = False):
+def run_row_scaled_linear(lin, x, row_scale: Tensor, col_keys: bool = False,
+                          out_codes: Optional[FixedRanges] = None):
     r"""``lin(x) * row_scale[:, None]`` as one :func:`pyg_quant.ops.quant_mlp` call (the multiply is the kernel's
     last step, the same float32 product) when ``lin`` is a :class:`QuantLinear` that would run its fused bit kernel
     on the 2-D float32 ``x`` now (as :func:`run_fused_mlp` asks; a :class:`BitTensor` that the layer reads as the
     floats it holds counts as those floats) and ``row_scale`` is float32 ``[N]`` or ``[N, 1]``; None otherwise (call
     ``lin``, then scale).  GCN's ``D^{-1/2} X W`` is this.  With ``col_keys``, ``(out, keys)``: the same kernel
     also gives the column keys of ``out`` (its ``col_keys``), for ``quantize(out, bits, 0, "col", col_keys=keys)``.
+    With ``out_codes`` (fixed per-column ranges), the result is ``quantize_fixed(out, out_codes)``, made by the same
+    kernel as it stores the rows.
     """
+    def run(x_in):
+        if out_codes is not None:
+            return _quant_mlp(x_in, (lin,), (False,), row_scale.reshape(-1), None, out_codes)
+        return _with_col_keys(lambda keys: _quant_mlp(x_in, (lin,), (False,), row_scale.reshape(-1), keys),
+                              lin.weight.size(0), x_in.device, col_keys)
+
     if (not isinstance(lin, QuantLinear) or lin.weight_bits is None or lin.act_bits is None or not _no_hooks(lin)
             or row_scale.dtype != torch.float32 or not isinstance(x, (Tensor, BitTensor))):
         return None
@@ -349,27 +369,27 @@ def run_row_scaled_linear(lin, x, row_scale: Tensor, col_keys: bool = False):
         if fits(x, lin.act_bits, (None, 1)) or not _runs_fused(lin, None, x.cols):
             return None  # codes the layer multiplies as they are, or a layer that does not fuse now
         if row_scale.numel() == x.rows and _reads_codes(lin, x):
-            return _with_col_keys(lambda keys: _quant_mlp(x, (lin,), (False,), row_scale.reshape(-1), keys),
-                                  lin.weight.size(0), x.device, col_keys)
+            return run(x)
         x = dequantize(x)  # what the layer reads
     if (x.dtype != torch.float32 or x.is_sparse or x.dim() != 2 or row_scale.numel() != x.size(0)
             or not _runs_fused(lin, x, x.size(1))):
         return None
     check_finite(x, "x")
-    return _with_col_keys(lambda keys: _quant_mlp(x, (lin,), (False,), row_scale.reshape(-1), keys),
-                          lin.weight.size(0), x.device, col_keys)
+    return run(x)
 
 
-def run_fused_mlp(module, x, col_keys: bool = False):
+def run_fused_mlp(module, x, col_keys: bool = False, out_codes: Optional[FixedRanges] = None):
     r"""``module(x)`` as one :func:`pyg_quant.ops.quant_mlp` call when :func:`fused_mlp_plan` matches and every
     layer would run its bit kernels on ``x`` now (``eval()``, no gradient asked for), with float32 weights and
     biases, widths up to ``QUANT_MLP_MAX_WIDTH`` and no forward hooks; None otherwise (call ``module``).  The
     result equals the layer-by-layer one bit for bit (for a float32 ``x``, which each layer reads as it is).  With
     ``col_keys``, ``(out, keys)``: the last call also gives the column keys of ``out`` (of its rows, ``[-1, out]``),
-    for ``quantize(out, bits, 0, "col", col_keys=keys)``.
+    for ``quantize(out, bits, 0, "col", col_keys=keys)``.  With ``out_codes`` (fixed per-column ranges; a 2-D
+    ``x``), the result is ``quantize_fixed(module(x), out_codes)``, made by the last call as it stores the rows.
     """
     plan = fused_mlp_plan(module)
-    if plan is None or not isinstance(x, Tensor) or x.dtype != torch.float32 or x.is_sparse or x.dim() < 1:
+    if (plan is None or not isinstance(x, Tensor) or x.dtype != torch.float32 or x.is_sparse or x.dim() < 1
+            or (out_codes is not None and x.dim() != 2)):
         return None
     linears, relus = plan
     if not _no_hooks(module, *module._modules.values()):
@@ -380,6 +400,8 @@ def run_fused_mlp(module, x, col_keys: bool = False):
             return None
         width = lin.weight.size(0)
     check_finite(x, "x")
+    if out_codes is not None:
+        return _quant_mlp(x, linears, relus, None, None, out_codes)
 
     def run(keys: Optional[Tensor]) -> Tensor:
         out = _quant_mlp(x.reshape(-1, x.size(-1)), linears, relus, None, keys)

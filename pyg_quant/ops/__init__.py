@@ -137,6 +137,37 @@ def quant_mlp_planes(planes, rows: int, cols: int, col_layout: bool, lo, scale, 
     return reference.quant_mlp_planes(*args)
 
 
+def quant_mlp_row_codes(x, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits, weight_bits, relu,
+                        row_scale, out_lo, out_inv_scale, out_bits: int):
+    """:func:`quant_mlp` with its output quantized per column with fixed ranges, as packed row codes (see
+    :func:`reference.quant_mlp_row_codes`; the GPU kernel writes them as it stores the rows)."""
+    args = (x, list(weight_codes), list(weight_lo), list(weight_scale), list(weight_sums), list(bias),
+            [int(b) for b in act_bits], [int(b) for b in weight_bits], [bool(r) for r in relu], row_scale, out_lo,
+            out_inv_scale, int(out_bits))
+    if use_compiled("quant_mlp_row_codes", x.device):
+        return torch.ops.pyg_quant.quant_mlp_row_codes(*args)
+    return reference.quant_mlp_row_codes(*args)
+
+
+def quant_mlp_planes_row_codes(planes, rows: int, cols: int, col_layout: bool, lo, scale, dim: int, weight_codes,
+                               weight_lo, weight_scale, weight_sums, bias, act_bits, weight_bits, relu, row_scale,
+                               out_lo, out_inv_scale, out_bits: int):
+    """:func:`quant_mlp_row_codes` of :func:`dequantize` ``(planes, rows, cols, col_layout, lo, scale, dim)``."""
+    args = (planes, int(rows), int(cols), bool(col_layout), lo, scale, int(dim), list(weight_codes), list(weight_lo),
+            list(weight_scale), list(weight_sums), list(bias), [int(b) for b in act_bits],
+            [int(b) for b in weight_bits], [bool(r) for r in relu], row_scale, out_lo, out_inv_scale, int(out_bits))
+    if use_compiled("quant_mlp_planes_row_codes", planes.device):
+        return torch.ops.pyg_quant.quant_mlp_planes_row_codes(*args)
+    return reference.quant_mlp_planes_row_codes(*args)
+
+
+def planes_from_row_codes(row_codes, rows: int, cols: int, bits: int):
+    """The column-layout planes of packed row codes (:func:`pack_row_codes`' inverse)."""
+    if use_compiled("planes_from_row_codes", row_codes.device):
+        return torch.ops.pyg_quant.planes_from_row_codes(row_codes, int(rows), int(cols), int(bits))
+    return reference.planes_from_row_codes(row_codes, rows, cols, bits)
+
+
 def expand_csr(tile_key, row_count, entry_col, entry_val, res_row, res_col, res_val, num_rows: int, num_cols: int):
     """``(res_ptr, res_col, res_val, row_sums)`` of a tile plan decoded without tiles (every entry in one CSR,
     rows sorted by column); ``res_val`` is None when neither ``entry_val`` nor ``res_val`` is given (all ones)."""
@@ -235,6 +266,24 @@ if LOADED:
     def _(planes, rows, cols, col_layout, lo, scale, dim, weight_codes, weight_lo, weight_scale, weight_sums, bias,
           act_bits, weight_bits, relu, row_scale=None, col_keys=None):
         return planes.new_empty((rows, weight_codes[-1].shape[0]), dtype=torch.float32)
+
+    def _fake_out_row_codes(like, rows, weight_codes, out_bits):
+        return like.new_empty((packed_words(rows) * 32, row_code_bytes(weight_codes[-1].shape[0], out_bits)),
+                              dtype=torch.uint8)
+
+    @torch.library.register_fake("pyg_quant::quant_mlp_row_codes")
+    def _(x, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits, weight_bits, relu, row_scale, out_lo,
+          out_inv_scale, out_bits):
+        return _fake_out_row_codes(x, x.shape[0], weight_codes, out_bits)
+
+    @torch.library.register_fake("pyg_quant::quant_mlp_planes_row_codes")
+    def _(planes, rows, cols, col_layout, lo, scale, dim, weight_codes, weight_lo, weight_scale, weight_sums, bias,
+          act_bits, weight_bits, relu, row_scale, out_lo, out_inv_scale, out_bits):
+        return _fake_out_row_codes(planes, rows, weight_codes, out_bits)
+
+    @torch.library.register_fake("pyg_quant::planes_from_row_codes")
+    def _(row_codes, rows, cols, bits):
+        return row_codes.new_empty((bits, padded_outer(cols), packed_words(rows)), dtype=torch.int32)
 
     @torch.library.register_fake("pyg_quant::expand_csr")
     def _(tile_key, row_count, entry_col, entry_val, res_row, res_col, res_val, num_rows, num_cols):

@@ -490,3 +490,60 @@ def quant_mlp_planes(planes, rows, cols, col_layout, lo, scale, dim, weight_code
     x = dequantize(planes, rows, cols, col_layout, lo, scale, dim)
     return quant_mlp(x, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits, weight_bits, relu,
                      row_scale, col_keys)
+
+
+def _check_out_codes(out_lo, out_inv_scale, out_bits: int, out_cols: int, device) -> None:
+    if not 1 <= int(out_bits) <= 8:
+        raise ValueError(f"out_bits must be in 1..8, got {out_bits}")
+    for name, t in (("out_lo", out_lo), ("out_inv_scale", out_inv_scale)):
+        if t.dim() != 1 or t.size(0) != out_cols or t.dtype != torch.float32:
+            raise ValueError(f"{name} must be float32 [{out_cols}] (one range per output column), got {t.dtype} "
+                             f"{tuple(t.shape)}")
+        if t.device != device:
+            raise ValueError(f"{name} is on {t.device} but the input is on {device}")
+
+
+def _output_row_codes(out, out_lo, out_inv_scale, out_bits: int):
+    _check_out_codes(out_lo, out_inv_scale, out_bits, out.size(1), out.device)
+    planes = quantize_pack(out, out_lo.view(1, -1), out_inv_scale.view(1, -1), int(out_bits), True)
+    return pack_row_codes(planes, out.size(1), True)
+
+
+def quant_mlp_row_codes(x, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits, weight_bits, relu,
+                        row_scale, out_lo, out_inv_scale, out_bits: int):
+    r""":func:`quant_mlp`'s output quantized per column with fixed ranges, as packed row codes:
+    :func:`pack_row_codes` of ``quantize_pack(out, out_lo[None], out_inv_scale[None], out_bits, col_layout=True)``
+    (nearest rounding; values outside a range clamp to its end codes).  Its planes are
+    :func:`planes_from_row_codes` of them."""
+    out = quant_mlp(x, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits, weight_bits, relu,
+                    row_scale)
+    return _output_row_codes(out, out_lo, out_inv_scale, out_bits)
+
+
+def quant_mlp_planes_row_codes(planes, rows, cols, col_layout, lo, scale, dim, weight_codes, weight_lo,
+                               weight_scale, weight_sums, bias, act_bits, weight_bits, relu, row_scale, out_lo,
+                               out_inv_scale, out_bits: int):
+    r""":func:`quant_mlp_row_codes` of :func:`dequantize` ``(planes, rows, cols, col_layout, lo, scale, dim)``."""
+    out = quant_mlp_planes(planes, rows, cols, col_layout, lo, scale, dim, weight_codes, weight_lo, weight_scale,
+                           weight_sums, bias, act_bits, weight_bits, relu, row_scale)
+    return _output_row_codes(out, out_lo, out_inv_scale, out_bits)
+
+
+def planes_from_row_codes(row_codes, rows: int, cols: int, bits: int) -> torch.Tensor:
+    r"""The column-layout planes of a ``rows`` × ``cols`` tensor of ``bits``-bit codes from its packed row codes
+    (:func:`pack_row_codes`' inverse; ``row_codes`` must be exactly ``[packed_words(rows)·32,
+    row_code_bytes(cols, bits)]``)."""
+    bits, rows, cols = int(bits), int(rows), int(cols)
+    if not 1 <= bits <= 8:
+        raise ValueError(f"bits must be in 1..8, got {bits}")
+    if rows < 0 or cols < 1:
+        raise ValueError(f"rows must be >= 0 and cols >= 1, got {rows} and {cols}")
+    nodes, row_bytes = packed_words(rows) * 32, row_code_bytes(cols, bits)
+    if (row_codes.dim() != 2 or row_codes.dtype != torch.uint8 or tuple(row_codes.shape) != (nodes, row_bytes)
+            or not row_codes.is_contiguous()):
+        raise ValueError(f"row_codes must be the contiguous uint8 packed row codes of {rows} x {cols} {bits}-bit "
+                         f"codes ([{nodes}, {row_bytes}]), got {row_codes.dtype} {list(row_codes.shape)}")
+    container = container_bits(bits)
+    bit = torch.arange(cols, device=row_codes.device) * container
+    codes = (row_codes[:, bit // 8].long() >> (bit % 8)) & ((1 << container) - 1)  # [nodes, cols]
+    return pack_codes(codes, bits, True)  # padding rows are zero codes in row_codes too
