@@ -572,6 +572,54 @@ def test_set_static_range():
     assert not ref_codes(out).any() and torch.equal(pq.to_val(out), torch.full((200, 20), 0.25))
 
 
+def test_gcn_set_static_range_checks_the_channel_count_and_takes_the_layer_device():
+    conv = make_gcn(4)  # 20 output channels, known before any call
+    with pytest.raises(ValueError, match=r"one entry per channel \(20\)"):
+        conv.set_static_range(torch.zeros(19), torch.ones(19))
+    assert conv.static_range is None
+    conv.set_static_range(torch.zeros(20, dtype=torch.float64), torch.ones(20))
+    assert conv.static_range.device == conv.lin.weight.device and conv.static_range.dtype == torch.float32
+
+
+def test_loading_a_state_saved_before_calibration_makes_the_layer_dynamic_again():
+    x, edge_index = features(300, 60), graph(300, 61)
+    for make in (make_gin, make_gcn):
+        layer = make(4)
+        before = layer.state_dict()  # no static_range
+        with torch.no_grad():
+            dynamic = layer(x, edge_index)
+            with calibrate(layer):
+                layer(x * 0.5, edge_index)
+            assert layer.static_range is not None
+            layer.load_state_dict(before)  # strict: the state it loads has no static_range, so neither has the layer
+            assert layer.static_range is None and "static_range" not in layer.state_dict()
+            again = layer(x, edge_index)
+        if isinstance(dynamic, pq.BitTensor):
+            assert_same_bits(again, dynamic)
+        else:
+            assert torch.equal(again, dynamic)
+
+
+def test_nan_seen_while_calibrating_fixes_nothing():
+    x, edge_index = features(200, 70), graph(200, 71)
+    first, last = make_gin(4, seed=1), make_gin(4, seed=3)
+    torch.manual_seed(2)  # no ReLU last, which would turn the NaN into 0
+    bad = QGINConv(Sequential(Linear(24, 48), ReLU(), Linear(48, 20)), bits=4, out_bits=4).eval()
+    with torch.no_grad():
+        bad.nn[0].weight.mul_(1e30)  # its output overflows to inf / NaN
+    model = torch.nn.ModuleList([first, bad, last])
+    with pytest.raises(ValueError, match="saw NaN or inf"):
+        with torch.no_grad(), calibrate(model):
+            first(x, edge_index)
+            bad(x * 1e20, edge_index)
+            last(x, edge_index)
+    for layer in model:
+        assert layer.static_range is None and layer.__dict__["_calibration"] is None  # none fixed, none recording
+    last.set_static_range(torch.zeros(20), torch.ones(20))  # later calls use what is set
+    with torch.no_grad():
+        assert torch.equal(last(x, edge_index).scale, torch.full((20,), 1 / 15))
+
+
 # --- the float path (eval with autograd on) ---------------------------------------------------------
 @pytest.mark.parametrize("bits", [8, 4])
 def test_gcn_float_path_matches_bit_path_with_static_ranges(bits):
