@@ -738,20 +738,18 @@ class Inputs:
         self.wire = None  # pyg_quant: (device buffer, specs, meta) per batch, decoded inside the graph
 
 
-def pq_host_batches(data: Data, kind: str, bits: int, pinned: bool):
-    """The loader's batches: the adjacency's tile plan and the bit features in one (pinned) wire buffer, decoded
-    in the form ``--adjacency`` names (the wire bytes are the same for every form)."""
+def pq_host_batches(data: Data, kind: str, bits: int, pinned: bool, indices=None):
+    """The loader's batches (all, or those of ``indices``): the adjacency's tile plan and the bit features in one
+    (pinned) wire buffer, decoded in the form ``--adjacency`` names (the wire bytes are the same for every form)."""
     plans = data.plan_gcn if kind == "GCN" else data.plan_gin
     return [QuantBatch.from_fields({"adj": plans[b], "x": data.feats[bits][b].to("cpu")}, pin_memory=pinned,
-                                   adjacency=data.adjacency) for b in range(data.nb)]
+                                   adjacency=data.adjacency) for b in (range(data.nb) if indices is None else indices)]
 
 
 def pq_calibration_batches(data: Data, kind: str, bits: int, device, count: int):
     """``(x, adj)`` of the epoch's last ``count`` batches on ``device``, for ``pyg_quant.nn.calibrate``."""
-    plans = data.plan_gcn if kind == "GCN" else data.plan_gin
-    for b in range(max(data.nb - count, 0), data.nb):
-        batch = QuantBatch.from_fields({"adj": plans[b], "x": data.feats[bits][b].to("cpu")},
-                                       adjacency=data.adjacency).to(device)
+    for host in pq_host_batches(data, kind, bits, False, range(max(data.nb - count, 0), data.nb)):
+        batch = host.to(device)
         yield batch.x, batch.adj
 
 

@@ -26,6 +26,11 @@ PYG_QUANT_ROW_CODES_FN int64_t row_code_bytes(int64_t cols, int64_t bits) {
   return (used_bits + 127) / 128 * 16;
 }
 
+// The padded sizes of a column-layout tensor (layout.py; quantize_pack's): its nodes (the packed dimension) to 256,
+// its columns (the outer dimension) to 64.
+PYG_QUANT_ROW_CODES_FN int64_t padded_nodes(int64_t rows) { return ((rows > 1 ? rows : 1) + 255) / 256 * 256; }
+PYG_QUANT_ROW_CODES_FN int64_t padded_cols(int64_t cols) { return ((cols > 1 ? cols : 1) + 63) / 64 * 64; }
+
 // The code of column c in a packed row.
 PYG_QUANT_ROW_CODES_FN uint32_t row_code_at(const uint8_t* row, int64_t c, int container) {
   const int64_t bit = c * container;
@@ -49,20 +54,24 @@ inline RowCodesShape row_codes_shape(const at::Tensor& planes, int64_t cols, boo
 // The planes of planes_from_row_codes(row_codes, rows, cols, bits): the column-layout planes (layout.py) of a
 // rows x cols tensor of `bits`-bit codes whose packed row codes are row_codes.
 struct PlanesFromRowCodesShape {
-  int64_t outer_pad, words, row_bytes;  // planes int32 [bits, outer_pad, words]; row_codes [words · 32, row_bytes]
+  int bits, cols, outer_pad, row_words;  // planes int32 [bits, outer_pad, words]; row_codes [words · 32, 4·row_words]
+  int64_t words;                         // a multiple of 8 (the nodes are padded to 256)
 };
 
 inline PlanesFromRowCodesShape planes_from_row_codes_shape(const at::Tensor& row_codes, int64_t rows, int64_t cols,
                                                            int64_t bits) {
   TORCH_CHECK_VALUE(bits >= 1 && bits <= 8, "bits must be in 1..8, got ", bits);
   TORCH_CHECK_VALUE(rows >= 0 && cols >= 1, "rows must be >= 0 and cols >= 1, got ", rows, " and ", cols);
-  const auto padded = [](int64_t n, int64_t m) { return ((n > 1 ? n : 1) + m - 1) / m * m; };
-  const PlanesFromRowCodesShape shape{padded(cols, 64), padded(rows, 256) / 32, row_code_bytes(cols, bits)};
+  const int64_t row_bytes = row_code_bytes(cols, bits);
+  TORCH_CHECK_VALUE(cols <= (int64_t{1} << 24), "cols must be at most 2^24, got ", cols);
+  const PlanesFromRowCodesShape shape{static_cast<int>(bits), static_cast<int>(cols),
+                                      static_cast<int>(padded_cols(cols)), static_cast<int>(row_bytes / 4),
+                                      padded_nodes(rows) / 32};
   TORCH_CHECK_VALUE(row_codes.dim() == 2 && row_codes.scalar_type() == at::kByte && row_codes.is_contiguous() &&
-                        row_codes.size(0) == shape.words * 32 && row_codes.size(1) == shape.row_bytes,
+                        row_codes.size(0) == shape.words * 32 && row_codes.size(1) == row_bytes,
                     "row_codes must be the contiguous uint8 packed row codes of ", rows, " x ", cols, " ", bits,
-                    "-bit codes ([", shape.words * 32, ", ", shape.row_bytes, "]), got ", row_codes.scalar_type(),
-                    " ", row_codes.sizes());
+                    "-bit codes ([", shape.words * 32, ", ", row_bytes, "]), got ", row_codes.scalar_type(), " ",
+                    row_codes.sizes());
   return shape;
 }
 

@@ -52,6 +52,12 @@ class BitTensor:
 
     def __init__(self, planes: torch.Tensor, shape: Tuple[int, int], bits: int, layout: str,
                  lo: torch.Tensor, scale: torch.Tensor, dim: Optional[int]):
+        self._set_fields(planes, shape, bits, layout, lo, scale, dim)
+        if planes.dtype != torch.int32 or planes.dim() != 3 or planes.size(0) != bits:
+            raise ValueError(f"planes must be int32[bits={bits}, outer, words], got "
+                             f"{planes.dtype}{list(planes.shape)}")
+
+    def _set_fields(self, planes: Optional[torch.Tensor], shape, bits, layout, lo, scale, dim) -> None:
         self._planes: Optional[torch.Tensor] = planes
         self.shape = (int(shape[0]), int(shape[1]))
         self.bits = _check_bits(bits)
@@ -66,9 +72,6 @@ class BitTensor:
         if lo.shape != (expected,) or scale.shape != (expected,):
             raise ValueError(f"lo and scale must have shape ({expected},) for dim={self.dim}, "
                              f"got {tuple(lo.shape)} and {tuple(scale.shape)}")
-        if planes.dtype != torch.int32 or planes.dim() != 3 or planes.size(0) != bits:
-            raise ValueError(f"planes must be int32[bits={bits}, outer, words], got "
-                             f"{planes.dtype}{list(planes.shape)}")
 
     @classmethod
     def from_row_codes(cls, row_codes: torch.Tensor, shape: Tuple[int, int], bits: int, lo: torch.Tensor,
@@ -82,9 +85,8 @@ class BitTensor:
                 or not row_codes.is_contiguous()):
             raise ValueError(f"row_codes must be contiguous uint8[{nodes}, {row_bytes}] for {rows} x {cols} "
                              f"{bits}-bit codes, got {row_codes.dtype}{list(row_codes.shape)}")
-        out = cls(torch.empty((bits, 0, 0), dtype=torch.int32, device=row_codes.device), shape, bits, "col", lo,
-                  scale, dim)
-        out._planes = None
+        out = cls.__new__(cls)
+        out._set_fields(None, shape, bits, "col", lo, scale, dim)
         out._row_codes = row_codes
         return out
 

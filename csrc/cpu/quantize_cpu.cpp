@@ -337,7 +337,7 @@ at::Tensor pack_row_codes_cpu(const at::Tensor& planes_in, int64_t cols, bool co
 
 at::Tensor planes_from_row_codes_cpu(const at::Tensor& row_codes, int64_t rows, int64_t cols, int64_t bits) {
   const PlanesFromRowCodesShape shape = planes_from_row_codes_shape(row_codes, rows, cols, bits);
-  const int64_t words = shape.words, row_bytes = shape.row_bytes, plane_stride = shape.outer_pad * words;
+  const int64_t words = shape.words, row_bytes = 4 * shape.row_words, plane_stride = shape.outer_pad * words;
   const int container = container_bits(bits);
   auto planes = at::zeros({bits, shape.outer_pad, words}, row_codes.options().dtype(at::kInt));
   const uint8_t* in = row_codes.data_ptr<uint8_t>();

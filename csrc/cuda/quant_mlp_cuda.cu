@@ -597,9 +597,6 @@ struct OutCodes {
   at::Tensor row_codes;  // set by launch_quant_mlp
 };
 
-// The padded node count of a column-layout tensor (layout.py; quantize_pack's): 256 rows.
-int64_t padded(int64_t n, int64_t m) { return (std::max<int64_t>(n, 1) + m - 1) / m * m; }
-
 // The launch shared by quant_mlp and quant_mlp_planes (and their row-codes ops, `codes` non-null): `input` says what
 // the first layer reads (its pointers set), `widths` are the checked widths C_0 .. C_L.  Returns the float output,
 // or an undefined tensor when `codes` takes the output (its row codes).
@@ -623,7 +620,7 @@ at::Tensor launch_quant_mlp(MlpInput input, int kind, const char* input_name, in
   if (codes == nullptr) {
     out = at::empty({rows, widths.back()}, options);
   } else {
-    const int64_t out_cols = widths.back(), groups = padded(rows, 256) / 32;
+    const int64_t out_cols = widths.back(), groups = padded_nodes(rows) / 32;
     const int64_t row_bytes = row_code_bytes(out_cols, codes->bits);
     codes->row_codes = at::empty({groups * 32, row_bytes}, options.dtype(at::kByte));
     args.out_codes = reinterpret_cast<uint32_t*>(codes->row_codes.data_ptr<uint8_t>());

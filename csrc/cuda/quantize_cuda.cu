@@ -576,27 +576,27 @@ constexpr int kPlanesWarps = 32;
 constexpr int kPlanesThreads = kPlanesWarps * 32;
 constexpr unsigned kPlanesFullMask = 0xffffffffu;
 
-struct PlanesShape {
-  int bits, cols, outer_pad, row_words;
-  int64_t groups;  // a multiple of 8 (the node count is padded to 256)
-  __host__ __device__ int in_pitch() const { return row_words | 1; }
-  __host__ __device__ int out_pitch() const { return cols * 8 + 1; }
-  int smem_bytes() const { return (256 * in_pitch() + bits * out_pitch()) * 4; }
-};
+// The shared memory of planes_from_row_codes_kernel: the octet's rows at an odd word pitch, then the words it forms,
+// a plane's rows an odd pitch apart.
+__host__ __device__ inline int planes_in_pitch(const PlanesFromRowCodesShape& shape) { return shape.row_words | 1; }
+__host__ __device__ inline int planes_out_pitch(const PlanesFromRowCodesShape& shape) { return shape.cols * 8 + 1; }
+inline int planes_smem_bytes(const PlanesFromRowCodesShape& shape) {
+  return (256 * planes_in_pitch(shape) + shape.bits * planes_out_pitch(shape)) * 4;
+}
 
 template <int kBits>
 __global__ void __launch_bounds__(kPlanesThreads) planes_from_row_codes_kernel(const uint32_t* __restrict__ row_codes,
                                                                                uint32_t* __restrict__ planes,
-                                                                               const PlanesShape shape) {
+                                                                               const PlanesFromRowCodesShape shape) {
   extern __shared__ uint32_t planes_smem[];
-  const int in_pitch = shape.in_pitch(), out_pitch = shape.out_pitch(), row_words = shape.row_words;
+  const int in_pitch = planes_in_pitch(shape), out_pitch = planes_out_pitch(shape), row_words = shape.row_words;
   uint32_t* in = planes_smem;
   uint32_t* out = planes_smem + 256 * in_pitch;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int group = warp & 7, slice = warp >> 3;
   constexpr int container = container_bits(kBits);
   const uint32_t mask = (1u << container) - 1u;
-  const int64_t octets = shape.groups / 8;
+  const int64_t octets = shape.words / 8;
   for (int64_t octet = blockIdx.x; octet < octets; octet += gridDim.x) {
     const uint32_t* source = row_codes + octet * 256 * row_words;
     for (int i = threadIdx.x; i < 256 * row_words; i += kPlanesThreads) {
@@ -622,7 +622,7 @@ __global__ void __launch_bounds__(kPlanesThreads) planes_from_row_codes_kernel(c
     for (int i = threadIdx.x; i < kBits * plane_words; i += kPlanesThreads) {
       const int p = i / plane_words, rest = i - p * plane_words, c = rest >> 3, g = rest & 7;
       const uint32_t word = c < shape.cols ? out[p * out_pitch + rest] : 0u;
-      planes[(static_cast<int64_t>(p) * shape.outer_pad + c) * shape.groups + octet * 8 + g] = word;
+      planes[(static_cast<int64_t>(p) * shape.outer_pad + c) * shape.words + octet * 8 + g] = word;
     }
     __syncthreads();  // the buffers are read before the next octet overwrites them
   }
@@ -751,12 +751,10 @@ at::Tensor pack_row_codes_cuda(const at::Tensor& planes_in, int64_t cols, bool c
 }
 
 at::Tensor planes_from_row_codes_cuda(const at::Tensor& row_codes, int64_t rows, int64_t cols, int64_t bits) {
-  const PlanesFromRowCodesShape checked = planes_from_row_codes_shape(row_codes, rows, cols, bits);
+  const PlanesFromRowCodesShape shape = planes_from_row_codes_shape(row_codes, rows, cols, bits);
   const c10::cuda::CUDAGuard guard(row_codes.device());
-  auto planes = at::empty({bits, checked.outer_pad, checked.words}, row_codes.options().dtype(at::kInt));
-  const PlanesShape shape{static_cast<int>(bits), static_cast<int>(cols), static_cast<int>(checked.outer_pad),
-                          static_cast<int>(checked.row_bytes / 4), checked.words};
-  const int smem = shape.smem_bytes();
+  auto planes = at::empty({bits, shape.outer_pad, shape.words}, row_codes.options().dtype(at::kInt));
+  const int smem = planes_smem_bytes(shape);
   const int device = row_codes.device().index();
   TORCH_CHECK_VALUE(smem <= cuda::device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "cols: ", cols,
                     " columns of ", bits, "-bit codes need more shared memory than this GPU gives a block");
@@ -767,7 +765,7 @@ at::Tensor planes_from_row_codes_cuda(const at::Tensor& row_codes, int64_t rows,
     const int64_t resident = static_cast<int64_t>(cuda::sm_count(device)) *
                              cuda::resident_blocks_per_sm(reinterpret_cast<const void*>(kernel), kPlanesThreads, smem,
                                                           device);
-    kernel<<<static_cast<unsigned>(std::min(checked.words / 8, resident)), kPlanesThreads, smem,
+    kernel<<<static_cast<unsigned>(std::min(shape.words / 8, resident)), kPlanesThreads, smem,
              c10::cuda::getCurrentCUDAStream()>>>(reinterpret_cast<const uint32_t*>(row_codes.data_ptr<uint8_t>()),
                                                   reinterpret_cast<uint32_t*>(planes.data_ptr<int32_t>()), shape);
     C10_CUDA_KERNEL_LAUNCH_CHECK();

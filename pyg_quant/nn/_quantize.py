@@ -52,21 +52,33 @@ def values_finite(x: BitTensor) -> bool:
     monotone in ``q``, so each range's values lie between those of codes 0 and ``2**bits - 1``.  A False may be
     over-cautious (codes that never reach the end of a range); callers then dequantize and :func:`check_finite`.
     True where :func:`check_finite` skips (traced or captured regions)."""
-    if is_compiling() or (x.planes.is_cuda and torch.cuda.is_current_stream_capturing()):
-        return True
+    if is_compiling() or (x.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        return True  # (x.device: asking x.planes would make a row-code tensor's planes)
     lo, scale = x.lo.detach(), x.scale.detach()
     ends = torch.stack((lo + scale * 0.0, lo + scale * float(2**x.bits - 1)))
     return bool(torch.isfinite(ends).all())
 
 
-def _ranges(x32: torch.Tensor, bits: int, dim: Optional[int]):
-    if dim is None:
-        lo, hi = x32.min().view(1, 1), x32.max().view(1, 1)
-    else:
-        lo, hi = x32.amin(dim, keepdim=True), x32.amax(dim, keepdim=True)
+def _ranges_of_extrema(lo: torch.Tensor, hi: torch.Tensor, bits: int):
+    """``(lo, scale, inv_scale)`` of float32 extrema: to_bit's steps (``inv_scale`` 0 where ``scale`` is 0)."""
     scale = (hi - lo) / torch.full_like(hi, float(2**bits - 1))
     inv_scale = torch.where(scale > 0, torch.ones_like(scale) / scale, torch.zeros_like(scale))
     return lo, scale, inv_scale
+
+
+def _ranges(x32: torch.Tensor, bits: int, dim: Optional[int]):
+    if dim is None:
+        return _ranges_of_extrema(x32.min().view(1, 1), x32.max().view(1, 1), bits)
+    return _ranges_of_extrema(x32.amin(dim, keepdim=True), x32.amax(dim, keepdim=True), bits)
+
+
+def _fake_values(x: torch.Tensor, lo, scale, inv_scale, bits: int, offset) -> torch.Tensor:
+    """``lo + scale·q`` (float32) of ``x``'s codes for broadcast ranges, with a straight-through gradient."""
+    x32 = x.to(torch.float32)
+    detached = x32.detach()
+    codes = torch.floor((detached - lo) * inv_scale + offset).clamp_(0, 2**bits - 1)
+    # deq + (x − x) is deq exactly (x − x is exactly 0 for finite x), and its gradient is 1.
+    return (lo + scale * codes) + (x32 - detached)
 
 
 def quantize(x: torch.Tensor, bits: int, dim: Optional[int], layout: str,
@@ -102,13 +114,9 @@ def fake_quantize(x: torch.Tensor, bits: int, dim: Optional[int], stochastic: bo
     The ranges come from the detached input, as in :func:`quantize`; the result
     is float32 (the dtype of the bit kernels' results).
     """
-    x32 = x.to(torch.float32)
-    detached = x32.detach()
-    lo, scale, inv_scale = _ranges(detached, bits, dim)
+    detached = x.detach().to(torch.float32)
     offset = torch.rand_like(detached) if stochastic else 0.5
-    codes = torch.floor((detached - lo) * inv_scale + offset).clamp_(0, 2**bits - 1)
-    # deq + (x − x) is deq exactly (x − x is exactly 0 for finite x), and its gradient is 1.
-    return (lo + scale * codes) + (x32 - detached)
+    return _fake_values(x, *_ranges(detached, bits, dim), bits, offset)
 
 
 def fits(x: BitTensor, bits: Optional[int], dims) -> bool:
@@ -122,8 +130,9 @@ def dequantize(x: BitTensor) -> torch.Tensor:
 
 class FixedRanges(NamedTuple):
     """Per-column ranges fixed in advance (calibrated, see :mod:`pyg_quant.nn.calibration`) for ``bits``-bit codes:
-    float32 ``lo``, ``scale`` and ``inv_scale`` ``[cols]``, made from the extrema by :func:`_ranges`' steps, so that
-    ranges calibrated on a tensor quantize it exactly as its own per-column ranges do."""
+    float32 ``lo``, ``scale`` and ``inv_scale`` ``[cols]``, made from the extrema by the dynamic quantizer's own steps
+    (:func:`_ranges_of_extrema`), so that ranges calibrated on a tensor quantize it exactly as its own per-column
+    ranges do."""
     lo: torch.Tensor
     scale: torch.Tensor
     inv_scale: torch.Tensor
@@ -131,14 +140,9 @@ class FixedRanges(NamedTuple):
 
     @staticmethod
     def from_extrema(lo: torch.Tensor, hi: torch.Tensor, bits: int) -> "FixedRanges":
-        lo32, hi32 = lo.detach().to(torch.float32).reshape(1, -1), hi.detach().to(torch.float32).reshape(1, -1)
-        scale = (hi32 - lo32) / torch.full_like(hi32, float(2**bits - 1))
-        inv_scale = torch.where(scale > 0, torch.ones_like(scale) / scale, torch.zeros_like(scale))
-        return FixedRanges(lo32.reshape(-1).contiguous(), scale.reshape(-1), inv_scale.reshape(-1), int(bits))
-
-    def bit_tensor(self, planes: torch.Tensor, rows: int) -> BitTensor:
-        """The column-layout :class:`BitTensor` of ``planes`` (``rows`` × ``cols`` codes of these ranges)."""
-        return BitTensor(planes, (rows, self.lo.numel()), self.bits, "col", self.lo, self.scale, 0)
+        lo32, scale, inv_scale = _ranges_of_extrema(lo.detach().to(torch.float32).reshape(-1).contiguous(),
+                                                    hi.detach().to(torch.float32).reshape(-1), bits)
+        return FixedRanges(lo32, scale, inv_scale, int(bits))
 
     def from_row_codes(self, row_codes: torch.Tensor, rows: int) -> BitTensor:
         """The same, held as its packed row codes (:meth:`BitTensor.from_row_codes`)."""
@@ -153,13 +157,9 @@ def quantize_fixed(x: torch.Tensor, ranges: FixedRanges) -> BitTensor:
                          f"{tuple(x.shape)}")
     x32 = x.detach().to(torch.float32).contiguous()
     planes = ops.quantize_pack(x32, ranges.lo.view(1, -1), ranges.inv_scale.view(1, -1), ranges.bits, True, None)
-    return ranges.bit_tensor(planes, x32.size(0))
+    return BitTensor(planes, tuple(x32.shape), ranges.bits, "col", ranges.lo, ranges.scale, 0)
 
 
 def fake_quantize_fixed(x: torch.Tensor, ranges: FixedRanges) -> torch.Tensor:
     r"""``lo + scale·q`` of :func:`quantize_fixed`'s codes, float32, with a straight-through gradient."""
-    x32 = x.to(torch.float32)
-    detached = x32.detach()
-    lo, scale, inv_scale = (t.view(1, -1) for t in ranges[:3])
-    codes = torch.floor((detached - lo) * inv_scale + 0.5).clamp_(0, 2**ranges.bits - 1)
-    return (lo + scale * codes) + (x32 - detached)
+    return _fake_values(x, *(t.view(1, -1) for t in ranges[:3]), ranges.bits, 0.5)

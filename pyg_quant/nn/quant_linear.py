@@ -256,25 +256,22 @@ def _quant_mlp(x2: Union[Tensor, BitTensor], linears, relus, row_scale: Optional
             end += 1
         group = linears[start:end]
         weights = [lin.fused_weight() for lin in group]
-        layers = ([w[0] for w in weights], [w[1] for w in weights], [w[2] for w in weights], [w[3] for w in weights],
-                  [None if lin.bias is None else lin.bias.detach() for lin in group], [lin.act_bits for lin in group],
-                  [lin.weight_bits for lin in group], list(relus[start:end]),
-                  row_scale if end == len(linears) else None, col_keys if end == len(linears) else None)
-        if out_codes is not None and end == len(linears):
-            ranges = (out_codes.lo, out_codes.inv_scale, out_codes.bits)
-            if isinstance(h, BitTensor):
-                row_codes = ops.quant_mlp_planes_row_codes(
-                    h.planes, h.rows, h.cols, h.layout == "col", h.lo.detach(), h.scale.detach(),
-                    -1 if h.dim is None else h.dim, *layers[:-1], *ranges)
-            else:
-                row_codes = ops.quant_mlp_row_codes(h, *layers[:-1], *ranges)
-            return out_codes.from_row_codes(row_codes, x2.rows if isinstance(x2, BitTensor) else x2.size(0))
+        last = end == len(linears)
+        chain = ([w[0] for w in weights], [w[1] for w in weights], [w[2] for w in weights], [w[3] for w in weights],
+                 [None if lin.bias is None else lin.bias.detach() for lin in group], [lin.act_bits for lin in group],
+                 [lin.weight_bits for lin in group], list(relus[start:end]), row_scale if last else None)
+        # The call's output: float32 (with col_keys, last), or fixed-range row codes (last, with out_codes).
+        row_codes = last and out_codes is not None
+        output = (out_codes.lo, out_codes.inv_scale, out_codes.bits) if row_codes else (col_keys if last else None,)
         if isinstance(h, BitTensor):
-            h = ops.quant_mlp_planes(h.planes, h.rows, h.cols, h.layout == "col", h.lo.detach(), h.scale.detach(),
-                                     -1 if h.dim is None else h.dim, *layers)
+            planes = (h.planes, h.rows, h.cols, h.layout == "col", h.lo.detach(), h.scale.detach(),
+                      -1 if h.dim is None else h.dim)
+            h = (ops.quant_mlp_planes_row_codes if row_codes else ops.quant_mlp_planes)(*planes, *chain, *output)
         else:
-            h = ops.quant_mlp(h, *layers)
+            h = (ops.quant_mlp_row_codes if row_codes else ops.quant_mlp)(h, *chain, *output)
         start = end
+    if out_codes is not None:
+        return out_codes.from_row_codes(h, x2.rows if isinstance(x2, BitTensor) else x2.size(0))
     return h
 
 
