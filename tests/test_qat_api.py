@@ -16,6 +16,8 @@ Oracles:
   ``bits=None``; on a :class:`~pyg_quant.BitAdjacency` it must equal the unprepared PyG layer on
   ``edge_index`` (the same graph) to float32 rounding: ``|Δ| ≤ 1e-5·max|out|``.
 """
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -150,21 +152,40 @@ def test_unconverted_qat_model_with_inference_tensors_evaluates():
     assert torch.equal(out, expected)
 
 
+NOT_CACHED = "the weight is an inference tensor"
+
+
 def test_weights_made_under_inference_mode_are_packed_every_call():
-    """An inference tensor keeps no version counter: its codes are never cached (a stale cache could not be told)."""
+    """An inference tensor keeps no version counter: its codes are never cached (a stale cache could not be told),
+    and the module says so once (every call quantizes its weight again)."""
     with torch.inference_mode():
         lin = pq.nn.QuantLinear(16, 8, bits=4).eval()
         x = torch.randn(10, 16)
-        first = lin(x)
-        lin.weight.mul_(2)  # allowed on an inference tensor inside inference mode
-        second = lin(x)
+        with pytest.warns(UserWarning, match=NOT_CACHED) as seen:
+            first = lin(x)
+            lin.weight.mul_(2)  # allowed on an inference tensor inside inference mode
+            second = lin(x)
+    assert len([w for w in seen if NOT_CACHED in str(w.message)]) == 1  # once per module
     assert lin.weight.is_inference() and not torch.equal(first, second)
     model, data = trained("gcn")
     with torch.inference_mode():
         qlin = qat.convert(model).conv1.lin
         qlin.weight = torch.nn.Parameter(qlin.weight.clone(), requires_grad=False)  # an inference tensor
-        assert qlin.packed_weight() is not qlin.packed_weight()
+        with pytest.warns(UserWarning, match="QATLinear: " + NOT_CACHED):
+            assert qlin.packed_weight() is not qlin.packed_weight()
         assert torch.equal(qlin.packed_weight().planes, qlin.packed_weight().planes)
+
+
+def test_a_model_made_outside_inference_mode_caches_its_codes_silently():
+    """The supported pattern: create, load and move the model outside inference_mode, call it inside."""
+    lin = pq.nn.QuantLinear(16, 8, bits=4).eval()
+    x = torch.randn(10, 16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with torch.inference_mode():
+            first = lin(x)
+            assert lin.fused_weight() is lin.fused_weight()  # cached
+            assert torch.equal(lin(x), first)
 
 
 # --- inputs that are quantized already ------------------------------------------------------------------

@@ -1,4 +1,5 @@
 r"""QuantLinear: :class:`torch_geometric.nn.Linear` with its GEMM on bit planes."""
+import warnings
 from typing import Optional, Tuple, Union
 
 import torch
@@ -12,6 +13,23 @@ from ..bitmm import bitmm_float
 from ._common import quant_options_repr
 from ._quantize import (FixedRanges, check_bits, check_finite, dequantize, fake_quantize, fits, is_compiling,
                         quantize, values_finite)
+
+
+def warn_weight_not_cached(module: torch.nn.Module) -> None:
+    """Once per module: its weight is an inference tensor, so its codes are made again at every call.
+
+    An inference tensor keeps no version counter, so an in-place edit of it could not be told from a cache hit;
+    the codes are therefore never cached for one.  A model created, loaded or moved under
+    ``torch.inference_mode`` holds such weights, and each call then quantizes every weight again (on an H200, a
+    GIN 3x64 epoch at 8 bits took 16.1 ms instead of 11.5: benchmarks/RESULTS.md).
+    """
+    if module.__dict__.get("_warned_weight_not_cached"):
+        return
+    module.__dict__["_warned_weight_not_cached"] = True
+    warnings.warn(f"{type(module).__name__}: the weight is an inference tensor (the model was created, loaded or "
+                  "moved under torch.inference_mode), so its codes cannot be cached and are quantized again at "
+                  "every call; create, load and move the model outside inference_mode (call it inside) to quantize "
+                  "its weights once", UserWarning, stacklevel=3)
 
 
 def bit_kernels_apply(module: torch.nn.Module, *tensors) -> bool:
@@ -150,6 +168,7 @@ class QuantLinear(Linear):
         try:
             version = weight._version
         except RuntimeError:
+            warn_weight_not_cached(self)
             return build(weight)
         key = (weight.data_ptr(), version, weight.device, self.weight_bits)
         cached = getattr(self, name, None)

@@ -45,7 +45,7 @@ from torch import Tensor
 
 from ..bit_tensor import BitTensor, to_val
 from ..bitmm import bitmm
-from ..nn.quant_linear import QuantLinear, bit_kernels_apply
+from ..nn.quant_linear import QuantLinear, bit_kernels_apply, warn_weight_not_cached
 from .fake_quantize import FakeQuantize
 from .observers import check_finite
 from .qconfig import QConfig
@@ -138,6 +138,8 @@ class QATLinear(QuantLinear):
         """
         fq = self.weight_quant
         version = tensor_version(self.weight)  # None: an inference tensor, whose in-place edits are not tracked
+        if version is None and fq.frozen:
+            warn_weight_not_cached(self)
         key = (self.weight.data_ptr(), version, self.weight.device)
         if self._packed is not None and self._packed[0] == key and fq.frozen and version is not None:
             return self._packed[1]
