@@ -149,6 +149,14 @@ def assert_same_bits(got: pq.BitTensor, want: pq.BitTensor, row_codes=True):
         assert torch.equal(got.row_codes().cpu(), want.row_codes().cpu()), "row codes differ"
 
 
+def assert_same_result(got, want):
+    """A layer's outputs equal bit for bit: BitTensors by their codes and ranges, float tensors by value."""
+    if isinstance(want, pq.BitTensor):
+        assert_same_bits(got, want)
+    else:
+        assert torch.equal(got, want)
+
+
 def check_gin_static_codes(out, y, static, bits):
     """``out`` (a static GIN output) holds the codes of ``y`` with the ranges made here from ``static``."""
     lo, scale, inv = own_ranges(static[0].cpu(), static[1].cpu(), bits)
@@ -262,6 +270,12 @@ def union(tensors):
                         torch.stack([t.amax(0) for t in tensors]).amax(0)))
 
 
+def assert_no_single_batch_range(layer, values):
+    """The layer's calibrated range is none of the batches' own extrema: every batch contributed."""
+    for v in values:
+        assert not torch.equal(layer.static_range, torch.stack((v.amin(0), v.amax(0))))
+
+
 class GINStack(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -299,8 +313,7 @@ def test_gin_stack_calibrated_over_batches(device):
     assert torch.equal(model.second.static_range, union(y2))
     # every batch contributes: neither range is one batch's own
     for layer, ys in ((model.first, y1), (model.second, y2)):
-        for y in ys:
-            assert not torch.equal(layer.static_range, torch.stack((y.amin(0), y.amax(0))))
+        assert_no_single_batch_range(layer, ys)
     # the static stack: layer 1's codes from its ranges, layer 2 reading them
     x, ei = data[0]
     with torch.no_grad():
@@ -326,8 +339,7 @@ def test_gcn_stack_calibrated_over_batches(device):
     assert torch.allclose(model.first.static_range, union(h1), rtol=1e-6, atol=0)
     assert torch.allclose(model.second.static_range, union(h2), rtol=1e-6, atol=0)
     for layer, hs in ((model.first, h1), (model.second, h2)):
-        for h in hs:
-            assert not torch.equal(layer.static_range, torch.stack((h.amin(0), h.amax(0))))
+        assert_no_single_batch_range(layer, hs)
     x, ei = data[0]
     with torch.no_grad():
         first = model.first(x, ei)
@@ -515,9 +527,9 @@ def test_exception_inside_calibrate_fixes_nothing():
                                                           gin_float(gin, x2, edge_index2).amax(0))))
         h = gcn_h(gcn, x2, edge_index2)
         assert torch.equal(gcn.static_range, torch.stack((h.amin(0), h.amax(0))))
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="module must be a torch.nn.Module"):
         with calibrate(lambda: None):
-            pass
+            raise AssertionError("calibrate accepted a function")
 
 
 def test_calibrated_under_inference_mode():
@@ -537,13 +549,40 @@ def test_calibrated_under_inference_mode():
             want = twin(x2, edge_index)
         for context in (torch.inference_mode, torch.no_grad):
             with context():
-                got = conv(x2, edge_index)
-            if isinstance(want, pq.BitTensor):
-                assert_same_bits(got, want)
-            else:
-                assert torch.equal(got, want)
+                assert_same_result(conv(x2, edge_index), want)
         buffer = io.BytesIO()
         torch.save(conv.state_dict(), buffer)
+
+
+def test_states_loaded_under_inference_mode_are_used_as_loaded():
+    """A calibrated state loaded, then another, into one layer under inference_mode: each call quantizes with the
+    ranges loaded last (the buffer is a normal tensor whose version counts the loads; an inference-tensor buffer
+    is never cached)."""
+    x, edge_index = features(200, 97), graph(200, 98)
+    for make in (lambda: make_gin(4), lambda: make_gcn(4)):
+        source = make()
+        with torch.no_grad(), calibrate(source):
+            source(x, edge_index)
+        first = source.state_dict()
+        second = dict(first, static_range=first["static_range"] * torch.tensor([[1.5], [2.5]]))
+        wants = []
+        for state in (first, second):
+            fresh = make()
+            fresh.load_state_dict(state)
+            with torch.no_grad():
+                wants.append(fresh(x, edge_index))
+        conv = make()
+        with torch.inference_mode():
+            for state, want in zip((first, second, first), wants + wants[:1]):
+                conv.load_state_dict(state)
+                assert not conv.static_range.is_inference()
+                assert_same_result(conv(x, edge_index), want)
+            conv.static_range = conv.static_range.clone()  # an inference tensor, edited in place: read anew
+            conv.static_range.copy_(second["static_range"])
+            assert conv.static_range.is_inference()
+            assert_same_result(conv(x, edge_index), wants[1])
+        values = [pq.to_val(w) if isinstance(w, pq.BitTensor) else w for w in wants]
+        assert not torch.equal(values[0], values[1])  # the two states quantize differently
 
 
 def test_set_static_range():

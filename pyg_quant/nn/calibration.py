@@ -18,7 +18,7 @@ channel's minimum and maximum over every call; on leaving it, each layer keeps
 them as its ``static_range`` buffer (float32 ``[2, channels]``: minima, then
 maxima; saved in the state dict).  Then, in ``eval()``, the layer quantizes
 with them: the bit kernels' GPU path computes the codes as its fused MLP kernel
-stores its output (:func:`pyg_quant.ops.quant_mlp_codes`), with no pass of its
+stores its output (:func:`pyg_quant.ops.quant_mlp_row_codes`), with no pass of its
 own; values outside a range take the range's end codes.  Training
 (``train()``) ignores them.  Ranges calibrated on a tensor quantize that tensor
 exactly as its own dynamic ranges do (the same float32 steps).
@@ -52,8 +52,8 @@ class StaticRange:
 
     def _static_bits(self) -> Optional[int]:
         """The width of the per-channel codes this layer can quantize with fixed ranges (None: nothing to
-        calibrate)."""
-        raise NotImplementedError
+        calibrate; the layers override it)."""
+        return None
 
     def _observe(self, values: Tensor) -> None:
         """Record the per-channel extrema of ``values`` (2-D, channels last) while calibrating."""
@@ -82,7 +82,9 @@ class StaticRange:
         bits = self._static_bits()
         if bits is None:
             return None
-        key = (static.data_ptr(), None if static.is_inference() else static._version, static.device, bits)
+        if static.is_inference():  # no version counter: an in-place load could not be told from a cache hit
+            return FixedRanges.from_extrema(static[0], static[1], bits)
+        key = (static.data_ptr(), static._version, static.device, bits)
         cached = self.__dict__.get("_fixed_ranges_cache")
         if cached is None or cached[0] != key:
             cached = self.__dict__["_fixed_ranges_cache"] = (key, FixedRanges.from_extrema(static[0], static[1], bits))
@@ -117,7 +119,8 @@ class StaticRange:
         # A state saved before calibration (no such key) makes the layer dynamic again: it is what was saved.
         key = prefix + STATIC_RANGE
         if getattr(self, STATIC_RANGE) is None and isinstance(state_dict.get(key), Tensor):
-            setattr(self, STATIC_RANGE, torch.empty_like(state_dict[key], dtype=torch.float32))
+            with torch.inference_mode(False):  # a normal tensor (its version counts later loads) under inference_mode
+                setattr(self, STATIC_RANGE, torch.empty_like(state_dict[key], dtype=torch.float32))
         elif key not in state_dict:
             self.clear_static_range()
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
