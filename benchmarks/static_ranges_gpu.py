@@ -4,7 +4,7 @@ GIN's and GCN's MLP steps on a 32,000-node batch, as the layers run them on CUDA
 
 * dynamic: ``quant_mlp`` (or ``quant_mlp_planes``) handing its output's column keys to the column quantizer
   (``quantize_pack_ranges``: per-column ranges from the keys, column-layout planes and row codes) -- the keys'
-  zeroed buffer, the MLP kernel, the quantizer kernel;
+  zeroed buffer (a fresh one the MLP op returns, ``col_keys=True``), the MLP kernel, the quantizer kernel;
 * static: ``quant_mlp_row_codes`` (``quant_mlp_planes_row_codes``), which quantizes with fixed per-column ranges as it
   stores the rows and writes their packed row codes (what the CSR gather reads) -- one kernel; and, for an
   aggregation that reads planes (bit tiles), the same followed by ``planes_from_row_codes``.
@@ -28,7 +28,6 @@ sys.path.insert(0, os.path.dirname(HERE))
 import pyg_quant as pq  # noqa: E402
 from pyg_quant import ops  # noqa: E402
 from pyg_quant.nn._quantize import FixedRanges  # noqa: E402
-from pyg_quant.nn.quant_linear import new_col_keys  # noqa: E402
 from quant_mlp_gpu import time_graph  # noqa: E402  (graph replay of 20 calls, median µs a call)
 
 
@@ -71,11 +70,10 @@ def case(name, widths, bits, rows, device, gen, planes_input=False, row_scale=Fa
     out_cols = widths[-1]
 
     def dynamic():
-        keys = new_col_keys(out_cols, device)
         if planes_input:
-            y = ops.quant_mlp_planes(*planes_args, *layers, scale, keys)
+            y, keys = ops.quant_mlp_planes(*planes_args, *layers, scale, col_keys=True)
         else:
-            y = ops.quant_mlp(x, *layers, scale, keys)
+            y, keys = ops.quant_mlp(x, *layers, scale, col_keys=True)
         return ops.quantize_pack_ranges(y, bits, 0, True, None, True, keys, False)
 
     def static(ranges):

@@ -37,12 +37,19 @@ TORCH_LIBRARY(pyg_quant, m) {
       "Tensor? res_val, int num_rows, int num_cols, int planes) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "quant_mlp(Tensor x, Tensor[] weight_codes, Tensor[] weight_lo, Tensor[] weight_scale, Tensor[] weight_sums, "
-      "Tensor?[] bias, int[] act_bits, int[] weight_bits, bool[] relu, Tensor? row_scale=None, "
-      "Tensor(a!)? col_keys=None) -> Tensor");
+      "Tensor?[] bias, int[] act_bits, int[] weight_bits, bool[] relu, Tensor? row_scale=None) -> Tensor");
+  m.def(
+      "quant_mlp_keys(Tensor x, Tensor[] weight_codes, Tensor[] weight_lo, Tensor[] weight_scale, "
+      "Tensor[] weight_sums, Tensor?[] bias, int[] act_bits, int[] weight_bits, bool[] relu, "
+      "Tensor? row_scale=None) -> (Tensor, Tensor)");
   m.def(
       "quant_mlp_planes(Tensor planes, int rows, int cols, bool col_layout, Tensor lo, Tensor scale, int dim, "
       "Tensor[] weight_codes, Tensor[] weight_lo, Tensor[] weight_scale, Tensor[] weight_sums, Tensor?[] bias, "
-      "int[] act_bits, int[] weight_bits, bool[] relu, Tensor? row_scale=None, Tensor(a!)? col_keys=None) -> Tensor");
+      "int[] act_bits, int[] weight_bits, bool[] relu, Tensor? row_scale=None) -> Tensor");
+  m.def(
+      "quant_mlp_planes_keys(Tensor planes, int rows, int cols, bool col_layout, Tensor lo, Tensor scale, int dim, "
+      "Tensor[] weight_codes, Tensor[] weight_lo, Tensor[] weight_scale, Tensor[] weight_sums, Tensor?[] bias, "
+      "int[] act_bits, int[] weight_bits, bool[] relu, Tensor? row_scale=None) -> (Tensor, Tensor)");
   m.def(
       "quant_mlp_row_codes(Tensor x, Tensor[] weight_codes, Tensor[] weight_lo, Tensor[] weight_scale, "
       "Tensor[] weight_sums, Tensor?[] bias, int[] act_bits, int[] weight_bits, bool[] relu, Tensor? row_scale, "

@@ -55,7 +55,7 @@ class BitAdjacency:
     """
 
     _TENSORS = ("window_ptr", "tile_col", "tile_bits", "res_ptr", "res_col", "res_val", "diag", "row_sums")
-    __slots__ = _TENSORS + ("num_rows", "num_cols", "nnz", "max_row_sum", "_derived", "_captured")
+    __slots__ = _TENSORS + ("num_rows", "num_cols", "nnz", "max_row_sum", "row_sum_bits", "_derived", "_captured")
 
     def __init__(self, window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val: Optional[torch.Tensor],
                  num_rows: int, num_cols: int, diag: Optional[torch.Tensor], row_sums: torch.Tensor,
@@ -65,10 +65,20 @@ class BitAdjacency:
         self.num_rows, self.num_cols = int(num_rows), int(num_cols)
         self.diag, self.row_sums = diag, row_sums
         self.nnz, self.max_row_sum = int(nnz), int(max_row_sum)
+        self.row_sum_bits = self.max_row_sum.bit_length()
         self._derived = None
         # Made while a CUDA graph is captured (decoded inside the graph): its tensors live in the capture's pool.
         self._captured = (row_sums.is_cuda and not torch.compiler.is_compiling()
                           and torch.cuda.is_current_stream_capturing())
+
+    def wide_sums(self, x_bits: int) -> bool:
+        """Whether ``Σ_j A_ij · q_j`` of ``x_bits``-bit codes can exceed int32 (the kernels then sum in int64).
+
+        While ``torch.compile`` traces, the bound is ``2**row_sum_bits - 1`` (at least ``max_row_sum``), so that
+        batches whose largest row sums differ share one compiled graph; int64 sums give the same result.
+        """
+        bound = (1 << self.row_sum_bits) - 1 if torch.compiler.is_compiling() else self.max_row_sum
+        return bound * (2**int(x_bits) - 1) > INT32_MAX
 
     def derived(self, name: str, compute: Callable[[], torch.Tensor]) -> torch.Tensor:
         """``compute()``, kept on this adjacency for the next call with the same ``name``.
@@ -328,7 +338,7 @@ def bit_spmm(adj: BitAdjacency, x: BitTensor, *, self_weight=None, row_scale=Non
         raise TypeError(f"bias must be a tensor, got {type(bias).__name__}")
     bias = _float_vector(bias, cols, device, "bias")
     x_col = x.as_layout("col")
-    wide = adj.max_row_sum * (2**x.bits - 1) > INT32_MAX
+    wide = adj.wide_sums(x.bits)
     lo = x.lo.expand(cols).contiguous()
     scale = x.scale.expand(cols).contiguous()
     x_planes, x_codes = gather_operands(adj, x_col, self_term is not None)

@@ -94,9 +94,19 @@ class BitTensor:
     def planes(self) -> torch.Tensor:
         """``int32[bits, outer_pad, words]`` (:mod:`pyg_quant.layout`); made from the row codes on first use by a
         BitTensor built :meth:`from_row_codes`."""
-        if self._planes is None:
-            self._planes = ops.planes_from_row_codes(self._row_codes, self.rows, self.cols, self.bits)
-        return self._planes
+        return self._made_once("_planes", lambda: ops.planes_from_row_codes(self._row_codes, self.rows, self.cols,
+                                                                            self.bits))
+
+    def _made_once(self, name: str, make):
+        """The field ``name``, made by ``make()`` when missing and kept, except while ``torch.compile`` traces: kept
+        on an input, a traced graph's output would outlive its run (a CUDA graph's, under reduce-overhead, is
+        overwritten by the next replay)."""
+        value = getattr(self, name)
+        if value is None:
+            value = make()
+            if not torch.compiler.is_compiling():
+                setattr(self, name, value)
+        return value
 
     @property
     def has_planes(self) -> bool:
@@ -135,9 +145,7 @@ class BitTensor:
 
     def row_codes(self) -> torch.Tensor:
         """The packed row codes (:mod:`pyg_quant.layout`, "Row codes"), ``uint8[nodes_pad, row bytes]``; made once."""
-        if self._row_codes is None:
-            self._row_codes = ops.pack_row_codes(self.planes, self.cols, self.layout == "col")
-        return self._row_codes
+        return self._made_once("_row_codes", lambda: ops.pack_row_codes(self.planes, self.cols, self.layout == "col"))
 
     def _replace(self, **fields) -> "BitTensor":
         state = {k: getattr(self, k) for k in ("planes", "shape", "bits", "layout", "lo", "scale", "dim")}
@@ -160,12 +168,13 @@ class BitTensor:
         """The same codes packed in ``layout``; repacked once and cached."""
         if _check_layout(layout) == self.layout:
             return self
-        if self._other_layout is None:
+        def repacked() -> "BitTensor":
             codes = self.codes().float()
             zero = codes.new_zeros(1, 1)
-            planes = ops.quantize_pack(codes, zero, zero + 1, self.bits, layout == "col", None)
-            self._other_layout = self._replace(planes=planes, layout=layout)
-        return self._other_layout
+            return self._replace(planes=ops.quantize_pack(codes, zero, zero + 1, self.bits, layout == "col", None),
+                                 layout=layout)
+
+        return self._made_once("_other_layout", repacked)
 
     def __repr__(self) -> str:
         granularity = {None: "tensor", 0: "column", 1: "row"}[self.dim]

@@ -19,11 +19,13 @@ Oracles (none of them reads the layer's ``static_range`` to predict what it shou
 import copy
 import io
 import os
+import warnings
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch.nn import Linear, ReLU, Sequential
+from torch_geometric.nn import GCNConv, GINConv
 
 import pyg_quant as pq
 from pyg_quant.nn import QGCNConv, QGINConv, calibrate, clear_calibration
@@ -105,10 +107,11 @@ def gin_float(conv, x, edge_index):
 
 
 def dinv_of(edge_index, n, device="cpu"):
-    """D^-1/2 of Â = A + I (loop-free edge list): integer in-degrees + 1, float64 sum, float32 power."""
+    """D^-1/2 of Â = A + I (loop-free edge list): integer in-degrees + 1, float64 sum, the layer's float64 1/sqrt."""
     dst = edge_index[1].cpu()
     count = torch.zeros(n, dtype=torch.int64).index_add_(0, dst, torch.ones_like(dst))
-    return (count.double() + 1).float().pow(-0.5).to(device)
+    deg = (count.double() + 1).float()
+    return (1.0 / deg.double().sqrt()).float().to(device)  # the layer's D^-1/2: float64 1/sqrt, rounded once
 
 
 def gcn_h(conv, x, edge_index):
@@ -826,3 +829,164 @@ def calibrated_full(model, data):
     with torch.no_grad(), calibrate(other):
         other(data.x, data.edge_index)
     return other.conv1.static_range
+
+
+# --- prepared (QAT) and converted models --------------------------------------------------------------
+# Oracles: what a QAT layer calibrates is what its agg_quant quantizes, computed here (GCN's D^-1/2 lin(X), GIN's
+# source features); ranges calibrated on an input quantize it as a dynamic agg_quant of the same granularity does
+# (exact equality with such a copy: the ranges are used, and made by the same float32 steps); and against the
+# uncalibrated model (agg_quant's trained, clipping range) the difference is bounded, derived below.
+class FloatGCN(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.conv2 = GCNConv(24, 20), GCNConv(20, 6)
+
+    def forward(self, x, edge_index):
+        return self.conv2(self.conv1(x, edge_index).relu(), edge_index)
+
+
+class FloatGIN(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = GINConv(Sequential(Linear(24, 20), ReLU(), Linear(20, 20)), train_eps=True)
+        self.conv2 = GINConv(Linear(20, 6))
+
+    def forward(self, x, edge_index):
+        return self.conv2(self.conv1(x, edge_index).relu(), edge_index)
+
+
+def trained_prepared(kind, x, edge_index, **qconfig):
+    """The README's flow: ``qat.prepare(float_model, bits=4)`` (the last layer stays fp32), a few training steps."""
+    torch.manual_seed(0)
+    model = pq.qat.prepare(FloatGCN() if kind == "gcn" else FloatGIN(), bits=4, seed=0, **qconfig)
+    labels = torch.randint(6, (x.size(0),), generator=gen(1))
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    for _ in range(5):
+        optimizer.zero_grad()
+        F.cross_entropy(model(x, edge_index), labels).backward()
+        optimizer.step()
+    return model.eval()
+
+
+def agg_operand(model, kind, x, edge_index):
+    if kind == "gin":
+        return x
+    with torch.no_grad():
+        h = model.conv1.lin(x)
+    return h * dinv_of(edge_index, x.size(0)).view(-1, 1)
+
+
+def quantization_gap(y, static, fq, bits):
+    """Per element, a bound on |q_static(y) - q_fq(y)|: half a step of each, plus how far y lies outside fq's range
+    (agg_quant clamps there)."""
+    lo_fq, hi_fq = (t.view(1, -1) for t in fq.range(y))
+    s_fq = (hi_fq - lo_fq) / (2**bits - 1)
+    s_static = (static[1] - static[0]).view(1, -1) / (2**bits - 1)
+    clipped = (y - hi_fq).clamp_min(0) + (lo_fq - y).clamp_min(0)
+    return (s_static / 2 + s_fq / 2 + clipped).double()
+
+
+def output_of(module, run):
+    seen = []
+    handle = module.register_forward_hook(lambda m, args, out: seen.append(out))
+    try:
+        run()
+    finally:
+        handle.remove()
+    return seen[-1]
+
+
+def input_of(module, run):
+    seen = []
+    handle = module.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
+    try:
+        run()
+    finally:
+        handle.remove()
+    return seen[-1]
+
+
+@pytest.mark.parametrize("granularity", ["channel", "tensor"])
+@pytest.mark.parametrize("kind", ["gcn", "gin"])
+def test_prepared_model_calibrates(kind, granularity):
+    x, edge_index = features(200, 100), graph(200, 101)
+    model = trained_prepared(kind, x, edge_index, agg_granularity=granularity)
+    uncalibrated = copy.deepcopy(model)
+    conv, fq = model.conv1, model.conv1.agg_quant
+    probe = conv.nn if kind == "gin" else conv  # GIN: the aggregation A·q(X) + (1 + eps)·X, GCN: the layer output
+    catch = input_of if kind == "gin" else output_of
+    with torch.no_grad():
+        before = model(x, edge_index)
+        probe_before = catch(probe, lambda: model(x, edge_index))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no "ran no forward call"
+            with calibrate(model):
+                assert torch.equal(model(x, edge_index), before)  # agg_quant's ranges while recording
+    assert model.conv2.static_range is None  # the fp32 last layer has nothing to calibrate
+    y = agg_operand(model, kind, x, edge_index)
+    cols = y.size(1)
+    extrema = (torch.stack((y.amin(0), y.amax(0))) if granularity == "channel"
+               else torch.stack((y.min().expand(cols), y.max().expand(cols))))
+    if kind == "gin":
+        assert torch.equal(conv.static_range, extrema)
+    else:
+        assert torch.allclose(conv.static_range, extrema, rtol=1e-6, atol=0)
+    assert not torch.equal(torch.stack(fq.range(y)).expand(2, cols), conv.static_range)  # a range of its own
+
+    # Used: the same numbers as agg_quant replaced by a dynamic quantizer of the same granularity.
+    dynamic = copy.deepcopy(uncalibrated)
+    dynamic.conv1.agg_quant = pq.qat.FakeQuantize(4, "dynamic", 0 if granularity == "channel" else None,
+                                                  stochastic=False).eval()
+    with torch.no_grad():
+        after = model(x, edge_index)
+        assert torch.equal(after, dynamic(x, edge_index))
+        probe_after = catch(probe, lambda: model(x, edge_index))
+    with_grad = model(x, edge_index)  # the fake path: the same codes, summed in float64
+    assert torch.allclose(with_grad, after, rtol=1e-5, atol=1e-6)
+
+    # Against the uncalibrated model: GCN's Δout1 = D^-1/2 Â (q_static(H') - q_fq(H')), GIN's Δ(A·q(X)) = A·(...)
+    n = x.size(0)
+    adjacency = dense_from_edges(edge_index, n, n)
+    gap = quantization_gap(y, conv.static_range, fq, 4)
+    magnitude = adjacency.abs() @ (y.double().abs() + gap)
+    if kind == "gcn":
+        d = dinv_of(edge_index, n).double().view(-1, 1)
+        adjacency = adjacency + torch.eye(n, dtype=torch.float64)
+        bound = d * (adjacency @ gap)
+        magnitude = d * (adjacency @ (y.double().abs() + gap)) + conv.bias.detach().double().abs()
+    else:
+        bound = adjacency @ gap
+        magnitude = magnitude + ((1 + conv.eps.detach()) * x).double().abs()
+    diff = (probe_after.double() - probe_before.double()).abs()
+    assert (diff <= bound + 2 * FP32_REL * magnitude).all()
+    assert diff.max() > 0
+
+    # A converted model keeps the calibration and its outputs; calibrating the converted model instead: the same.
+    inference = pq.qat.convert(model)
+    assert torch.equal(inference.conv1.static_range, conv.static_range)
+    converted = pq.qat.convert(uncalibrated)
+    with torch.no_grad():
+        assert torch.equal(inference(x, edge_index), after)
+        with calibrate(converted):
+            converted(x, edge_index)
+        assert torch.equal(converted.conv1.static_range, conv.static_range)
+        assert torch.equal(converted(x, edge_index), after)
+        clear_calibration(model)
+        assert torch.equal(model(x, edge_index), before)
+
+
+def test_prepared_gin_calibrates_on_bit_tensor_features():
+    """The loader's features (a BitTensor that fits agg_quant) are aggregated as their codes: calibrating records
+    their values (no "ran no forward call"), and the codes stay the operand afterwards."""
+    x, edge_index = features(200, 102), graph(200, 103)
+    model = trained_prepared("gin", x, edge_index)
+    xq = pq.to_bit(x, 4, dim=0, layout="col")
+    with torch.no_grad():
+        before = model(xq, edge_index)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with calibrate(model):
+                model(xq, edge_index)
+        values = pq.to_val(xq)
+        assert torch.equal(model.conv1.static_range, torch.stack((values.amin(0), values.amax(0))))
+        assert torch.equal(model(xq, edge_index), before)

@@ -1,10 +1,12 @@
 """Column keys: the fused MLP hands the per-column quantizer the extrema of its output (``col_keys``).
 
-Oracles: the keys are checked against an encoding written here (independent of ``ordered_key.h`` and of
-``reference.ordered_keys``) applied to the op's own output; ``quantize_pack_ranges`` with the keys of ``x`` must
-return what it returns without them (all five outputs), on every backend; the GPU's keys must equal the CPU's bit
-for bit wherever the outputs do (finite values).  The layers that use the keys on CUDA (QGINConv requantizing per
-channel, QGCNConv's D^-1/2 X W) must give the bits of the path without them; on the CPU they do not pass them.
+``quant_mlp_keys`` / ``quant_mlp_planes_keys`` (``ops.quant_mlp(..., col_keys=True)``) return ``(out, keys)``, the
+keys a fresh buffer of each call.  Oracles: the keys are checked against an encoding written here (independent of
+``ordered_key.h`` and of ``reference.ordered_keys``) applied to the op's own output; ``quantize_pack_ranges`` with
+the keys of ``x`` must return what it returns without them (all five outputs), on every backend; the GPU's keys must
+equal the CPU's bit for bit wherever the outputs do (finite values).  The layers that use the keys on CUDA
+(QGINConv requantizing per channel, QGCNConv's D^-1/2 X W) must give the bits of the path without them; on the CPU
+they do not pass them.
 """
 import pytest
 import torch
@@ -71,8 +73,10 @@ def assert_same_ranges(got, want):
             assert torch.equal(g, w), i
 
 
-def fresh_keys(cols, device="cpu"):
-    return torch.zeros(2 * cols, dtype=torch.int64, device=device)
+def assert_keys_buffer(keys, out):
+    """A fresh int64 [2·out_cols] buffer on out's device."""
+    assert keys.dtype == torch.int64 and keys.shape == (2 * out.size(1),) and keys.device == out.device
+    assert keys.is_contiguous()
 
 
 def with_nonfinite(args):
@@ -91,39 +95,65 @@ def with_nonfinite(args):
     return (x,) + tuple(args[1:8]) + ([False] * len(args[8]),), scale.to(x.device)
 
 
-# --- ops: quant_mlp and quant_mlp_planes fill the keys --------------------------------------
+# --- ops: quant_mlp_keys and quant_mlp_planes_keys return the keys -------------------------
 @requires_compiled
 @pytest.mark.parametrize("scaled", [False, True])
 @pytest.mark.parametrize("i", range(12))
 def test_quant_mlp_keys_describe_its_output(i, scaled):
     args, _ = make_case(i)
-    n, out_cols = args[0].size(0), args[1][-1].size(0)
+    n = args[0].size(0)
     scale = row_scale_for(n, i) if scaled else None
-    keys = fresh_keys(out_cols)
-    out = torch.ops.pyg_quant.quant_mlp(*args, scale, keys)
-    assert torch.equal(out, torch.ops.pyg_quant.quant_mlp(*args, scale))  # the output is untouched
+    out, keys = torch.ops.pyg_quant.quant_mlp_keys(*args, scale)
+    assert_keys_buffer(keys, out)
+    assert torch.equal(out, torch.ops.pyg_quant.quant_mlp(*args, scale))  # the output is the plain op's
     assert torch.equal(keys, expected_keys(out))
     lo, hi = decoded(keys)
     assert torch.equal(lo, out.amin(0)) and torch.equal(hi, out.amax(0))
-    # the wrapper and the pure-torch fallback fill them alike
-    for fn in (ops.quant_mlp, ref.quant_mlp):
-        again = fresh_keys(out_cols)
-        assert torch.equal(fn(*args, scale, again), out)
+    # the wrapper (keyword or positional col_keys) and the pure-torch fallback give them alike
+    for fn in (lambda *a: ops.quant_mlp(*a, col_keys=True), lambda *a: ops.quant_mlp(*a, True),
+               ref.quant_mlp_keys):
+        got, again = fn(*args, scale)
+        assert torch.equal(got, out)
+        assert_keys_buffer(again, got)
         assert torch.equal(again, keys)
+    # without col_keys, the wrapper and the fallback give the output alone
+    for plain in (ops.quant_mlp(*args, scale), ops.quant_mlp(*args, scale, col_keys=False),
+                  ref.quant_mlp(*args, scale)):
+        assert isinstance(plain, torch.Tensor) and torch.equal(plain, out)
 
 
 @requires_compiled
-def test_keys_accumulate_across_calls():
-    """The keys are max-reduced into what the buffer holds: two calls give the keys of both outputs."""
+def test_keys_of_two_calls_combine():
+    """Each call's keys are fresh, and keys combine by torch.maximum: two calls' keys, combined, are the keys of
+    both outputs (and of one call on both inputs); a call on no rows returns zeros ("nothing seen"), which
+    torch.maximum leaves any keys unchanged by."""
     args, _ = make_case(4, n=37)
     other, _ = make_case(4, n=12)
     other = (other[0] * 3 - 1,) + args[1:]
-    keys = fresh_keys(args[1][-1].size(0))
-    a = torch.ops.pyg_quant.quant_mlp(*args, None, keys)
-    b = torch.ops.pyg_quant.quant_mlp(*other, None, keys)
-    assert torch.equal(keys, expected_keys(torch.cat([a, b])))
-    empty = torch.ops.pyg_quant.quant_mlp(args[0][:0], *args[1:], None, keys)  # no rows: nothing to add
-    assert empty.shape == (0, args[1][-1].size(0)) and torch.equal(keys, expected_keys(torch.cat([a, b])))
+    out_cols = args[1][-1].size(0)
+    a, keys_a = torch.ops.pyg_quant.quant_mlp_keys(*args, None)
+    b, keys_b = torch.ops.pyg_quant.quant_mlp_keys(*other, None)
+    assert torch.equal(keys_a, expected_keys(a)) and torch.equal(keys_b, expected_keys(b))  # nothing carried over
+    assert keys_a.data_ptr() != keys_b.data_ptr()
+    both = torch.maximum(keys_a, keys_b)
+    assert torch.equal(both, expected_keys(torch.cat([a, b])))
+    together, keys_together = torch.ops.pyg_quant.quant_mlp_keys(torch.cat([args[0], other[0]]), *args[1:], None)
+    assert torch.equal(together, torch.cat([a, b])) and torch.equal(keys_together, both)
+    for fn in (torch.ops.pyg_quant.quant_mlp_keys, ref.quant_mlp_keys, lambda *a: ops.quant_mlp(*a, col_keys=True)):
+        empty, keys = fn(args[0][:0], *args[1:], None)  # no rows: nothing seen
+        assert empty.shape == (0, out_cols)
+        assert_keys_buffer(keys, empty)
+        assert torch.equal(keys, torch.zeros(2 * out_cols, dtype=torch.int64))
+        assert torch.equal(torch.maximum(both, keys), both)
+    # the planes of no rows (column layout, per-column ranges: zero codes in the words 0 rows are padded to)
+    x, layers = packed_case(4, n=37)
+    no_rows = (torch.zeros_like(x.planes), 0) + planes_args(x)[2:]
+    for fn in (torch.ops.pyg_quant.quant_mlp_planes_keys, ref.quant_mlp_planes_keys,
+               lambda *a: ops.quant_mlp_planes(*a, col_keys=True)):
+        empty, keys = fn(*no_rows, *layers, None)
+        assert empty.shape == (0, out_cols)
+        assert_keys_buffer(keys, empty)
+        assert torch.equal(keys, torch.zeros(2 * out_cols, dtype=torch.int64))
 
 
 @requires_compiled
@@ -133,14 +163,20 @@ def test_keys_accumulate_across_calls():
 def test_quant_mlp_planes_keys_describe_its_output(i, layout, dim):
     x, layers = packed_case(i, n=[1, 37, 300][i % 3], layout=layout, dim=dim)
     scale = row_scale_for(x.rows, i) if i % 2 else None
-    keys = fresh_keys(layers[0][-1].size(0))
-    out = torch.ops.pyg_quant.quant_mlp_planes(*planes_args(x), *layers, scale, keys)
+    out, keys = torch.ops.pyg_quant.quant_mlp_planes_keys(*planes_args(x), *layers, scale)
+    assert_keys_buffer(keys, out)
     assert torch.equal(out, torch.ops.pyg_quant.quant_mlp_planes(*planes_args(x), *layers, scale))
     assert torch.equal(keys, expected_keys(out))
-    for fn in (ops.quant_mlp_planes, ref.quant_mlp_planes):
-        again = fresh_keys(layers[0][-1].size(0))
-        fn(*planes_args(x), *layers, scale, again)
+    for fn in (lambda *a: ops.quant_mlp_planes(*a, col_keys=True), lambda *a: ops.quant_mlp_planes(*a, True),
+               ref.quant_mlp_planes_keys):
+        got, again = fn(*planes_args(x), *layers, scale)
+        assert torch.equal(got, out)
+        assert_keys_buffer(again, got)
         assert torch.equal(again, keys)
+    for plain in (ops.quant_mlp_planes(*planes_args(x), *layers, scale),
+                  ops.quant_mlp_planes(*planes_args(x), *layers, scale, col_keys=False),
+                  ref.quant_mlp_planes(*planes_args(x), *layers, scale)):
+        assert isinstance(plain, torch.Tensor) and torch.equal(plain, out)
 
 
 NONFINITE_CASES = [1, 2, 4, 5, 7, 8, 11, 13, 14]  # 37 and 1000 rows, two and three layers, widths 1 to 256
@@ -152,8 +188,8 @@ def test_nonfinite_outputs(i):
     """NaN and infinite outputs: the keys still describe the output, and a column with a NaN gets a NaN range from
     the keys exactly as from amin / amax."""
     args, scale = with_nonfinite(make_case(i)[0])
-    keys = fresh_keys(args[1][-1].size(0))
-    out = torch.ops.pyg_quant.quant_mlp(*args, scale, keys)
+    out, keys = torch.ops.pyg_quant.quant_mlp_keys(*args, scale)
+    assert torch.equal(out.view(torch.int32), torch.ops.pyg_quant.quant_mlp(*args, scale).view(torch.int32))
     nan_cols = torch.isnan(out).any(0)
     assert nan_cols.any() and torch.isinf(out).any()
     assert torch.equal(keys, expected_keys(out))
@@ -167,8 +203,7 @@ def test_nonfinite_outputs(i):
     assert torch.equal(hi[0, ~nan_cols], out[:, ~nan_cols].amax(0))
     # without the NaN rows: columns that hold +inf and -inf get the range amin / amax give
     rows = torch.tensor([2, 7, 8, 9])
-    keys = fresh_keys(out.size(1))
-    inf_out = torch.ops.pyg_quant.quant_mlp(args[0][rows], *args[1:], scale[rows], keys)
+    inf_out, keys = torch.ops.pyg_quant.quant_mlp_keys(args[0][rows], *args[1:], scale[rows])
     assert torch.isinf(inf_out).any() and not torch.isnan(inf_out).any()
     assert torch.equal(keys, expected_keys(inf_out))
     lo, hi = ref.extrema_from_col_keys(keys)
@@ -221,24 +256,8 @@ def test_quantize_layer_helper_takes_keys():
 # --- errors -------------------------------------------------------------------------------
 @requires_compiled
 def test_errors_name_col_keys():
-    args, _ = make_case(4, n=37)
-    out_cols = args[1][-1].size(0)
-    x, layers = packed_case(4, n=37)
+    """quantize_pack_ranges still takes a keys buffer (quant_mlp makes its own: there is none to check)."""
     y = awkward(33, 5, 1)
-    bad = [
-        (torch.zeros(2 * out_cols, dtype=torch.int32), r"col_keys must be int64 \[200\] \(two keys per column of "
-                                                       r"the output\)"),
-        (torch.zeros(2 * out_cols + 1, dtype=torch.int64), r"col_keys must be int64 \[200\]"),
-        (torch.zeros(2, out_cols, dtype=torch.int64), r"col_keys must be int64 \[200\]"),
-        (torch.zeros(4 * out_cols, dtype=torch.int64)[::2], "col_keys must be contiguous"),
-    ]
-    assert out_cols == 100
-    for keys, message in bad:
-        for call in (lambda k: torch.ops.pyg_quant.quant_mlp(*args, None, k),
-                     lambda k: torch.ops.pyg_quant.quant_mlp_planes(*planes_args(x), *layers, None, k),
-                     lambda k: ref.quant_mlp(*args, None, k)):
-            with pytest.raises(ValueError, match=message):
-                call(keys)
     keys = expected_keys(y)
     for fn in (torch.ops.pyg_quant.quantize_pack_ranges, ref.quantize_pack_ranges):
         with pytest.raises(ValueError, match=r"col_keys must be int64 \[10\] \(two keys per column of x\)"):
@@ -259,13 +278,6 @@ def test_errors_name_col_keys():
 @pytest.mark.cuda
 @requires_cuda
 def test_gpu_errors_name_col_keys():
-    args, _ = make_case(4, n=37, device="cuda")
-    keys = fresh_keys(args[1][-1].size(0))
-    with pytest.raises(ValueError, match="col_keys is on cpu but x is on cuda"):
-        torch.ops.pyg_quant.quant_mlp(*args, None, keys)
-    x, layers = packed_case(4, n=37, device="cuda")
-    with pytest.raises(ValueError, match="col_keys is on cpu but planes is on cuda"):
-        torch.ops.pyg_quant.quant_mlp_planes(*planes_args(x), *layers, None, keys)
     y = awkward(33, 5, 1).cuda()
     with pytest.raises(ValueError, match="col_keys is on cpu but x is on cuda"):
         torch.ops.pyg_quant.quantize_pack_ranges(y, 4, 0, True, None, False, expected_keys(y).cpu())
@@ -275,31 +287,56 @@ def test_gpu_errors_name_col_keys():
 
 # --- torch.compile / opcheck ----------------------------------------------------------------
 @requires_compiled
-def test_opcheck_and_compile():
+def test_opcheck():
     args, _ = make_case(7, n=37)
-    out_cols = args[1][-1].size(0)
-    torch.library.opcheck(torch.ops.pyg_quant.quant_mlp.default, args + (None, fresh_keys(out_cols)))
-    torch.library.opcheck(torch.ops.pyg_quant.quant_mlp.default,
-                          args + (row_scale_for(37, 1), fresh_keys(out_cols)))
     x, layers = packed_case(6, n=37)
-    torch.library.opcheck(torch.ops.pyg_quant.quant_mlp_planes.default,
-                          planes_args(x) + layers + (None, fresh_keys(layers[0][-1].size(0))))
+    for scale in (None, row_scale_for(37, 1)):
+        for op in (torch.ops.pyg_quant.quant_mlp_keys.default, torch.ops.pyg_quant.quant_mlp.default):
+            torch.library.opcheck(op, args + (scale,))
+        for op in (torch.ops.pyg_quant.quant_mlp_planes_keys.default, torch.ops.pyg_quant.quant_mlp_planes.default):
+            torch.library.opcheck(op, planes_args(x) + layers + (scale,))
     y = awkward(33, 5, 2)
     for row_codes in (False, True):
         torch.library.opcheck(torch.ops.pyg_quant.quantize_pack_ranges.default,
                               (y, 3, 0, True, None, row_codes, expected_keys(y)))
 
-    def f(h):
-        keys = torch.zeros(2 * out_cols, dtype=torch.int64)
-        out = ops.quant_mlp(h, *args[1:], None, keys)
-        return out, keys, ops.quantize_pack_ranges(out, 4, 0, True, None, True, keys)
+
+@requires_compiled
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compile(backend):
+    """The functional form (ops.quant_mlp / ops.quant_mlp_planes with col_keys=True, the keys handed to
+    quantize_pack_ranges) under torch.compile(fullgraph=True): the eager results exactly; inductor (the default
+    backend, which could not lower the old mutable col_keys argument) calls the compiled ops, not a lowering of
+    the references."""
+    args, _ = make_case(7, n=37)
+    x, layers = packed_case(6, n=37)
+
+    def f(h, planes):
+        out, keys = ops.quant_mlp(h, *args[1:], None, col_keys=True)
+        out_p, keys_p = ops.quant_mlp_planes(planes, *planes_args(x)[1:], *layers, None, col_keys=True)
+        return (out, keys, ops.quantize_pack_ranges(out, 4, 0, True, None, True, keys), out_p, keys_p,
+                ops.quantize_pack_ranges(out_p, 3, 0, True, None, True, keys_p))
 
     torch._dynamo.reset()
-    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
-    got, want = compiled(args[0]), f(args[0])
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    assert torch.equal(got[1], expected_keys(want[0]))
+    if backend == "aot_eager":
+        compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
+        got = compiled(args[0], x.planes)
+    else:
+        from torch._inductor.utils import run_and_get_code
+        compiled = torch.compile(f, fullgraph=True)
+        got, code = run_and_get_code(compiled, args[0], x.planes)
+        code = "\n".join(code)
+        for op in ("quant_mlp_keys", "quant_mlp_planes_keys", "quantize_pack_ranges"):
+            assert f"pyg_quant.{op}" in code, op
+    want = f(args[0], x.planes)
+    assert len(got) == len(want) == 6
+    for i in (0, 1, 3, 4):
+        assert got[i].dtype == want[i].dtype and torch.equal(got[i], want[i]), i
+    assert torch.equal(got[1], expected_keys(want[0])) and torch.equal(got[4], expected_keys(want[3]))
+    assert torch.equal(want[0], torch.ops.pyg_quant.quant_mlp(*args, None))  # the kernel's bits
+    assert torch.equal(want[3], torch.ops.pyg_quant.quant_mlp_planes(*planes_args(x), *layers, None))
     assert_same_ranges(got[2], want[2])
+    assert_same_ranges(got[5], want[5])
 
 
 # --- CUDA: the kernels' keys ---------------------------------------------------------------
@@ -323,7 +360,6 @@ def chain_case(width, n, seed, device="cpu"):
 @pytest.mark.parametrize("width", [32, 64, 128, 256])
 def test_gpu_keys_equal_cpu(width, n):
     args, cuda_args = chain_case(width, n, width + n), chain_case(width, n, width + n, "cuda")
-    out_cols = args[1][-1].size(0)
     scale = row_scale_for(n, width)
     inputs = {"x": (args, cuda_args)}
     for layout in ("col", "row"):
@@ -331,15 +367,17 @@ def test_gpu_keys_equal_cpu(width, n):
         inputs[layout] = ((xb,) + tuple(args[1:]), (xb.to("cuda"),) + tuple(cuda_args[1:]))
     for name, (cpu_in, gpu_in) in inputs.items():
         for row_scale in (None, scale):
-            keys, gpu_keys = fresh_keys(out_cols), fresh_keys(out_cols, "cuda")
             gpu_scale = None if row_scale is None else row_scale.cuda()
             if name == "x":
-                out = torch.ops.pyg_quant.quant_mlp(*cpu_in, row_scale, keys)
-                got = torch.ops.pyg_quant.quant_mlp(*gpu_in, gpu_scale, gpu_keys)
+                out, keys = torch.ops.pyg_quant.quant_mlp_keys(*cpu_in, row_scale)
+                got, gpu_keys = torch.ops.pyg_quant.quant_mlp_keys(*gpu_in, gpu_scale)
             else:
-                out = torch.ops.pyg_quant.quant_mlp_planes(*planes_args(cpu_in[0]), *cpu_in[1:], row_scale, keys)
-                got = torch.ops.pyg_quant.quant_mlp_planes(*planes_args(gpu_in[0]), *gpu_in[1:], gpu_scale,
-                                                           gpu_keys)
+                out, keys = torch.ops.pyg_quant.quant_mlp_planes_keys(*planes_args(cpu_in[0]), *cpu_in[1:],
+                                                                      row_scale)
+                got, gpu_keys = torch.ops.pyg_quant.quant_mlp_planes_keys(*planes_args(gpu_in[0]), *gpu_in[1:],
+                                                                          gpu_scale)
+            assert_keys_buffer(keys, out)
+            assert_keys_buffer(gpu_keys, got)
             assert torch.equal(got.cpu(), out), name
             assert torch.equal(gpu_keys.cpu(), keys), name
             assert torch.equal(gpu_keys, expected_keys(got)), name
@@ -362,8 +400,8 @@ def test_gpu_nonfinite_outputs(i):
     """NaN / inf outputs (NaNs' signs and payloads may differ from the CPU's): the GPU's keys describe its own
     output, and its quantizer gives the same with them as without."""
     args, scale = with_nonfinite(make_case(i, device="cuda")[0])
-    keys = fresh_keys(args[1][-1].size(0), "cuda")
-    out = torch.ops.pyg_quant.quant_mlp(*args, scale, keys)
+    out, keys = torch.ops.pyg_quant.quant_mlp_keys(*args, scale)
+    assert_keys_buffer(keys, out)
     assert torch.isnan(out).any() and torch.isinf(out).any()
     assert torch.equal(keys, expected_keys(out))
     for bits in (1, 4, 8):
@@ -390,16 +428,36 @@ def test_gpu_quantize_with_keys(bits, shape, noise):
 
 # --- layers ---------------------------------------------------------------------------------
 def watch_keys(monkeypatch):
-    """Records, for every quant_mlp / quant_mlp_planes and quantize_pack_ranges call, whether col_keys was given."""
-    seen = []
+    """Records, for every quant_mlp / quant_mlp_planes and quantize_pack_ranges call, whether col_keys was asked
+    for (quant_mlp*: ``col_keys=True``, a bool, positional or keyword) or given (quantize_pack_ranges: a keys
+    tensor).  Checks on the way that a quant_mlp* call asking for keys returns ``(out, keys)``, and that keys given
+    to quantize_pack_ranges are the very buffer the latest such call returned and describe the x they come with."""
+    seen, returned = [], []
     originals = {name: getattr(ops, name) for name in ("quant_mlp", "quant_mlp_planes", "quantize_pack_ranges")}
     positions = {"quant_mlp": 10, "quant_mlp_planes": 16, "quantize_pack_ranges": 6}
 
     def watcher(name):
+        quantizer = name == "quantize_pack_ranges"
+
         def call(*args, **kwargs):
-            keys = args[positions[name]] if len(args) > positions[name] else kwargs.get("col_keys")
-            seen.append((name, keys is not None))
-            return originals[name](*args, **kwargs)
+            default = None if quantizer else False
+            keys = args[positions[name]] if len(args) > positions[name] else kwargs.get("col_keys", default)
+            if quantizer:
+                given = keys is not None
+                if given:
+                    assert isinstance(keys, torch.Tensor) and returned and keys is returned[-1]
+                    assert torch.equal(keys, expected_keys(args[0]))
+            else:
+                assert isinstance(keys, bool), (name, keys)  # a flag: the op makes the buffer
+                given = keys
+            seen.append((name, given))
+            result = originals[name](*args, **kwargs)
+            if given and not quantizer:
+                assert isinstance(result, tuple) and len(result) == 2
+                returned.append(result[1])
+            elif not quantizer:
+                assert isinstance(result, torch.Tensor)
+            return result
         return call
 
     for name in ("quant_mlp", "quant_mlp_planes"):

@@ -11,6 +11,7 @@ Oracles:
 * ``to_bit(x, bits, dim=0)`` on the whole feature matrix: a batch's codes, ``lo`` and
   ``scale`` must be its rows exactly (features are quantized once per graph).
 """
+import json
 import os
 import os.path as osp
 import pickle
@@ -26,10 +27,11 @@ from torch_geometric.loader import ClusterData, ClusterLoader
 from torch_geometric.utils import subgraph
 
 import pyg_quant as pq
-from pyg_quant.loader import QuantBatch, QuantClusterData, QuantClusterLoader
+from pyg_quant.loader import QuantBatch, QuantClusterData, QuantClusterLoader, prefetch
+from pyg_quant.loader.prefetching import one_ahead
 from pyg_quant.loader import cluster_data as cluster_data_module
 
-from conftest import assert_fp32_close, deq64, dense_from_edges, gen, mag64, requires_cuda
+from conftest import CUDA_OK, assert_fp32_close, deq64, dense_from_edges, gen, mag64, requires_cuda
 
 CORA_RAW = osp.join(osp.dirname(__file__), "..", "..", "shared", "datasets", "planetoid", "Cora", "raw")
 
@@ -533,6 +535,206 @@ def test_cuda_decode_in_every_form_is_sync_free(planted, adjacency):
         assert torch.equal(bit_spmm_codes(host.adj, x.planes, 4, x.cols), expected)
 
 
+# --- device=: batches handed over on the device, copied one batch ahead on a side stream ------------------
+def assert_same_batch(a, b):
+    """Bit for bit: the same wire buffer and layout, and every field decoded to the same tensors."""
+    assert a.device == b.device and a.keys() == b.keys()
+    assert torch.equal(a.buffer, b.buffer) and a._specs == b._specs and a._meta == b._meta
+    for name in a.keys():
+        x, y = a[name], b[name]
+        if isinstance(x, pq.BitAdjacency):
+            assert_same_adjacency(x, y)
+        elif isinstance(x, pq.BitTensor):
+            assert (x.shape, x.bits, x.layout, x.dim) == (y.shape, y.bits, y.layout, y.dim), name
+            for t, u in ((x.planes, y.planes), (x.lo, y.lo), (x.scale, y.scale)):
+                assert t.dtype == u.dtype and torch.equal(t, u), name
+        elif isinstance(x, torch.Tensor):
+            assert x.dtype == y.dtype and x.device == y.device and torch.equal(x, y), name
+        else:
+            assert x == y, name
+    assert torch.equal(a.deg, b.deg)
+
+
+def test_device_cpu_hands_over_the_same_batches_without_cuda_calls(planted_parts, monkeypatch):
+    plain = list(QuantClusterLoader(planted_parts, batch_size=3, bits=4, return_edge_index=True))
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the CPU path made a CUDA call")
+
+    for name in ("Stream", "Event", "stream", "current_stream", "current_device", "synchronize"):
+        monkeypatch.setattr(torch.cuda, name, forbidden)
+    for device in ("cpu", torch.device("cpu")):
+        loader = QuantClusterLoader(planted_parts, batch_size=3, bits=4, return_edge_index=True, device=device)
+        assert loader.device == torch.device("cpu") and not loader.pin_memory
+        batches = list(loader)
+        assert len(batches) == len(plain) == len(loader)
+        for batch, expected in zip(batches, plain):
+            assert_same_batch(batch, expected)
+            assert batch.to("cpu") is batch
+        assert all(a is b for a, b in zip(prefetch(plain, device), plain))
+    assert plain[0].record_stream(object()) is plain[0]  # nothing on a device to record
+
+
+def test_device_meta_moves_each_batch_as_it_is_handed_over(planted_parts):
+    plain = list(QuantClusterLoader(planted_parts, batch_size=3, bits=4))
+    batches = list(QuantClusterLoader(planted_parts, batch_size=3, bits=4, device="meta"))
+    assert len(batches) == len(plain)
+    for batch, expected in zip(batches, plain):
+        assert batch.device.type == "meta" and batch.to("meta") is batch
+        assert batch._specs == expected._specs and batch.keys() == expected.keys()
+        for before, after in zip(all_tensors(expected), all_tensors(batch)):
+            assert after.device.type == "meta" and after.shape == before.shape and after.dtype == before.dtype
+
+
+def test_one_ahead_issues_the_next_batch_before_handing_one_over():
+    log = []
+
+    def issue(item):
+        log.append(("issue", item))
+        return ("issued", item)
+
+    def handover(issued):
+        log.append(("handover", issued[1]))
+        return 10 * issued[1]
+
+    assert list(one_ahead(range(4), issue, handover)) == [0, 10, 20, 30]
+    assert log == [("issue", 0), ("issue", 1), ("handover", 0), ("issue", 2), ("handover", 1), ("issue", 3),
+                   ("handover", 2), ("handover", 3)]
+    log.clear()
+    assert list(one_ahead([], issue, handover)) == [] and log == []
+    assert list(one_ahead([5], issue, handover)) == [50] and log == [("issue", 5), ("handover", 5)]
+    log.clear()
+    items = one_ahead(range(10), issue, handover)
+    assert next(items) == 0
+    items.close()  # a loop left early has issued one batch beyond the last it got, no more
+    assert log == [("issue", 0), ("issue", 1), ("handover", 0)]
+
+
+@pytest.mark.skipif(CUDA_OK, reason="checks the error where CUDA is missing")
+def test_device_cuda_without_cuda_names_the_argument(planted_parts):
+    with pytest.raises(ValueError, match="device='cuda'.*not available"):
+        QuantClusterLoader(planted_parts, device="cuda")
+    with pytest.raises(ValueError, match="device='cuda:0'.*not available"):
+        QuantClusterLoader(planted_parts, device=0)
+    with pytest.raises(TypeError, match="device must be"):
+        prefetch([], None)
+
+
+@requires_cuda
+@pytest.mark.cuda
+@pytest.mark.parametrize("adjacency,num_workers,pin_memory", [("csr", 0, None), ("tiles", 0, None),
+                                                              ("auto", 2, None), ("auto", 0, False)])
+def test_cuda_prefetched_batches_equal_plain_copies(planted_parts, adjacency, num_workers, pin_memory):
+    """device="cuda" hands over exactly what the README's loop makes with batch.to("cuda"), with workers (pinned
+    by the DataLoader's pin thread) and without pinned memory too; batch.to("cuda") then returns the batch."""
+    kwargs = dict(batch_size=3, bits=4, adjacency=adjacency, return_edge_index=True)
+    extra = {} if pin_memory is None else dict(pin_memory=pin_memory)
+    loader = QuantClusterLoader(planted_parts, device="cuda", num_workers=num_workers, **kwargs, **extra)
+    assert loader.pin_memory == (pin_memory is None)
+    expected = [batch.to("cuda") for batch in QuantClusterLoader(planted_parts, **kwargs)]
+    batches = list(loader)
+    assert len(batches) == len(expected) == len(loader)
+    here = torch.device("cuda", torch.cuda.current_device())
+    for batch, plain in zip(batches, expected):
+        assert batch.device == here and batch.to("cuda") is batch and batch.to(here) is batch
+        assert_same_batch(batch, plain)
+
+
+@requires_cuda
+@pytest.mark.cuda
+def test_cuda_prefetch_copies_on_a_side_stream_one_batch_ahead(planted_parts, monkeypatch):
+    """Every copy is non-blocking from pinned memory on one stream that is not the caller's; batch i + 1's copy
+    is queued before batch i is handed over; each handed-over buffer is recorded on the caller's stream."""
+    copies, recorded = [], []
+    to, record = QuantBatch.to, torch.Tensor.record_stream
+
+    def spy_to(self, device=None, non_blocking=None):
+        copies.append((torch.cuda.current_stream(), non_blocking, self.is_pinned()))
+        return to(self, device, non_blocking)
+
+    def spy_record(self, stream):
+        recorded.append((self.data_ptr(), stream))
+        return record(self, stream)
+
+    monkeypatch.setattr(QuantBatch, "to", spy_to)
+    monkeypatch.setattr(torch.Tensor, "record_stream", spy_record)
+    count = len(QuantClusterLoader(planted_parts, batch_size=1, bits=4))
+    user = torch.cuda.Stream()
+    with torch.cuda.stream(user):
+        for i, batch in enumerate(QuantClusterLoader(planted_parts, batch_size=1, bits=4, device="cuda")):
+            assert len(copies) == min(i + 2, count)
+            assert (batch.buffer.data_ptr(), user) in recorded
+            adj = batch.adj  # decoded on the caller's stream
+            other = torch.cuda.Stream()
+            batch.record_stream(other)  # the decoded fields are recorded too
+            assert (adj.row_sums.data_ptr(), other) in recorded
+    assert len(copies) == count > 2
+    streams = {stream for stream, _, _ in copies}
+    assert len(streams) == 1 and user not in streams and torch.cuda.default_stream() not in streams
+    assert all(non_blocking is True and pinned for _, non_blocking, pinned in copies)
+
+
+@requires_cuda
+@pytest.mark.cuda
+def test_cuda_prefetched_memory_is_not_reused_while_a_stream_reads_it(planted_parts):
+    """The copies run far ahead of a caller's stream held back by sleeps; a buffer the loop has let go before that
+    stream read it must not be overwritten by a later copy.  Parts come largest first, so that a freed buffer fits
+    every later batch and the allocator would hand it out again without record_stream."""
+    sizes = {int(batch.part[0]): batch.nbytes for batch in QuantClusterLoader(planted_parts, batch_size=1, bits=4)}
+    kwargs = dict(batch_size=1, bits=4, sampler=sorted(sizes, key=lambda part: -sizes[part]))
+    expected = [batch.buffer for batch in QuantClusterLoader(planted_parts, **kwargs)]
+    user, seen = torch.cuda.Stream(), []
+    with torch.cuda.stream(user):
+        for batch in QuantClusterLoader(planted_parts, device="cuda", **kwargs):
+            torch.cuda._sleep(20_000_000)  # ~10 ms on this stream: later copies are queued long before it reads
+            seen.append(batch.buffer.clone())
+            del batch
+    torch.cuda.synchronize()
+    assert len(seen) == len(expected) > 3
+    for got, want in zip(seen, expected):
+        assert torch.equal(got.cpu(), want)
+
+
+@requires_cuda
+@pytest.mark.cuda
+def test_cuda_prefetch_copies_run_on_another_stream_than_the_kernels(planted_parts, tmp_path):
+    """What the device ran (the profiler's trace): each batch's one host-to-device copy on a stream that runs
+    none of the decode's kernels."""
+    loader = QuantClusterLoader(planted_parts, batch_size=3, bits=4, device="cuda")
+    list(loader)  # CUDA context, pinned blocks and kernels warmed up
+    nbytes = []
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for batch in loader:
+            nbytes.append(batch.nbytes)
+            batch.adj, batch.x, batch.deg
+        torch.cuda.synchronize()
+    path = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(path))
+    events = json.loads(path.read_text())["traceEvents"]
+    kernels = [e for e in events if e.get("cat") == "kernel"]
+    if not kernels:
+        pytest.skip("the profiler records no CUDA kernels here (CUPTI unavailable)")
+    copies = [e for e in events if e.get("cat") == "gpu_memcpy" and "HtoD" in e.get("name", "")
+              and e["args"].get("bytes") in nbytes]
+    assert sorted(e["args"]["bytes"] for e in copies) == sorted(nbytes)
+    copy_streams = {e["args"]["stream"] for e in copies}
+    assert not copy_streams & {e["args"]["stream"] for e in kernels}
+
+
+@requires_cuda
+@pytest.mark.cuda
+def test_cuda_prefetch_and_decode_do_not_sync_with_the_host(planted_parts):
+    loader = QuantClusterLoader(planted_parts, batch_size=3, bits=4, device="cuda")
+    list(loader)  # CUDA context, pinned blocks and kernels warmed up
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for batch in loader:
+            batch.adj, batch.x, batch.y, batch.n_id, batch.deg
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
 # --- the cache --------------------------------------------------------------------------------------
 def forbid_metis(monkeypatch):
     def fail(*args, **kwargs):
@@ -734,6 +936,11 @@ def test_cluster_data_bad_graphs(karate):
     (dict(adjacency=3), ValueError, "adjacency"),
     (dict(return_edge_index=1), TypeError, "return_edge_index"),
     (dict(collate_fn=list), TypeError, "collate_fn"),
+    (dict(device=3.5), TypeError, "device must be a str"),
+    (dict(device=True), TypeError, "device must be a str"),
+    (dict(device="gpu"), ValueError, "device must name a device"),
+    (dict(device=-1), ValueError, "device must be a non-negative"),
+    (dict(device="cuda:99"), ValueError, "device='cuda:99'"),
 ])
 def test_loader_bad_arguments(planted_parts, kwargs, error, match):
     with pytest.raises(error, match=match):

@@ -193,6 +193,7 @@ def test_gcn_conv(bits):
     # PyG's `cached`: the first call's normalized graph is reused, whatever is passed later.
     conv.cached = True
     conv(x, edge_index)
+    assert conv._cached_edge_index is not None and conv._cached_adj_t is None  # PyG's own check
     assert conv._cached_graph is not None
     assert torch.allclose(conv(x, edge_index), out1, atol=1e-6)
     assert torch.allclose(conv(x, adj1.t()), out1, atol=1e-6)
@@ -203,6 +204,60 @@ def test_gcn_conv(bits):
         assert conv._cached_graph._packed is not None
     conv.reset_parameters()
     assert conv._cached_graph is None
+    assert conv._cached_edge_index is None and conv._cached_adj_t is None
+
+
+@pytest.mark.parametrize("bits", [None, 4])
+def test_pyg_cache_attributes(bits):
+    """PyG's ``_cached_edge_index`` / ``_cached_adj_t``: one per input kind, and None means "recompute" (PyG's
+    tests and users drop a cached graph by setting it to None).  bits=None is compared with GCNConv doing the same."""
+    x, edge_index, _ = graph(60, 300, seed=11)
+    _, other, _ = graph(60, 300, seed=12)
+    n = x.size(0)
+    ref, conv = pair(bits, cached=True)
+    fresh = copy.deepcopy(conv)
+    fresh.cached = False
+    for layer in (ref, conv):
+        layer.eval()
+    fresh.eval()
+    with torch.no_grad():
+        out1 = conv(x, edge_index)
+        assert conv._cached_edge_index is not None and conv._cached_adj_t is None
+        assert torch.equal(conv(x, other), out1)  # stale, as PyG's
+        conv._cached_edge_index = None
+        assert torch.equal(conv(x, other), fresh(x, other))
+        assert not torch.allclose(fresh(x, other), out1, atol=1e-3)
+        if bits is None:
+            assert torch.allclose(ref(x, edge_index), out1, atol=1e-6)
+            assert torch.allclose(ref(x, other), out1, atol=1e-6)  # PyG keeps its stale graph too
+            ref._cached_edge_index = None
+            assert torch.allclose(ref(x, other), conv(x, other), atol=1e-6)
+        # A BitAdjacency (an adj_t PyG does not know) is cached beside the edge_index graph, like a SparseTensor.
+        adj = pq.BitAdjacency.from_edge_index(edge_index, n, self_loops=1)
+        from_adj = conv(x, adj)
+        assert torch.equal(from_adj, fresh(x, adj)) and conv._cached_adj_t is not None
+        assert torch.equal(conv(x, pq.BitAdjacency.from_edge_index(other, n, self_loops=1)), from_adj)
+        assert torch.equal(conv(x, edge_index), fresh(x, other))  # the edge_index graph is still the other's
+        conv._cached_adj_t = None
+        assert conv._cached_adj_t is None and conv._cached_edge_index is not None
+        assert torch.equal(conv(x, pq.BitAdjacency.from_edge_index(other, n, self_loops=1)), fresh(x, other))
+        conv.reset_parameters()
+        assert conv._cached_edge_index is None and conv._cached_adj_t is None
+
+
+@pytest.mark.parametrize("bits", [None, 4])
+def test_cached_without_normalization_caches_nothing(bits):
+    """As in PyG, ``cached`` only caches the normalization: with ``normalize=False`` every call uses its own graph."""
+    x, edge_index, weight = graph(60, 300, seed=13)
+    ref, conv = pair(bits, cached=True, normalize=False)
+    conv.eval()
+    with torch.no_grad():
+        first = conv(x, edge_index, weight)
+        second = conv(x, edge_index, weight * 2)
+        assert conv._cached_edge_index is None and conv._cached_adj_t is None
+        assert not torch.allclose(first, second, atol=1e-3)
+        if bits is None:
+            assert torch.allclose(second, ref(x, edge_index, weight * 2), atol=1e-5)
 
 
 @pytest.mark.parametrize("bits", [None, 4])

@@ -4,14 +4,22 @@ r"""README.md against the files it cites: links resolve, and its result tables e
 * the QAT accuracy table equals ``benchmarks/accuracy.json`` (mean ± sample sd over the seeds, drop = fp32 mean
   − quantized mean, in points, two decimals) and its "target met" column follows from the drops;
 * the end-to-end headline equals ``benchmarks/results/e2e_h200_mlp.json`` (graph-replay medians on one stream
-  and on several, resident and with transfers, to 0.01 ms), and so do its speedups over PyG's fastest path.
+  and on several, resident and with transfers, to 0.01 ms), and so do its speedups over PyG's fastest path;
+* every ``python`` block runs as written: all of them in order, in one namespace, in a temporary working directory,
+  on the CPU (and on CUDA where it is available), with no warning but deprecations; the ``diff`` block names real
+  classes, and the one-line change keeps the layer's parameters.
 """
 import json
 import os
 import re
 import statistics
+import warnings
 
 import pytest
+from conftest import DEVICES
+from torch_geometric.nn import GCNConv
+
+import pyg_quant
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGETS = {8: 0.5, 4: 1.5, 2: 5.0}  # allowed drop in points (benchmarks/RESULTS.md)
@@ -119,3 +127,49 @@ def test_e2e_headline_matches_e2e_json(readme):
         ratio("GIN", "pyg_quant 4-bit static", "+H2D"), ratio("GCN", "pyg_quant 4-bit static", "+H2D"),
         ratio("GIN", "pyg_quant 8-bit", "resident"), ratio("GCN", "pyg_quant 8-bit", "resident"),
         ratio("GIN", "pyg_quant 8-bit static", "resident"), ratio("GCN", "pyg_quant 8-bit static", "resident")]
+
+
+DEVICE_LINE = 'device = "cuda" if torch.cuda.is_available() else "cpu"'
+
+
+def code_blocks(text: str, language: str):
+    """``(first line number, source)`` of every fenced block of ``language``, in order."""
+    return [(text.count("\n", 0, m.start(1)) + 1, m.group(1))
+            for m in re.finditer(rf"^```{language}\n(.*?)^```", text, re.S | re.M)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_python_blocks_run_as_written(readme, device, tmp_path, monkeypatch):
+    blocks = code_blocks(readme, "python")
+    assert len(blocks) >= 4
+    # The device is chosen once, at the top; here it is forced to the device under test.
+    assert DEVICE_LINE in blocks[0][1] and sum(len(re.findall(r"^device = ", s, re.M)) for _, s in blocks) == 1
+    blocks[0] = (blocks[0][0], blocks[0][1].replace(DEVICE_LINE, f"device = {device!r}"))
+    monkeypatch.chdir(tmp_path)  # whatever the tour writes lands here
+    namespace = {"__name__": "__readme__"}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for line, source in blocks:  # tracebacks give README.md's own line numbers
+            exec(compile("\n" * (line - 1) + source, "README.md", "exec"), namespace)
+    shown = [f"{w.filename}:{w.lineno}: {w.category.__name__}: {w.message}" for w in caught
+             if not issubclass(w.category, (DeprecationWarning, PendingDeprecationWarning))]
+    assert not shown, shown
+    assert namespace["x"].device.type == device
+    # What the comments say: CapturedTrainStep captured the full-graph step on CUDA, ran it eagerly on the CPU.
+    assert namespace["step"].num_graphs == (1 if device == "cuda" else 0)
+
+
+def test_diff_block_names_real_things(readme):
+    (_, diff), = code_blocks(readme, "diff")
+    sides = {}
+    for sign in "-+":
+        lines = [line[1:].strip() for line in diff.splitlines() if line.startswith(sign)]
+        namespace = {"in_channels": 16, "hidden_channels": 8}
+        for line in lines:
+            exec(line.replace("self.", ""), namespace)  # the import, then the layer
+        sides[sign] = namespace["conv1"]
+    assert type(sides["-"]) is GCNConv and type(sides["+"]) is pyg_quant.QGCNConv
+    assert sides["+"].weight_bits == sides["+"].act_bits == 4
+    # A drop-in change: the same parameters under the same names.
+    assert {k: v.shape for k, v in sides["-"].state_dict().items()} == \
+        {k: v.shape for k, v in sides["+"].state_dict().items()}

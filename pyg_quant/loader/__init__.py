@@ -8,11 +8,13 @@ needed) and caches the partition under a key that fingerprints the graph;
 
 Modules: :mod:`.metis` (METIS input and backends), :mod:`.cache` (the cache
 key and file), :mod:`.cluster_data`, :mod:`.features` (quantize once, pack
-per batch), :mod:`.batch` (the single-buffer batch), :mod:`.cluster_loader`.
+per batch), :mod:`.batch` (the single-buffer batch), :mod:`.cluster_loader`,
+:mod:`.prefetching` (``device=``: each batch copied on a side stream while the previous one computes).
 """
 from .batch import QuantBatch
 from .cluster_data import QuantClusterData
 from .cluster_loader import QuantClusterLoader
 from .features import QuantizedFeatures
+from .prefetching import prefetch
 
-__all__ = ["QuantBatch", "QuantClusterData", "QuantClusterLoader", "QuantizedFeatures"]
+__all__ = ["QuantBatch", "QuantClusterData", "QuantClusterLoader", "QuantizedFeatures", "prefetch"]

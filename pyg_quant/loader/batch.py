@@ -27,7 +27,9 @@ aligned offsets, in a single buffer, each in its *wire* form::
 :meth:`QuantBatch.pin_memory` pins that one buffer (one copy; none when the
 loader allocated it pinned), and :meth:`QuantBatch.to` moves it with one
 ``non_blocking`` copy; the decoding then runs on the device, as a few kernels
-queued on the current stream, without synchronising with the host.
+queued on the current stream, without synchronising with the host.  A batch
+copied on one stream and read on another (the loader's ``device=`` prefetch)
+is handed over with :meth:`QuantBatch.record_stream`.
 """
 import math
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
@@ -116,6 +118,15 @@ class _Decode:
 
     def __init__(self, decode: Callable[[], object], kind: str):
         self.decode, self.kind = decode, kind
+
+
+def _tensors_in(value) -> List[torch.Tensor]:
+    """``value`` if a tensor, else the tensors among its attributes (one level: a BitAdjacency's, a BitTensor's)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    names = [name for cls in type(value).__mro__ for name in getattr(cls, "__slots__", ())]
+    names += list(getattr(value, "__dict__", {}))
+    return [t for t in (getattr(value, name, None) for name in names) if isinstance(t, torch.Tensor)]
 
 
 def _expanded(compact: CompactAdjacency, adjacency: str) -> BitAdjacency:
@@ -272,6 +283,21 @@ class QuantBatch:
 
     def is_pinned(self) -> bool:
         return self._buffer.is_pinned()
+
+    def record_stream(self, stream) -> "QuantBatch":
+        r"""Marks the batch's device memory as used by ``stream`` (``Tensor.record_stream`` on the buffer, on the
+        fields decoded so far and on those added after the fact); returns ``self``.
+
+        For a batch copied on one stream and read on another: the caching allocator then hands the memory out
+        again only once the work queued on ``stream`` before the batch is freed is done.  A no-op on the CPU.
+        """
+        values = [self._buffer, self._deg, *self._added.values(),
+                  *(value for value in self._fields.values() if not isinstance(value, _Decode))]
+        for value in values:
+            for tensor in _tensors_in(value):
+                if tensor.is_cuda:
+                    tensor.record_stream(stream)
+        return self
 
     # --- moving ---------------------------------------------------------------------------
     def _rebuilt(self, buffer: torch.Tensor, move) -> "QuantBatch":

@@ -1,7 +1,8 @@
 r"""QuantClusterLoader: Cluster-GCN mini-batches as a bit adjacency plus low-bit features."""
+import gc
 import operator
 import warnings
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Union
 
 import torch
 from torch_geometric.loader import ClusterData
@@ -11,6 +12,7 @@ from ..adjacency import BitAdjacency
 from ..compact_adjacency import check_adjacency_form
 from .batch import QuantBatch
 from .features import QuantizedFeatures, check_bits
+from .prefetching import check_device, prefetch
 
 
 _OUTSIDE = -(2**62)  # shift of a part that is not in the batch
@@ -189,13 +191,23 @@ class QuantClusterLoader(torch.utils.data.DataLoader):
             batches are ~2% full, and ``bit_spmm``'s CSR gather runs 2× faster than
             the tiles there on CUDA); ``"csr"`` never.  The bytes that travel are the same.
         return_edge_index (bool): also ship ``edge_index`` and edge attributes.
+        device (str or torch.device, optional): where the batches are handed over.  None (the default) or
+            ``"cpu"``: on the CPU, as built.  A CUDA device (``"cuda"``: the current one when the epoch starts):
+            each batch's buffer is copied there on a side stream one batch ahead, so that the copy of batch
+            ``i + 1`` runs while batch ``i`` computes; the stream current at hand-over waits for that batch's
+            copy event, the buffer is recorded on it (:meth:`~pyg_quant.loader.QuantBatch.record_stream`) and
+            the fields are decoded on it when first read.  ``pin_memory`` then defaults to True (buffers built
+            pinned, or pinned by the DataLoader's pin thread with workers; with ``pin_memory=False`` the host
+            waits for every copy).  ``batch.to("cuda")`` on such a batch returns it as is.  Any other device:
+            each batch moved with ``batch.to(device)`` as it is handed over.
         **kwargs: :class:`torch.utils.data.DataLoader` arguments (``num_workers``,
             ``pin_memory``, ``drop_last``, ``persistent_workers``, ...).
     """
 
     def __init__(self, cluster_data: ClusterData, batch_size: int = 1, shuffle: bool = False,
                  bits: Optional[int] = 4, self_loops: int = 1, min_tile_nnz: int = 16,
-                 return_edge_index: bool = False, adjacency: Optional[str] = None, **kwargs):
+                 return_edge_index: bool = False, adjacency: Optional[str] = None,
+                 device: Union[str, int, torch.device, None] = None, **kwargs):
         if not isinstance(cluster_data, ClusterData) or not hasattr(cluster_data, "partition"):
             raise TypeError(f"cluster_data must be a partitioned ClusterData (e.g. QuantClusterData), "
                             f"got {type(cluster_data).__name__}")
@@ -211,6 +223,9 @@ class QuantClusterLoader(torch.utils.data.DataLoader):
         if isinstance(min_tile_nnz, bool) or not isinstance(min_tile_nnz, int) or min_tile_nnz < 1:
             raise ValueError(f"min_tile_nnz must be a positive int, got {min_tile_nnz!r}")
         adjacency = check_adjacency_form(adjacency)
+        device = check_device(device)
+        if device is not None and device.type == "cuda":
+            kwargs.setdefault("pin_memory", True)  # a non-blocking copy from pageable memory waits for the host
         if not isinstance(return_edge_index, bool):
             raise TypeError(f"return_edge_index must be a bool, got {type(return_edge_index).__name__}")
         data = cluster_data.data
@@ -245,9 +260,12 @@ class QuantClusterLoader(torch.utils.data.DataLoader):
                 features = QuantizedFeatures.from_tensor(x, bits)
 
         self.cluster_data, self.bits, self.self_loops = cluster_data, bits, self_loops
+        self.device = device
+        # Built pinned in this process only: a forked worker cannot touch CUDA (the DataLoader's pin thread pins
+        # the workers' batches instead).
+        pin_in_collate = bool(kwargs.get("pin_memory")) and not kwargs.get("num_workers") and torch.cuda.is_available()
         self.collater = ClusterCollater(cluster_data, features, node_attrs, edge_attrs, self_loops, min_tile_nnz,
-                                        return_edge_index,
-                                        bool(kwargs.get("pin_memory")) and torch.cuda.is_available(), adjacency)
+                                        return_edge_index, pin_in_collate, adjacency)
         sizes = cluster_data.partition.partptr[1:] - cluster_data.partition.partptr[:-1]
         self.parts = torch.nonzero(sizes).view(-1).tolist()
         # As in PyG, the dataset index *is* the part id (a custom sampler yields part ids);
@@ -260,3 +278,13 @@ class QuantClusterLoader(torch.utils.data.DataLoader):
             shuffle = False
         super().__init__(_PartIds(sizes.numel()), batch_size=batch_size, shuffle=shuffle, collate_fn=self.collater,
                          **kwargs)
+
+    def __iter__(self):
+        if self.device is not None and self.device.type == "cuda" and self.num_workers > 0:
+            # Forked workers inherit the parent's unreachable CUDA tensors; a garbage collection there frees them
+            # through a CUDA context the child cannot use and aborts it, so collect before the workers fork.
+            gc.collect()
+        batches = super().__iter__()
+        if self.device is None or self.device.type == "cpu":
+            return batches
+        return prefetch(batches, self.device)

@@ -24,8 +24,8 @@ from torch_geometric.typing import SparseTensor
 from torch_geometric.utils import is_torch_sparse_tensor, to_edge_index
 
 from .. import ops
-from ..adjacency import BitAdjacency
-from ..bitmm import INT32_MAX
+from ..adjacency import BitAdjacency, bit_spmm
+from ..bit_tensor import BitTensor
 from ..compact_adjacency import DEFAULT_MIN_TILE_NNZ, CompactAdjacency, distinct_entries
 from ..layout import TILE_COLS, TILE_ROWS
 from ._graph_cache import deferred_index_check, host_read, index_bounds
@@ -139,8 +139,11 @@ def to_edge_set(adj, edge_weight: Optional[torch.Tensor], num_src: int, num_dst:
         return EdgeSet(num_src, num_dst, index[1], index[0], weight, None, "add")
 
     if not isinstance(adj, torch.Tensor):
+        # to_hetero tells edge arguments from node ones by their names: a misnamed one arrives as None or a pair
+        hint = (" (torch_geometric.nn.to_hetero passes None or a pair here when the model's argument for the edges "
+                "is named with neither 'edge' nor 'adj')" if adj is None or isinstance(adj, tuple) else "")
         raise TypeError(f"{name} must be an edge_index tensor, a torch.sparse tensor, a SparseTensor or a "
-                        f"pyg_quant.BitAdjacency, got {type(adj).__name__}")
+                        f"pyg_quant.BitAdjacency, got {type(adj).__name__}{hint}")
     if adj.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
         raise TypeError(f"{name} must hold integer node indices, got {adj.dtype}")
     if adj.dim() != 2 or adj.size(0) != 2:
@@ -217,17 +220,12 @@ def decode_bit_adjacency(adj: BitAdjacency) -> Tuple[torch.Tensor, torch.Tensor,
     return keys % adj.num_cols, keys // adj.num_cols, count
 
 
-def spmm_is_wide(max_row_sum: int, x_bits: int) -> bool:
-    """Whether ``Σ_j A_ij · q_j`` can exceed int32 (the kernels then accumulate and return int64)."""
-    return max_row_sum * (2**x_bits - 1) > INT32_MAX
-
-
 def bit_spmm_codes(adj: BitAdjacency, x_planes: torch.Tensor, x_bits: int, cols: int,
                    x_codes: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The integer product ``A · Q`` of ``adj``'s stored entries (diagonal term excluded) and column-layout codes
     (``x_codes``: their cached row codes, see :func:`pyg_quant.adjacency.gathered_codes`)."""
     return ops.bit_spmm_int(adj.window_ptr, adj.tile_col, adj.tile_bits, adj.res_ptr, adj.res_col, adj.res_val,
-                            x_planes, adj.num_rows, cols, spmm_is_wide(adj.max_row_sum, x_bits), x_codes)
+                            x_planes, adj.num_rows, cols, adj.wide_sums(x_bits), x_codes)
 
 
 @torch.library.custom_op("pyg_quant_nn::edge_spmm_int", mutates_args=())
@@ -251,3 +249,28 @@ def edge_spmm_int(src: torch.Tensor, dst: torch.Tensor, keep: Optional[torch.Ten
 @edge_spmm_int.register_fake
 def _(src, dst, keep, values, x_planes, num_src, num_dst, x_bits, cols, min_tile_nnz, adjacency=None):
     return x_planes.new_empty((num_dst, cols), dtype=torch.int64)
+
+
+@torch.library.custom_op("pyg_quant_nn::edge_bit_spmm", mutates_args=())
+def edge_bit_spmm(src: torch.Tensor, dst: torch.Tensor, keep: Optional[torch.Tensor], values: Optional[torch.Tensor],
+                  x_planes: torch.Tensor, x_lo: torch.Tensor, x_scale: torch.Tensor, x_dim: int, x_bits: int,
+                  num_src: int, num_dst: int, cols: int, min_tile_nnz: int, adjacency: Optional[str],
+                  self_weight: Optional[torch.Tensor], row_scale: Optional[torch.Tensor],
+                  bias: Optional[torch.Tensor]) -> torch.Tensor:
+    r""":func:`pyg_quant.bit_spmm` with its fused epilogue on the tiles :func:`edge_spmm_int` packs, in one op.
+
+    The column-layout codes ``x_planes`` with ranges ``x_lo`` / ``x_scale`` (``x_dim`` 0, or -1 for one range) are
+    the ``[num_src, cols]`` operand.  Traced models get the eager layers' fused epilogue (the same floats) from it.
+    """
+    if keep is not None:
+        src, dst = src[keep], dst[keep]
+        values = values[keep] if values is not None else None
+    adj = pack_entries(dst, src, values, num_dst, num_src, min_tile_nnz, adjacency)
+    x = BitTensor(x_planes, (num_src, cols), x_bits, "col", x_lo, x_scale, None if x_dim < 0 else x_dim)
+    return bit_spmm(adj, x, self_weight=self_weight, row_scale=row_scale, bias=bias)
+
+
+@edge_bit_spmm.register_fake
+def _(src, dst, keep, values, x_planes, x_lo, x_scale, x_dim, x_bits, num_src, num_dst, cols, min_tile_nnz, adjacency,
+      self_weight, row_scale, bias):
+    return x_planes.new_empty((num_dst, cols), dtype=torch.float32)

@@ -26,7 +26,7 @@ import torch
 from ..adjacency import bit_spmm, gather_operands
 from ..bit_tensor import BitTensor, to_val
 from ..compact_adjacency import DEFAULT_MIN_TILE_NNZ, check_adjacency_form
-from ._adjacency_formats import EdgeSet, bit_spmm_codes, edge_spmm_int, pack_entries
+from ._adjacency_formats import EdgeSet, bit_spmm_codes, edge_bit_spmm, edge_spmm_int, pack_entries
 from ._csr import RebuiltOnCopy, SparseProduct, csr_matrix
 from ._quantize import check_finite, is_compiling
 
@@ -127,20 +127,24 @@ class QuantGraph:
             self.edges = self.edges.decoded()
         return self.edges
 
-    def edge_coefficients(self) -> Optional[torch.Tensor]:
-        """Per-edge float factor of the float aggregation (None: every edge counts once)."""
+    def edge_coefficients(self, dtype: torch.dtype = torch.float32) -> Optional[torch.Tensor]:
+        """Per-edge float factor of the float aggregation (None: every edge counts once).
+
+        Quantized weights ``lo_w + s_w·c`` are evaluated in ``dtype``: in float64 they are the unrounded
+        values that the bit kernels' ``lo_w·(…) + s_w·(…)`` multiply.
+        """
         edges = self._float_edges()
         coef = None
         if self.weighted:
             coef = edges.weight
             if self.adj_bits is not None:
-                deq = self.w_lo + self.w_scale * self.codes.to(torch.float32)
-                raw = coef.to(torch.float32)
+                deq = self.w_lo.to(dtype) + self.w_scale.to(dtype) * self.codes.to(dtype)
+                raw = coef.to(dtype)
                 coef = deq + (raw - raw.detach())  # straight-through to the raw weight
         elif edges.count is not None:
-            coef = edges.count.to(torch.float32)
+            coef = edges.count.to(dtype)
         if self.keep is not None:
-            coef = torch.ones(edges.dst.numel(), device=edges.dst.device) if coef is None else coef
+            coef = torch.ones(edges.dst.numel(), dtype=dtype, device=edges.dst.device) if coef is None else coef
             coef = torch.where(self.keep, coef, torch.zeros_like(coef))
         return coef
 
@@ -195,7 +199,7 @@ class QuantGraph:
         cache = self.__dict__.setdefault("_csr", RebuiltOnCopy())
         if dtype in cache:
             return cache[dtype]
-        coef = self.edge_coefficients()  # decodes the edges if needed
+        coef = self.edge_coefficients(dtype)  # decodes the edges if needed
         if coef is not None and coef.requires_grad:
             return None
         edges = self.edges
@@ -223,28 +227,36 @@ class QuantGraph:
         cache[(id(values), dtype)] = (values, column)
         return column
 
-    def aggregate_float(self, y: torch.Tensor) -> torch.Tensor:
+    def aggregate_float(self, y: torch.Tensor, edge_mask: Optional[torch.Tensor] = None, *,
+                        self_values: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``Â · y`` along dim -2 (any leading batch dims), autograd-friendly, in ``y``'s dtype.
 
         A 2-D float32 / float64 ``y`` runs one CSR product (:meth:`csr_pair`); other inputs,
         edge weights that need a gradient, and ``torch.compile`` tracing (sparse CSR tensors
         and the custom backward would break its graph) an ``index_add`` of the edge messages.
+        ``edge_mask`` (``[num_edges]``, an explainer's, see ``pyg_quant.nn._explain``) multiplies
+        each edge's message, the self-loop term apart; it takes the ``index_add``, which carries
+        its gradient.  ``self_values`` (default ``y``, same shape) are what the self-loop term ``δ`` multiplies.
         """
-        use_csr = y.dim() == 2 and y.dtype in (torch.float32, torch.float64) and not is_compiling()
+        use_csr = (edge_mask is None and y.dim() == 2 and y.dtype in (torch.float32, torch.float64)
+                   and not is_compiling())
         pair = self.csr_pair(y.dtype) if use_csr else None
         if pair is not None:
             out = SparseProduct.apply(y, *pair)
         else:
             edges = self._float_edges()
-            coef = self.edge_coefficients()
+            coef = self.edge_coefficients(y.dtype if y.is_floating_point() else torch.float32)
+            if edge_mask is not None:
+                coef = edge_mask if coef is None else coef * edge_mask
             messages = y.index_select(-2, edges.src)
             if coef is not None:
                 messages = messages * coef.to(messages.dtype).view(-1, 1)
             shape = y.shape[:-2] + (self.num_dst, y.size(-1))
             out = torch.zeros(shape, dtype=messages.dtype, device=y.device).index_add(-2, edges.dst, messages)
         if self.diag is not None:
+            own = y if self_values is None else self_values.to(y.dtype)
             # A slice of all rows would still cost a slice_backward (a zero fill and a copy) in every backward.
-            self_features = y if y.size(-2) == self.num_dst else y[..., :self.num_dst, :]
+            self_features = own if own.size(-2) == self.num_dst else own[..., :self.num_dst, :]
             out = out + self.column(self.diag, y.dtype) * self_features
         return out
 
@@ -309,15 +321,19 @@ class QuantGraph:
         scaling and the bias run in :func:`pyg_quant.bit_spmm`'s fused epilogue
         (float64, one float32 rounding at the end), instead of the separate
         float passes of :meth:`aggregate_bits`.  None where that epilogue cannot
-        express ``Â`` (quantized edge weights need two integer products) or
-        while ``torch.compile`` traces (it packs inside :func:`edge_spmm_int`).
+        express ``Â`` (quantized edge weights need two integer products); while ``torch.compile`` traces an
+        ``edge_index`` graph, the tiles are packed inside the same op (:func:`edge_bit_spmm`).
         """
-        if self.weighted or is_compiling() or y.dim not in (None, 0):
+        if self.weighted or y.dim not in (None, 0):
             return None
         if self.prebuilt is not None:
-            adj, extra = self.prebuilt, self_weight  # bit_spmm adds the adjacency's own diagonal
-        else:
-            adj, extra = self._pack()[0], self.diag
-            if self_weight is not None:
-                extra = self_weight if extra is None else extra + self_weight
-        return bit_spmm(adj, y, self_weight=extra, row_scale=row_scale, bias=bias)
+            return bit_spmm(self.prebuilt, y, self_weight=self_weight, row_scale=row_scale, bias=bias)  # with its diag
+        extra = self.diag
+        if self_weight is not None:
+            extra = self_weight if extra is None else extra + self_weight
+        if is_compiling():  # packs inside the op: its packed sizes depend on the data
+            y, edges = y.as_layout("col"), self.edges
+            return edge_bit_spmm(edges.src, edges.dst, self.keep, edges.count, y.planes, y.lo, y.scale,
+                                 -1 if y.dim is None else y.dim, y.bits, self.num_src, self.num_dst, y.cols,
+                                 self.min_tile_nnz, self.adjacency, extra, row_scale, bias)
+        return bit_spmm(self._pack()[0], y, self_weight=extra, row_scale=row_scale, bias=bias)

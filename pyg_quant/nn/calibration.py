@@ -27,8 +27,10 @@ Which tensor a layer calibrates: :class:`~pyg_quant.nn.QGINConv` the output it
 requantizes per channel (``out_bits`` with ``out_dim=0``);
 :class:`~pyg_quant.nn.QGCNConv` the features it aggregates,
 :math:`\mathbf{D}^{-1/2}\mathbf{X}\mathbf{W}`, quantized per channel to
-``act_bits``.  Other layers and settings have nothing to calibrate and are left
-as they are.
+``act_bits``; their QAT versions (:func:`pyg_quant.qat.prepare`, also once
+converted) what their ``agg_quant`` quantizes, whose ranges the calibrated ones
+then replace (see :mod:`pyg_quant.qat.conv`).  Other layers and settings have
+nothing to calibrate and are left as they are.
 """
 import warnings
 from contextlib import contextmanager

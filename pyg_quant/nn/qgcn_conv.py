@@ -5,16 +5,25 @@ from torch import Tensor
 from torch.nn import Parameter
 from torch_geometric.nn.conv import MessagePassing
 from torch_geometric.nn.inits import zeros
+from torch_geometric.typing import SparseTensor
 
+from ..adjacency import BitAdjacency
 from ..bit_tensor import BitTensor
 from ._adjacency_formats import to_edge_set
 from ._common import (check_aggr, check_node_dim, check_out_dim, node_matrix, quant_options_repr,
                       requantize_output)
+from ._explain import explain_edge_mask
 from ._graph import QuantGraph
 from ._graph_cache import cached_graph
 from ._quantize import check_bits, fake_quantize, fake_quantize_fixed, quantize, quantize_fixed
 from .calibration import StaticRange
 from .quant_linear import _UNSET, QuantLinear, bit_kernels_apply, resolve_bits, run_row_scaled_linear
+
+
+def _cache_attribute(edge_index) -> str:
+    """PyG's cache attribute for an adjacency: ``_cached_edge_index`` for tensors (``torch.sparse`` too), else
+    ``_cached_adj_t`` (a ``SparseTensor``; a ``BitAdjacency``, which PyG does not know, counts as one)."""
+    return "_cached_adj_t" if isinstance(edge_index, (SparseTensor, BitAdjacency)) else "_cached_edge_index"
 
 
 class QGCNConv(StaticRange, MessagePassing):
@@ -91,8 +100,11 @@ class QGCNConv(StaticRange, MessagePassing):
     with ``adj_bits=None`` make the aggregation run in float on the quantized
     features.  Not supported: aggregations other than ``"add"``,
     ``flow="target_to_source"`` with a sparse or bit adjacency (as in PyG),
-    TorchScript; ``decomposed_layers`` and PyG's propagate hooks / explainer
-    masks are ignored (there is no ``propagate`` call).
+    TorchScript; ``decomposed_layers`` and PyG's propagate hooks are ignored
+    (there is no ``propagate`` call).  PyG's explainer edge masks are applied
+    as ``propagate`` applies them, on the float path (see
+    ``pyg_quant.nn._explain``): while one is set the layer does not run its
+    bit kernels, and it needs an ``edge_index`` input.
 
     Args:
         in_channels (int): Size of each input sample, or ``-1`` (lazy).
@@ -100,9 +112,12 @@ class QGCNConv(StaticRange, MessagePassing):
         improved (bool): :math:`\mathbf{A} + 2\mathbf{I}`. (default: ``False``)
         cached (bool): cache the normalized adjacency (in eval, the packed bit
             tiles too) on the first call and reuse it; transductive use only.
-            Without it, an ``edge_index`` passed without ``edge_weight`` is still
-            read once: the layers called on the same, unchanged tensor share its
-            graph. (default: ``False``)
+            As in PyG, the graph of a tensor input (``edge_index`` or
+            ``torch.sparse``) is kept as ``_cached_edge_index``, that of a
+            ``SparseTensor`` (or a ``BitAdjacency``) as ``_cached_adj_t``, and
+            setting either to ``None`` drops it.  Without it, an ``edge_index``
+            passed without ``edge_weight`` is still read once: the layers called
+            on the same, unchanged tensor share its graph. (default: ``False``)
         add_self_loops (bool, optional): add self-loops; defaults to ``normalize``.
         normalize (bool): symmetric normalization. (default: ``True``)
         bias (bool): learn an additive bias. (default: ``True``)
@@ -135,7 +150,9 @@ class QGCNConv(StaticRange, MessagePassing):
         - **output:** node features :math:`(|\mathcal{V}|, F_{out})`, or a
           :class:`BitTensor` with ``out_bits``
     """
-    _cached_graph: Optional[QuantGraph]
+    # PyG's cache attributes (None: nothing cached), holding the QuantGraph of each input kind
+    _cached_edge_index: Optional[QuantGraph]
+    _cached_adj_t: Optional[QuantGraph]
 
     def __init__(self, in_channels: int, out_channels: int, improved: bool = False, cached: bool = False,
                  add_self_loops: Optional[bool] = None, normalize: bool = True, bias: bool = True, *,
@@ -162,7 +179,8 @@ class QGCNConv(StaticRange, MessagePassing):
         self.out_bits = check_bits(out_bits, "out_bits")
         self.out_dim = check_out_dim(out_dim)
 
-        self._cached_graph = None
+        self._cached_edge_index = None
+        self._cached_adj_t = None
         self._init_static_range()
 
         self.lin = QuantLinear(in_channels, out_channels, bias=False, weight_initializer="glorot",
@@ -179,7 +197,8 @@ class QGCNConv(StaticRange, MessagePassing):
         super().reset_parameters()
         self.lin.reset_parameters()
         zeros(self.bias)
-        self._cached_graph = None
+        self._cached_edge_index = None
+        self._cached_adj_t = None
         self.clear_static_range()  # ranges of other weights
 
     def _static_bits(self) -> Optional[int]:
@@ -188,9 +207,16 @@ class QGCNConv(StaticRange, MessagePassing):
     def _static_channels(self) -> Optional[int]:
         return self.out_channels
 
+    @property
+    def _cached_graph(self) -> Optional[QuantGraph]:
+        """The cached graph of either input kind (see ``cached``)."""
+        return self._cached_edge_index if self._cached_edge_index is not None else self._cached_adj_t
+
     def _graph(self, x, edge_index, edge_weight: Optional[Tensor]) -> QuantGraph:
-        if self._cached_graph is not None:
-            return self._cached_graph
+        cache = _cache_attribute(edge_index)
+        cached = getattr(self, cache)
+        if cached is not None:
+            return cached
         num_nodes = x.rows if isinstance(x, BitTensor) else x.size(-2)
         # Edge weights are coded only where the features are: with act_bits=None
         # the aggregation is a float one and keeps them exact.
@@ -202,8 +228,8 @@ class QGCNConv(StaticRange, MessagePassing):
             graph = cached_graph(edge_index, options, lambda adj: self._build_graph(adj, None, num_nodes, adj_bits))
         else:
             graph = self._build_graph(edge_index, edge_weight, num_nodes, adj_bits)
-        if self.cached:
-            self._cached_graph = graph
+        if self.cached and self.normalize:  # PyG caches nothing without normalization: later graphs are used
+            setattr(self, cache, graph)
         return graph
 
     def _build_graph(self, edge_index, edge_weight: Optional[Tensor], num_nodes: int,
@@ -218,7 +244,10 @@ class QGCNConv(StaticRange, MessagePassing):
         graph = QuantGraph(edges, fill, adj_bits)
         if self.normalize:
             def deg_inv_sqrt() -> Tensor:
-                d = graph.degree().pow(-0.5)
+                # sqrt and division are correctly rounded in float64 everywhere, so eager and compiled code (where
+                # pow(-0.5) may become an approximate rsqrt) get the same floats
+                deg = graph.degree()
+                d = (1.0 / deg.double().sqrt()).to(deg.dtype)
                 return d.masked_fill(d == float("inf"), 0.0)
 
             # A BitAdjacency that carries its self-loops is the whole Â: every layer of the model called on it gets
@@ -292,7 +321,7 @@ class QGCNConv(StaticRange, MessagePassing):
             self._observe(matrix)
             h = restore(fake_quantize_fixed(matrix, fixed) if fixed is not None
                         else fake_quantize(matrix, act_bits, 0, self.stochastic and self.training))
-        out = graph.aggregate_float(h)
+        out = graph.aggregate_float(h, explain_edge_mask(self, edge_index, graph))
         if deg_inv_sqrt is not None:
             out = out * graph.column(deg_inv_sqrt, out.dtype)
         if self.bias is not None:

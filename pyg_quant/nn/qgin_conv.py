@@ -12,9 +12,11 @@ from ..adjacency import BitAdjacency
 from ..bit_tensor import BitTensor
 from ._adjacency_formats import to_edge_set
 from ._common import check_aggr, check_node_dim, check_out_dim, node_matrix, quant_options_repr, requantize_output
+from ._explain import explain_edge_mask
 from ._graph import QuantGraph
 from ._graph_cache import cached_graph
-from ._quantize import check_bits, check_finite, dequantize, fake_quantize, fits, quantize, quantize_fixed
+from ._quantize import (check_bits, check_finite, dequantize, fake_quantize, fits, is_compiling, quantize,
+                        quantize_fixed)
 from .calibration import StaticRange
 from .quant_linear import _UNSET, QuantLinear, bit_kernels_apply, resolve_bits, run_fused_mlp
 
@@ -77,7 +79,10 @@ class QGINConv(StaticRange, MessagePassing):
     aggregation run in float on the quantized features.  Not supported:
     aggregations other than ``"add"``, ``flow="target_to_source"`` with a
     sparse or bit adjacency (as in PyG), TorchScript; ``decomposed_layers`` and
-    PyG's propagate hooks / explainer masks are ignored.
+    PyG's propagate hooks are ignored.  PyG's explainer edge masks are applied
+    as ``propagate`` applies them, on the float path (see
+    ``pyg_quant.nn._explain``): while one is set the layer does not run its
+    bit kernels, and it needs an ``edge_index`` input.
 
     Args:
         nn (torch.nn.Module): the network :math:`h_{\mathbf{\Theta}}`, mapping
@@ -221,7 +226,7 @@ class QGINConv(StaticRange, MessagePassing):
                 check_finite(source, "x")
                 matrix, restore = node_matrix(source)
                 source = restore(fake_quantize(matrix, act_bits, 0, self.stochastic and self.training))
-            out = graph.aggregate_float(source)
+            out = graph.aggregate_float(source, explain_edge_mask(self, edge_index, graph))
 
         if x_dst is not None:
             target = dequantize(x_dst) if isinstance(x_dst, BitTensor) else x_dst
@@ -233,7 +238,7 @@ class QGINConv(StaticRange, MessagePassing):
         """``1 + eps``, made once while ``eps`` is a constant buffer (one op fewer a call, every step); a trained
         ``eps`` (or an inference tensor, which has no version counter) gets it made at every call."""
         eps = self.eps
-        if eps.requires_grad or eps.is_inference():
+        if is_compiling() or eps.requires_grad or eps.is_inference():
             return 1 + eps
         key = (eps.data_ptr(), eps._version, eps.device)  # a loaded state or .to() changes one of them
         cached = self.__dict__.get("_one_plus_eps_cache")

@@ -11,6 +11,7 @@ from .. import ops
 from ..bit_tensor import BitTensor
 from ..bitmm import bitmm_float
 from ._common import quant_options_repr
+from ._explain import explaining
 from ._quantize import (FixedRanges, check_bits, check_finite, dequantize, fake_quantize, fits, is_compiling,
                         quantize, values_finite)
 
@@ -37,9 +38,10 @@ def bit_kernels_apply(module: torch.nn.Module, *tensors) -> bool:
 
     The kernels have no backward; with autograd on (``eval()`` without
     ``torch.no_grad()``) the float path computes the same values, up to float32
-    rounding, and keeps the gradients.
+    rounding, and keeps the gradients.  Nor do they run while a PyG explainer's
+    edge mask is set on ``module`` (see ``pyg_quant.nn._explain``).
     """
-    if module.training:
+    if module.training or explaining(module):  # the bit kernels take no edge mask: the float path does
         return False
     if torch.is_grad_enabled():
         return not any(isinstance(t, Tensor) and t.requires_grad for t in tensors)
@@ -56,7 +58,20 @@ def resolve_bits(bits, weight_bits, act_bits, unset):
         check_bits(act_bits, "act_bits" if bits is None else "bits")
 
 
-_UNSET = object()
+
+class _SameAsBits:
+    """The default of ``weight_bits`` / ``act_bits``: "take ``bits``" (a sentinel, so that ``None``, float, can be
+    given explicitly); its repr is what ``help()`` and ``inspect.signature`` show."""
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<same as bits>"
+
+    def __reduce__(self) -> str:
+        return "_UNSET"  # copies and pickles are the one module-level instance, which `is` checks rely on
+
+
+_UNSET = _SameAsBits()
 
 # ops.quant_mlp (the fused chain of bit layers) runs layers up to this many channels wide and chains of up to this
 # many layers whose weight codes fit in a block's shared memory: the limits of its CUDA kernel
@@ -255,11 +270,11 @@ def _reads_codes(lin: "QuantLinear", x: BitTensor) -> bool:
 
 
 def _quant_mlp(x2: Union[Tensor, BitTensor], linears, relus, row_scale: Optional[Tensor] = None,
-               col_keys: Optional[Tensor] = None, out_codes: Optional["FixedRanges"] = None):
+               col_keys: bool = False, out_codes: Optional["FixedRanges"] = None):
     """``ops.quant_mlp`` of a 2-D input through ``linears`` (each followed by ReLU where ``relus`` says), in as
     few calls as the kernel's limits allow (consecutive layers grouped greedily); ``row_scale`` (float32 ``[rows]``)
-    multiplies the output rows in the last call, which also max-reduces the output's column keys into ``col_keys``
-    when given.  A :class:`BitTensor` input is read as ``dequantize(x2)``, by the first call itself
+    multiplies the output rows in the last call, which with ``col_keys`` also gives the output's column keys:
+    ``(out, keys)``.  A :class:`BitTensor` input is read as ``dequantize(x2)``, by the first call itself
     (``ops.quant_mlp_planes``).  With ``out_codes`` (fixed per-column ranges), the last call quantizes the output
     with them (``ops.quant_mlp_row_codes``) and the result is that column-layout :class:`BitTensor`, held as its row
     codes (its planes are made if something asks for them)."""
@@ -281,7 +296,7 @@ def _quant_mlp(x2: Union[Tensor, BitTensor], linears, relus, row_scale: Optional
                  [lin.weight_bits for lin in group], list(relus[start:end]), row_scale if last else None)
         # The call's output: float32 (with col_keys, last), or fixed-range row codes (last, with out_codes).
         row_codes = last and out_codes is not None
-        output = (out_codes.lo, out_codes.inv_scale, out_codes.bits) if row_codes else (col_keys if last else None,)
+        output = (out_codes.lo, out_codes.inv_scale, out_codes.bits) if row_codes else (col_keys and last,)
         if isinstance(h, BitTensor):
             planes = (h.planes, h.rows, h.cols, h.layout == "col", h.lo.detach(), h.scale.detach(),
                       -1 if h.dim is None else h.dim)
@@ -347,20 +362,6 @@ def _runs_fused(lin: "QuantLinear", x: Optional[Tensor], width: int) -> bool:
             and bit_kernels_apply(lin, x, weight, lin.bias))
 
 
-def new_col_keys(cols: int, device) -> Tensor:
-    """A zeroed ``col_keys`` buffer (int64 ``[2·cols]``, "nothing seen") for :func:`pyg_quant.ops.quant_mlp`."""
-    return torch.zeros(2 * cols, dtype=torch.int64, device=device)
-
-
-def _with_col_keys(run, cols: int, device, col_keys: bool):
-    """``run(keys)``, with ``keys`` a fresh :func:`new_col_keys` buffer that the call fills: ``(out, keys)`` when
-    ``col_keys``, else ``run(None)``."""
-    if not col_keys:
-        return run(None)
-    keys = new_col_keys(cols, device)
-    return run(keys), keys
-
-
 def run_row_scaled_linear(lin, x, row_scale: Tensor, col_keys: bool = False,
                           out_codes: Optional[FixedRanges] = None):
     r"""``lin(x) * row_scale[:, None]`` as one :func:`pyg_quant.ops.quant_mlp` call (the multiply is the kernel's
@@ -374,9 +375,8 @@ def run_row_scaled_linear(lin, x, row_scale: Tensor, col_keys: bool = False,
     """
     def run(x_in):
         if out_codes is not None:
-            return _quant_mlp(x_in, (lin,), (False,), row_scale.reshape(-1), None, out_codes)
-        return _with_col_keys(lambda keys: _quant_mlp(x_in, (lin,), (False,), row_scale.reshape(-1), keys),
-                              lin.weight.size(0), x_in.device, col_keys)
+            return _quant_mlp(x_in, (lin,), (False,), row_scale.reshape(-1), False, out_codes)
+        return _quant_mlp(x_in, (lin,), (False,), row_scale.reshape(-1), col_keys)
 
     if (not isinstance(lin, QuantLinear) or lin.weight_bits is None or lin.act_bits is None or not _no_hooks(lin)
             or row_scale.dtype != torch.float32 or not isinstance(x, (Tensor, BitTensor))):
@@ -417,11 +417,9 @@ def run_fused_mlp(module, x, col_keys: bool = False, out_codes: Optional[FixedRa
         width = lin.weight.size(0)
     check_finite(x, "x")
     if out_codes is not None:
-        return _quant_mlp(x, linears, relus, None, None, out_codes)
-
-    def run(keys: Optional[Tensor]) -> Tensor:
-        out = _quant_mlp(x.reshape(-1, x.size(-1)), linears, relus, None, keys)
-        return out.reshape(x.shape[:-1] + (out.size(-1),))
-
-    return _with_col_keys(run, width, x.device, col_keys)
+        return _quant_mlp(x, linears, relus, None, False, out_codes)
+    result = _quant_mlp(x.reshape(-1, x.size(-1)), linears, relus, None, col_keys)
+    out, keys = result if col_keys else (result, None)
+    out = out.reshape(x.shape[:-1] + (out.size(-1),))
+    return (out, keys) if col_keys else out
 

@@ -115,26 +115,29 @@ def expand_tiles(tile_key, row_count, entry_col, entry_val, res_row, res_val, nu
 
 
 def quant_mlp(x, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits, weight_bits, relu,
-              row_scale=None, col_keys=None):
+              row_scale=None, col_keys: bool = False):
     """A chain of QuantLinear bit layers in one op (see :func:`reference.quant_mlp` for the definition); with
-    ``col_keys``, the output's column keys are max-reduced into it in place (see :func:`reference.col_keys_of`)."""
+    ``col_keys``, ``(out, keys)``: the output's column keys too (see :func:`reference.col_keys_of`)."""
     args = (x, list(weight_codes), list(weight_lo), list(weight_scale), list(weight_sums), list(bias),
-            [int(b) for b in act_bits], [int(b) for b in weight_bits], [bool(r) for r in relu], row_scale, col_keys)
-    if use_compiled("quant_mlp", x.device):
-        return torch.ops.pyg_quant.quant_mlp(*args)
-    return reference.quant_mlp(*args)
+            [int(b) for b in act_bits], [int(b) for b in weight_bits], [bool(r) for r in relu], row_scale)
+    name = "quant_mlp_keys" if col_keys else "quant_mlp"
+    if use_compiled(name, x.device):
+        return getattr(torch.ops.pyg_quant, name)(*args)
+    return getattr(reference, name)(*args)
 
 
 def quant_mlp_planes(planes, rows: int, cols: int, col_layout: bool, lo, scale, dim: int, weight_codes, weight_lo,
-                     weight_scale, weight_sums, bias, act_bits, weight_bits, relu, row_scale=None, col_keys=None):
+                     weight_scale, weight_sums, bias, act_bits, weight_bits, relu, row_scale=None,
+                     col_keys: bool = False):
     """:func:`quant_mlp` of :func:`dequantize` ``(planes, rows, cols, col_layout, lo, scale, dim)`` in one op (the GPU
     kernel decodes the codes as it loads the rows)."""
     args = (planes, int(rows), int(cols), bool(col_layout), lo, scale, int(dim), list(weight_codes), list(weight_lo),
             list(weight_scale), list(weight_sums), list(bias), [int(b) for b in act_bits],
-            [int(b) for b in weight_bits], [bool(r) for r in relu], row_scale, col_keys)
-    if use_compiled("quant_mlp_planes", planes.device):
-        return torch.ops.pyg_quant.quant_mlp_planes(*args)
-    return reference.quant_mlp_planes(*args)
+            [int(b) for b in weight_bits], [bool(r) for r in relu], row_scale)
+    name = "quant_mlp_planes_keys" if col_keys else "quant_mlp_planes"
+    if use_compiled(name, planes.device):
+        return getattr(torch.ops.pyg_quant, name)(*args)
+    return getattr(reference, name)(*args)
 
 
 def quant_mlp_row_codes(x, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits, weight_bits, relu,
@@ -256,16 +259,29 @@ if LOADED:
                 tile_key.new_empty((planes, tiles, 16, 8)), tile_key.new_empty((num_rows + 1,), dtype=torch.int64),
                 tile_key.new_empty((num_rows,), dtype=torch.int64))
 
-    # col_keys (mutated in place, annotated in the schema) needs no fake of its own.
+    def _fake_mlp_out(like, rows, weight_codes):
+        return like.new_empty((rows, weight_codes[-1].shape[0]), dtype=torch.float32)
+
+    def _fake_mlp_keys(like, weight_codes):
+        return like.new_empty((2 * weight_codes[-1].shape[0],), dtype=torch.int64)
+
     @torch.library.register_fake("pyg_quant::quant_mlp")
-    def _(x, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits, weight_bits, relu, row_scale=None,
-          col_keys=None):
-        return x.new_empty((x.shape[0], weight_codes[-1].shape[0]), dtype=torch.float32)
+    def _(x, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits, weight_bits, relu, row_scale=None):
+        return _fake_mlp_out(x, x.shape[0], weight_codes)
+
+    @torch.library.register_fake("pyg_quant::quant_mlp_keys")
+    def _(x, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits, weight_bits, relu, row_scale=None):
+        return _fake_mlp_out(x, x.shape[0], weight_codes), _fake_mlp_keys(x, weight_codes)
 
     @torch.library.register_fake("pyg_quant::quant_mlp_planes")
     def _(planes, rows, cols, col_layout, lo, scale, dim, weight_codes, weight_lo, weight_scale, weight_sums, bias,
-          act_bits, weight_bits, relu, row_scale=None, col_keys=None):
-        return planes.new_empty((rows, weight_codes[-1].shape[0]), dtype=torch.float32)
+          act_bits, weight_bits, relu, row_scale=None):
+        return _fake_mlp_out(planes, rows, weight_codes)
+
+    @torch.library.register_fake("pyg_quant::quant_mlp_planes_keys")
+    def _(planes, rows, cols, col_layout, lo, scale, dim, weight_codes, weight_lo, weight_scale, weight_sums, bias,
+          act_bits, weight_bits, relu, row_scale=None):
+        return _fake_mlp_out(planes, rows, weight_codes), _fake_mlp_keys(planes, weight_codes)
 
     def _fake_out_row_codes(like, rows, weight_codes, out_bits):
         return like.new_empty((packed_words(rows) * 32, row_code_bytes(weight_codes[-1].shape[0], out_bits)),

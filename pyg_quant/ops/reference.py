@@ -445,15 +445,14 @@ def mse_search(x, lo, hi, dim: int, grid, fake, keep: Optional[torch.Tensor] = N
 
 
 def quant_mlp(x, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits, weight_bits, relu,
-              row_scale=None, col_keys=None):
+              row_scale=None):
     r"""A chain of QuantLinear bit layers: for each layer ``l``, ``h`` quantized per row to ``act_bits[l]``
     (the float32 steps of :func:`pyg_quant.to_bit`), the exact code product with ``weight_codes[l]``
     (``[out, in]`` uint8, one range ``weight_lo/weight_scale[l]`` per output channel, code sums
     ``weight_sums[l]``), :func:`bitmm_affine` with ``bias[l]`` and ``relu[l]``.  This is
     ``quantize(h, act_bits[l], 1, "row")`` followed by ``bitmm_float`` (what ``QuantLinear`` runs), written
     with this module's ops; ``weight_bits`` only bounds the codes (the product must fit in int32).  With
-    ``row_scale`` (float32 ``[rows]``), each output row is then multiplied by its scale in float32.  With
-    ``col_keys`` (int64 ``[2·out]``), the output's :func:`col_keys_of` is max-reduced into it in place.
+    ``row_scale`` (float32 ``[rows]``), each output row is then multiplied by its scale in float32.
     """
     if len(weight_codes) < 1:
         raise ValueError("weight_codes must hold at least one layer")
@@ -476,20 +475,37 @@ def quant_mlp(x, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_b
             raise ValueError(f"row_scale must be float32 [{h.size(0)}] (one scale per row of x), got "
                              f"{row_scale.dtype} {tuple(row_scale.shape)}")
         h = h * row_scale.view(-1, 1)
-    if col_keys is not None:
-        check_col_keys(col_keys, h.size(1), x.device, "the output", "x")
-        if h.size(0) > 0:
-            torch.maximum(col_keys, col_keys_of(h), out=col_keys)
     return h
 
 
+def _with_keys(h):
+    """``(h, its column keys)``: :func:`col_keys_of` of its rows, zeros ("nothing seen") for none."""
+    keys = col_keys_of(h) if h.size(0) > 0 else torch.zeros(2 * h.size(1), dtype=torch.int64, device=h.device)
+    return h, keys
+
+
+def quant_mlp_keys(x, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits, weight_bits, relu,
+                   row_scale=None):
+    r"""``(out, keys)``: :func:`quant_mlp`'s output and its column keys (:func:`col_keys_of`), which
+    :func:`quantize_pack_ranges` takes in place of a pass of its own over ``out``."""
+    return _with_keys(quant_mlp(x, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits, weight_bits,
+                                relu, row_scale))
+
+
 def quant_mlp_planes(planes, rows, cols, col_layout, lo, scale, dim, weight_codes, weight_lo, weight_scale,
-                     weight_sums, bias, act_bits, weight_bits, relu, row_scale=None, col_keys=None):
+                     weight_sums, bias, act_bits, weight_bits, relu, row_scale=None):
     r""":func:`quant_mlp` on the values of a packed tensor: ``quant_mlp(dequantize(planes, rows, cols, col_layout,
     lo, scale, dim), ...)``."""
     x = dequantize(planes, rows, cols, col_layout, lo, scale, dim)
     return quant_mlp(x, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits, weight_bits, relu,
-                     row_scale, col_keys)
+                     row_scale)
+
+
+def quant_mlp_planes_keys(planes, rows, cols, col_layout, lo, scale, dim, weight_codes, weight_lo, weight_scale,
+                          weight_sums, bias, act_bits, weight_bits, relu, row_scale=None):
+    r"""``(out, keys)`` of :func:`quant_mlp_planes` (see :func:`quant_mlp_keys`)."""
+    return _with_keys(quant_mlp_planes(planes, rows, cols, col_layout, lo, scale, dim, weight_codes, weight_lo,
+                                       weight_scale, weight_sums, bias, act_bits, weight_bits, relu, row_scale))
 
 
 def _check_out_codes(out_lo, out_inv_scale, out_bits: int, out_cols: int, device) -> None:

@@ -15,9 +15,13 @@ generator:
 
 Evaluation without autograd runs the bit kernels (``bitmm``, the layers'
 bit-tile aggregation) on the quantizers' nearest-rounded codes; with autograd,
-the fake path computes its products in float64 and rounds once, so the two
-agree to float32 rounding.  The graph handling (adjacency formats, self-loops,
-degrees, edge-weight codes, caching) is the parent layers', unchanged.
+the fake path computes its products and sums in float64 from the same codes'
+unrounded values ``lo + s·q`` (:meth:`FakeQuantize.forward_exact`) and rounds
+once, as the kernels' epilogues do, so the two give the same float32 outputs
+and every later quantizer the same inputs (they could differ only where the
+two float64 evaluations straddle a float32 rounding boundary).  The graph
+handling (adjacency formats, self-loops, degrees, edge-weight codes, caching)
+is the parent layers', unchanged.
 Node features are ``[N, F]`` (no leading batch dimensions); ``out_bits`` is
 not used (the next QAT layer quantizes with its own quantizers).
 
@@ -28,6 +32,12 @@ most ``act_bits`` bits with ranges per channel (or per tensor) is QATGINConv's
 aggregation operand itself (its codes on the bit tiles in evaluation, its
 values unrounded in training, where the static ``agg_quant`` still observes
 them).  Other BitTensors are read as the floats they hold.
+
+:func:`pyg_quant.nn.calibrate` (on a prepared or a converted model) records what
+``agg_quant`` quantizes, ``D^{-1/2} H`` and GIN's source features, per channel
+(per tensor with ``agg_granularity="tensor"``) into the layer's ``static_range``;
+then, in ``eval()``, those min/max ranges replace ``agg_quant``'s (values outside
+clamp), until :func:`pyg_quant.nn.clear_calibration`.  Training ignores them.
 """
 from typing import Optional, Tuple, Union
 
@@ -36,11 +46,14 @@ from torch import Tensor
 from torch_geometric.nn.dense.linear import Linear as PyGLinear
 
 from ..bit_tensor import BitTensor, to_val
+from ..nn._explain import explain_edge_mask
 from ..nn._graph import QuantGraph
+from ..nn._quantize import FixedRanges, fake_quantize_fixed, quantize_fixed
 from ..nn.qgcn_conv import QGCNConv
 from ..nn.qgin_conv import QGINConv
 from ..nn.quant_linear import bit_kernels_apply
 from .degree_quant import protect_mask
+from .fake_quantize import exact_values
 from .linear import QATLinear, _check_qconfig, observe_only, quantized_already
 from .observers import check_finite
 from .qconfig import QConfig
@@ -61,23 +74,62 @@ def _float_features(x, name: str) -> Optional[Tensor]:
     return x
 
 
-def _aggregate_float(graph: QuantGraph, y: Tensor, training: bool) -> Tensor:
+def _aggregate_float(graph: QuantGraph, y: Tensor, training: bool, edge_mask: Optional[Tensor] = None, *,
+                     self_values: Optional[Tensor] = None) -> Tensor:
     r"""``Â · y`` in float32 (:meth:`QuantGraph.aggregate_float`: one CSR product, gradient ``Aᵀ·dY``).
 
     The CSR product reads each source row once per edge and writes each target row once,
     instead of materialising an ``[edges, F]`` message matrix (5-7x faster for Cora's
     1433 input channels); its gradient to ``y`` is the product with the prebuilt ``Aᵀ``.
-    In evaluation the sum runs in float64 and is rounded once, as the bit kernels do.
+    In evaluation the sum runs in float64 and is rounded once, as the bit kernels do, and
+    for their float32 result: ``y`` the unrounded dequantized values
+    (:meth:`~pyg_quant.qat.FakeQuantize.forward_exact`), ``self_values`` their float32
+    roundings (``to_val``'s), which the kernels' self-loop term multiplies.
+    ``edge_mask``: an explainer's factor per edge (see ``pyg_quant.nn._explain``).
     """
     if not training:
         y = y.double()
+        self_values = None if self_values is None else self_values.double()
     elif y.dtype not in (torch.float32, torch.float64):
         y = y.float()  # the result is float32 either way, and CSR products take no half types on the CPU
-    return graph.aggregate_float(y).to(torch.float32)
+    return graph.aggregate_float(y, edge_mask, self_values=self_values).to(torch.float32)
 
 
 class _QATConvMixin:
-    """Degree-Quant masks and the quantizer switches shared by the two convolutions."""
+    """Degree-Quant masks, the quantizer switches and the calibration shared by the two convolutions."""
+
+    def _static_bits(self) -> Optional[int]:
+        # A QAT layer calibrates what agg_quant quantizes (see _agg_ranges), not its parent's tensor.
+        fq = self.agg_quant
+        return fq.bits if fq is not None else None
+
+    def _agg_ranges(self, y: Union[Tensor, BitTensor]) -> Optional[FixedRanges]:
+        """Records the aggregation operand ``y`` (2-D, what ``agg_quant`` quantizes) while
+        :func:`pyg_quant.nn.calibrate` runs, and returns the calibrated ranges that replace
+        ``agg_quant``'s now (``eval()``, calibrated, not calibrating), else None.
+
+        Ranges per tensor (``agg_granularity="tensor"``) are calibrated as such: every channel gets the extrema
+        of the whole tensor, so the codes keep the granularity the layer was trained with.  A BitTensor ``y`` (codes
+        aggregated as they are) is recorded by its values, and no ranges replace its own.
+        """
+        fq = self.agg_quant
+        if fq is None or not fq.quantizes:
+            return None
+        if self.__dict__.get("_calibration") is not None:
+            values = to_val(y) if isinstance(y, BitTensor) else y.detach()
+            if fq.dim is None and values.numel():  # two rows whose column extrema are the tensor's extrema
+                values = torch.stack((values.min().expand(values.size(1)), values.max().expand(values.size(1))))
+            self._observe(values)
+        return None if isinstance(y, BitTensor) else self._fixed_ranges()
+
+    @staticmethod
+    def _aggregate_fixed(graph: QuantGraph, y: Tensor, fixed: FixedRanges, bit_kernels: bool,
+                         edge_mask: Optional[Tensor]) -> Tensor:
+        """``Â · y`` with ``y`` quantized to the calibrated ranges: on the bit kernels when they run, else
+        fake-quantized (the same codes) and summed in float64 as in evaluation."""
+        if bit_kernels and graph.can_run_bits:
+            return graph.aggregate_bits(quantize_fixed(y, fixed))
+        return _aggregate_float(graph, fake_quantize_fixed(y, fixed), False, edge_mask)
 
     def _protect(self, graph: QuantGraph, num_nodes: int) -> Optional[Tensor]:
         p_range = self.qconfig.degree_quant
@@ -138,6 +190,10 @@ class QATGCNConv(_QATConvMixin, QGCNConv):
             edge_index: edge indices, a sparse adjacency ``adj_t`` or a :class:`~pyg_quant.BitAdjacency`.
             edge_weight (Tensor, optional): edge weights for ``edge_index``.
         """
+        if isinstance(x, (tuple, list)):  # PyG's error (to_hetero passes pairs on bipartite edge types)
+            raise ValueError(f"'{self.__class__.__name__}' received a tuple of node features as input while this "
+                             f"layer does not support bipartite message passing. Please try other layers such as "
+                             f"'SAGEConv' or 'GraphConv' instead")
         if isinstance(x, BitTensor):
             num_nodes = x.rows  # lin takes it as its quantized input, or reads its values (QATLinear)
         else:
@@ -152,12 +208,19 @@ class QATGCNConv(_QATConvMixin, QGCNConv):
         if deg_inv_sqrt is not None:
             h = h * graph.column(deg_inv_sqrt, h.dtype)
         fq = self.agg_quant
-        if fq is not None and fq.quantizes and graph.can_run_bits and bit_kernels:
+        fixed = self._agg_ranges(h)
+        if fixed is not None:
+            out = self._aggregate_fixed(graph, h, fixed, bit_kernels, explain_edge_mask(self, edge_index, graph))
+        elif fq is not None and fq.quantizes and graph.can_run_bits and bit_kernels:
             out = graph.aggregate_bits(fq.quantize(h, "col"))
         else:
-            if fq is not None:
+            own = None
+            if fq is not None and self.training:
                 h = fq(h, protect)
-            out = _aggregate_float(graph, h, self.training)
+            elif fq is not None:
+                own, h = fq.forward_exact(h, protect)
+            out = _aggregate_float(graph, h, self.training, explain_edge_mask(self, edge_index, graph),
+                                   self_values=own)
         if deg_inv_sqrt is not None:
             out = out * graph.column(deg_inv_sqrt, out.dtype)
         if self.bias is not None:
@@ -246,20 +309,31 @@ class QATGINConv(_QATConvMixin, QGINConv):
         num_src, num_dst = self._node_counts(x[0], x_dst, edge_index, size)
         graph = self._graph(edge_index, num_src, num_dst)
         bit_kernels = bit_kernels_apply(self, x[0], x[1], self.eps)
+        fixed = self._agg_ranges(x_src if codes is None else codes)
         if fq is not None and graph.can_run_bits and bit_kernels and codes is not None:
             out = graph.aggregate_bits(codes)
         else:
             x_src = x_src if x_src is not None else _float_features(x[0], "x_src")
             if fq is not None and codes is None and not self.training:  # in training NaN/inf reach the loss
                 check_finite(x_src, "x")
+            mask = explain_edge_mask(self, edge_index, graph)
             if codes is not None:  # values used as they are; a static range still learns from them
                 observe_only(fq, x_src)
-                out = _aggregate_float(graph, x_src, self.training)
+                if self.training:
+                    out = _aggregate_float(graph, x_src, True, mask)
+                else:  # the codes' unrounded values, as the bit kernels sum them
+                    out = _aggregate_float(graph, exact_values(codes), False, mask, self_values=x_src)
+            elif fixed is not None:
+                out = self._aggregate_fixed(graph, x_src, fixed, bit_kernels, mask)
             elif fq is not None and fq.quantizes and graph.can_run_bits and bit_kernels:
                 out = graph.aggregate_bits(fq.quantize(x_src, "col"))
             else:
-                source = fq(x_src, self._protect(graph, num_src)) if fq is not None else x_src
-                out = _aggregate_float(graph, source, self.training)
+                source, own = x_src, None
+                if fq is not None and self.training:
+                    source = fq(x_src, self._protect(graph, num_src))
+                elif fq is not None:
+                    own, source = fq.forward_exact(x_src)
+                out = _aggregate_float(graph, source, self.training, mask, self_values=own)
         if x_dst is not None:
             out = torch.addcmul(out, self._one_plus_eps(), x_dst)  # out + (1 + eps)·x_dst in one pass
         return self.nn(out)

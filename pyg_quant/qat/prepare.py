@@ -32,13 +32,13 @@ from torch_geometric.nn import GCNConv, GINConv
 from torch_geometric.nn.dense.linear import Linear as PyGLinear
 
 from ..nn import QGCNConv, QGINConv, QuantLinear
+from ..nn.quant_linear import _UNSET
 from .conv import QATGCNConv, QATGINConv
 from .fake_quantize import FakeQuantize
 from .linear import QATLinear
 from .qconfig import QConfig
 
 QAT_TYPES = (QATGCNConv, QATGINConv, QATLinear)
-_UNSET = object()
 
 
 def _layer_kind(module: torch.nn.Module) -> Optional[str]:

@@ -1,0 +1,205 @@
+"""Stacks of QGCNConv / QGINConv under ``torch.compile`` with the default backend (inductor), ``fullgraph=True``.
+
+Oracle: the eager model on the same inputs.  In eval every float step between two quantizations runs inside the
+package's ops or is exact, so the compiled model must give the eager bits; in training (fake quantization in float)
+inductor may fuse float steps, so the outputs and gradients must agree to a few float32 ulps except where a fused
+step moves a value across a rounding boundary, which changes that value by at most one quantization step.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import pyg_quant as pq
+from pyg_quant import QGCNConv, QGINConv
+from pyg_quant.loader import QuantClusterData, QuantClusterLoader
+from pyg_quant.synthetic import planted_class_graph
+
+from conftest import CUDA_OK, requires_compiled
+
+pytestmark = requires_compiled
+DEVICES = ["cpu"] + ([pytest.param("cuda", marks=pytest.mark.cuda)] if CUDA_OK else [])
+
+
+def mlp(cin, cout):
+    return torch.nn.Sequential(torch.nn.Linear(cin, cout), torch.nn.ReLU(), torch.nn.Linear(cout, cout))
+
+
+class GIN(torch.nn.Module):
+    """The natural user model: three QGINConv layers, ReLU between them."""
+
+    def __init__(self, cin, hidden, cout, bits):
+        super().__init__()
+        self.convs = torch.nn.ModuleList([QGINConv(mlp(cin, hidden), bits=bits), QGINConv(mlp(hidden, hidden), bits=bits),
+                                          QGINConv(mlp(hidden, cout), bits=bits)])
+
+    def forward(self, x, adj):
+        for i, conv in enumerate(self.convs):
+            x = conv(x, adj)
+            if i < len(self.convs) - 1:
+                x = F.relu(x)
+        return x
+
+
+class GCN(torch.nn.Module):
+    def __init__(self, cin, hidden, cout, bits):
+        super().__init__()
+        self.convs = torch.nn.ModuleList([QGCNConv(cin, hidden, bits=bits), QGCNConv(hidden, hidden, bits=bits),
+                                          QGCNConv(hidden, cout, bits=bits)])
+
+    def forward(self, x, adj):
+        for i, conv in enumerate(self.convs):
+            x = conv(x, adj)
+            if i < len(self.convs) - 1:
+                x = F.relu(x)
+        return x
+
+
+MODELS = {"gin": GIN, "gcn": GCN}
+
+
+def make_graph(n=600, e=5000, features=24, seed=0, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    edge_index = torch.randint(0, n, (2, e), generator=g)
+    x = torch.randn(n, features, generator=g)
+    return x.to(device), edge_index.to(device)
+
+
+def make_model(kind, bits, device, seed=0):
+    torch.manual_seed(seed)
+    return MODELS[kind](24, 32, 7, bits).to(device)
+
+
+def adjacency(kind, form, edge_index, n):
+    if form == "edge_index":
+        return edge_index
+    # GCN reads A + I from a BitAdjacency that carries its self-loops, GIN adds (1 + eps)·x itself
+    return pq.BitAdjacency.from_edge_index(edge_index, n, self_loops=1 if kind == "gcn" else 0)
+
+
+def compiled(model, **kwargs):
+    torch._dynamo.reset()
+    return torch.compile(model, fullgraph=True, **kwargs)
+
+
+def assert_within_one_step(got, want, step):
+    """Equal to a few float32 ulps, except entries moved by a rounding boundary: by at most ``step``, and few."""
+    diff = (got - want).abs()
+    ulps = 8 * torch.finfo(torch.float32).eps * want.abs().clamp_min(1.0)
+    off = diff > ulps
+    assert float(diff.max()) <= step, float(diff.max())
+    assert float(off.float().mean()) <= 0.02, float(off.float().mean())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("form", ["edge_index", "bit_adjacency"])
+@pytest.mark.parametrize("kind", ["gin", "gcn"])
+def test_compiled_eval_equals_eager(kind, form, device):
+    """no_grad with a float x, then inference_mode with a BitTensor x (a second graph): the eager bits."""
+    x, edge_index = make_graph(device=device)
+    adj = adjacency(kind, form, edge_index, x.size(0))
+    model = make_model(kind, 4, device).eval()
+    fast = compiled(model)
+    with torch.no_grad():
+        assert torch.equal(fast(x, adj), model(x, adj))
+    xq = pq.to_bit(x, 4, dim=0, layout="col")
+    with torch.inference_mode():
+        assert torch.equal(fast(xq, adj), model(xq, adj))
+
+
+@pytest.mark.parametrize("kind", ["gin", "gcn"])
+def test_traced_whole_in_eval_and_training(kind):
+    """fullgraph=True raises at any graph break: eval without grad and training, on both adjacency forms."""
+    x, edge_index = make_graph()
+    for model, grad in ((make_model(kind, 4, "cpu").eval(), False), (make_model(kind, 4, "cpu").train(), True)):
+        for adj in (edge_index, adjacency(kind, "bit_adjacency", edge_index, x.size(0))):
+            with torch.set_grad_enabled(grad):
+                out = compiled(model, backend="eager")(x, adj)
+            assert out.shape == (x.size(0), 7) and out.requires_grad == grad
+
+
+@pytest.mark.parametrize("kind", ["gin", "gcn"])
+def test_compiled_qat_step_equals_eager(kind):
+    """Training (fake quantization, straight-through): loss, output and every gradient as in eager."""
+    x, edge_index = make_graph()
+    target = torch.randint(0, 7, (x.size(0),), generator=torch.Generator().manual_seed(3))
+    eager, fast_model = make_model(kind, 4, "cpu").train(), make_model(kind, 4, "cpu").train()
+    fast = compiled(fast_model)
+    results = []
+    for model, run in ((eager, eager), (fast_model, fast)):
+        out = run(x, edge_index)
+        F.cross_entropy(out, target).backward()
+        results.append((out.detach(), {n: p.grad for n, p in model.named_parameters()}))
+    (got, got_grads), (want, want_grads) = results[1], results[0]
+    step = float(want.abs().max()) / 15  # one 4-bit code step of the largest range
+    assert_within_one_step(got, want, step)
+    assert got_grads.keys() == want_grads.keys()
+    for name, grad in want_grads.items():
+        g = got_grads[name]
+        assert g is not None and grad is not None, name
+        assert torch.allclose(g, grad, rtol=1e-3, atol=1e-3 * float(grad.abs().max()) + 1e-8), name
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compiled_over_loader_batches(device, tmp_path):
+    """The README's loop compiled: every batch gives the eager bits (batches of other sizes compile again)."""
+    data = planted_class_graph(num_nodes=1200, num_classes=4, num_features=24, seed=1)
+    cluster_data = QuantClusterData(data, num_parts=6, save_dir=str(tmp_path))
+    model = make_model("gin", 4, device).eval()
+    fast = compiled(model)
+    seen = 0
+    with torch.inference_mode():
+        for batch in QuantClusterLoader(cluster_data, batch_size=2, bits=4):
+            batch = batch.to(device)
+            assert torch.equal(fast(batch.x, batch.adj), model(batch.x, batch.adj))
+            seen += 1
+    assert seen == 3
+
+
+def test_wide_sums_bound_covers_max_row_sum():
+    """While tracing, the int32 / int64 choice reads a power-of-two bound of the largest row sum (one graph for
+    batches whose largest sums differ); the bound never chooses int32 where the exact sums need int64."""
+    edge_index = torch.randint(0, 50, (2, 900), generator=torch.Generator().manual_seed(5))
+    adj = pq.BitAdjacency.from_edge_index(edge_index, 50)
+    assert (1 << adj.row_sum_bits) - 1 >= adj.max_row_sum > (1 << (adj.row_sum_bits - 1)) - 1
+    for bits in range(1, 9):
+        exact = adj.max_row_sum * (2**bits - 1) > 2**31 - 1
+        assert adj.wide_sums(bits) == exact
+        traced = torch.compile(lambda t, b=bits: t + int(adj.wide_sums(b)), fullgraph=True, backend="eager")
+        assert int(traced(torch.zeros(()))) >= int(exact)
+
+
+class GINCodes(torch.nn.Module):
+    """GIN whose hidden layers hand the next one their output's codes (``out_bits``, the ReLU inside ``nn``)."""
+
+    def __init__(self, cin, hidden, cout, bits):
+        super().__init__()
+        hidden_nn = lambda i: torch.nn.Sequential(mlp(i, hidden), torch.nn.ReLU())  # noqa: E731
+        self.convs = torch.nn.ModuleList([QGINConv(hidden_nn(cin), bits=bits, out_bits=bits),
+                                          QGINConv(hidden_nn(hidden), bits=bits, out_bits=bits),
+                                          QGINConv(mlp(hidden, cout), bits=bits)])
+
+    def forward(self, x, adj):
+        for conv in self.convs:
+            x = conv(x, adj)
+        return x
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("kind", ["gin", "gin_codes", "gcn"])
+def test_reduce_overhead_equals_eager(kind):
+    """CUDA graphs replayed on two inputs in turn (BitTensor features, as a loader hands them over): the eager bits
+    each time; nothing made inside a replay is kept on an input (the next replay overwrites it)."""
+    if not CUDA_OK:
+        pytest.skip("needs a CUDA GPU and pyg_quant's compiled CUDA backend")
+    torch.manual_seed(0)
+    model = (GINCodes(24, 32, 7, 4) if kind == "gin_codes" else MODELS[kind](24, 32, 7, 4)).cuda().eval()
+    inputs = []
+    for seed in (0, 1):
+        x, edge_index = make_graph(seed=seed, device="cuda")
+        inputs.append((pq.to_bit(x, 4, dim=0, layout="col"), adjacency(kind[:3], "bit_adjacency", edge_index, 600)))
+    fast = compiled(model, mode="reduce-overhead")
+    with torch.inference_mode():
+        want = [model(*args).clone() for args in inputs]
+        for _ in range(3):  # recorded, then replayed
+            for args, expected in zip(inputs, want):
+                assert torch.equal(fast(*args), expected)
