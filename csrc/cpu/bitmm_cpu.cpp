@@ -9,6 +9,10 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <cstring>
+#include <vector>
+
+#include "cpu_features.h"
 #include "popcount.h"
 #include "../epilogue.h"
 
@@ -51,6 +55,125 @@ DotFn pick_dot(int s, int t) {
   return &dot_planes<0, 0>;
 }
 
+#if defined(PYG_QUANT_X86_DISPATCH)
+// The same product from unpacked codes: Σ_k A[r,k]·B[c,k] over every packed position (padding included, as the
+// plane-pair popcounts count it), 64 codes a vpdpbusd.  vpdpbusd multiplies unsigned by signed bytes, so the
+// operand of at most 7 bits is the signed one.  Its int32 lanes wrap like the int32 result does, so a narrow
+// result is exact modulo 2^32 as before; a wide one sums blocks small enough to stay exact in int32.
+
+// Words (64 codes) per block of a wide product: a block's sum is at most 1024·64·255·127 < 2^31.
+constexpr int64_t kWideBlockWords = 1024;
+
+// 64 consecutive codes of a bit-plane operand, one a byte: plane p's word sets bit p of the bytes its bits select.
+PYG_QUANT_TARGET_AVX512 inline __m512i codes_of_64(const uint64_t* word, int64_t plane_stride, int bits) {
+  __m512i v = _mm512_setzero_si512();
+  for (int p = 0; p < bits; ++p) {
+    v = _mm512_mask_add_epi8(v, static_cast<__mmask64>(word[p * plane_stride]), v,
+                             _mm512_set1_epi8(static_cast<char>(1 << p)));
+  }
+  return v;
+}
+
+// The codes of row r of A, words·64 bytes.
+PYG_QUANT_TARGET_AVX512 void unpack_row_avx512(const uint64_t* planes, int64_t plane_stride, int bits, int64_t r,
+                                               int64_t words, uint8_t* dst) {
+  for (int64_t w = 0; w < words; ++w) {
+    _mm512_storeu_si512(dst + w * 64, codes_of_64(planes + r * words + w, plane_stride, bits));
+  }
+}
+
+// The codes of columns [c0, c1) of B, interleaved in blocks of 16 columns: block cb, word w, column j of the block
+// at ((cb·words + w)·16 + j)·64, so that the dot loop walks one pointer.
+PYG_QUANT_TARGET_AVX512 void unpack_cols_avx512(const uint64_t* planes, int64_t plane_stride, int bits, int64_t c0,
+                                                int64_t c1, int64_t words, uint8_t* dst) {
+  for (int64_t c = c0; c < c1; ++c) {
+    for (int64_t w = 0; w < words; ++w) {
+      _mm512_storeu_si512(dst + (((c / 16) * words + w) * 16 + c % 16) * 64,
+                          codes_of_64(planes + c * words + w, plane_stride, bits));
+    }
+  }
+}
+
+// acc + Σ of products of unsigned bytes of a and signed bytes of b[0..64) per int32 lane (kSwap: b unsigned, a
+// signed), as _mm512_dpbusd_epi32.  In inline assembly so that each accumulator stays in its register: GCC 12
+// copies every accumulator of the intrinsic twice per loop trip.  AT&T order: the signed operand (register or
+// memory) first, then the unsigned one, then the accumulator.
+template <bool kSwap>
+PYG_QUANT_TARGET_AVX512 inline __m512i dpbusd_mem(__m512i acc, __m512i a, const uint8_t* b) {
+  if constexpr (kSwap) {
+    const __m512i bv = _mm512_loadu_si512(b);
+    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(bv), "v"(a));
+  } else {
+    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "m"(*reinterpret_cast<const __m512i*>(b)));
+  }
+  return acc;
+}
+
+// Lane j: Σ over words [w0, w1) of a's codes times those of column j of a 16-column block b (interleaved as
+// above).  Sixteen named accumulators keep the loop to one load and sixteen vpdpbusd a word.
+template <bool kSwap>  // kSwap: B's codes are the unsigned operand (A's fit in 7 bits)
+PYG_QUANT_TARGET_AVX512 inline __m512i dot_16_cols(const uint8_t* a, const uint8_t* b, int64_t w0, int64_t w1) {
+  __m512i c0 = _mm512_setzero_si512(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0, c8 = c0,
+          c9 = c0, c10 = c0, c11 = c0, c12 = c0, c13 = c0, c14 = c0, c15 = c0;
+  for (int64_t w = w0; w < w1; ++w) {
+    const __m512i av = _mm512_loadu_si512(a + w * 64);
+    const uint8_t* bw = b + w * 16 * 64;
+#define PYG_QUANT_DP(j) c##j = dpbusd_mem<kSwap>(c##j, av, bw + (j) * 64);
+    PYG_QUANT_DP(0) PYG_QUANT_DP(1) PYG_QUANT_DP(2) PYG_QUANT_DP(3) PYG_QUANT_DP(4) PYG_QUANT_DP(5)
+    PYG_QUANT_DP(6) PYG_QUANT_DP(7) PYG_QUANT_DP(8) PYG_QUANT_DP(9) PYG_QUANT_DP(10) PYG_QUANT_DP(11)
+    PYG_QUANT_DP(12) PYG_QUANT_DP(13) PYG_QUANT_DP(14) PYG_QUANT_DP(15)
+#undef PYG_QUANT_DP
+  }
+  const __m512i acc[16] = {c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15};
+  return sum_lanes_16(acc);
+}
+
+// Rows [r0, r1) of the product from B's interleaved codes (zero past `cols`); a_codes: a words·64-byte buffer for
+// one row of A's codes.
+template <bool kSwap>
+PYG_QUANT_TARGET_AVX512 void bitmm_rows_avx512(const uint64_t* ap, int64_t a_plane, int s, const uint8_t* b_codes,
+                                               int64_t words, int64_t cols, int64_t r0, int64_t r1, int32_t* out32,
+                                               int64_t* out64, uint8_t* a_codes) {
+  alignas(64) int32_t lanes[16];
+  for (int64_t r = r0; r < r1; ++r) {
+    unpack_row_avx512(ap, a_plane, s, r, words, a_codes);
+    for (int64_t c0 = 0; c0 < cols; c0 += 16) {
+      const uint8_t* b = b_codes + c0 * words * 64;
+      const int64_t live = std::min<int64_t>(16, cols - c0);
+      if (out32 != nullptr) {
+        _mm512_store_si512(lanes, dot_16_cols<kSwap>(a_codes, b, 0, words));
+        std::memcpy(out32 + r * cols + c0, lanes, live * sizeof(int32_t));
+      } else {
+        int64_t totals[16] = {};
+        for (int64_t w0 = 0; w0 < words; w0 += kWideBlockWords) {
+          _mm512_store_si512(lanes, dot_16_cols<kSwap>(a_codes, b, w0, std::min(words, w0 + kWideBlockWords)));
+          for (int j = 0; j < 16; ++j) totals[j] += lanes[j];
+        }
+        std::memcpy(out64 + r * cols + c0, totals, live * sizeof(int64_t));
+      }
+    }
+  }
+}
+
+void bitmm_int_avx512(const uint64_t* ap, int64_t a_plane, int s, const uint64_t* bp, int64_t b_plane, int t,
+                      int64_t words, int64_t rows, int64_t cols, int32_t* out32, int64_t* out64) {
+  const int64_t col_pad = (cols + 15) / 16 * 16, row_bytes = words * 64;
+  std::vector<uint8_t> b_codes(col_pad * row_bytes, 0);
+  at::parallel_for(0, cols, 16, [&](int64_t begin, int64_t end) {
+    unpack_cols_avx512(bp, b_plane, t, begin, end, words, b_codes.data());
+  });
+  const bool swap = t > 7;  // the caller sends 8 x 8 bits elsewhere
+  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    std::vector<uint8_t> a_codes(row_bytes);
+    if (swap) {
+      bitmm_rows_avx512<true>(ap, a_plane, s, b_codes.data(), words, cols, begin, end, out32, out64, a_codes.data());
+    } else {
+      bitmm_rows_avx512<false>(ap, a_plane, s, b_codes.data(), words, cols, begin, end, out32, out64, a_codes.data());
+    }
+  });
+}
+#endif
+
 }  // namespace
 
 at::Tensor bitmm_int_cpu(const at::Tensor& a_in, const at::Tensor& b_in, int64_t rows, int64_t cols, bool wide) {
@@ -72,6 +195,13 @@ at::Tensor bitmm_int_cpu(const at::Tensor& a_in, const at::Tensor& b_in, int64_t
   const DotFn dot = pick_dot(s, t);
   int64_t* out64 = wide ? out.data_ptr<int64_t>() : nullptr;
   int32_t* out32 = wide ? nullptr : out.data_ptr<int32_t>();
+  if (rows == 0 || cols == 0) return out;
+#if defined(PYG_QUANT_X86_DISPATCH)
+  if (cpu_has_avx512_vnni() && (s <= 7 || t <= 7)) {
+    bitmm_int_avx512(ap, a_plane, s, bp, b_plane, t, words, rows, cols, out32, out64);
+    return out;
+  }
+#endif
 
   at::parallel_for(0, (rows + kRowBlock - 1) / kRowBlock, 1, [&](int64_t begin, int64_t end) {
     for (int64_t col0 = 0; col0 < cols; col0 += kColBlock) {
@@ -120,12 +250,77 @@ void check_bitmm_affine_args(const at::Tensor& product, const at::Tensor& row_su
   if (bias.has_value()) TORCH_CHECK_VALUE(bias->device() == product.device(), "bias must be on the product's device");
 }
 
+namespace {
+
+#if defined(PYG_QUANT_X86_DISPATCH)
+// bitmm_affine_epilogue on 8 columns at a time: the same float64 operations in the same order (vector IEEE
+// operations round exactly as scalar ones, and nothing is contracted), then the same float32 rounding, bias and
+// ReLU.  Int32 or int64 products convert to float64 as the scalar casts do (to nearest).
+template <typename Product>
+PYG_QUANT_TARGET_AVX512_DQ void bitmm_affine_rows_avx512(
+    const Product* p, const int64_t* rs, const int64_t* cs, const float* la, const float* ra, const float* lb,
+    const float* rb, const float* bias, double k, bool relu, int64_t cols, int64_t r0, int64_t r1, float* o) {
+  for (int64_t i = r0; i < r1; ++i) {
+    const double la_i = la[i], ra_i = ra[i], rs_i = static_cast<double>(rs[i]);
+    const __m512d k_la = _mm512_set1_pd(k * la_i), la_v = _mm512_set1_pd(la_i), ra_v = _mm512_set1_pd(ra_i);
+    const __m512d rs_v = _mm512_set1_pd(rs_i);
+    for (int64_t j = 0; j < cols; j += 8) {
+      const __mmask8 m = static_cast<__mmask8>(cols - j >= 8 ? 0xff : (1u << (cols - j)) - 1u);
+      const __m512d lb_v = _mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, lb + j));
+      const __m512d rb_v = _mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, rb + j));
+      const __m512d cs_v = _mm512_cvtepi64_pd(_mm512_maskz_loadu_epi64(m, cs + j));
+      __m512d p_v;
+      if constexpr (sizeof(Product) == 4) {
+        p_v = _mm512_cvtepi32_pd(_mm256_maskz_loadu_epi32(m, p + i * cols + j));
+      } else {
+        p_v = _mm512_cvtepi64_pd(_mm512_maskz_loadu_epi64(m, p + i * cols + j));
+      }
+      __m512d v = _mm512_mul_pd(k_la, lb_v);
+      v = _mm512_add_pd(v, _mm512_mul_pd(_mm512_mul_pd(la_v, rb_v), cs_v));
+      v = _mm512_add_pd(v, _mm512_mul_pd(_mm512_mul_pd(ra_v, lb_v), rs_v));
+      v = _mm512_add_pd(v, _mm512_mul_pd(_mm512_mul_pd(ra_v, rb_v), p_v));
+      __m256 f = _mm512_cvtpd_ps(v);
+      f = _mm256_add_ps(f, bias != nullptr ? _mm256_maskz_loadu_ps(m, bias + j) : _mm256_setzero_ps());
+      if (relu) f = _mm256_maskz_mov_ps(_mm256_cmp_ps_mask(f, _mm256_setzero_ps(), _CMP_GT_OQ), f);
+      _mm256_mask_storeu_ps(o + i * cols + j, m, f);
+    }
+  }
+}
+#endif
+
+}  // namespace
+
 at::Tensor bitmm_affine_cpu(const at::Tensor& product_in, const at::Tensor& row_sums_in, const at::Tensor& col_sums_in,
                             const at::Tensor& a_lo_in, const at::Tensor& a_scale_in, const at::Tensor& b_lo_in,
                             const at::Tensor& b_scale_in, int64_t k, const std::optional<at::Tensor>& bias_in,
                             bool relu) {
   check_bitmm_affine_args(product_in, row_sums_in, col_sums_in, a_lo_in, a_scale_in, b_lo_in, b_scale_in, k, bias_in);
   const int64_t rows = product_in.size(0), cols = product_in.size(1);
+#if defined(PYG_QUANT_X86_DISPATCH)
+  if (cpu_has_avx512_dq()) {
+    const auto product = product_in.contiguous();  // read as it is: int32 converts to float64 exactly
+    const auto row_sums = row_sums_in.contiguous(), col_sums = col_sums_in.contiguous();
+    const auto a_lo = a_lo_in.contiguous(), a_scale = a_scale_in.contiguous();
+    const auto b_lo = b_lo_in.contiguous(), b_scale = b_scale_in.contiguous();
+    const at::Tensor bias = bias_in.has_value() ? bias_in->contiguous() : at::Tensor();
+    auto out = at::empty({rows, cols}, a_lo.options());
+    const bool narrow = product.scalar_type() == at::kInt;
+    at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
+      const auto run = [&](const auto* p) {
+        bitmm_affine_rows_avx512(p, row_sums.data_ptr<int64_t>(), col_sums.data_ptr<int64_t>(),
+                                 a_lo.data_ptr<float>(), a_scale.data_ptr<float>(), b_lo.data_ptr<float>(),
+                                 b_scale.data_ptr<float>(), bias.defined() ? bias.data_ptr<float>() : nullptr,
+                                 static_cast<double>(k), relu, cols, begin, end, out.data_ptr<float>());
+      };
+      if (narrow) {
+        run(product.data_ptr<int32_t>());
+      } else {
+        run(product.data_ptr<int64_t>());
+      }
+    });
+    return out;
+  }
+#endif
   const auto product = product_in.to(at::kLong).contiguous();  // exact: |P| < 2^63, and < 2^53 after the bound check
   const auto row_sums = row_sums_in.contiguous(), col_sums = col_sums_in.contiguous();
   const auto a_lo = a_lo_in.contiguous(), a_scale = a_scale_in.contiguous();

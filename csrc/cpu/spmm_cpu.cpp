@@ -13,8 +13,11 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
+#include <type_traits>
 #include <vector>
 
+#include "cpu_features.h"
 #include "epilogue.h"
 #include "popcount.h"
 #include "quantize_cpu.h"
@@ -52,6 +55,55 @@ bool sums_fit_31_bits(const at::Tensor& window_ptr, const at::Tensor& res_ptr, c
                         static_cast<double>(most_tiles) * 256.0 * static_cast<double>((1 << a_bits) - 1)) *
                        static_cast<double>((1 << x_bits) - 1);
   return bound < 2147483648.0;
+}
+
+// The least and the largest entry of an int32 tensor (n > 0) in one pass over its memory: a loop, not two ATen
+// reductions and their dispatch, for the bounds checks below.
+std::pair<int32_t, int32_t> int32_extrema(const at::Tensor& t) {
+  const int32_t* p = t.data_ptr<int32_t>();
+  const auto [lo, hi] = std::minmax_element(p, p + t.numel());
+  return {*lo, *hi};
+}
+
+#if defined(PYG_QUANT_X86_DISPATCH)
+// acc_row[d] += Σ_e weight_e · src_e[d] over residual entries [e0, e1) (weight 1 without rval), in uint32 lanes
+// that wrap as the scalar loop's uint32 sums do, 16 columns a vector held in a register across the entries.
+PYG_QUANT_TARGET_AVX512 void residual_row_avx512(uint32_t* acc_row, const uint8_t* code, int64_t cols,
+                                                 const int32_t* rcol, const int32_t* rval, int64_t e0, int64_t e1) {
+  for (int64_t d0 = 0; d0 < cols; d0 += 16) {
+    const int64_t live = std::min<int64_t>(16, cols - d0);
+    const __mmask16 m = static_cast<__mmask16>(live == 16 ? 0xffffu : (1u << live) - 1u);
+    __m512i acc = _mm512_maskz_loadu_epi32(m, acc_row + d0);
+    if (rval == nullptr) {
+      for (int64_t e = e0; e < e1; ++e) {
+        const uint8_t* src = code + static_cast<int64_t>(rcol[e]) * cols + d0;
+        acc = _mm512_add_epi32(acc, _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, src)));
+      }
+    } else {
+      for (int64_t e = e0; e < e1; ++e) {
+        const uint8_t* src = code + static_cast<int64_t>(rcol[e]) * cols + d0;
+        acc = _mm512_add_epi32(acc, _mm512_mullo_epi32(_mm512_set1_epi32(rval[e]),
+                                                       _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, src))));
+      }
+    }
+    _mm512_mask_storeu_epi32(acc_row + d0, m, acc);
+  }
+}
+#endif
+
+// Whether a row's residual entries were added by the vector kernel: uint32 sums on a CPU that has it.
+template <typename Acc>
+bool residual_row_vectorized(bool vector_residual, Acc* acc_row, const uint8_t* code, int64_t cols,
+                             const int32_t* rcol, const int32_t* rval, int64_t e0, int64_t e1) {
+#if defined(PYG_QUANT_X86_DISPATCH)
+  if constexpr (std::is_same_v<Acc, uint32_t>) {
+    if (vector_residual) {
+      residual_row_avx512(acc_row, code, cols, rcol, rval, e0, e1);
+      return true;
+    }
+  }
+#endif
+  return false;
 }
 
 // bit_spmm_int; `unpacked` (if given) receives x's unpacked codes [nodes_pad, cols] when the product needed them
@@ -94,8 +146,7 @@ at::Tensor bit_spmm_int_impl(const at::Tensor& window_ptr_in, const at::Tensor& 
   const int64_t tile_plane = num_tiles * kTileRows * kTileWords64;
   const int64_t x_plane = x_outer * x_words64;
   if (num_tiles > 0) {
-    const auto max_col = tile_col.max().item<int32_t>();
-    const auto min_col = tile_col.min().item<int32_t>();
+    const auto [min_col, max_col] = int32_extrema(tile_col);
     TORCH_CHECK_VALUE(min_col >= 0 && (max_col + 1) * kTileWords64 <= x_words64,
                       "tile_col points past x_planes' node words");
   }
@@ -108,8 +159,8 @@ at::Tensor bit_spmm_int_impl(const at::Tensor& window_ptr_in, const at::Tensor& 
   const int32_t* rval = res_val.defined() ? res_val.data_ptr<int32_t>() : nullptr;
   at::Tensor codes;  // [nodes_pad, cols] uint8
   if (res_col.numel() > 0) {
-    TORCH_CHECK_VALUE(res_col.min().item<int32_t>() >= 0 && res_col.max().item<int32_t>() < x_words64 * 64,
-                      "res_col points past x_planes' nodes");
+    const auto [min_col, max_col] = int32_extrema(res_col);
+    TORCH_CHECK_VALUE(min_col >= 0 && max_col < x_words64 * 64, "res_col points past x_planes' nodes");
   }
   if (res_col.numel() > 0 || num_tiles > 0) codes = unpack_codes_cpu(x, x_words64 * 64, cols, /*col_layout=*/true);
   const uint8_t* code = codes.defined() ? codes.data_ptr<uint8_t>() : nullptr;
@@ -122,6 +173,7 @@ at::Tensor bit_spmm_int_impl(const at::Tensor& window_ptr_in, const at::Tensor& 
   // The window loop, summing in Acc: uint32_t for int32 results (wrapping sums give the int64 sums' low 32 bits,
   // which is what the int32 result keeps) or when no sum can reach 2^31 (sums_fit_31_bits), else int64_t.  A vector
   // add of the residual's code rows then takes twice the lanes, each code widened to 32 bits instead of 64.
+  const bool vector_residual = cpu_has_avx512_vnni();
   const auto run = [&](auto acc_tag) {
     using Acc = decltype(acc_tag);
     at::parallel_for(0, num_windows, 1, [&](int64_t begin, int64_t end) {
@@ -172,7 +224,9 @@ at::Tensor bit_spmm_int_impl(const at::Tensor& window_ptr_in, const at::Tensor& 
         for (int64_t r = 0; r < live_rows; ++r) {
           const int64_t row = win * kTileRows + r;
           Acc* __restrict__ acc_row = acc.data() + r * cols;
-          if (rval == nullptr) {
+          if (residual_row_vectorized(vector_residual, acc_row, code, cols, rcol, rval, rptr[row], rptr[row + 1])) {
+            // added by the vector kernel
+          } else if (rval == nullptr) {
             for (int64_t e = rptr[row]; e < rptr[row + 1]; ++e) {
               const uint8_t* __restrict__ src = code + static_cast<int64_t>(rcol[e]) * cols;
               for (int64_t d = 0; d < cols; ++d) acc_row[d] += static_cast<Acc>(src[d]);
