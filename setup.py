@@ -3,6 +3,8 @@
 TORCH_CUDA_ARCH_LIST defaults to "8.0;9.0a" (native b1 tensor cores: Ampere's
 mma.sync and Hopper's wgmma); set it to override.  PYG_QUANT_NO_EXTENSION=1
 skips the extension (the pure-torch reference path is used then).
+PYG_QUANT_PTXAS_VERBOSE=1 prints ptxas' register and spill report of every CUDA kernel;
+PYG_QUANT_DEBUG_INFO=1 keeps the C++ debug info (-g) that the build otherwise drops.
 """
 import glob
 import os
@@ -25,7 +27,14 @@ def extension_modules():
 
     sources = rel("csrc/*.cpp") + rel("csrc/cpu/*.cpp")
     cuda_sources = rel("csrc/cuda/*.cu")
-    cxx_flags = ["-O3", "-ffp-contract=off", "-fvisibility=hidden"]
+    # The C++ files include only the ATen headers of the ops they call: <ATen/ATen.h> (every op's declaration)
+    # would cost each file seconds of compile, and the two macros make such an include a compile error.
+    cxx_flags = ["-O3", "-ffp-contract=off", "-fvisibility=hidden", "-DAT_PER_OPERATOR_HEADERS",
+                 "-DTORCH_ASSERT_ONLY_METHOD_OPERATORS"]
+    if os.environ.get("PYG_QUANT_DEBUG_INFO") != "1":
+        # Python's own CFLAGS pass -g: torch's headers' debug info costs about a quarter of the compile (and most
+        # of the library's size), and torch's wheels carry none either.
+        cxx_flags.append("-g0")
     link_flags = []
     if platform.machine() in ("x86_64", "AMD64"):
         cxx_flags.append("-mpopcnt")
@@ -46,7 +55,9 @@ def extension_modules():
     kwargs = dict(name="pyg_quant._C", include_dirs=[os.path.join(HERE, "csrc")], optional=True)
     if with_cuda:
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0a")
-        nvcc_flags = ["-O3", "-fmad=false", "-Xptxas=-v", "--expt-relaxed-constexpr"]
+        nvcc_flags = ["-O3", "-fmad=false", "--expt-relaxed-constexpr"]
+        if os.environ.get("PYG_QUANT_PTXAS_VERBOSE") == "1":
+            nvcc_flags.append("-Xptxas=-v")  # each kernel's registers, spills and shared memory, for kernel work
         archs = [a.strip().removesuffix("+PTX") for a in os.environ["TORCH_CUDA_ARCH_LIST"].replace(" ", ";").split(";")]
         if "9.0a" in archs:
             nvcc_flags.append("-DPYG_QUANT_SM90A")  # the host may pick the wgmma kernels

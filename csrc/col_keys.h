@@ -1,7 +1,10 @@
 #pragma once
 // The host side of column keys (the encoding: ordered_key.h): the checks of a col_keys argument, shared by
 // quant_mlp's and quantize_pack_ranges' kernels, and their decoding into ranges.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <c10/util/Exception.h>
 
 #include <optional>
 #include <utility>

@@ -10,7 +10,10 @@
 //   fq(x) = lo + scale * clamp(floor((x - lo) * inv + u), 0, 2^bits - 1)       (u = 1/2 or noise)
 //
 // NaN stays NaN (as torch.clamp), so a non-finite input is never hidden behind a valid-looking code.
-#include <ATen/ATen.h>
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/rand.h>
+#include <c10/util/Exception.h>
 
 #include <cmath>
 #include <optional>

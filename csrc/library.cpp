@@ -1,8 +1,25 @@
-// The one registration of every pyg_quant op schema.  Backends add their
-// kernels with TORCH_LIBRARY_IMPL in csrc/<op>.cpp; fake (meta) kernels live in
-// pyg_quant/ops/__init__.py so that torch.compile traces through.
+// The one registration of every pyg_quant op schema and of its backends' kernels (one translation unit, so that
+// <torch/library.h> is compiled once).  Fake (meta) kernels live in pyg_quant/ops/__init__.py so that
+// torch.compile traces through.
 #include <Python.h>
 #include <torch/library.h>
+
+#include "cpu/bitmm_cpu.h"
+#include "cpu/expand_cpu.h"
+#include "cpu/fake_quantize_cpu.h"
+#include "cpu/quant_mlp_cpu.h"
+#include "cpu/quantize_cpu.h"
+#include "cpu/spmm_cpu.h"
+#include "cpu/tile_plan_cpu.h"
+#include "quant_mlp_keys.h"
+#ifdef WITH_CUDA
+#include "cuda/bitmm_cuda.h"
+#include "cuda/expand_cuda.h"
+#include "cuda/fake_quantize_cuda.h"
+#include "cuda/quant_mlp_cuda.h"
+#include "cuda/quantize_cuda.h"
+#include "cuda/spmm_cuda.h"
+#endif
 
 TORCH_LIBRARY(pyg_quant, m) {
   m.def("quantize_pack(Tensor x, Tensor lo, Tensor inv_scale, int bits, bool col_layout, Tensor? noise) -> Tensor");
@@ -63,6 +80,65 @@ TORCH_LIBRARY(pyg_quant, m) {
       "expand_csr(Tensor tile_key, Tensor row_count, Tensor entry_col, Tensor? entry_val, Tensor res_row, "
       "Tensor res_col, Tensor? res_val, int num_rows, int num_cols) -> (Tensor, Tensor, Tensor, Tensor)");
 }
+
+TORCH_LIBRARY_IMPL(pyg_quant, CPU, m) {
+  // quantize_pack, quantize_pack_ranges, unpack_codes, dequantize, packed_code_sums, pack_row_codes and
+  // planes_from_row_codes
+  m.impl("quantize_pack", &pyg_quant::quantize_pack_cpu);
+  m.impl("unpack_codes", &pyg_quant::unpack_codes_cpu);
+  m.impl("dequantize", &pyg_quant::dequantize_cpu);
+  m.impl("packed_code_sums", &pyg_quant::packed_code_sums_cpu);
+  m.impl("pack_row_codes", &pyg_quant::pack_row_codes_cpu);
+  m.impl("planes_from_row_codes", &pyg_quant::planes_from_row_codes_cpu);
+  m.impl("quantize_pack_ranges", &pyg_quant::quantize_pack_ranges_cpu);
+  // fake_quantize and mse_range (pyg_quant.qat's quantizers and range search)
+  m.impl("fake_quantize", &pyg_quant::fake_quantize_cpu);
+  m.impl("mse_range", &pyg_quant::mse_range_cpu);
+  // bitmm_int and bitmm_affine
+  m.impl("bitmm_int", &pyg_quant::bitmm_int_cpu);
+  m.impl("bitmm_affine", &pyg_quant::bitmm_affine_cpu);
+  // bit_spmm_int and bit_spmm_affine
+  m.impl("bit_spmm_int", &pyg_quant::bit_spmm_int_cpu);
+  m.impl("bit_spmm_affine", &pyg_quant::bit_spmm_affine_cpu);
+  // tile_plan (CPU only: a loader-side op; on other devices the torch reference runs)
+  m.impl("tile_plan", &pyg_quant::tile_plan_cpu);
+  // expand_tiles and expand_csr (CompactAdjacency -> BitAdjacency tensors)
+  m.impl("expand_tiles", &pyg_quant::expand_tiles_cpu);
+  m.impl("expand_csr", &pyg_quant::expand_csr_cpu);
+  // quant_mlp (a chain of QuantLinear bit layers in one op)
+  m.impl("quant_mlp", &pyg_quant::mlp<&pyg_quant::quant_mlp_cpu>);
+  m.impl("quant_mlp_keys", &pyg_quant::mlp_keys<&pyg_quant::quant_mlp_cpu>);
+  m.impl("quant_mlp_planes", &pyg_quant::mlp_planes<&pyg_quant::quant_mlp_planes_cpu>);
+  m.impl("quant_mlp_planes_keys", &pyg_quant::mlp_planes_keys<&pyg_quant::quant_mlp_planes_cpu>);
+  m.impl("quant_mlp_row_codes", &pyg_quant::quant_mlp_row_codes_cpu);
+  m.impl("quant_mlp_planes_row_codes", &pyg_quant::quant_mlp_planes_row_codes_cpu);
+}
+
+#ifdef WITH_CUDA
+TORCH_LIBRARY_IMPL(pyg_quant, CUDA, m) {
+  m.impl("quantize_pack", &pyg_quant::quantize_pack_cuda);
+  m.impl("unpack_codes", &pyg_quant::unpack_codes_cuda);
+  m.impl("dequantize", &pyg_quant::dequantize_cuda);
+  m.impl("packed_code_sums", &pyg_quant::packed_code_sums_cuda);
+  m.impl("pack_row_codes", &pyg_quant::pack_row_codes_cuda);
+  m.impl("planes_from_row_codes", &pyg_quant::planes_from_row_codes_cuda);
+  m.impl("quantize_pack_ranges", &pyg_quant::quantize_pack_ranges_cuda);
+  m.impl("fake_quantize", &pyg_quant::fake_quantize_cuda);
+  m.impl("mse_range", &pyg_quant::mse_range_cuda);
+  m.impl("bitmm_int", &pyg_quant::bitmm_int_cuda);
+  m.impl("bitmm_affine", &pyg_quant::bitmm_affine_cuda);
+  m.impl("bit_spmm_int", &pyg_quant::bit_spmm_int_cuda);
+  m.impl("bit_spmm_affine", &pyg_quant::bit_spmm_affine_cuda);
+  m.impl("expand_tiles", &pyg_quant::expand_tiles_cuda);
+  m.impl("expand_csr", &pyg_quant::expand_csr_cuda);
+  m.impl("quant_mlp", &pyg_quant::mlp<&pyg_quant::quant_mlp_cuda>);
+  m.impl("quant_mlp_keys", &pyg_quant::mlp_keys<&pyg_quant::quant_mlp_cuda>);
+  m.impl("quant_mlp_planes", &pyg_quant::mlp_planes<&pyg_quant::quant_mlp_planes_cuda>);
+  m.impl("quant_mlp_planes_keys", &pyg_quant::mlp_planes_keys<&pyg_quant::quant_mlp_planes_cuda>);
+  m.impl("quant_mlp_row_codes", &pyg_quant::quant_mlp_row_codes_cuda);
+  m.impl("quant_mlp_planes_row_codes", &pyg_quant::quant_mlp_planes_row_codes_cuda);
+}
+#endif
 
 // Importing pyg_quant._C loads this library, which runs the registrations above.
 PyMODINIT_FUNC PyInit__C(void) {

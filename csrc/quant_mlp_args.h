@@ -1,8 +1,9 @@
 #pragma once
 // Argument checks of quant_mlp, shared by the CPU and CUDA kernels: every failure is a ValueError that names the
 // argument (and the layer).
-#include <ATen/ATen.h>
 #include <ATen/core/List.h>
+#include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
 
 #include <cstdint>
 #include <optional>

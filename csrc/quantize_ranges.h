@@ -2,7 +2,14 @@
 // quantize_pack_ranges composed from ATen ops and a backend's quantize_pack / packed_code_sums: the ranges are
 // computed with exactly the float32 steps of pyg_quant.to_bit (amin, amax, (hi - lo) / (2^bits - 1),
 // where(scale > 0, 1 / scale, 0)), so every backend's codes, ranges and sums agree bit for bit.
-#include <ATen/ATen.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/full_like.h>
+#include <ATen/ops/ones_like.h>
+#include <ATen/ops/where.h>
+#include <ATen/ops/zeros_like.h>
+#include <c10/util/Exception.h>
 
 #include <optional>
 #include <tuple>

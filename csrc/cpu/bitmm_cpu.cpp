@@ -6,7 +6,7 @@
 // the per-pair counts stay below K and combine into int64 at the end.
 #include "bitmm_cpu.h"
 
-#include <ATen/ATen.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 
 #include <cstring>

@@ -5,7 +5,8 @@
 // entry stream in order with one running offset.
 #include "cpu/expand_cpu.h"
 
-#include <ATen/ATen.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 
 #include <cstring>
 #include <vector>

@@ -4,6 +4,8 @@
 #include "../fake_quantize.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 
 #include <algorithm>
 #include <limits>

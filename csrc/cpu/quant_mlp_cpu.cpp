@@ -2,7 +2,7 @@
 // (float32 values, uint8 codes), int32 dot products against the uint8 weight codes.
 #include "quant_mlp_cpu.h"
 
-#include <ATen/ATen.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>

@@ -8,7 +8,8 @@
 #include "quantize_ranges.h"
 #include "quantize_steps.h"
 
-#include <ATen/ATen.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>

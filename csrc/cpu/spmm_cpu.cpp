@@ -10,7 +10,8 @@
 // set bits per plane pair take that path; both paths give the same integers.
 #include "spmm_cpu.h"
 
-#include <ATen/ATen.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>

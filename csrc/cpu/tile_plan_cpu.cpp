@@ -4,8 +4,8 @@
 // its own with a counter per 256-column block, and no entry is divided (rows advance with the keys).
 #include "cpu/tile_plan_cpu.h"
 
-#include <ATen/ATen.h>
-#include <torch/library.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 
 #include <algorithm>
 #include <cstring>

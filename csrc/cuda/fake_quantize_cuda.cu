@@ -5,6 +5,7 @@
 
 #include "../fake_quantize.h"
 
+#include <ATen/ATen.h>  // fake_quantize.h includes only the ATen ops it calls itself
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
