@@ -79,6 +79,20 @@ setup(
     name="pyg_quant",
     version="0.1.0",
     description="Any-bitwidth quantized GNN kernels for PyTorch Geometric (bit planes on CPU popcount and 1-bit tensor cores)",
+    author="The pyg_quant authors",
+    url="https://github.com/pyg-quant/pyg_quant",
+    license="MIT",
+    license_files=["LICENSE"],
+    classifiers=[
+        "Development Status :: 3 - Alpha",
+        "Intended Audience :: Science/Research",
+        "Operating System :: POSIX :: Linux",
+        "Programming Language :: C++",
+        "Programming Language :: Python :: 3",
+        "Programming Language :: Python :: 3 :: Only",
+        "Environment :: GPU :: NVIDIA CUDA",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
     long_description=open(os.path.join(HERE, "README.md")).read() if os.path.exists(os.path.join(HERE, "README.md")) else "",
     long_description_content_type="text/markdown",
     packages=find_packages(include=["pyg_quant", "pyg_quant.*"]),
@@ -86,8 +100,10 @@ setup(
     install_requires=["torch>=2.4", "torch_geometric>=2.6,<2.9", "pymetis>=2023.1", "numpy"],
     extras_require={
         "sparse": ["torch_sparse", "torch_scatter"],
-        # scipy: Planetoid (Cora) reads its raw files with it; nbclient, nbformat, ipykernel and
-        # matplotlib: tests/test_examples.py executes notebooks/replace_gcnconv.ipynb (plots inline)
+        # Planetoid reads Cora's raw files (pickled scipy matrices) with scipy: the main job's real data.
+        "data": ["scipy"],
+        # scipy: as in "data" (the Cora tests); nbclient, nbformat, ipykernel and matplotlib:
+        # tests/test_examples.py executes notebooks/replace_gcnconv.ipynb (plots inline)
         "test": ["pytest>=7", "scipy", "nbclient>=0.7", "nbformat>=5", "ipykernel>=6", "matplotlib>=3.5"],
         "lightning": ["lightning>=2.0"],  # examples/lightning_cluster_gcn.py and its test
     },

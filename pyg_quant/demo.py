@@ -38,6 +38,8 @@ from pyg_quant import qat
 from pyg_quant.synthetic import planted_class_graph  # noqa: F401  (re-exported: examples use demo's helpers)
 
 CORA_RAW_FILES = tuple(f"ind.cora.{name}" for name in ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index"))
+#: How to get scipy, which Planetoid needs to read Cora's raw files (pyg_quant's ``data`` extra installs it).
+SCIPY_HINT = "pip install scipy, or pip install -e \".[data]\" in a checkout"
 
 
 # --- data ----------------------------------------------------------------------------------
@@ -87,7 +89,9 @@ def load_cora(root: str) -> Data:
 def load_data(root: Optional[str] = None, synthetic: bool = False, **synthetic_kwargs) -> Tuple[Data, str]:
     """``(data, description)``: Cora when a Planetoid root is given or found, else the planted-class graph.
 
-    A ``root`` that is given but holds no Cora raw files is an error (no download is tried).
+    A ``root`` that is given but holds no Cora raw files is an error (FileNotFoundError; no download is
+    tried), and so is one given without scipy installed (ImportError naming scipy); a root that is only
+    found falls back to the planted-class graph then, and the description says why.
     """
     if not synthetic:
         found = find_planetoid_root(root)
@@ -97,12 +101,10 @@ def load_data(root: Optional[str] = None, synthetic: bool = False, **synthetic_k
         if found is not None:
             if _has_scipy():
                 return load_cora(found), f"Cora (Planetoid raw files in {found})"
+            missing = f"Cora found at {found} but scipy, which reads it, is not installed ({SCIPY_HINT})"
             if root is not None:
-                raise ImportError("reading Cora's raw Planetoid files needs scipy (pip install scipy), "
-                                  "which pyg_quant itself does not require")
-            data = planted_class_graph(**synthetic_kwargs)
-            return data, (f"synthetic planted-class graph (Cora's raw files were found in {found}, but reading "
-                          "them needs scipy: pip install scipy)")
+                raise ImportError(missing, name="scipy")
+            return planted_class_graph(**synthetic_kwargs), f"{missing}: using the synthetic planted-class graph"
     data = planted_class_graph(**synthetic_kwargs)
     return data, "synthetic planted-class graph (no Planetoid root given or found)"
 
@@ -286,7 +288,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> Dict[str, object]:
-    """Runs the demo; returns the numbers it printed (``"fp32"`` and ``"quant"`` dicts, ...)."""
+    """Runs the demo; returns the numbers it printed (``"fp32"`` and ``"quant"`` dicts, ...).
+
+    A ``--root`` without Cora's raw files, or given while scipy is not installed, exits with one error line
+    (SystemExit), as a bad argument does."""
     args = _parser().parse_args(argv)
     device, bits, progress = torch.device(args.device), args.bits, not args.no_progress
     threads = torch.get_num_threads()
@@ -305,7 +310,13 @@ def _run(args, device: torch.device, bits: int, progress: bool) -> Dict[str, obj
           f"thread{'s' if threads != 1 else ''}) | compiled kernels: cpu={'yes' if backends['cpu'] else 'no'}, "
           f"cuda={'yes' if backends['cuda'] else 'no'}")
 
-    data, source = load_data(args.root, args.synthetic, num_nodes=args.nodes, seed=args.seed)
+    try:
+        data, source = load_data(args.root, args.synthetic, num_nodes=args.nodes, seed=args.seed)
+    except (FileNotFoundError, ImportError) as error:
+        if isinstance(error, ImportError) and error.name != "scipy":
+            raise
+        # A --root without Cora or without scipy is a usage error: one line, no traceback.
+        raise SystemExit(f"python -m pyg_quant.demo: error: {error}") from None
     print(f"\n[1/4] data: {source}\n      {describe(data)}")
     data = data.to(device)
     num_classes = int(data.y.max()) + 1

@@ -100,18 +100,31 @@ def test_demo_data_fallbacks(tmp_path):
     assert torch.equal(data.edge_index, again.edge_index) and torch.equal(data.x, again.x)  # seeded
 
 
-def test_demo_without_scipy_falls_back_or_says_why(tmp_path, monkeypatch):
-    """A plain install has no scipy (Planetoid needs it to read Cora's raw files): the main job must still run."""
+def test_demo_without_scipy_says_so_in_one_line(tmp_path, monkeypatch, capsys):
+    """A plain install has no scipy (Planetoid needs it to read Cora's raw files): the main job still runs, on the
+    synthetic graph, and says why in one line; a --root given without scipy is one error line, no traceback."""
     raw = tmp_path / "Cora" / "raw"
     raw.mkdir(parents=True)
     for name in demo.CORA_RAW_FILES:
         (raw / name).write_bytes(b"")
-    monkeypatch.setattr(demo, "_has_scipy", lambda: False)
-    monkeypatch.setattr(demo, "find_planetoid_root", lambda root: str(tmp_path))
-    data, source = demo.load_data(None, num_nodes=300)
-    assert data.num_nodes == 300 and "needs scipy" in source
-    with pytest.raises(ImportError, match="scipy"):
+    monkeypatch.setitem(sys.modules, "scipy", None)  # `import scipy` raises ImportError, as when not installed
+    monkeypatch.setenv("PYG_QUANT_DATA", str(tmp_path))
+    assert not demo._has_scipy() and demo.find_planetoid_root() == str(tmp_path)
+    fast = ["--epochs", "1", "--nodes", "200", "--repeats", "1", "--no-progress", "--no-kernel-check"]
+    result = demo.main(fast)
+    lines = [line for line in capsys.readouterr().out.splitlines() if "scipy" in line]
+    expected = (f"Cora found at {tmp_path} but scipy, which reads it, is not installed ({demo.SCIPY_HINT}): "
+                "using the synthetic planted-class graph")
+    assert lines == [f"[1/4] data: {expected}"] and result["data"] == expected
+    assert "pip install scipy" in expected and '".[data]"' in expected
+    with pytest.raises(SystemExit) as exit_info:
+        demo.main(["--root", str(tmp_path)] + fast)
+    message = str(exit_info.value.code)
+    assert message.startswith("python -m pyg_quant.demo: error: Cora found at") and "\n" not in message
+    assert demo.SCIPY_HINT in message
+    with pytest.raises(ImportError, match="scipy, which reads it, is not installed") as error:  # the API raises
         demo.load_data(str(tmp_path))
+    assert error.value.name == "scipy"
 
 
 def test_demo_command_line_help():

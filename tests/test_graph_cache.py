@@ -274,9 +274,10 @@ def test_eval_bit_kernels_reuse_the_packed_tiles(kind, graph_builds, monkeypatch
 
 # --- the QAT aggregation's CSR product -------------------------------------------------------
 def dense_adjacency(graph) -> torch.Tensor:
-    """``Â`` of a QuantGraph in float64, from its edges and the self-loop term (the oracle of the products)."""
+    """``Â`` of a QuantGraph in float64, from its edges and the self-loop term (the oracle of the products); quantized
+    edge weights ``lo_w + s_w·c`` unrounded, as the bit kernels and the float64 evaluation multiply them."""
     edges = graph.edges
-    coef = graph.edge_coefficients()
+    coef = graph.edge_coefficients(torch.float64)
     values = torch.ones(edges.src.numel(), dtype=torch.float64) if coef is None else coef.detach().double()
     dense = torch.zeros(graph.num_dst, graph.num_src, dtype=torch.float64)
     dense.index_put_((edges.dst, edges.src), values, accumulate=True)

@@ -11,8 +11,14 @@ Oracles:
   pass is reproducible), plus a float32 allowance; the variance is checked too, which rules
   out round-to-nearest (variance 0) passing by accident.
 * **Round trip.** ``convert(model)`` under ``no_grad`` runs the bit kernels; the QAT model in
-  ``eval()`` with autograd on runs the float fake-quant path with float64 products.  Both use the
-  same codes, so they agree to float32 rounding: ``|Δ| ≤ 1e-5·(|out| + max|out|·1e-2)`` here,
+  ``eval()`` with autograd on runs the float fake-quant path.  Both use the same codes, and the
+  float path multiplies and sums their unrounded values ``lo + s·q`` in float64 and rounds once,
+  as the kernels' epilogues do, so every layer hands the next quantizer the same float32 values
+  (summing to_val's float32 roundings instead gave a few ulps of difference, enough to move a value
+  on a code boundary to the neighbouring code a layer later, depending on which vector kernels
+  torch picked).  An aggregation of such values is exact in float64 on both sides, so it is
+  compared bit for bit; a whole model is compared to ``|Δ| ≤ 1e-5·(|out| + max|out|·1e-2)``, the
+  float32 rounding of products whose two float64 evaluations may straddle a rounding boundary,
   orders of magnitude below one quantization step.
 """
 import copy
@@ -832,6 +838,34 @@ def test_prepare_errors(kwargs, exc):
         qat.prepare(GCN(8, 4, 2), **kwargs)
 
 
+@pytest.mark.parametrize("observer", ["dynamic", "dynamic_mse"])
+@pytest.mark.parametrize("self_loops", [False, True])
+def test_eval_float_aggregation_gives_the_bit_kernels_result(observer, self_loops):
+    """In evaluation the float aggregation sums the codes' unrounded values ``lo + s·q`` in float64 (and the self-loop
+    term multiplies to_val's float32 values, as the kernels' does): with a few bits and unweighted edges every sum is
+    exact in float64 on both sides, so the float32 results are equal bit for bit.  Summing to_val's float32 values
+    instead differs in many entries (the values whose roundings do not cancel)."""
+    from pyg_quant.nn._adjacency_formats import to_edge_set
+    from pyg_quant.nn._graph import QuantGraph
+    from pyg_quant.qat.conv import _aggregate_float
+
+    g, n = gen(11), 200
+    edge_index = torch.randint(n, (2, 2000), generator=g)
+    graph = QuantGraph(to_edge_set(edge_index, None, n, n, "source_to_target"), 1.0 if self_loops else None, 8)
+    assert (graph.diag is not None) == self_loops
+    fq = qat.FakeQuantize(2, observer, dim=0).eval()
+    y = randn(n, 24, 12, spread=3.0).requires_grad_()
+    rounded, exact = fq.forward_exact(y)
+    assert torch.equal(rounded, fq(y)) and exact.dtype == torch.float64
+    assert not torch.equal(exact, rounded.double()) and torch.allclose(exact, rounded.double(), rtol=1e-6, atol=0)
+    ours = _aggregate_float(graph, exact, False, self_values=rounded)
+    bits = graph.aggregate_bits(fq.quantize(y, "col"))
+    assert torch.equal(ours.detach(), bits)
+    assert int((_aggregate_float(graph, rounded, False) != bits).sum()) > 100  # what the float path summed before
+    (grad,) = torch.autograd.grad(ours.sum(), y)  # forward's straight-through gradient
+    assert torch.equal(grad, torch.autograd.grad(_aggregate_float(graph, fq(y), False).sum(), y)[0])
+
+
 def test_prepare_rejects_non_modules():
     with pytest.raises(TypeError, match="model"):
         qat.prepare("gcn", bits=4)
@@ -888,7 +922,8 @@ def test_convert_round_trip_with_dynamic_mse_observers(kind):
     scale = float(converted.abs().max())
     diff = (float_path.detach() - converted).abs()
     # Outputs near zero are differences of terms near max|out|: a few float32 ulps of the scale (1e-6 x max|out| is
-    # ~16 ulps, a 2-bit step is ~1e5 times more).  Measured: up to 2 ulps with these settings.
+    # ~16 ulps, a 2-bit step is ~1e5 times more).  At 2 bits with MSE-chosen ranges every layer's input has values
+    # on code boundaries: this fails if the float path hands any quantizer a different float than the kernels do.
     assert (diff <= 1e-5 * converted.abs() + 1e-6 * scale).all(), float(diff.max())
     quantizers = dict(qat.fake_quantizers(inference))
     # Activation ranges stay per input after convert; the learned weight ranges are frozen.

@@ -64,6 +64,17 @@ def qparams_from_range(lo: torch.Tensor, hi: torch.Tensor, bits: int):
     return scale, inv_scale
 
 
+def exact_values(codes: BitTensor) -> torch.Tensor:
+    r"""``lo + scale·q`` of ``codes`` in float64, ``[rows, cols]``: the values :func:`~pyg_quant.to_val` rounds to
+    float32, here unrounded (exact while ``|lo|`` and ``scale`` are within a factor 2^20 of each other, or lo is 0).
+
+    The bit kernels' affine epilogues sum and multiply these values (``lo·Σ1 + scale·Σq`` in float64), not their
+    float32 roundings, so a float path that is to give the kernels' float32 results must compute with them.
+    """
+    view = _VIEW[codes.dim]
+    return codes.lo.double().view(view) + codes.scale.double().view(view) * codes.codes().double()
+
+
 def _check_seed(seed) -> Optional[int]:
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
         raise ValueError(f"seed must be None or a non-negative int, got {seed!r}")
@@ -355,6 +366,24 @@ class FakeQuantize(torch.nn.Module):
         if keep is not None:
             out = torch.where(keep, out, torch.zeros_like(out))  # the zeros stay exact zeros
         return self._protected(out, x32, protect)
+
+    def forward_exact(self, x: torch.Tensor, protect: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor,
+                                                                                              torch.Tensor]:
+        r"""``(forward(x), x̃)``: in ``eval()`` with fake quantization on, ``x̃`` holds forward's values before their
+        float32 rounding, ``lo + scale·q`` in float64 for the codes of :meth:`quantize` (:func:`exact_values`),
+        with forward's gradient; else ``x̃`` is ``forward(x)`` itself.
+
+        The QAT layers' evaluation without the bit kernels multiplies and sums ``x̃`` in float64 and rounds once,
+        as the kernels' epilogues do: both then round the same value to float32 (up to float64 rounding), so a
+        later quantizer gets the same input in both and a value near a rounding boundary gets the same code.
+        """
+        out = self(x, protect)
+        if self.training or not self._fake:
+            return out, out
+        exact = exact_values(self.quantize(x))
+        if out.requires_grad:
+            exact = exact + (out - out.detach()).double()  # adds zeros: forward's straight-through gradient
+        return out, exact
 
     def _protected(self, out: torch.Tensor, x32: torch.Tensor, protect: Optional[torch.Tensor]) -> torch.Tensor:
         """``out`` with the rows of ``protect`` (Degree-Quant's mask, training only) passed through as ``x32``."""

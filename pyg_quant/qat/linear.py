@@ -13,9 +13,11 @@ GEMM (:func:`pyg_quant.bitmm`).
   quantizers are stochastic, straight-through gradients clipped to the range.
 * ``eval()`` with no gradient asked for: the same nearest-rounded codes on the
   bit kernels, ``bitmm(fq_in.quantize(x), fq_w.quantize(W)ᵀ) + b``.
-* ``eval()`` with autograd on: the fake path, with the product in float64 and
-  rounded once (what ``bitmm`` does), so both eval paths agree to float32
-  rounding.
+* ``eval()`` with autograd on: the fake path, with the product of the
+  dequantized operands ``lo + s·q`` (unrounded, :meth:`FakeQuantize.forward_exact`)
+  in float64 and rounded once: the value ``bitmm``'s epilogue rounds, so both
+  eval paths give the same float32 output (they could differ only where the
+  two float64 evaluations straddle a float32 rounding boundary).
 
 An input that is quantized already, a :class:`~pyg_quant.BitTensor` of at most
 ``fq_in.bits`` bits with a granularity of ``fq_in``'s (per node or per tensor for
@@ -46,7 +48,7 @@ from torch import Tensor
 from ..bit_tensor import BitTensor, to_val
 from ..bitmm import bitmm
 from ..nn.quant_linear import QuantLinear, bit_kernels_apply, warn_weight_not_cached
-from .fake_quantize import FakeQuantize
+from .fake_quantize import FakeQuantize, exact_values
 from .observers import check_finite
 from .qconfig import QConfig
 
@@ -189,15 +191,22 @@ class QATLinear(QuantLinear):
             if self.bias is not None:
                 out = out + self.bias
         else:
-            xq = fq_in(x2, protect) if fq_in is not None else x2.to(torch.float32)
+            if fq_in is None:
+                xq = x2.to(torch.float32)
+            else:
+                xq = fq_in(x2, protect) if self.training else fq_in.forward_exact(x2)[1]
             out = self._float_product(xq)
         return out if x.dim() == 2 else out.reshape(lead + (out.size(-1),))
 
     def _float_product(self, xq: Tensor) -> Tensor:
         """``xq · W̃ᵀ + b`` without the bit kernels: fake-quantized W in training (one ``addmm``), and in evaluation
-        bitmm's semantics (the float64 product of the dequantized operands, rounded once, then ``+ b``)."""
+        bitmm's value (the float64 product of the unrounded dequantized operands, ``xq`` given so by the caller,
+        rounded once, then ``+ b``)."""
         fq_w = self.weight_quant
-        wq = fq_w(self.weight) if fq_w is not None else self.weight.to(torch.float32)
+        if fq_w is None:
+            wq = self.weight.to(torch.float32)
+        else:
+            wq = fq_w(self.weight) if self.training else fq_w.forward_exact(self.weight)[1]
         if self.training:
             return F.linear(xq, wq, self.bias)
         out = F.linear(xq.double(), wq.double()).to(torch.float32)
@@ -209,8 +218,11 @@ class QATLinear(QuantLinear):
         if fq_w is not None and fq_w.quantizes and bit_kernels_apply(self, self.weight, self.bias):
             out = bitmm(x, self.packed_weight())  # x's own codes: nothing is repacked but a layout change
             return out if self.bias is None else out + self.bias
-        xq = to_val(x)
-        observe_only(self.input_quant, xq)
+        if self.training:
+            xq = to_val(x)
+            observe_only(self.input_quant, xq)
+        else:
+            xq = exact_values(x)  # what bitmm's epilogue multiplies, not its float32 rounding
         return self._float_product(xq)
 
     def __repr__(self) -> str:
