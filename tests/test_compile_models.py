@@ -24,13 +24,12 @@ def mlp(cin, cout):
     return torch.nn.Sequential(torch.nn.Linear(cin, cout), torch.nn.ReLU(), torch.nn.Linear(cout, cout))
 
 
-class GIN(torch.nn.Module):
-    """The natural user model: three QGINConv layers, ReLU between them."""
+class Stack(torch.nn.Module):
+    """The natural user model: three layers, ReLU between them."""
 
-    def __init__(self, cin, hidden, cout, bits):
+    def __init__(self, convs):
         super().__init__()
-        self.convs = torch.nn.ModuleList([QGINConv(mlp(cin, hidden), bits=bits), QGINConv(mlp(hidden, hidden), bits=bits),
-                                          QGINConv(mlp(hidden, cout), bits=bits)])
+        self.convs = torch.nn.ModuleList(convs)
 
     def forward(self, x, adj):
         for i, conv in enumerate(self.convs):
@@ -40,18 +39,14 @@ class GIN(torch.nn.Module):
         return x
 
 
-class GCN(torch.nn.Module):
-    def __init__(self, cin, hidden, cout, bits):
-        super().__init__()
-        self.convs = torch.nn.ModuleList([QGCNConv(cin, hidden, bits=bits), QGCNConv(hidden, hidden, bits=bits),
-                                          QGCNConv(hidden, cout, bits=bits)])
+def GIN(cin, hidden, cout, bits):
+    return Stack([QGINConv(mlp(cin, hidden), bits=bits), QGINConv(mlp(hidden, hidden), bits=bits),
+                  QGINConv(mlp(hidden, cout), bits=bits)])
 
-    def forward(self, x, adj):
-        for i, conv in enumerate(self.convs):
-            x = conv(x, adj)
-            if i < len(self.convs) - 1:
-                x = F.relu(x)
-        return x
+
+def GCN(cin, hidden, cout, bits):
+    return Stack([QGCNConv(cin, hidden, bits=bits), QGCNConv(hidden, hidden, bits=bits),
+                  QGCNConv(hidden, cout, bits=bits)])
 
 
 MODELS = {"gin": GIN, "gcn": GCN}

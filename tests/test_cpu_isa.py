@@ -1,0 +1,84 @@
+"""The CPU kernels' instruction-set paths agree bit for bit.
+
+The CPU kernels pick AVX-512 code at run time where the CPU has it (csrc/cpu/cpu_features.h);
+``PYG_QUANT_CPU_ISA=generic`` forces the portable kernels.  A subprocess computes every dispatched op
+on the same operands with the portable kernels, and this process with the ones its CPU picks: the
+integers and the float32 bits must be equal (on a CPU without AVX-512 both runs take the same path).
+"""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import pyg_quant as pq
+
+pytestmark = pytest.mark.skipif(not pq.backends()["cpu"], reason="needs the compiled CPU kernels")
+
+# Writes the outputs of the dispatched ops on seeded operands (garbage in the planes' padding included) to argv[1].
+OPS_SCRIPT = textwrap.dedent("""
+    import sys, torch, pyg_quant as pq
+    ops = torch.ops.pyg_quant
+    g = torch.Generator().manual_seed(0)
+    def bits(shape):
+        return torch.randint(-2**31, 2**31 - 1, shape, generator=g, dtype=torch.int64).to(torch.int32)
+    out = {}
+    for s, t in [(1, 1), (2, 3), (4, 4), (7, 8), (8, 7), (8, 8), (5, 2)]:
+        for m, k, n in [(5, 3, 7), (37, 300, 19), (70, 1433, 16), (3, 64, 33)]:
+            a = pq.to_bit(torch.randn(m, k, generator=g), s, dim=1, layout="row")
+            b = pq.to_bit(torch.randn(k, n, generator=g), t, dim=0, layout="col")
+            for name, (pa, pb) in {"codes": (a.planes, b.planes), "garbage": (bits(a.planes.shape), bits(b.planes.shape))}.items():
+                for wide in (False, True):
+                    out[f"bitmm {s} {t} {m} {k} {n} {name} {wide}"] = ops.bitmm_int(pa, pb, m, n, wide)
+            out[f"sums {s} {m} {k}"] = ops.packed_code_sums(bits(a.planes.shape))
+    planes = torch.full((8, 64, 2 * 1100 * 2), -1, dtype=torch.int32)  # wide sums past 2^31
+    out["bitmm past 2^31"] = ops.bitmm_int(planes, planes[:7, :16], 64, 16, True)
+    for m, n in [(1, 1), (7, 5), (33, 16), (100, 70)]:
+        for dtype, hi in [(torch.int32, 2**31 - 1), (torch.int64, 2**40)]:
+            p = torch.randint(-hi, hi, (m, n), generator=g, dtype=torch.int64).to(dtype)
+            rs, cs = torch.randint(-2**40, 2**40, (m,), generator=g), torch.randint(-2**40, 2**40, (n,), generator=g)
+            la, ra, lb, rb = torch.randn(m, generator=g), torch.rand(m, generator=g), torch.randn(n, generator=g), torch.rand(n, generator=g)
+            la[0] = -0.0
+            for bias in (None, torch.randn(n, generator=g)):
+                for relu in (False, True):
+                    key = f"affine {m} {n} {dtype} {bias is None} {relu}"
+                    out[key] = ops.bitmm_affine(p, rs, cs, la, ra, lb, rb, 1433, bias, relu).view(torch.int32)
+    for r, c in [(1, 1), (37, 300), (2708, 16), (100, 17)]:
+        for col in (False, True):
+            for b in (1, 4, 8):
+                shape = (b, (c if col else r) + 64, ((r if col else c) + 255) // 256 * 8)
+                out[f"unpack {r} {c} {col} {b}"] = ops.unpack_codes(bits(shape), r, c, col)
+    for n, e, cols in [(300, 3000, 16), (1000, 20000, 7), (257, 100, 33)]:
+        edge_index = torch.randint(n, (2, e), generator=g)
+        for min_tile in (None, 4):
+            adj = pq.BitAdjacency.from_edge_index(edge_index, n, self_loops=1, min_tile_nnz=min_tile)
+            values = torch.randint(0, 50, adj.res_col.shape, generator=g, dtype=torch.int32)
+            for weighted in (False, True):
+                for b in (1, 4, 8):
+                    y = pq.to_bit(torch.randn(n, cols, generator=g), b, dim=0, layout="col")
+                    for wide in (False, True):
+                        out[f"spmm {n} {e} {cols} {min_tile} {weighted} {b} {wide}"] = ops.bit_spmm_int(
+                            adj.window_ptr, adj.tile_col, adj.tile_bits, adj.res_ptr, adj.res_col,
+                            values if weighted else None, y.planes, adj.num_rows, cols, wide, None)
+    torch.save(out, sys.argv[1])
+""")
+
+
+def test_generic_and_dispatched_kernels_agree(tmp_path):
+    script = tmp_path / "ops.py"
+    script.write_text(OPS_SCRIPT)
+    outputs = {}
+    for isa in ("generic", "default"):
+        env = dict(os.environ)
+        env.pop("PYG_QUANT_CPU_ISA", None)
+        if isa == "generic":
+            env["PYG_QUANT_CPU_ISA"] = "generic"
+        path = tmp_path / f"{isa}.pt"
+        subprocess.run([sys.executable, str(script), str(path)], env=env, check=True)
+        outputs[isa] = torch.load(path)
+    generic, default = outputs["generic"], outputs["default"]
+    assert generic.keys() == default.keys()
+    for key in generic:
+        assert generic[key].dtype == default[key].dtype and torch.equal(generic[key], default[key]), key
