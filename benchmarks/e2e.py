@@ -1046,18 +1046,21 @@ def run_training(args, device, data: Data, rec: Recorder, runner: Runner) -> Non
     for kind in args.models:
         torch.manual_seed(args.seed)
         init = make_pyg(args, kind).state_dict()
-        variants = [("PyG fp32 edge_index", "PyG", "edge_index", "fp32 x", False),
-                    ("PyG fp32 CSR", "PyG", "CSR", "fp32 x", False),
-                    ("PyG fp32 edge_index, captured step", "PyG", "edge_index", "fp32 x", True),
-                    (f"QAT {qb}-bit edge_index", "QAT", "edge_index", "fp32 x", False),
-                    (f"QAT {qb}-bit edge_index, captured step", "QAT", "edge_index", "fp32 x", True),
-                    (f"QAT {qb}-bit edge_index, {qb}-bit x", "QAT", "edge_index", "bit x", False)]
+        # The last field: None (eager), "captured" (CapturedTrainStep) or "compile" (torch.compile(model)).
+        variants = [("PyG fp32 edge_index", "PyG", "edge_index", "fp32 x", None),
+                    ("PyG fp32 CSR", "PyG", "CSR", "fp32 x", None),
+                    ("PyG fp32 edge_index, torch.compile", "PyG", "edge_index", "fp32 x", "compile"),
+                    ("PyG fp32 edge_index, captured step", "PyG", "edge_index", "fp32 x", "captured"),
+                    (f"QAT {qb}-bit edge_index", "QAT", "edge_index", "fp32 x", None),
+                    (f"QAT {qb}-bit edge_index, torch.compile", "QAT", "edge_index", "fp32 x", "compile"),
+                    (f"QAT {qb}-bit edge_index, captured step", "QAT", "edge_index", "fp32 x", "captured"),
+                    (f"QAT {qb}-bit edge_index, {qb}-bit x", "QAT", "edge_index", "bit x", None)]
         variants = [v for v in variants if args.train_variants is None
                     or any(want in v[0] for want in args.train_variants)]
         log(f"== training {kind}: {len(variants)} variants")
-        for label, impl, adjacency, xform, captured in variants:
+        for label, impl, adjacency, xform, mode in variants:
             row = dict(model=kind, label="train " + label, impl=impl, adjacency=adjacency, features=xform,
-                       captured=captured)
+                       captured=mode == "captured", compiled=mode == "compile")
             rec.data["training"].append(row)
             if not runner.allowed(f"train {kind} {label}", 10):
                 row["skipped"] = True
@@ -1065,7 +1068,7 @@ def run_training(args, device, data: Data, rec: Recorder, runner: Runner) -> Non
                 continue
             try:
                 run_train_variant(args, device, data, rec, runner, kind, row, init, impl, adjacency, xform, pinned,
-                                  captured)
+                                  mode)
             except Exception as error:  # noqa: BLE001
                 row["error"] = rec.error(f"training {kind} {label}", error)
             finally:
@@ -1075,7 +1078,8 @@ def run_training(args, device, data: Data, rec: Recorder, runner: Runner) -> Non
 
 
 def run_train_variant(args, device, data, rec, runner, kind, row, init, impl, adjacency, xform, pinned,
-                      captured=False):
+                      mode=None):
+    captured = mode == "captured"
     model = make_pyg(args, kind, normalize=(adjacency == "edge_index" or kind != "GCN"))
     model.load_state_dict(init)
     model = model.to(device)
@@ -1085,6 +1089,9 @@ def run_train_variant(args, device, data, rec, runner, kind, row, init, impl, ad
     # A captured step takes Adam's update into its graph when the optimizer is capturable (step counts on the device).
     opt = torch.optim.Adam(model.parameters(), lr=args.lr, **({"capturable": True} if captured and runner.cuda else {}))
     step = pq.CapturedTrainStep(model, opt, F.cross_entropy) if captured else None
+    if mode == "compile":
+        torch._dynamo.reset()
+        model = torch.compile(model)  # the default backend; compiled in the untimed warm-up epoch
     nb = data.nb
     if xform == "bit x":  # the QAT model fed the loader's 4-bit features: one QuantBatch copy a batch
         host = [QuantBatch.from_fields({"x": data.feats[args.qat_bits][b], "edge_index": data.edge_index[b],
@@ -1124,6 +1131,8 @@ def run_train_variant(args, device, data, rec, runner, kind, row, init, impl, ad
 
     # A captured step runs its first epoch eagerly and captures in its second (one graph per batch shape).
     warm = {} if step is None or not runner.cuda else dict(warmup=max(2, args.warmup))
+    if mode == "compile":
+        warm = dict(warmup=max(2, args.warmup))
     if resident is not None:
         t = time.perf_counter()
         row["resident"] = runner.measure(lambda: epoch(lambda: iter(resident)), reps=args.train_reps, **warm)

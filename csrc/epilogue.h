@@ -25,7 +25,7 @@ PYG_QUANT_HOST_DEVICE float affine_epilogue(double product, float lo, float scal
   v = v + self_weight * static_cast<double>(self_value);
   v = v * row_scale + bias;
   const float f = static_cast<float>(v);
-  return relu && !(f > 0.0f) ? 0.0f : f;
+  return relu && f <= 0.0f ? 0.0f : f;  // a NaN passes, as torch.relu lets it
 }
 
 // bitmm's affine correction of the code product P_ij (A scaled per row, B per column):
@@ -39,7 +39,7 @@ PYG_QUANT_HOST_DEVICE float bitmm_affine_epilogue(double product, double row_sum
   const double la = a_lo, ra = a_scale, lb = b_lo, rb = b_scale;
   const double v = k * la * lb + la * rb * col_sum + ra * lb * row_sum + (ra * rb) * product;
   const float f = static_cast<float>(v) + bias;
-  return relu && !(f > 0.0f) ? 0.0f : f;
+  return relu && f <= 0.0f ? 0.0f : f;  // a NaN passes, as torch.relu lets it
 }
 
 }  // namespace pyg_quant

@@ -487,6 +487,8 @@ def without_keys(monkeypatch, call):
         return out if not col_keys or out is None else (out, None)
 
     with monkeypatch.context() as m:
+        m.setattr(qgin_module, "gin_eval", lambda *args: None)  # the general path (the eval path asks for keys)
+        m.setattr(qgcn_module, "gcn_eval", lambda *args: None)
         m.setattr(qgin_module, "run_fused_mlp", lambda module, x, col_keys=False: no_keys(fused(module, x), col_keys))
         m.setattr(qgcn_module, "run_row_scaled_linear",
                   lambda lin, x, scale, col_keys=False: no_keys(scaled(lin, x, scale), col_keys))
@@ -527,6 +529,7 @@ def test_qgin_conv_passes_keys_on_cuda_only(monkeypatch, device):
     # the unfused layers give the same bits, too
     with monkeypatch.context() as m, torch.no_grad():
         m.setattr(qgin_module, "run_fused_mlp", lambda module, x, col_keys=False: None)
+        m.setattr(qgin_module, "gin_eval", lambda *args: None)
         assert_same_bit_tensor(conv(x, adj), got)
     # per-node or per-tensor ranges, or no requantization: no keys
     for out_dim in (1, None):

@@ -5,6 +5,8 @@ r"""README.md against the files it cites: links resolve, and its result tables e
   − quantized mean, in points, two decimals) and its "target met" column follows from the drops;
 * the end-to-end headline equals ``benchmarks/results/e2e_h200_mlp.json`` (graph-replay medians on one stream
   and on several, resident and with transfers, to 0.01 ms), and so do its speedups over PyG's fastest path;
+* the user-paths table equals ``benchmarks/results/user_paths_h200.json`` (medians to 0.01 ms, ratios against PyG
+  fp32 CSR's eager epoch on the same path);
 * every ``python`` block runs as written: all of them in order, in one namespace, in a temporary working directory,
   on the CPU (and on CUDA where it is available), with no warning but deprecations; the ``diff`` block names real
   classes, and the one-line change keeps the layer's parameters.
@@ -127,6 +129,26 @@ def test_e2e_headline_matches_e2e_json(readme):
         ratio("GIN", "pyg_quant 4-bit static", "+H2D"), ratio("GCN", "pyg_quant 4-bit static", "+H2D"),
         ratio("GIN", "pyg_quant 8-bit", "resident"), ratio("GCN", "pyg_quant 8-bit", "resident"),
         ratio("GIN", "pyg_quant 8-bit static", "resident"), ratio("GCN", "pyg_quant 8-bit static", "resident")]
+
+
+def test_user_paths_table_matches_user_paths_json(readme):
+    with open(os.path.join(ROOT, "benchmarks", "results", "user_paths_h200.json")) as f:
+        rows = {(r["model"], r["label"]): r for r in json.load(f)["rows"]}
+    table = table_rows(readme, "| model | PyG fp32 CSR eager | pyg_quant 4-bit eager")
+    assert [row[0] for row in table] == ["GIN 3×64", "GCN 3×16"]
+    for row in table:
+        model = row[0].split()[0]
+        pyg, quant = rows[(model, "PyG fp32 CSR")], rows[(model, "pyg_quant 4-bit")]
+
+        def ms(r, path):
+            return r[path]["median_ms"]
+
+        def cell(path, against):
+            return f"{ms(quant, path):.2f} ({ms(pyg, against) / ms(quant, path):.2f}×)"
+        assert row[1] == f"{ms(pyg, 'resident'):.2f}" and row[4] == f"{ms(pyg, 'loop'):.2f}"
+        assert row[2] == cell("resident", "resident")
+        assert row[3].strip("*") == cell("compile_ro", "resident")
+        assert row[5].strip("*") == cell("loop", "loop")
 
 
 DEVICE_LINE = 'device = "cuda" if torch.cuda.is_available() else "cpu"'

@@ -281,7 +281,7 @@ PYG_QUANT_TARGET_AVX512_DQ void bitmm_affine_rows_avx512(
       v = _mm512_add_pd(v, _mm512_mul_pd(_mm512_mul_pd(ra_v, rb_v), p_v));
       __m256 f = _mm512_cvtpd_ps(v);
       f = _mm256_add_ps(f, bias != nullptr ? _mm256_maskz_loadu_ps(m, bias + j) : _mm256_setzero_ps());
-      if (relu) f = _mm256_maskz_mov_ps(_mm256_cmp_ps_mask(f, _mm256_setzero_ps(), _CMP_GT_OQ), f);
+      if (relu) f = _mm256_maskz_mov_ps(_mm256_cmp_ps_mask(f, _mm256_setzero_ps(), _CMP_NLE_UQ), f);  // NaN kept
       _mm256_mask_storeu_ps(o + i * cols + j, m, f);
     }
   }

@@ -102,7 +102,7 @@ class QuantGraph:
     # --- edge weights ------------------------------------------------------------------
     def _quantize_weights(self, bits: int) -> None:
         w = self.edges.weight.detach().to(torch.float32)
-        check_finite(w, "edge_weight")
+        check_finite(w, "edge_weight", always=True)  # once a graph
         if w.numel() == 0:
             lo = hi = torch.zeros((), device=w.device)
         elif self.keep is None:

@@ -5,8 +5,8 @@ Both follow :func:`pyg_quant.to_bit` step for step (ranges ``lo = min``,
 in float32, ``u = 0.5`` or ``u ~ U[0, 1)``), so for the same input and nearest
 rounding they produce the same codes.  :func:`quantize` skips ``to_bit``'s
 data-dependent input checks, which ``torch.compile`` cannot trace without a
-graph break; the layers check their inputs once, outside the traced region
-(:func:`check_finite`).
+graph break; the layers check their inputs on eager calls where a check costs no
+host synchronization (:func:`check_finite`).
 """
 from typing import NamedTuple, Optional
 
@@ -28,18 +28,21 @@ def check_bits(bits, name: str) -> Optional[int]:
     return None if bits is None else _check_bits(bits, name)
 
 
-def check_finite(x: torch.Tensor, name: str) -> None:
-    """Raise a ValueError naming ``name`` if ``x`` holds NaN or inf.
+def check_finite(x: torch.Tensor, name: str, *, always: bool = False) -> None:
+    """Raise a ValueError naming ``name`` if ``x`` holds NaN or inf, where that costs no host synchronization.
 
-    A NaN or inf turns a whole range into NaN and every code into garbage; the float
-    layers would propagate it instead, so say so rather than guess.  A finite sum proves
-    every element finite (a NaN or an inf makes any sum NaN or infinite), at a fraction of
-    the cost of ``isfinite(x).all()`` (one reduction, no boolean temporary); only when the
-    sum is not finite (a NaN or inf, or finite values whose sum overflows) is every element
-    tested, so large finite inputs are never rejected.
+    On the CPU the check runs at every eager call.  On a GPU it would stall the host until the kernels before it
+    finish, so it runs only with ``always`` (fixed, calibrated ranges: their codes cannot carry a NaN, so it would
+    vanish silently); otherwise a NaN or inf propagates as in the float layers: the dynamic range of every row or
+    column that holds one is NaN (the quantizers and ``quant_mlp`` reduce their extrema as ``amin`` / ``amax`` do),
+    and so is every value it reaches.  Never inside a traced or captured region.
+
+    A finite sum proves every element finite (a NaN or an inf makes any sum NaN or infinite), at a fraction of
+    the cost of ``isfinite(x).all()``; only when the sum is not finite (a NaN or inf, or finite values whose sum
+    overflows) is every element tested, so large finite inputs are never rejected.
     """
-    if is_compiling() or (x.is_cuda and torch.cuda.is_current_stream_capturing()):
-        return  # no host sync inside a traced or captured region (checked on eager calls)
+    if is_compiling() or (x.device.type != "cpu" and (not always or _capturing(x))):
+        return
     x = x.detach()
     if not x.is_floating_point() or bool(torch.isfinite(x.sum())):
         return
@@ -47,12 +50,16 @@ def check_finite(x: torch.Tensor, name: str) -> None:
         raise ValueError(f"{name} holds NaN or inf; quantized layers need finite inputs")
 
 
+def _capturing(x: torch.Tensor) -> bool:
+    return x.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
 def values_finite(x: BitTensor) -> bool:
     """Whether every value ``lo + scale·q`` of ``x`` is finite, judged from its ranges alone: that float32 recipe is
     monotone in ``q``, so each range's values lie between those of codes 0 and ``2**bits - 1``.  A False may be
     over-cautious (codes that never reach the end of a range); callers then dequantize and :func:`check_finite`.
-    True where :func:`check_finite` skips (traced or captured regions)."""
-    if is_compiling() or (x.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+    True wherever :func:`check_finite` does not check (traced code, a GPU: there non-finite values propagate)."""
+    if is_compiling() or x.device.type != "cpu":
         return True  # (x.device: asking x.planes would make a row-code tensor's planes)
     lo, scale = x.lo.detach(), x.scale.detach()
     ends = torch.stack((lo + scale * 0.0, lo + scale * float(2**x.bits - 1)))
@@ -155,6 +162,7 @@ def quantize_fixed(x: torch.Tensor, ranges: FixedRanges) -> BitTensor:
     if x.dim() != 2 or x.size(1) != ranges.lo.numel():
         raise ValueError(f"x must be 2-D with {ranges.lo.numel()} columns (one per calibrated range), got shape "
                          f"{tuple(x.shape)}")
+    check_finite(x, "x", always=True)
     x32 = x.detach().to(torch.float32).contiguous()
     planes = ops.quantize_pack(x32, ranges.lo.view(1, -1), ranges.inv_scale.view(1, -1), ranges.bits, True, None)
     return BitTensor(planes, tuple(x32.shape), ranges.bits, "col", ranges.lo, ranges.scale, 0)

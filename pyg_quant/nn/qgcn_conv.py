@@ -12,6 +12,7 @@ from ..bit_tensor import BitTensor
 from ._adjacency_formats import to_edge_set
 from ._common import (check_aggr, check_node_dim, check_out_dim, node_matrix, quant_options_repr,
                       requantize_output)
+from ._eval_path import gcn_eval
 from ._explain import explain_edge_mask
 from ._graph import QuantGraph
 from ._graph_cache import cached_graph
@@ -24,6 +25,27 @@ def _cache_attribute(edge_index) -> str:
     """PyG's cache attribute for an adjacency: ``_cached_edge_index`` for tensors (``torch.sparse`` too), else
     ``_cached_adj_t`` (a ``SparseTensor``; a ``BitAdjacency``, which PyG does not know, counts as one)."""
     return "_cached_adj_t" if isinstance(edge_index, (SparseTensor, BitAdjacency)) else "_cached_edge_index"
+
+
+def inv_sqrt_degree(deg: Tensor) -> Tensor:
+    r"""GCN's :math:`\hat{d}^{-1/2}` of float32 degrees, 0 where a degree is 0.  sqrt and division are correctly
+    rounded in float64 everywhere, so eager and compiled code (where ``pow(-0.5)`` may become an approximate rsqrt)
+    get the same floats."""
+    d = (1.0 / deg.double().sqrt()).to(deg.dtype)
+    return d.masked_fill(d == float("inf"), 0.0)
+
+
+def bit_adjacency_deg_inv_sqrt(adj: BitAdjacency) -> Tensor:
+    r""":func:`inv_sqrt_degree` of a :class:`BitAdjacency` that is the whole :math:`\hat{A}` (its self-loops
+    included), made once per adjacency: every layer called on it shares it.  The degrees are its exact integer row
+    sums plus its diagonal, in float64, rounded once (what ``QuantGraph.degree`` gives)."""
+    def make() -> Tensor:
+        deg = adj.row_sums.to(torch.float64)
+        if adj.diag is not None:
+            deg = deg + adj.diag.to(torch.float64)
+        return inv_sqrt_degree(deg.to(torch.float32))
+
+    return adj.derived("gcn_deg_inv_sqrt", make)
 
 
 class QGCNConv(StaticRange, MessagePassing):
@@ -243,18 +265,11 @@ class QGCNConv(StaticRange, MessagePassing):
             fill = 2.0 if self.improved and not unweighted_edge_index else 1.0
         graph = QuantGraph(edges, fill, adj_bits)
         if self.normalize:
-            def deg_inv_sqrt() -> Tensor:
-                # sqrt and division are correctly rounded in float64 everywhere, so eager and compiled code (where
-                # pow(-0.5) may become an approximate rsqrt) get the same floats
-                deg = graph.degree()
-                d = (1.0 / deg.double().sqrt()).to(deg.dtype)
-                return d.masked_fill(d == float("inf"), 0.0)
-
             # A BitAdjacency that carries its self-loops is the whole Â: every layer of the model called on it gets
             # the same D^-1/2, made once (the graph cache does not see BitAdjacency inputs).
             prebuilt = graph.prebuilt
-            graph.deg_inv_sqrt = (prebuilt.derived("gcn_deg_inv_sqrt", deg_inv_sqrt) if prebuilt is not None
-                                  else deg_inv_sqrt())
+            graph.deg_inv_sqrt = (bit_adjacency_deg_inv_sqrt(prebuilt) if prebuilt is not None
+                                  else inv_sqrt_degree(graph.degree()))
         return graph
 
     def forward(self, x: Union[Tensor, BitTensor], edge_index, edge_weight: Optional[Tensor] = None):
@@ -263,6 +278,9 @@ class QGCNConv(StaticRange, MessagePassing):
             edge_index: edge indices, a sparse adjacency ``adj_t`` or a :class:`BitAdjacency`.
             edge_weight (Tensor, optional): edge weights for ``edge_index``.
         """
+        fast = gcn_eval(self, x, edge_index, edge_weight, bit_adjacency_deg_inv_sqrt)
+        if fast is not None:
+            return fast
         if isinstance(x, (tuple, list)):
             raise ValueError(f"'{self.__class__.__name__}' received a tuple of node features as input while this "
                              f"layer does not support bipartite message passing. Please try other layers such as "

@@ -12,6 +12,7 @@ from ..adjacency import BitAdjacency
 from ..bit_tensor import BitTensor
 from ._adjacency_formats import to_edge_set
 from ._common import check_aggr, check_node_dim, check_out_dim, node_matrix, quant_options_repr, requantize_output
+from ._eval_path import gin_eval
 from ._explain import explain_edge_mask
 from ._graph import QuantGraph
 from ._graph_cache import cached_graph
@@ -185,6 +186,9 @@ class QGINConv(StaticRange, MessagePassing):
             edge_index: edge indices, a sparse adjacency ``adj_t`` or a :class:`BitAdjacency`.
             size ((int, int), optional): ``(num_src, num_dst)``.
         """
+        fast = gin_eval(self, x, edge_index, size)
+        if fast is not None:
+            return fast
         if isinstance(x, (Tensor, BitTensor)):
             x = (x, x)
         if not isinstance(x, (tuple, list)) or len(x) != 2:

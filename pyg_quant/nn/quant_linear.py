@@ -390,7 +390,7 @@ def run_row_scaled_linear(lin, x, row_scale: Tensor, col_keys: bool = False,
     if (x.dtype != torch.float32 or x.is_sparse or x.dim() != 2 or row_scale.numel() != x.size(0)
             or not _runs_fused(lin, x, x.size(1))):
         return None
-    check_finite(x, "x")
+    check_finite(x, "x", always=out_codes is not None)
     return run(x)
 
 
@@ -415,7 +415,7 @@ def run_fused_mlp(module, x, col_keys: bool = False, out_codes: Optional[FixedRa
         if not _runs_fused(lin, x, width):
             return None
         width = lin.weight.size(0)
-    check_finite(x, "x")
+    check_finite(x, "x", always=out_codes is not None)
     if out_codes is not None:
         return _quant_mlp(x, linears, relus, None, False, out_codes)
     result = _quant_mlp(x.reshape(-1, x.size(-1)), linears, relus, None, col_keys)

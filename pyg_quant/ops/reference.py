@@ -113,7 +113,7 @@ def bitmm_affine(product, row_sums, col_sums, a_lo, a_scale, b_lo, b_scale, k: i
            + (ra * rb) * product.double()).float()
     if bias is not None:
         out = out + bias.view(1, -1)
-    return torch.where(out > 0, out, torch.zeros_like(out)) if relu else out
+    return torch.where(out <= 0, torch.zeros_like(out), out) if relu else out
 
 
 def bit_spmm_int(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x_planes, rows: int, cols: int,
@@ -150,7 +150,7 @@ def affine_epilogue(product, lo, scale, row_sums, self_weight, self_codes, row_s
     if bias is not None:
         v = v + bias.double().view(1, -1)
     out = v.float()
-    return torch.where(out > 0, out, torch.zeros_like(out)) if relu else out
+    return torch.where(out <= 0, torch.zeros_like(out), out) if relu else out
 
 
 def bit_spmm_affine(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x_planes, lo, scale, row_sums,

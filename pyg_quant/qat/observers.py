@@ -87,9 +87,10 @@ def check_finite(x: torch.Tensor, name: str = "x") -> None:
     """Raise a ValueError if ``x`` holds NaN or inf (the codes of such a tensor would be garbage).
 
     :func:`pyg_quant.nn._quantize.check_finite` (a sum first, every element only when the
-    sum is not finite), with ``name`` defaulting to ``"x"``.
+    sum is not finite), with ``name`` defaulting to ``"x"``, on every device: an observer keeps what it
+    records, so a NaN let through would spoil its ranges for every later batch.
     """
-    _check_finite(x, name)
+    _check_finite(x, name, always=True)
 
 
 @torch.no_grad()  # ranges take no gradient (and no_grad dispatches no detach op, as x.detach() would)

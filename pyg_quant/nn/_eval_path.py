@@ -1,0 +1,184 @@
+r"""The eval forward of QGINConv / QGCNConv on a :class:`BitAdjacency`, as a fixed sequence of a few ops.
+
+In ``eval()`` without autograd, a layer called on a ``BitAdjacency`` (what ``QuantClusterLoader`` batches hold)
+computes, with ``Q`` the quantizer and ``M`` its fused MLP kernel (:func:`pyg_quant.ops.quant_mlp`):
+
+* ``QGINConv`` on codes of its width (ranges per column or per tensor):
+  ``nn((A + (1 + eps)·I)·X)`` = ``M(bit_spmm(A, X, self_weight=1 + eps))``, then ``Q`` when ``out_bits`` is set;
+* ``QGCNConv`` on float features or codes it reads as floats:
+  ``D^-1/2 Â D^-1/2 X W + b`` = ``bit_spmm(Â, Q(M(X, W, row_scale=D^-1/2)), row_scale=D^-1/2, bias=b)``.
+
+The general ``forward`` reaches exactly these op calls, with the same arguments, through format conversions and
+checks that cost host time at every call; a layer's host time is what bounds an eager forward on a GPU, whose
+kernels take tens of microseconds.  Here what depends only on the layer's parameters (the MLP chain's arguments)
+is kept per layer, keyed by the parameters' storage and version counters, and everything else is read off the
+inputs directly.  The results are the general path's bit for bit (tests/test_eval_path.py); wherever a call
+differs from these cases (training, autograd, hooks, calibration or calibrated ranges, PyG's caches, an explainer's
+mask, ``torch.compile``, other formats or widths) the functions return None and the general path runs.
+
+Non-finite inputs are not checked here on the GPU (a check is a host synchronization); they propagate, as in the
+float layers: a NaN or inf in a row or column makes its range NaN, and the values it reaches NaN (see
+:func:`pyg_quant.nn._quantize.check_finite`).
+"""
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+from torch.nn.parameter import UninitializedParameter
+
+from .. import ops
+from ..adjacency import BitAdjacency, gather_operands
+from ..bit_tensor import BitTensor
+from ._explain import explaining
+from ._quantize import check_finite, is_compiling, quantize, values_finite
+from .calibration import STATIC_RANGE
+from .quant_linear import (QUANT_MLP_MAX_LAYERS, QUANT_MLP_MAX_WIDTH, _QUANT_MLP_LAYER_BYTES, QuantLinear,
+                           _layer_bytes, _no_hooks, fused_mlp_plan)
+
+
+def _parameter_key(t: Optional[Tensor]):
+    """What identifies a parameter's values between calls: its storage and version counter (an optimizer step,
+    ``load_state_dict`` or ``.to()`` changes one of them); None for an inference tensor, which keeps no version."""
+    if t is None:
+        return ()
+    if t.is_inference():
+        return None
+    return (t.data_ptr(), t._version, t.dtype)
+
+
+def _chain(module, linears, relus, key) -> Optional[tuple]:
+    """The weight arguments of one ``ops.quant_mlp`` call through ``linears``, kept on ``module`` per ``key``."""
+    cached = module.__dict__.get("_eval_chain")
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    used = sum(_layer_bytes(lin.weight.size(1), lin.weight.size(0)) for lin in linears)
+    if len(linears) > QUANT_MLP_MAX_LAYERS or (len(linears) > 1 and used > _QUANT_MLP_LAYER_BYTES):
+        return None  # the general path splits the chain into several calls
+    weights = [lin.fused_weight() for lin in linears]
+    chain = tuple([w[i] for w in weights] for i in range(4)) + (
+        [None if lin.bias is None else lin.bias.detach() for lin in linears],
+        [int(lin.act_bits) for lin in linears], [int(lin.weight_bits) for lin in linears], [bool(r) for r in relus])
+    module.__dict__["_eval_chain"] = (key, chain)
+    return chain
+
+
+def _linears_key(linears, width: int) -> Optional[tuple]:
+    """The key of a chain that fuses on ``width`` input columns (None: it does not, or cannot be cached).  Reads
+    the parameters from ``_parameters`` (a Module's attribute lookup costs a microsecond each)."""
+    key = []
+    for lin in linears:
+        params = lin._parameters
+        weight, bias = params["weight"], params.get("bias")
+        if (lin.training or isinstance(weight, UninitializedParameter) or weight.dtype != torch.float32
+                or weight.dim() != 2 or weight.size(1) != width or max(weight.shape) > QUANT_MLP_MAX_WIDTH
+                or (bias is not None and bias.dtype != torch.float32)):
+            return None
+        w_key, b_key = _parameter_key(weight), _parameter_key(bias)
+        if w_key is None or b_key is None:
+            return None
+        key.append((id(lin), w_key, b_key, lin.weight_bits, lin.act_bits))
+        width = weight.size(0)
+    return tuple(key)
+
+
+def _applies(conv, adj) -> bool:
+    """The conditions both layers share: eval without autograd, a BitAdjacency, nothing that changes the path."""
+    return (type(adj) is BitAdjacency and not conv.training and not torch.is_grad_enabled() and not is_compiling()
+            and conv.act_bits is not None and conv.weight_bits is not None
+            and getattr(conv, STATIC_RANGE) is None and conv.__dict__.get("_calibration") is None
+            and not explaining(conv))
+
+
+def _output(out: Tensor, bits: Optional[int], dim: Optional[int], keys: Optional[Tensor]):
+    if bits is None:
+        return out
+    return quantize(out, bits, dim, "col" if dim == 0 else "row", keys)
+
+
+def _spmm(adj: BitAdjacency, x: BitTensor, self_term, row_scale, bias) -> Tensor:
+    """:func:`pyg_quant.bit_spmm` on arguments known to be valid (``x`` in column layout, ranges per column or
+    tensor, ``self_term`` already holding ``adj.diag``)."""
+    cols = x.cols
+    lo, scale = x.lo, x.scale
+    if lo.numel() != cols:
+        lo, scale = lo.expand(cols).contiguous(), scale.expand(cols).contiguous()
+    x_planes, x_codes = gather_operands(adj, x, self_term is not None)
+    return ops.bit_spmm_affine(adj.window_ptr, adj.tile_col, adj.tile_bits, adj.res_ptr, adj.res_col, adj.res_val,
+                               x_planes, lo, scale, adj.row_sums, self_term, row_scale, bias, False, adj.num_rows,
+                               cols, adj.wide_sums(x.bits), x_codes)
+
+
+def gin_eval(conv, x, adj, size) -> Optional[object]:
+    """``conv(x, adj)`` for a :class:`~pyg_quant.nn.QGINConv` in the case above, or None."""
+    if (size is not None or type(x) is not BitTensor or not _applies(conv, adj) or x.bits != conv.act_bits
+            or x.dim not in (None, 0) or x.layout != "col" or x.rows != adj.num_cols or adj.num_rows != adj.num_cols
+            or x.device != adj.device or x.lo.dtype != torch.float32 or x.scale.dtype != torch.float32):
+        return None
+    eps = conv.eps
+    if eps.dtype != torch.float32 or eps.device != x.device:
+        return None
+    plan = fused_mlp_plan(conv.nn)
+    if plan is None or not _no_hooks(conv.nn, *conv.nn._modules.values()):
+        return None
+    linears, relus = plan
+    key = _linears_key(linears, x.cols)
+    chain = _chain(conv, linears, relus, key) if key is not None else None
+    if chain is None:
+        return None
+    self_term = conv._one_plus_eps().reshape(1)
+    if adj.diag is not None:
+        self_term = adj.diag + self_term
+    aggregated = _spmm(adj, x, self_term, None, None)
+    if x.device.type != "cuda":
+        check_finite(aggregated, "x")  # no host synchronization on the CPU
+    bits, dim = conv.out_bits, conv.out_dim
+    if bits is not None and dim == 0 and x.device.type == "cuda":  # the kernel hands the quantizer h's extrema
+        out, keys = ops.quant_mlp(aggregated, *chain, None, True)
+        return _output(out, bits, dim, keys)
+    return _output(ops.quant_mlp(aggregated, *chain, None), bits, dim, None)
+
+
+def gcn_eval(conv, x, adj, edge_weight, deg_inv_sqrt) -> Optional[object]:
+    """``conv(x, adj)`` for a :class:`~pyg_quant.nn.QGCNConv` in the case above, or None.  ``deg_inv_sqrt(adj)``:
+    the layer's ``D^-1/2`` of a BitAdjacency that holds its self loops."""
+    if (edge_weight is not None or not _applies(conv, adj) or conv.cached or not conv.normalize
+            or conv._cached_adj_t is not None or conv._cached_edge_index is not None
+            or adj.diag is None or adj.num_rows != adj.num_cols):
+        return None
+    lin = conv.lin
+    if type(lin) is not QuantLinear or not _no_hooks(lin):
+        return None
+    bias = conv.bias
+    if bias is not None and bias.dtype != torch.float32:
+        return None
+    if type(x) is BitTensor:
+        # codes the linear layer reads as the floats they hold (its own width's per-row codes take the general path)
+        if (x.dim != 0 or x.layout != "col" or x.lo.dtype != torch.float32 or x.scale.dtype != torch.float32
+                or x.bits == lin.act_bits and x.dim in (None, 1)):
+            return None
+        width, rows = x.cols, x.rows
+    elif isinstance(x, Tensor) and x.dtype == torch.float32 and x.dim() == 2 and not x.is_sparse:
+        width, rows = x.size(1), x.size(0)
+    else:
+        return None
+    if rows != adj.num_cols or x.device != adj.device:
+        return None
+    cuda = x.device.type == "cuda"
+    if type(x) is BitTensor and not cuda and not values_finite(x):
+        return None  # the general path dequantizes and raises
+    key = _linears_key((lin,), width)
+    chain = _chain(conv, (lin,), (False,), key) if key is not None else None
+    if chain is None:
+        return None
+    dinv = deg_inv_sqrt(adj)
+    if type(x) is BitTensor:
+        args = (x.planes, x.rows, x.cols, True, x.lo, x.scale, 0) + chain + (dinv,)
+        h = ops.quant_mlp_planes(*args, cuda)
+    else:
+        if not cuda:
+            check_finite(x, "x")  # no host synchronization on the CPU
+        h = ops.quant_mlp(x.contiguous(), *chain, dinv, cuda)
+    h, keys = h if cuda else (h, None)
+    codes = quantize(h, conv.act_bits, 0, "col", keys)
+    out = _spmm(adj, codes, adj.diag, dinv, None if bias is None else bias.detach())
+    return _output(out, conv.out_bits, conv.out_dim, None)

@@ -1,0 +1,221 @@
+"""The layers' eval forward on a BitAdjacency (``pyg_quant.nn._eval_path``): the general path's bits, no host
+synchronization on the GPU, and the general path wherever a call leaves the common case.
+
+Oracle: the same layer with the short path switched off (the general forward, which reaches the same ops through
+its format conversions): every result must be equal bit for bit.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import pyg_quant as pq
+import pyg_quant.nn.qgcn_conv as qgcn_module
+import pyg_quant.nn.qgin_conv as qgin_module
+from pyg_quant import QGCNConv, QGINConv
+from pyg_quant.nn import _eval_path
+
+from conftest import DEVICES, gen, random_edges, requires_compiled
+
+pytestmark = requires_compiled
+
+
+def mlp(cin, hidden, cout, last_relu=False):
+    layers = [torch.nn.Linear(cin, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, cout)]
+    return torch.nn.Sequential(*(layers + [torch.nn.ReLU()] if last_relu else layers))
+
+
+def general(monkeypatch):
+    """The layers with the short path off."""
+    monkeypatch.setattr(qgin_module, "gin_eval", lambda *args: None)
+    monkeypatch.setattr(qgcn_module, "gcn_eval", lambda *args: None)
+
+
+def same(a, b) -> bool:
+    if isinstance(a, pq.BitTensor):
+        return (isinstance(b, pq.BitTensor) and (a.bits, a.dim, a.layout, a.shape) == (b.bits, b.dim, b.layout, b.shape)
+                and torch.equal(a.codes(), b.codes()) and torch.equal(a.lo, b.lo) and torch.equal(a.scale, b.scale))
+    return torch.equal(a, b)
+
+
+def graph(n, e, seed, device, self_loops=0, adjacency=None):
+    edge_index = random_edges(n, n, e, seed)
+    return pq.BitAdjacency.from_edge_index(edge_index, n, self_loops=self_loops, adjacency=adjacency).to(device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("x_dim", [0, None])
+@pytest.mark.parametrize("out", [(None, 0), (4, 0), (4, 1), (3, None)])
+@pytest.mark.parametrize("loops,adjacency", [(0, "tiles"), (1, "csr"), (0, "auto")])
+def test_gin_equals_general_path(monkeypatch, device, x_dim, out, loops, adjacency):
+    out_bits, out_dim = out
+    torch.manual_seed(0)
+    conv = QGINConv(mlp(24, 32, 20), eps=0.37, train_eps=True, bits=4, out_bits=out_bits, out_dim=out_dim)
+    conv = conv.to(device).eval()
+    adj = graph(150, 1400, 1, device, loops, adjacency)
+    x = pq.to_bit(torch.randn(150, 24, generator=gen(2)).to(device), 4, dim=x_dim, layout="col")
+    with torch.inference_mode():
+        assert _eval_path.gin_eval(conv, x, adj, None) is not None  # the short path applies
+        fast = conv(x, adj)
+    with monkeypatch.context() as m:
+        general(m)
+        with torch.inference_mode():
+            slow = conv(x, adj)
+    assert same(fast, slow)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("x_kind", ["float", "codes8"])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("out_bits", [None, 4])
+def test_gcn_equals_general_path(monkeypatch, device, x_kind, bias, out_bits):
+    torch.manual_seed(0)
+    conv = QGCNConv(24, 20, bias=bias, bits=4, out_bits=out_bits).to(device).eval()
+    if bias:
+        with torch.no_grad():
+            conv.bias.normal_()
+    adj = graph(150, 1400, 3, device, self_loops=1)
+    x = torch.randn(150, 24, generator=gen(4)).to(device)
+    if x_kind == "codes8":
+        x = pq.to_bit(x, 8, dim=0, layout="col")
+    with torch.no_grad():
+        assert _eval_path.gcn_eval(conv, x, adj, None, qgcn_module.bit_adjacency_deg_inv_sqrt) is not None
+        fast = conv(x, adj)
+    with monkeypatch.context() as m:
+        general(m)
+        with torch.no_grad():
+            slow = conv(x, adj)
+    assert same(fast, slow)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_parameter_updates_reach_the_short_path(monkeypatch, device):
+    """The kept MLP arguments follow in-place updates (an optimizer step) and loaded states."""
+    torch.manual_seed(0)
+    conv = QGINConv(mlp(16, 16, 8), bits=4).to(device).eval()
+    gcn = QGCNConv(16, 8, bits=4).to(device).eval()
+    adj, adj1 = graph(90, 700, 5, device), graph(90, 700, 5, device, self_loops=1)
+    x = pq.to_bit(torch.randn(90, 16, generator=gen(6)).to(device), 4, dim=0, layout="col")
+    xf = torch.randn(90, 16, generator=gen(7)).to(device)
+    with torch.no_grad():
+        before, before_gcn = conv(x, adj), gcn(xf, adj1)
+        conv.nn[0].weight.mul_(-1.5)
+        conv.nn[2].bias.add_(0.25)
+        conv.eps.fill_(0.5)
+        gcn.lin.weight.mul_(-1.5)
+        after, after_gcn = conv(x, adj), gcn(xf, adj1)
+    assert not torch.equal(before, after) and not torch.equal(before_gcn, after_gcn)
+    state = {k: v.clone() for k, v in conv.state_dict().items()}
+    with monkeypatch.context() as m:
+        general(m)
+        with torch.no_grad():
+            assert torch.equal(after, conv(x, adj)) and torch.equal(after_gcn, gcn(xf, adj1))
+    torch.manual_seed(1)
+    other = QGINConv(mlp(16, 16, 8), bits=4).to(device).eval()
+    with torch.no_grad():
+        first = other(x, adj)
+        other.load_state_dict(state)
+        assert not torch.equal(first, after) and torch.equal(other(x, adj), after)
+
+
+def test_other_calls_take_the_general_path():
+    torch.manual_seed(0)
+    conv = QGINConv(mlp(16, 16, 8), bits=4).eval()
+    gcn = QGCNConv(16, 8, bits=4).eval()
+    edge_index = random_edges(60, 60, 400, 8)
+    adj = pq.BitAdjacency.from_edge_index(edge_index, 60)
+    adj1 = pq.BitAdjacency.from_edge_index(edge_index, 60, self_loops=1)
+    x = pq.to_bit(torch.randn(60, 16, generator=gen(9)), 4, dim=0, layout="col")
+    xf = torch.randn(60, 16, generator=gen(10))
+    deg = qgcn_module.bit_adjacency_deg_inv_sqrt
+
+    def gin_applies(module=conv, x_in=x, adjacency=adj, size=None) -> bool:
+        return _eval_path.gin_eval(module, x_in, adjacency, size) is not None
+
+    def gcn_applies(module=gcn, x_in=xf, adjacency=adj1, weight=None) -> bool:
+        return _eval_path.gcn_eval(module, x_in, adjacency, weight, deg) is not None
+
+    with torch.no_grad():
+        assert gin_applies() and gcn_applies()
+        assert not gin_applies(adjacency=edge_index) and not gcn_applies(adjacency=edge_index)
+        assert not gin_applies(size=(60, 60)) and not gcn_applies(weight=torch.ones(edge_index.size(1)))
+        assert not gin_applies(x_in=pq.to_val(x)) and not gin_applies(x_in=pq.to_bit(pq.to_val(x), 8, dim=0))
+        assert not gin_applies(x_in=pq.to_bit(pq.to_val(x), 4, dim=1))
+        assert not gcn_applies(adjacency=adj)  # its self loops are added by the layer
+        assert not gcn_applies(x_in=pq.to_bit(xf, 4, dim=1, layout="row"))  # codes the linear multiplies as they are
+        handle = conv.nn[0].register_forward_hook(lambda *args: None)
+        assert not gin_applies()
+        handle.remove()
+        conv.train()
+        assert not gin_applies()
+        conv.eval()
+        observed = QGINConv(mlp(16, 16, 8), bits=4, out_bits=4).eval()
+        assert gin_applies(observed)
+        with pq.nn.calibrate(observed):  # the general path records the ranges
+            assert not gin_applies(observed)
+            observed(x, adj)
+        assert not gin_applies(observed)  # calibrated: the fixed ranges' path
+        gcn.cached = True
+        assert not gcn_applies()
+        gcn.cached = False
+        assert gin_applies() and gcn_applies()
+    assert not gin_applies() and not gcn_applies()  # autograd on: the float path keeps the gradients
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_non_finite_inputs(device):
+    """On the CPU the layers raise; on a GPU, where a check would synchronize the host, a NaN or inf propagates as
+    in the float layers: every output it reaches is non-finite, never a finite wrong value."""
+    torch.manual_seed(0)
+    conv = QGINConv(mlp(16, 16, 8), bits=4).to(device).eval()
+    gcn = QGCNConv(16, 8, bits=4).to(device).eval()
+    adj, adj1 = graph(70, 500, 11, device), graph(70, 500, 11, device, self_loops=1)
+    x = pq.to_bit(torch.randn(70, 16, generator=gen(12)).to(device), 4, dim=0, layout="col")
+    bad_codes = x._replace(scale=torch.full_like(x.scale, float("inf")))
+    bad_float = torch.randn(70, 16, generator=gen(13)).to(device)
+    bad_float[5, 3] = float("nan")
+    with torch.no_grad():
+        for run in (lambda: conv(bad_codes, adj), lambda: gcn(bad_float, adj1), lambda: gcn(bad_codes, adj1)):
+            if device == "cpu":
+                with pytest.raises(ValueError, match="NaN or inf"):
+                    run()
+            else:
+                out = run()
+                assert not torch.isfinite(out).any()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_eager_forward_does_not_synchronize():
+    """The natural model (three layers, ReLU between GCN layers, BitTensor input, a BitAdjacency) makes no host
+    synchronization in eval (torch.cuda.set_sync_debug_mode turns one into an error)."""
+    torch.manual_seed(0)
+    gin = torch.nn.ModuleList([QGINConv(mlp(16, 32, 32, True), bits=4, out_bits=4),
+                               QGINConv(mlp(32, 32, 32, True), bits=4, out_bits=4),
+                               QGINConv(mlp(32, 32, 8), bits=4)]).cuda().eval()
+    gcn = torch.nn.ModuleList([QGCNConv(16, 16, bits=4), QGCNConv(16, 16, bits=4), QGCNConv(16, 8, bits=4)])
+    gcn = gcn.cuda().eval()
+    adj, adj1 = graph(300, 3000, 14, "cuda"), graph(300, 3000, 14, "cuda", self_loops=1)
+    x = pq.to_bit(torch.randn(300, 16, generator=gen(15)).cuda(), 4, dim=0, layout="col")
+
+    def run_gin():
+        h = x
+        for conv in gin:
+            h = conv(h, adj)
+        return h
+
+    def run_gcn():
+        h = x
+        for i, conv in enumerate(gcn):
+            h = conv(h, adj1)
+            h = F.relu(h) if i < 2 else h
+        return h
+
+    with torch.inference_mode():
+        expected = run_gin(), run_gcn()  # first calls make the kept arguments and D^-1/2
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            got = run_gin(), run_gcn()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    assert all(torch.equal(a, b) for a, b in zip(got, expected))
