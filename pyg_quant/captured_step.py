@@ -53,7 +53,7 @@ import torch
 from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 
-from .distributed.world import world_size
+from .distributed.group import world_size
 from .nn import _graph_cache
 from .qat.fake_quantize import _RANGE_BUFFERS, FakeQuantize
 from .qat.observers import ranges_in_place

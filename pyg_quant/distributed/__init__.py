@@ -13,14 +13,14 @@ What a ``torchrun`` script (or Lightning's DDP strategy) gets once the process g
 * :func:`sharded_inference`: every batch run once, on some rank, the ``[N, C]`` output gathered in node
   order (:mod:`.inference`, :func:`all_gather_rows`).
 
-Modules: :mod:`.world` (rank, world size, the collectives' device, seeds), :mod:`.ranges`,
+Modules: :mod:`.group` (rank, world size, the collectives' device, seeds), :mod:`.ranges`,
 :mod:`.sampler`, :mod:`.partition`, :mod:`.gather`, :mod:`.inference`.
 """
 from .gather import all_gather_rows
 from .inference import sharded_inference
 from .ranges import local_ranges
 from .sampler import DistributedPartSampler
-from .world import rank_seed, seed_everything, world
+from .group import rank_seed, seed_everything, world
 
 __all__ = ["DistributedPartSampler", "all_gather_rows", "local_ranges", "rank_seed", "seed_everything",
            "sharded_inference", "world"]

@@ -11,7 +11,7 @@ from typing import List
 import torch
 import torch.distributed as dist
 
-from .world import collective_device, world
+from .group import collective_device, world
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.uint8,
            torch.int8, torch.bool)

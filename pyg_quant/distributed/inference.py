@@ -15,7 +15,7 @@ from typing import Callable, Optional, Union
 import torch
 
 from .gather import all_gather_rows
-from .world import world
+from .group import world
 
 
 def _default_forward(model, batch):

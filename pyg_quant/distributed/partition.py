@@ -19,7 +19,7 @@ from typing import Callable, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from .world import barrier, collective_device, world
+from .group import barrier, collective_device, world
 
 
 def partition_once(compute: Callable[[], Tuple[torch.Tensor, bool]], load: Optional[Callable[[], Optional[torch.Tensor]]],

@@ -30,7 +30,7 @@ from typing import Iterator, Tuple
 import torch
 import torch.distributed as dist
 
-from .world import collective_device, world_size
+from .group import collective_device, world_size
 
 _sync: contextvars.ContextVar = contextvars.ContextVar("pyg_quant_sync_ranges", default=True)
 

@@ -17,7 +17,7 @@ from typing import Iterator, List, Optional, Sequence
 import torch
 from torch.utils.data import DistributedSampler
 
-from .world import initialized, world
+from .group import initialized, world
 
 #: What makes the ranks' shares equal (see the module docstring).
 EVEN = ("pad", "drop", None)

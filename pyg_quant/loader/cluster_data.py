@@ -13,7 +13,7 @@ from torch_geometric.loader import ClusterData
 from torch_geometric.utils import select
 
 from ..distributed.partition import partition_once
-from ..distributed.world import world, world_size
+from ..distributed.group import world, world_size
 from . import cache
 from .features import QuantizedFeatures, check_bits
 from .metis import BACKENDS, partition_nodes, undirected_csr

@@ -12,7 +12,7 @@ from torch_geometric.utils import narrow, select
 from ..adjacency import BitAdjacency
 from ..compact_adjacency import check_adjacency_form
 from ..distributed.sampler import DistributedPartSampler
-from ..distributed.world import initialized
+from ..distributed.group import initialized
 from .batch import QuantBatch
 from .features import QuantizedFeatures, check_bits
 from .prefetching import check_device, prefetch
@@ -186,8 +186,10 @@ class QuantClusterLoader(torch.utils.data.DataLoader):
     others all-reduce gradients would hang the job).  Call :meth:`set_epoch` before each epoch to reshuffle.  A
     ``DistributedSampler`` passed in gives its ``num_replicas``, ``rank``, ``shuffle``, ``seed`` and
     ``drop_last`` (``True``: the tail of the order is dropped instead of padded), and its ``set_epoch`` is
-    followed; its dataset is not read.  ``shard=False`` turns all of this off (one process using the whole
-    graph under a process group, e.g. rank 0 evaluating alone; samplers passed are then used as they are).
+    followed; its dataset is not read (a sampler Lightning wraps around this loader's own shards the parts
+    afresh).  ``shard=False``: the loader does not shard by itself (one process
+    using the whole graph under a process group, e.g. rank 0 evaluating alone); a ``DistributedSampler``
+    passed in still shards it.
 
     Lightning's DDP strategy needs no code: the loader's sampler is a ``DistributedSampler``, so Lightning keeps
     it (``use_distributed_sampler`` replaces only other samplers) and calls its ``set_epoch`` every epoch.  A
@@ -223,7 +225,8 @@ class QuantClusterLoader(torch.utils.data.DataLoader):
             each batch moved with ``batch.to(device)`` as it is handed over.
         shard (bool, optional): None (the default): shard when ``torch.distributed`` is initialized, when
             ``num_replicas`` or ``rank`` is given, or when ``sampler`` is a ``DistributedSampler`` (see above);
-            True: shard (a ValueError when none of those says how); False: never.
+            True: shard (a ValueError when none of those says how); False: only by a ``DistributedSampler``
+            passed as ``sampler``.
         num_replicas, rank (int, optional): the ranks to shard over and this one's (default: the process
             group's).
         seed (int): base seed of the sharded order (epoch ``e`` uses ``seed + e`` on every rank).
@@ -311,7 +314,7 @@ class QuantClusterLoader(torch.utils.data.DataLoader):
         self.parts = torch.nonzero(sizes).view(-1).tolist()
         # As in PyG, the dataset index *is* the part id (a custom sampler yields part ids);
         # the default samplers draw from the non-empty parts only.
-        sharded = self._part_sampler(kwargs, shuffle, shard, num_replicas, rank, seed, sizes.numel())
+        sharded = self._part_sampler(kwargs, shuffle, shard, num_replicas, rank, seed)
         if sharded is not None:
             kwargs["sampler"], shuffle = sharded, False
         elif kwargs.get("sampler") is None and kwargs.get("batch_sampler") is None:
@@ -323,15 +326,13 @@ class QuantClusterLoader(torch.utils.data.DataLoader):
         super().__init__(_PartIds(sizes.numel()), batch_size=batch_size, shuffle=shuffle, collate_fn=self.collater,
                          **kwargs)
 
-    def _part_sampler(self, kwargs, shuffle: bool, shard: Optional[bool], num_replicas, rank, seed: int,
-                      num_parts: int) -> Optional[DistributedPartSampler]:
+    def _part_sampler(self, kwargs, shuffle: bool, shard: Optional[bool], num_replicas, rank,
+                      seed: int) -> Optional[DistributedPartSampler]:
         """The sharding sampler (see the class docstring), or None when the loader does not shard."""
         sampler, batch_sampler = kwargs.get("sampler"), kwargs.get("batch_sampler")
         explicit = num_replicas is not None or rank is not None
-        if shard is False:
-            if explicit:
-                raise ValueError("num_replicas / rank shard the loader; they contradict shard=False")
-            return None
+        if shard is False and explicit:
+            raise ValueError("num_replicas / rank shard the loader; they contradict shard=False")
         if isinstance(sampler, DistributedPartSampler):
             if explicit:
                 raise ValueError("give either a DistributedPartSampler or num_replicas / rank, not both")
@@ -339,11 +340,9 @@ class QuantClusterLoader(torch.utils.data.DataLoader):
         if isinstance(sampler, DistributedSampler):
             if explicit:
                 raise ValueError("give either a DistributedSampler or num_replicas / rank, not both")
-            if len(sampler.dataset) not in (num_parts, len(self.parts)):
-                raise ValueError(f"sampler is a DistributedSampler over {len(sampler.dataset)} items; the loader "
-                                 f"shards its parts ({num_parts}, {len(self.parts)} of them non-empty): build it "
-                                 "over the ClusterData (DistributedSampler(cluster_data)), or leave it out")
             return DistributedPartSampler.following(sampler, self.parts)
+        if shard is False:
+            return None
         if sampler is not None or batch_sampler is not None:
             if shard or explicit:
                 raise ValueError("a custom sampler / batch_sampler cannot be sharded by the loader; pass a "

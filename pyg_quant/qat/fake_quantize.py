@@ -54,7 +54,7 @@ import torch
 
 from .. import ops
 from ..bit_tensor import BitTensor, _check_bits
-from ..distributed import world as _world
+from ..distributed import group as _group
 from .observers import OBSERVERS, Observer, check_dim, check_matrix, collapse_narrow_range, learned_step, make_observer
 
 _VIEW = {None: (1, 1), 0: (1, -1), 1: (-1, 1)}
@@ -261,12 +261,12 @@ class FakeQuantize(torch.nn.Module):
         or None for torch's global one."""
         if self.seed is None:
             return None
-        rank = _world.world()[0]
+        rank = _group.world()[0]
         key = str(device) if rank == 0 else f"{device}@rank{rank}"
         generator = self._generators.get(key)
         if generator is None:
             generator = torch.Generator(device=device)
-            generator.manual_seed(_world.rank_seed(self.seed, rank))
+            generator.manual_seed(_group.rank_seed(self.seed, rank))
             self._generators[key] = generator
         return generator
 
@@ -342,7 +342,7 @@ class FakeQuantize(torch.nn.Module):
         if self.training and self._observe:
             self.observer(x)
             self._range_moved = not self.dynamic
-            if self._range_moved and self._buffers["lo"].numel() == 0 and _world.world_size() > 1:
+            if self._range_moved and self._buffers["lo"].numel() == 0 and _group.world_size() > 1:
                 # lo / scale are written when read (a state_dict() on rank 0 alone, say): take their shape now, on
                 # every rank at once, so that DDP's buffer broadcast never meets buffers of different sizes.
                 self._store_range()
