@@ -404,7 +404,7 @@ def test_a_failing_rank_ends_the_job_with_its_error(tmp_path):
 # --- the example ------------------------------------------------------------------------------------------
 def test_multi_gpu_example_under_torchrun_on_the_cpu(tmp_path):
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=0",
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                            os.path.join(ROOT, "examples", "multi_gpu_cluster_gcn.py"), "--small", "--cpu",
                            "--no-progress", "--cache", str(tmp_path / "cache")],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
@@ -412,6 +412,16 @@ def test_multi_gpu_example_under_torchrun_on_the_cpu(tmp_path):
     assert "2 ranks" in proc.stdout and "test accuracy" in proc.stdout, proc.stdout
     accuracy = float(proc.stdout.split("test accuracy")[1].split()[0])
     assert accuracy >= 0.8, proc.stdout
+
+
+def test_multi_gpu_example_with_lightning_ddp_on_the_cpu(tmp_path):
+    pytest.importorskip("lightning")
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "multi_gpu_cluster_gcn.py"), "--lightning",
+                           "--accelerator", "cpu", "--devices", "2", "--small", "--epochs", "2", "--no-progress"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "2 ranks (Lightning DDPStrategy, DistributedPartSampler)" in proc.stdout, proc.stdout
 
 
 # --- on 2 GPUs (NCCL) ----------------------------------------------------------------------------------------
