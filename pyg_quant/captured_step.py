@@ -35,6 +35,11 @@ Requirements: the inputs and targets are strided CUDA tensors (or hashable const
 such as None), the step reads no data-dependent size on the host (a host sync cannot be
 captured; a step that tries fails to capture and runs eagerly from then on, with one
 warning), and batch shapes repeat (fixed cluster batches, as in ``benchmarks/e2e.py``).
+One process only: a model wrapped in ``DistributedDataParallel`` raises a TypeError, and so does
+any model while ``torch.distributed`` runs several processes (a ValueError): DDP's gradient
+all-reduce is issued from autograd hooks on the host and the observers' range all-reduce
+(:mod:`pyg_quant.distributed.ranges`) is a collective as well; neither is captured here, so a
+replay would train each rank alone.  Use the eager step there.
 On the CPU, and for anything else, the step runs eagerly: the same arithmetic, nothing
 captured.  Stochastic rounding from torch's global generator, or from a quantizer's own
 seeded generator (registered with each graph), draws fresh noise at every replay.
@@ -46,7 +51,9 @@ from typing import Callable, Hashable, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
+from torch.nn.parallel import DistributedDataParallel
 
+from .distributed.group import world_size
 from .nn import _graph_cache
 from .qat.fake_quantize import _RANGE_BUFFERS, FakeQuantize
 from .qat.observers import ranges_in_place
@@ -100,6 +107,14 @@ class CapturedTrainStep:
                  warmup: int = 1, max_graphs: int = 128):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        if isinstance(model, DistributedDataParallel):
+            raise TypeError("model is a DistributedDataParallel: CapturedTrainStep does not capture DDP's gradient "
+                            "all-reduce; train several processes with the eager step (loss.backward(); "
+                            "optimizer.step())")
+        if world_size() > 1:
+            raise ValueError(f"CapturedTrainStep runs one process's step, but torch.distributed runs {world_size()} "
+                             "processes: a replay would skip the ranks' collectives (gradients, observed ranges); "
+                             "use the eager step under DistributedDataParallel")
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
         if not callable(loss_fn):

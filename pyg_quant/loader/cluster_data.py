@@ -12,6 +12,8 @@ from torch_geometric.data import Data
 from torch_geometric.loader import ClusterData
 from torch_geometric.utils import select
 
+from ..distributed.partition import partition_once
+from ..distributed.group import world, world_size
 from . import cache
 from .features import QuantizedFeatures, check_bits
 from .metis import BACKENDS, partition_nodes, undirected_csr
@@ -116,6 +118,12 @@ class QuantClusterData(ClusterData):
         sparse_format (str): ``"csr"`` or ``"csc"``, as in PyG.
         backend (str): ``"pymetis"`` (default), or ``"pyg_lib"`` / ``"torch_sparse"``
             (their METIS, used only when asked for; ImportError when missing).
+        across_ranks (bool, optional): partition once for all the ranks of a multi-process job
+            (:func:`pyg_quant.distributed.partition.partition_once`): METIS runs (or the cache is read) on rank
+            0 only while the others wait, then they read the cache file rank 0 wrote to ``save_dir``, or without
+            one (or where they cannot read it) receive the part vector from rank 0 by broadcast; every rank must
+            then construct it.  None (the default): when ``torch.distributed`` is initialized with several
+            processes.  False: this process alone, as without a process group (e.g. rank 0 evaluating by itself).
 
     Attributes (besides PyG's ``partition``, ``data``, ``num_parts``, ...):
         cluster (Tensor): int64 ``[N]``, the part of every original node.
@@ -124,12 +132,13 @@ class QuantClusterData(ClusterData):
         cache_path (str or None), from_cache (bool): where the cache is and
             whether this partition came from it.
         timings (dict): seconds spent per stage (``"fingerprint"``, ``"load"``,
-            ``"undirected_csr"``, ``"metis"``, ``"save"``, ``"partition"``, ``"permute"``).
+            ``"undirected_csr"``, ``"metis"``, ``"save"``, ``"partition"``, ``"permute"``; ``"wait"`` on the ranks
+            that waited for rank 0's partition).
     """
 
     def __init__(self, data: Data, num_parts: int, recursive: bool = False, save_dir: Optional[str] = None,
                  filename: Optional[str] = None, log: bool = True, keep_inter_cluster_edges: bool = False,
-                 sparse_format: str = "csr", backend: str = "pymetis"):
+                 sparse_format: str = "csr", backend: str = "pymetis", across_ranks: Optional[bool] = None):
         # PyG's __init__ is not called: it would run its own METIS lookup and cache.
         if not isinstance(data, Data):
             raise TypeError(f"data must be a torch_geometric.data.Data (homogeneous graph), "
@@ -146,6 +155,9 @@ class QuantClusterData(ClusterData):
                 raise TypeError(f"filename must be a str, got {type(filename).__name__}")
             if save_dir is None:
                 raise ValueError("filename is only used together with save_dir")
+        if across_ranks is not None:
+            _check_bool(across_ranks, "across_ranks")
+        across_ranks = world_size() > 1 if across_ranks is None else across_ranks and world_size() > 1
         if sparse_format not in ("csr", "csc"):
             raise ValueError(f"sparse_format must be 'csr' or 'csc', got {sparse_format!r}")
         if not isinstance(backend, str) or backend.replace("-", "_") not in BACKENDS:
@@ -172,14 +184,21 @@ class QuantClusterData(ClusterData):
         cached = save_dir is not None
         with tqdm(total=4 + 3 * cached, desc="QuantClusterData", disable=not log, file=sys.stderr,
                   unit="step") as bar:
-            cluster = key = None
+            key = None
             if cached:
                 fingerprint = self._stage(bar, "fingerprint", cache.graph_fingerprint, edge_index, num_nodes)
                 key = cache.cache_key(fingerprint, num_parts, recursive, backend)
                 self.cache_path = cache.cache_path(os.fspath(save_dir), filename, key)
-                cluster = self._stage(bar, "load", cache.load_cluster, self.cache_path, key)
-                self.from_cache = cluster is not None
-            if cluster is None:
+
+            def load() -> Optional[torch.Tensor]:
+                return self._stage(bar, "load", cache.load_cluster, self.cache_path, key)
+
+            def compute():
+                cluster = load() if cached else None
+                if cluster is not None:
+                    bar.total -= 3  # nothing to compute or save
+                    bar.refresh()
+                    return cluster, True
                 indptr, index = self._stage(bar, "undirected_csr", undirected_csr, edge_index, num_nodes)
                 cluster = self._stage(bar, f"metis ({backend}, {num_parts} parts)", partition_nodes, indptr,
                                       index, num_parts, recursive, backend, timing="metis")
@@ -187,9 +206,19 @@ class QuantClusterData(ClusterData):
                 _check_cluster(cluster, num_nodes, num_parts, backend)
                 if cached:
                     self._stage(bar, "save", self._save, key, cluster)
+                return cluster, False
+
+            if across_ranks:  # METIS on rank 0 only; the others read its cache file or receive its result
+                start = time.perf_counter()
+                cluster, how = partition_once(compute, load if cached else None, num_nodes)
+                if world()[0] != 0:
+                    self.timings["wait"] = time.perf_counter() - start - self.timings.get("load", 0.0)
+                    bar.total = bar.n + 2
+                    bar.refresh()
+                    _check_cluster(cluster, num_nodes, num_parts, backend)
+                self.from_cache = how == "cache"
             else:
-                bar.total -= 3  # nothing to compute or save
-                bar.refresh()
+                cluster, self.from_cache = compute()
             self.cluster = cluster
             self.partition = self._stage(bar, "partition", build_partition, edge_index, cluster, num_parts,
                                          sparse_format)

@@ -5,11 +5,14 @@ import warnings
 from typing import Dict, List, Optional, Sequence, Union
 
 import torch
+from torch.utils.data import DistributedSampler
 from torch_geometric.loader import ClusterData
 from torch_geometric.utils import narrow, select
 
 from ..adjacency import BitAdjacency
 from ..compact_adjacency import check_adjacency_form
+from ..distributed.sampler import DistributedPartSampler
+from ..distributed.group import initialized
 from .batch import QuantBatch
 from .features import QuantizedFeatures, check_bits
 from .prefetching import check_device, prefetch
@@ -173,6 +176,26 @@ class QuantClusterLoader(torch.utils.data.DataLoader):
     Parts that METIS left empty are skipped, so every batch has nodes.  As in PyG, a custom
     ``sampler`` / ``batch_sampler`` yields part ids.
 
+    **Several processes** (``torch.distributed`` initialized, e.g. under ``torchrun``; or ``num_replicas`` /
+    ``rank`` given; or a ``torch.utils.data.DistributedSampler`` passed as ``sampler``): the loader shards
+    itself.  Its sampler is then a :class:`~pyg_quant.distributed.DistributedPartSampler` over the non-empty
+    parts: at every epoch each rank gets a disjoint share of them, in an order that is the same on every rank
+    (shuffled with seed ``seed + epoch`` when ``shuffle``), the shares together cover every part, and every rank
+    gets the same number of parts, hence of batches (the order is padded by repeating its first parts, as
+    ``DistributedSampler`` does, so a few parts come twice in an epoch; a rank running out of batches while the
+    others all-reduce gradients would hang the job).  Call :meth:`set_epoch` before each epoch to reshuffle.  A
+    ``DistributedSampler`` passed in gives its ``num_replicas``, ``rank``, ``shuffle``, ``seed`` and
+    ``drop_last`` (``True``: the tail of the order is dropped instead of padded), and its ``set_epoch`` is
+    followed; its dataset is not read (a sampler Lightning wraps around this loader's own shards the parts
+    afresh).  ``shard=False``: the loader does not shard by itself (one process
+    using the whole graph under a process group, e.g. rank 0 evaluating alone); a ``DistributedSampler``
+    passed in still shards it.
+
+    Lightning's DDP strategy needs no code: the loader's sampler is a ``DistributedSampler``, so Lightning keeps
+    it (``use_distributed_sampler`` replaces only other samplers) and calls its ``set_epoch`` every epoch.  A
+    loader Lightning does re-create (``shard=False``, or its prediction loop) gets Lightning's sampler through
+    ``sampler=`` and shards by it as described.
+
     Args:
         cluster_data (ClusterData): a :class:`~pyg_quant.loader.QuantClusterData`
             (or a PyG ``ClusterData``), on the CPU.
@@ -200,6 +223,13 @@ class QuantClusterLoader(torch.utils.data.DataLoader):
             pinned, or pinned by the DataLoader's pin thread with workers; with ``pin_memory=False`` the host
             waits for every copy).  ``batch.to("cuda")`` on such a batch returns it as is.  Any other device:
             each batch moved with ``batch.to(device)`` as it is handed over.
+        shard (bool, optional): None (the default): shard when ``torch.distributed`` is initialized, when
+            ``num_replicas`` or ``rank`` is given, or when ``sampler`` is a ``DistributedSampler`` (see above);
+            True: shard (a ValueError when none of those says how); False: only by a ``DistributedSampler``
+            passed as ``sampler``.
+        num_replicas, rank (int, optional): the ranks to shard over and this one's (default: the process
+            group's).
+        seed (int): base seed of the sharded order (epoch ``e`` uses ``seed + e`` on every rank).
         **kwargs: :class:`torch.utils.data.DataLoader` arguments (``num_workers``,
             ``pin_memory``, ``drop_last``, ``persistent_workers``, ...).
     """
@@ -207,13 +237,24 @@ class QuantClusterLoader(torch.utils.data.DataLoader):
     def __init__(self, cluster_data: ClusterData, batch_size: int = 1, shuffle: bool = False,
                  bits: Optional[int] = 4, self_loops: int = 1, min_tile_nnz: int = 16,
                  return_edge_index: bool = False, adjacency: Optional[str] = None,
-                 device: Union[str, int, torch.device, None] = None, **kwargs):
+                 device: Union[str, int, torch.device, None] = None, shard: Optional[bool] = None,
+                 num_replicas: Optional[int] = None, rank: Optional[int] = None, seed: int = 0, **kwargs):
         if not isinstance(cluster_data, ClusterData) or not hasattr(cluster_data, "partition"):
             raise TypeError(f"cluster_data must be a partitioned ClusterData (e.g. QuantClusterData), "
                             f"got {type(cluster_data).__name__}")
+        # A loader re-created from its attributes (Lightning, for a loader made outside its hooks) hands back the
+        # dataset and collate_fn this class made: those are dropped, anything else is refused.
+        if isinstance(kwargs.get("dataset"), _PartIds):
+            del kwargs["dataset"]
+        if isinstance(kwargs.get("collate_fn"), ClusterCollater):
+            del kwargs["collate_fn"]
         for name in ("collate_fn", "dataset"):
             if name in kwargs:
                 raise TypeError(f"QuantClusterLoader sets {name} itself; do not pass it")
+        if shard is not None and not isinstance(shard, bool):
+            raise TypeError(f"shard must be None or a bool, got {type(shard).__name__}")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"seed must be an int, got {type(seed).__name__}")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         if bits is not None:
@@ -261,6 +302,9 @@ class QuantClusterLoader(torch.utils.data.DataLoader):
 
         self.cluster_data, self.bits, self.self_loops = cluster_data, bits, self_loops
         self.device = device
+        # The other constructor arguments too, under their names (Lightning re-creates a loader from them).
+        self.min_tile_nnz, self.return_edge_index, self.adjacency = min_tile_nnz, return_edge_index, adjacency
+        self.shuffle, self.shard, self.seed = shuffle, shard, seed
         # Built pinned in this process only: a forked worker cannot touch CUDA (the DataLoader's pin thread pins
         # the workers' batches instead).
         pin_in_collate = bool(kwargs.get("pin_memory")) and not kwargs.get("num_workers") and torch.cuda.is_available()
@@ -270,7 +314,10 @@ class QuantClusterLoader(torch.utils.data.DataLoader):
         self.parts = torch.nonzero(sizes).view(-1).tolist()
         # As in PyG, the dataset index *is* the part id (a custom sampler yields part ids);
         # the default samplers draw from the non-empty parts only.
-        if "sampler" not in kwargs and "batch_sampler" not in kwargs:
+        sharded = self._part_sampler(kwargs, shuffle, shard, num_replicas, rank, seed)
+        if sharded is not None:
+            kwargs["sampler"], shuffle = sharded, False
+        elif kwargs.get("sampler") is None and kwargs.get("batch_sampler") is None:
             if shuffle:
                 kwargs["sampler"] = torch.utils.data.SubsetRandomSampler(self.parts, kwargs.get("generator"))
             else:
@@ -278,6 +325,44 @@ class QuantClusterLoader(torch.utils.data.DataLoader):
             shuffle = False
         super().__init__(_PartIds(sizes.numel()), batch_size=batch_size, shuffle=shuffle, collate_fn=self.collater,
                          **kwargs)
+
+    def _part_sampler(self, kwargs, shuffle: bool, shard: Optional[bool], num_replicas, rank,
+                      seed: int) -> Optional[DistributedPartSampler]:
+        """The sharding sampler (see the class docstring), or None when the loader does not shard."""
+        sampler, batch_sampler = kwargs.get("sampler"), kwargs.get("batch_sampler")
+        explicit = num_replicas is not None or rank is not None
+        if shard is False and explicit:
+            raise ValueError("num_replicas / rank shard the loader; they contradict shard=False")
+        if isinstance(sampler, DistributedPartSampler):
+            if explicit:
+                raise ValueError("give either a DistributedPartSampler or num_replicas / rank, not both")
+            return sampler
+        if isinstance(sampler, DistributedSampler):
+            if explicit:
+                raise ValueError("give either a DistributedSampler or num_replicas / rank, not both")
+            return DistributedPartSampler.following(sampler, self.parts)
+        if shard is False:
+            return None
+        if sampler is not None or batch_sampler is not None:
+            if shard or explicit:
+                raise ValueError("a custom sampler / batch_sampler cannot be sharded by the loader; pass a "
+                                 "torch.utils.data.DistributedSampler, or shard=False to use it as it is")
+            return None
+        if shard is None and not explicit and not initialized():
+            return None
+        if shard and not explicit and not initialized():
+            raise ValueError("shard=True needs torch.distributed initialized, or num_replicas and rank")
+        return DistributedPartSampler(self.parts, num_replicas, rank, shuffle=shuffle, seed=seed)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Sets the epoch of a sharded loader's order (every rank the same epoch: see the class docstring); a
+        loader that does not shard ignores it (its ``shuffle`` draws a new order every epoch anyway)."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
+        for sampler in (self.sampler, getattr(self.batch_sampler, "sampler", None)):
+            if hasattr(sampler, "set_epoch"):
+                sampler.set_epoch(epoch)
+                return
 
     def __iter__(self):
         if self.device is not None and self.device.type == "cuda" and self.num_workers > 0:

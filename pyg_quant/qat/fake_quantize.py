@@ -40,7 +40,12 @@ before the quantizer, whose zeros inference never sees.
 The noise ``u`` comes from the module's own ``torch.Generator`` seeded with
 ``seed`` (one per device, so the same seed gives the same codes; on CUDA
 ``torch.rand`` with a CUDA generator is Philox), or from torch's global
-generator when ``seed`` is None (then ``torch.manual_seed`` fixes it).
+generator when ``seed`` is None (then ``torch.manual_seed`` fixes it).  In a job of
+several processes (``torch.distributed`` initialized) rank ``r``'s generator is seeded
+with :func:`pyg_quant.distributed.rank_seed` ``(seed, r)``: ``seed`` itself on rank 0,
+a seed of its own on every other rank, so the ranks draw different noise, reproducibly
+for a given seed and world size (:func:`pyg_quant.distributed.seed_everything` does the
+same for torch's global generator).
 """
 import weakref
 from typing import Dict, Optional, Tuple, Union
@@ -49,6 +54,7 @@ import torch
 
 from .. import ops
 from ..bit_tensor import BitTensor, _check_bits
+from ..distributed import group as _group
 from .observers import OBSERVERS, Observer, check_dim, check_matrix, collapse_narrow_range, learned_step, make_observer
 
 _VIEW = {None: (1, 1), 0: (1, -1), 1: (-1, 1)}
@@ -250,14 +256,17 @@ class FakeQuantize(torch.nn.Module):
         self._generators = {}
 
     def generator(self, device: torch.device) -> Optional[torch.Generator]:
-        """The module's generator on ``device`` (seeded with ``seed`` on first use), or None for torch's global one."""
+        """The module's generator on ``device`` (seeded on first use with ``seed``, or with
+        :func:`~pyg_quant.distributed.rank_seed` ``(seed, rank)`` on rank ``rank > 0`` of a multi-process job),
+        or None for torch's global one."""
         if self.seed is None:
             return None
-        key = str(device)
+        rank = _group.world()[0]
+        key = str(device) if rank == 0 else f"{device}@rank{rank}"
         generator = self._generators.get(key)
         if generator is None:
             generator = torch.Generator(device=device)
-            generator.manual_seed(self.seed)
+            generator.manual_seed(_group.rank_seed(self.seed, rank))
             self._generators[key] = generator
         return generator
 
@@ -333,6 +342,10 @@ class FakeQuantize(torch.nn.Module):
         if self.training and self._observe:
             self.observer(x)
             self._range_moved = not self.dynamic
+            if self._range_moved and self._buffers["lo"].numel() == 0 and _group.world_size() > 1:
+                # lo / scale are written when read (a state_dict() on rank 0 alone, say): take their shape now, on
+                # every rank at once, so that DDP's buffer broadcast never meets buffers of different sizes.
+                self._store_range()
         if not self._fake:
             return x
         if protect is not None and self.training and (protect.dtype != torch.bool or protect.shape != (x.size(0),)):

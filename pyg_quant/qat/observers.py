@@ -59,6 +59,7 @@ from .. import ops
 from ..ops import reference
 
 from ..nn._quantize import check_finite as _check_finite
+from ..distributed import ranges as _ranks
 
 OBSERVERS = ("dynamic", "minmax", "ema", "percentile", "mse", "dynamic_mse", "learned")
 
@@ -168,6 +169,9 @@ class Observer(torch.nn.Module):
     own_extrema = False
     #: The range is trained by the loss (:class:`LearnedObserver`), not observed.
     learned = False
+    #: How a batch's range is reduced over the ranks of a multi-process job before it is recorded
+    #: (:mod:`pyg_quant.distributed.ranges`): ``"extrema"`` or ``"mean"``.
+    rank_reduction = "extrema"
 
     def __init__(self, dim: Optional[int] = None):
         super().__init__()
@@ -195,6 +199,11 @@ class Observer(torch.nn.Module):
                 raise ValueError(f"{type(self).__name__}(dim={self.dim}) keeps {self.min_val.numel()} ranges but x "
                                  f"of shape {tuple(x.shape)} has {lo.numel()}; per-row ranges of varying rows "
                                  "need observer='dynamic'")
+        if _ranks.syncing():  # several processes: every rank records the same range (pyg_quant.distributed.ranges)
+            if not self.initialized:
+                _ranks.check_same_count(lo.numel(), f"{type(self).__name__}(dim={self.dim})")
+            lo, hi = _ranks.all_reduce_range(lo, hi, self.rank_reduction)
+        if self.initialized:
             lo, hi = self.combine(lo.to(self.min_val.device), hi.to(self.min_val.device))
             if _in_place.get():
                 # A captured step (pyg_quant.CapturedTrainStep) reads and writes these very tensors at every replay.
@@ -320,6 +329,8 @@ class PercentileObserver(EMAMinMaxObserver):
             raise ValueError(f"percentile must be a number in (0.5, 1], got {percentile!r}")
         self.percentile = float(percentile)
 
+    rank_reduction = "mean"  # a quantile of the union of the ranks' batches is not a function of theirs
+
     def batch_range(self, x):
         return tensor_quantiles(x, self.dim, self.percentile)
 
@@ -375,6 +386,8 @@ class MSEObserver(EMAMinMaxObserver):
         if isinstance(bits, bool) or not isinstance(bits, int) or not 1 <= bits <= 8:
             raise ValueError(f"bits must be an int in 1..8, got {bits!r}")
         self.bits = bits
+
+    rank_reduction = "mean"  # nor is an MSE-optimal range
 
     def batch_range(self, x):
         return mse_ranges(x, self.dim, self.bits)

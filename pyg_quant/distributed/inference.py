@@ -1,0 +1,115 @@
+r"""Inference over all of a graph's cluster batches, the batches shared across the ranks, the output in node order.
+
+The batches are the loader's own unshuffled ones (its non-empty parts in id order, ``batch_size``
+at a time: what ``QuantClusterLoader(..., shuffle=False)`` yields in one process), and rank ``r``
+takes batches ``r, r + R, ...``.  A batch gives the same outputs whichever rank runs it, so the
+gathered ``[N, C]`` output equals the one-process loop's over the same loader.  Ranks differ by at
+most one batch: nothing communicates until the final gather (two padded all-gathers,
+:func:`~pyg_quant.distributed.gather.all_gather_rows`: the node ids and the rows).
+
+A model wrapped in ``DistributedDataParallel`` is run as its ``.module``: DDP's forward
+broadcasts buffers, a collective the ranks' unequal batch counts would leave waiting.
+"""
+from typing import Callable, Optional, Union
+
+import torch
+
+from .gather import all_gather_rows
+from .group import world
+
+
+def _default_forward(model, batch):
+    return model(batch.x, batch.adj)
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    from torch.nn.parallel import DistributedDataParallel
+
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+def rank_batches(parts, batch_size: int, rank: int, world_size: int):
+    """The part lists of rank ``rank``'s batches: batches ``rank, rank + world_size, ...`` of ``parts`` in order."""
+    batches = [list(parts[i:i + batch_size]) for i in range(0, len(parts), batch_size)]
+    return batches[rank::world_size]
+
+
+@torch.no_grad()
+def sharded_inference(model: torch.nn.Module, loader, *, forward: Optional[Callable] = None,
+                      device: Union[str, torch.device, None] = None, dst: Optional[int] = None,
+                      ) -> Optional[torch.Tensor]:
+    r"""The model's output for every node of ``loader``'s graph, ``[N, C]`` in the original node order.
+
+    Each rank runs its share of the batches (see the module docstring) in ``eval()`` under ``no_grad`` (the
+    model's mode is restored afterwards); every rank must call it.  Without a process group it runs every batch
+    here.
+
+    Args:
+        model (torch.nn.Module): maps a batch to ``[batch nodes, C]`` rows (a QAT model, a converted one, a DDP
+            wrapper: its ``.module`` is run).
+        loader (QuantClusterLoader): the batches' source: its graph, parts, ``batch_size``, batch building
+            (``bits``, ``self_loops``, ...) and ``num_workers`` / ``pin_memory`` / ``device`` settings are used, its
+            sampler (sharded or not) is not.
+        forward (callable, optional): ``forward(model, batch)`` (default ``model(batch.x, batch.adj)``).
+        device (str or torch.device, optional): where batches go (default: the loader's ``device``, else where
+            the model's parameters are); a CUDA device prefetches as the loader does.
+        dst (int, optional): the rank that gets the output (the others get None); default None: every rank.
+
+    Returns:
+        float ``[N, C]`` on the outputs' device (None on ranks other than ``dst``).
+    """
+    from torch.utils.data import DataLoader
+
+    from ..loader import QuantClusterLoader
+    from ..loader.prefetching import check_device, prefetch
+
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(loader, QuantClusterLoader):
+        raise TypeError(f"loader must be a QuantClusterLoader, got {type(loader).__name__}")
+    if forward is not None and not callable(forward):
+        raise TypeError(f"forward must be callable, got {type(forward).__name__}")
+    rank, size = world()
+    if dst is not None and (isinstance(dst, bool) or not isinstance(dst, int) or not 0 <= dst < size):
+        raise ValueError(f"dst must be None or a rank in [0, {size}), got {dst!r}")
+    model = _unwrap(model)
+    forward = forward or _default_forward
+    device = check_device(device) if device is not None else loader.device
+    if device is None:
+        device = next((p.device for p in model.parameters()), torch.device("cpu"))
+
+    batches = rank_batches(loader.parts, loader.batch_size, rank, size)
+    mine = DataLoader(loader.dataset, batch_sampler=batches, collate_fn=loader.collate_fn,
+                      num_workers=loader.num_workers if batches else 0, pin_memory=loader.pin_memory)
+    was_training = model.training
+    model.eval()
+    outs, ids = [], []
+    try:
+        for batch in prefetch(mine, device):
+            out = forward(model, batch)
+            if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.size(0) != batch.num_nodes:
+                raise ValueError(f"forward must return a [batch nodes, C] tensor, got "
+                                 f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__} for a "
+                                 f"batch of {batch.num_nodes} nodes")
+            outs.append(out)
+            ids.append(batch.n_id.to(out.device))
+    finally:
+        model.train(was_training)
+    if outs:
+        local_out, local_ids = torch.cat(outs), torch.cat(ids)
+    else:  # more ranks than batches: this rank sends nothing (the gather takes the others' shape and dtype)
+        local_out = torch.empty(0, 1, device=device)
+        local_ids = torch.empty(0, dtype=torch.int64, device=device)
+    all_ids = torch.cat(all_gather_rows(local_ids))
+    all_out = torch.cat(all_gather_rows(local_out))
+    if dst is not None and rank != dst:
+        return None
+    num_nodes = int(loader.cluster_data.data.num_nodes)
+    seen = torch.zeros(num_nodes, dtype=torch.int64, device=all_ids.device)
+    seen.index_add_(0, all_ids, torch.ones_like(all_ids))
+    if not bool((seen == 1).all()):
+        raise RuntimeError(f"sharded_inference: {int((seen == 0).sum())} nodes got no output and "
+                           f"{int((seen > 1).sum())} more than one; the loader's parts must cover each node once")
+    full = all_out.new_empty((num_nodes,) + tuple(all_out.shape[1:]))
+    full[all_ids.to(full.device)] = all_out
+    return full

@@ -1,0 +1,83 @@
+r"""Observed ranges kept equal on every rank: each training batch's range is all-reduced before it is recorded.
+
+Under ``DistributedDataParallel`` every rank trains on its own batches, so a static observer
+(``"minmax"``, ``"ema"``, ``"percentile"``, ``"mse"``) would record a range of its own on every
+rank, and the ranks' models would quantize differently.  ``DistributedDataParallel`` does not
+fix that: its buffer broadcast (``broadcast_buffers=True``) hands rank 0's ranges to the others
+at each forward, so the ranks' own batches are never counted, and after the last step the
+ranks' ranges differ.  Instead, when ``torch.distributed`` is initialized with several
+processes, a static observer reduces each batch's range over the ranks before combining it
+with its stored range (the same value on every rank, so the stored ranges stay equal bit for bit):
+
+* ``"minmax"`` and ``"ema"`` record batch extrema: the minimum of the ranks' minima and the
+  maximum of their maxima, the extrema of the union of the ranks' batches (what one process
+  stepping on that union would record);
+* ``"percentile"`` and ``"mse"`` record statistics that do not decompose over the ranks'
+  batches: their mean over the ranks.
+
+It costs one small all-reduce per static quantizer and training step (and, at the first one, one
+more that checks that every rank has the same number of ranges).  Every rank must therefore run
+the same training forwards in the same order, as DDP requires anyway.  Nothing else needs it:
+dynamic ranges are each tensor's own, weights' ranges are taken from weights DDP keeps equal, and
+learned ranges (``"learned"``) are parameters, initialised from those equal weights and trained
+by all-reduced gradients.  ``local_ranges()`` turns the reduction off (every rank records its own
+batches; DDP's buffer broadcast then decides what the ranks use).
+"""
+from contextlib import contextmanager
+import contextvars
+from typing import Iterator, Tuple
+
+import torch
+import torch.distributed as dist
+
+from .group import collective_device, world_size
+
+_sync: contextvars.ContextVar = contextvars.ContextVar("pyg_quant_sync_ranges", default=True)
+
+#: How an observer's batch ranges are reduced over the ranks.
+REDUCTIONS = ("extrema", "mean")
+
+
+@contextmanager
+def local_ranges() -> Iterator[None]:
+    """Inside this block, observers record their own rank's batches only (no all-reduce; see the module docstring)."""
+    token = _sync.set(False)
+    try:
+        yield
+    finally:
+        _sync.reset(token)
+
+
+def syncing() -> bool:
+    """Whether observed ranges are reduced over the ranks now (several processes, not in :func:`local_ranges`)."""
+    return _sync.get() and world_size() > 1
+
+
+@torch.no_grad()
+def all_reduce_range(lo: torch.Tensor, hi: torch.Tensor, how: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(lo, hi)`` reduced over the ranks in one all-reduce: ``"extrema"`` (min of ``lo``, max of ``hi``) or
+    ``"mean"``; float32, on ``lo``'s device, the same on every rank."""
+    if how not in REDUCTIONS:
+        raise ValueError(f"how must be one of {REDUCTIONS}, got {how!r}")
+    device, n = lo.device, lo.numel()
+    if how == "extrema":
+        both = torch.cat([-lo.to(torch.float32), hi.to(torch.float32)])  # negation is exact: one MAX does both
+        both = both.to(collective_device())
+        dist.all_reduce(both, op=dist.ReduceOp.MAX)
+        both = both.to(device)
+        return -both[:n], both[n:].clone()
+    both = torch.cat([lo.to(torch.float32), hi.to(torch.float32)]).to(collective_device())
+    dist.all_reduce(both, op=dist.ReduceOp.SUM)
+    both = (both / float(world_size())).to(device)
+    return both[:n].clone(), both[n:].clone()
+
+
+def check_same_count(count: int, what: str) -> None:
+    """Raises the same ValueError on every rank unless every rank passes the same ``count`` (one all-reduce)."""
+    counts = torch.tensor([count, -count], dtype=torch.int64, device=collective_device())
+    dist.all_reduce(counts, op=dist.ReduceOp.MAX)
+    largest, smallest = int(counts[0]), -int(counts[1])
+    if largest != smallest:
+        raise ValueError(f"{what}: the ranks have between {smallest} and {largest} ranges; ranges reduced over the "
+                         "ranks need the same number on every rank (per-row ranges of varying rows need a dynamic "
+                         "observer)")

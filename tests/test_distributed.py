@@ -1,0 +1,455 @@
+r"""Several processes: sharded cluster batches, partitioning once, QAT under DDP, sharded inference, failures.
+
+The multi-process tests start 2 ranks of ``torch.distributed`` with the ``gloo`` backend on the CPU
+(forked from this process, so they share its imports and the graph built here; each rank runs one
+thread, as a DataLoader worker does), meeting through a file store in ``tmp_path``.  Each rank writes
+what it saw with ``torch.save`` and the test compares the ranks' files here.  A rank that fails ends
+the run with its error (``torch.multiprocessing`` terminates the others); a run that outlives its
+timeout fails the test.  The ``cuda`` versions run the same workers with NCCL on 2 GPUs (spawned).
+"""
+import os
+import pickle
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DistributedSampler
+
+import pyg_quant as pq
+from pyg_quant import distributed as pqd
+from pyg_quant import qat
+from pyg_quant.demo import planted_class_graph
+from pyg_quant.loader import QuantClusterData, QuantClusterLoader
+from pyg_quant.loader import cluster_data as cluster_data_module
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORLD = 2
+NCCL_OK = torch.cuda.is_available() and torch.cuda.device_count() >= 2 and dist.is_nccl_available()
+requires_two_gpus = pytest.mark.skipif(not NCCL_OK, reason="needs 2 CUDA GPUs and NCCL")
+
+
+# --- running ranks ----------------------------------------------------------------------------------
+def _rank_entry(rank, fn, world, store, backend, args):
+    torch.set_num_threads(1)  # each rank one thread (a forked OpenMP pool is not safe to use)
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        fn(rank, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_ranks(fn, tmp_path, *args, world=WORLD, backend="gloo", timeout=60.0):
+    """Runs ``fn(rank, *args)`` on ``world`` ranks; raises the first rank's error; fails the test after ``timeout``."""
+    store = tmp_path / f"store_{time.monotonic_ns()}"
+    method = "spawn" if backend == "nccl" else "fork"  # CUDA cannot be forked
+    context = mp.start_processes(_rank_entry, args=(fn, world, str(store), backend, args), nprocs=world,
+                                 join=False, start_method=method)
+    deadline = time.monotonic() + timeout
+    try:
+        while not context.join(timeout=0.2):
+            if time.monotonic() > deadline:
+                for process in context.processes:
+                    if process.is_alive():
+                        process.kill()
+                pytest.fail(f"the ranks ran past {timeout} s (a hang?)")
+    except (mp.ProcessRaisedException, mp.ProcessExitedException) as error:
+        # join reports the first rank it finds dead, which may be one whose collective broke because the failing
+        # rank left: report every rank's error.
+        messages = []
+        for rank, path in enumerate(context.error_files):
+            if os.access(path, os.R_OK) and os.path.getsize(path):
+                with open(path, "rb") as file:
+                    messages.append(f"rank {rank}: {pickle.load(file)}")
+        raise RanksFailed("\n".join(messages) or str(error)) from error
+
+
+class RanksFailed(RuntimeError):
+    """Some rank raised (the message holds every rank's traceback)."""
+
+
+def saved(tmp_path, name):
+    return [torch.load(tmp_path / f"{name}_{rank}.pt", weights_only=False) for rank in range(WORLD)]
+
+
+# --- data and model ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def graph():
+    return planted_class_graph(num_nodes=480, num_features=16, num_classes=4, community=40, seed=3)
+
+
+@pytest.fixture(scope="module")
+def parts(graph):
+    return QuantClusterData(graph, 10, log=False, across_ranks=False)
+
+
+class GCN(torch.nn.Module):
+    def __init__(self, in_channels, hidden, out_channels):
+        super().__init__()
+        self.convs = torch.nn.ModuleList([pq.QGCNConv(in_channels, hidden), pq.QGCNConv(hidden, out_channels)])
+
+    def forward(self, x, adj):
+        x = F.relu(self.convs[0](x, adj))
+        return self.convs[1](x, adj)
+
+
+def qat_model(init=0, **qconfig):
+    torch.manual_seed(init)
+    return qat.prepare(GCN(16, 16, 4), bits=4, skip_last=False, **qconfig)
+
+
+DETERMINISTIC = dict(stochastic=False, weight_observer="dynamic", input_observer="dynamic", agg_observer="dynamic")
+
+
+def train_step(model, optimizer, batch):
+    """One step; a batch without training nodes still runs backward (zero loss), so every rank reduces."""
+    optimizer.zero_grad()
+    out = model(batch.x, batch.adj)
+    mask = batch.train_mask
+    loss = F.cross_entropy(out[mask], batch.y[mask]) if bool(mask.any()) else out.sum() * 0.0
+    loss.backward()
+    optimizer.step()
+    return loss
+
+
+# --- the loader's shares (no process group needed) ------------------------------------------------
+def shares(parts, epoch, world=3, **kwargs):
+    out = []
+    for rank in range(world):
+        loader = QuantClusterLoader(parts, batch_size=2, bits=4, num_replicas=world, rank=rank, **kwargs)
+        loader.set_epoch(epoch)
+        out.append([b.part.tolist() for b in loader])
+    return out
+
+
+def test_sharded_loader_shares_are_disjoint_complete_and_equal(parts):
+    nonempty = parts.nonempty_parts()
+    for epoch in (0, 1):
+        batches = shares(parts, epoch, shuffle=True)
+        assert len({len(b) for b in batches}) == 1  # every rank the same number of batches
+        flat = [[p for batch in rank_batches for p in batch] for rank_batches in batches]
+        assert sorted(set(sum(flat, []))) == nonempty  # every part, on some rank
+        padded = len(nonempty) % 3 and 3 - len(nonempty) % 3
+        assert sum(map(len, flat)) == len(nonempty) + padded  # padded by repeating parts, nothing else
+        assert all(len(set(f)) == len(f) for f in flat)  # no part twice on one rank
+    assert shares(parts, 0, shuffle=True) != shares(parts, 1, shuffle=True)  # set_epoch reshuffles
+    assert shares(parts, 1, shuffle=True) == shares(parts, 1, shuffle=True)  # the same order for an epoch
+    assert shares(parts, 0, shuffle=False) == shares(parts, 5, shuffle=False)
+    # drop_last of a passed DistributedSampler drops the tail instead
+    dropped = [[b.part.tolist() for b in QuantClusterLoader(
+        parts, batch_size=1, bits=4, sampler=DistributedSampler(parts, 3, r, shuffle=False, drop_last=True))]
+        for r in range(3)]
+    assert [len(d) for d in dropped] == [len(parts.nonempty_parts()) // 3] * 3
+
+
+def test_sharded_loader_follows_a_passed_distributed_sampler(parts):
+    sampler = DistributedSampler(parts, num_replicas=2, rank=1, shuffle=True, seed=7)
+    loader = QuantClusterLoader(parts, batch_size=1, bits=4, sampler=sampler)
+    assert isinstance(loader.sampler, pqd.DistributedPartSampler) and loader.sampler.rank == 1
+    first = [b.part.tolist() for b in loader]
+    sampler.set_epoch(3)  # the user's sampler's epoch is followed
+    assert [b.part.tolist() for b in loader] != first
+    loader.set_epoch(0)
+    assert [b.part.tolist() for b in loader] == first and sampler.epoch == 0
+
+
+def test_sharded_loader_argument_errors(parts):
+    with pytest.raises(ValueError, match="shard=True needs torch.distributed"):
+        QuantClusterLoader(parts, bits=4, shard=True)
+    with pytest.raises(ValueError, match="contradict shard=False"):
+        QuantClusterLoader(parts, bits=4, shard=False, num_replicas=2, rank=0)
+    with pytest.raises(ValueError, match="rank must be in"):
+        QuantClusterLoader(parts, bits=4, num_replicas=2, rank=2)
+    with pytest.raises(ValueError, match="cannot be sharded"):
+        QuantClusterLoader(parts, bits=4, sampler=[0, 1], num_replicas=2, rank=0)
+    with pytest.raises(TypeError, match="shard must be"):
+        QuantClusterLoader(parts, bits=4, shard="yes")
+    with pytest.raises(ValueError, match="epoch must be"):
+        QuantClusterLoader(parts, bits=4).set_epoch(-1)
+
+
+def test_lightning_keeps_the_sharded_loader_and_recreates_others(parts):
+    """Lightning's DDP strategy replaces a loader's sampler only when it is not a DistributedSampler, by re-creating
+    the loader from its saved __init__ arguments (made inside the *_dataloader hooks) or from its attributes."""
+    pytest.importorskip("lightning")
+    from lightning.fabric.utilities.data import _replace_dunder_methods, _update_dataloader
+    from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
+    from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSamplerWrapper
+
+    sharded = QuantClusterLoader(parts, batch_size=2, bits=4, shuffle=True, num_replicas=2, rank=0)
+    assert isinstance(sharded.sampler, DistributedSampler)  # what Lightning checks before injecting its own
+    for wrapped in (True, False):
+        covered = []
+        for rank in range(2):
+            if wrapped:
+                with _replace_dunder_methods(torch.utils.data.DataLoader, "dataset"):
+                    loader = QuantClusterLoader(parts, batch_size=2, bits=3, shuffle=True, shard=False)
+            else:
+                loader = QuantClusterLoader(parts, batch_size=2, bits=3, shuffle=True, shard=False)
+            sampler = DistributedSamplerWrapper(loader.sampler, num_replicas=2, rank=rank, shuffle=True, seed=0)
+            again = _update_dataloader(loader, sampler)
+            assert type(again) is QuantClusterLoader and again.bits == 3
+            assert isinstance(again.sampler, pqd.DistributedPartSampler) and again.sampler.rank == rank
+            covered.append([p for b in again for p in b.part.tolist()])
+        assert sorted(covered[0] + covered[1]) == parts.nonempty_parts() and len(covered[0]) == len(covered[1])
+    # the prediction loop's sampler repeats nothing: shares without padding
+    predict = [[p for b in _update_dataloader(sharded, UnrepeatedDistributedSamplerWrapper(
+        sharded.sampler, num_replicas=3, rank=rank, shuffle=False)) for p in b.part.tolist()] for rank in range(3)]
+    assert sorted(sum(predict, [])) == sorted(set(sum(predict, [])))
+
+
+def test_rank_seeds_differ_and_repeat():
+    assert pqd.rank_seed(5, 0) == 5
+    seeds = {pqd.rank_seed(5 + k, r) for k in range(8) for r in range(8)}
+    assert len(seeds) == 64  # quantizer k's seed on rank r: no collisions
+    draws = []
+    for rank in (1, 1, 0):
+        pqd.seed_everything(11, rank=rank)
+        draws.append(torch.rand(4))
+    assert torch.equal(draws[0], draws[1]) and not torch.equal(draws[0], draws[2])
+    torch.manual_seed(11)
+    assert torch.equal(torch.rand(4), draws[2])
+
+
+# --- partitioning once ------------------------------------------------------------------------------
+def _partition_worker(rank, graph, save_dir, out):
+    calls = []
+    real = cluster_data_module.partition_nodes
+
+    def counting(*args, **kwargs):
+        calls.append(rank)
+        return real(*args, **kwargs)
+
+    cluster_data_module.partition_nodes = counting
+    try:
+        cd = QuantClusterData(graph, 6, save_dir=save_dir, log=False)
+    finally:
+        cluster_data_module.partition_nodes = real
+    torch.save({"calls": calls, "cluster": cd.cluster, "from_cache": cd.from_cache, "timings": cd.timings,
+                "files": sorted(os.listdir(save_dir)) if save_dir else []}, f"{out}_{rank}.pt")
+
+
+@pytest.mark.parametrize("cached", [True, False])
+def test_partition_runs_once_and_reaches_every_rank(graph, tmp_path, cached):
+    save_dir = str(tmp_path / "cache") if cached else None
+    run_ranks(_partition_worker, tmp_path, graph, save_dir, str(tmp_path / "part"))
+    first, second = saved(tmp_path, "part")
+    assert first["calls"] == [0] and second["calls"] == []  # METIS on rank 0 only
+    assert torch.equal(first["cluster"], second["cluster"])
+    assert not first["from_cache"] and second["from_cache"] == cached  # rank 1 read rank 0's file, or got it
+    assert "wait" in second["timings"]
+    if cached:
+        assert [f for f in second["files"] if not f.startswith(".tmp_")] == second["files"]  # no temporary left
+        run_ranks(_partition_worker, tmp_path, graph, save_dir, str(tmp_path / "again"))
+        assert [s["calls"] for s in saved(tmp_path, "again")] == [[], []]  # the second job only reads
+
+
+# --- QAT under DDP ------------------------------------------------------------------------------------
+def _ddp_worker(rank, parts, out, device):
+    pqd.seed_everything(0)
+    model = qat_model(init=rank, seed=0, weight_observer="learned", input_observer="minmax", agg_observer="mse")
+    model = model.to(device)
+    ddp = DDP(model, device_ids=[rank] if device != "cpu" else None)
+    with pytest.raises(TypeError, match="DistributedDataParallel"):
+        pq.CapturedTrainStep(ddp, torch.optim.SGD(ddp.parameters(), lr=0.1), F.cross_entropy)
+    with pytest.raises(ValueError, match="runs one process"):
+        pq.CapturedTrainStep(model, torch.optim.SGD(model.parameters(), lr=0.1), F.cross_entropy)
+    loader = QuantClusterLoader(parts, batch_size=2, bits=4, shuffle=True)  # shards itself
+    optimizer = torch.optim.Adam(ddp.parameters(), lr=0.01)
+    fq = next(m for m in model.modules() if isinstance(m, qat.FakeQuantize) and m.stochastic)
+    noise = fq.noise((8,), torch.device(device)).cpu()
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        for i, batch in enumerate(loader):
+            train_step(ddp, optimizer, batch.to(device))
+            if rank == 0 and epoch == 0 and i == 0:
+                model.state_dict()  # rank 0 alone reads the ranges (a checkpoint): DDP's next broadcast still fits
+    grads = {n: p.grad.cpu() for n, p in model.named_parameters() if p.grad is not None}
+    state = {k: v.cpu() for k, v in ddp.module.state_dict().items()}
+    batch = next(iter(QuantClusterLoader(parts, batch_size=3, bits=4, shard=False))).to(device)
+    model.eval()
+    with torch.no_grad():
+        eval_out = model(batch.x, batch.adj).cpu()
+    torch.save({"grads": grads, "state": state, "noise": noise, "eval_out": eval_out,
+                "parts": [p for b in loader for p in b.part.tolist()]}, f"{out}_{rank}.pt")
+
+
+def check_ddp_results(tmp_path, parts, device):
+    first, second = saved(tmp_path, "ddp")
+    assert set(first["parts"]).isdisjoint(second["parts"]) or len(parts.nonempty_parts()) % 2
+    for name in first["grads"]:
+        assert torch.equal(first["grads"][name], second["grads"][name]), name  # all-reduced gradients
+    ranges = [k for k in first["state"] if k.endswith(("min_val", "max_val", "range_lo", "log_step", ".lo",
+                                                       ".scale"))]
+    assert any(k.endswith("min_val") for k in ranges) and any(k.endswith("range_lo") for k in ranges)
+    for key, value in first["state"].items():
+        assert torch.equal(value, second["state"][key]), key  # weights, observed and learned ranges alike
+    assert torch.equal(first["eval_out"], second["eval_out"])
+    assert not torch.equal(first["noise"], second["noise"])  # each rank its own rounding noise
+    # rank 0's noise is a one-process run's: seeded with the quantizer's seed itself
+    model = qat_model(seed=0, weight_observer="learned", input_observer="minmax", agg_observer="mse")
+    fq = next(m for m in model.modules() if isinstance(m, qat.FakeQuantize) and m.stochastic)
+    assert torch.equal(fq.noise((8,), torch.device("cpu")), first["noise"])
+    # the checkpoint rank 0 saved loads into a one-process model and converts
+    model.load_state_dict(first["state"])
+    converted = qat.convert(model)
+    batch = next(iter(QuantClusterLoader(parts, batch_size=3, bits=4)))
+    with torch.no_grad():
+        assert torch.allclose(converted(batch.x, batch.adj), first["eval_out"], atol=1e-5)
+
+
+def test_ddp_qat_keeps_gradients_and_ranges_equal(parts, tmp_path):
+    run_ranks(_ddp_worker, tmp_path, parts, str(tmp_path / "ddp"), "cpu")
+    check_ddp_results(tmp_path, parts, "cpu")
+
+
+def _match_worker(rank, parts, out, steps):
+    model = qat_model(**DETERMINISTIC)
+    ddp = DDP(model)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.5)
+    loader = QuantClusterLoader(parts, batch_size=1, bits=4, shuffle=True, seed=3)
+    for _, batch in zip(range(steps), loader):
+        train_step(ddp, optimizer, batch)
+    torch.save({k: v.detach() for k, v in model.state_dict().items()}, f"{out}_{rank}.pt")
+
+
+def test_two_ranks_match_one_process_on_the_same_batches(parts, tmp_path):
+    steps = 3
+    run_ranks(_match_worker, tmp_path, parts, str(tmp_path / "match"), steps)
+    first, second = saved(tmp_path, "match")
+    # one process: each step the mean of the two ranks' losses (DDP averages the ranks' gradients)
+    model = qat_model(**DETERMINISTIC)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    loaders = [QuantClusterLoader(parts, batch_size=1, bits=4, shuffle=True, seed=3, num_replicas=2, rank=r)
+               for r in range(2)]
+    for _, b0, b1 in zip(range(steps), *loaders):
+        optimizer.zero_grad()
+        losses = []
+        for batch in (b0, b1):
+            out = model(batch.x, batch.adj)
+            mask = batch.train_mask
+            losses.append(F.cross_entropy(out[mask], batch.y[mask]) if bool(mask.any()) else out.sum() * 0.0)
+        ((losses[0] + losses[1]) / 2).backward()
+        optimizer.step()
+    moved = False
+    for key, value in model.state_dict().items():
+        assert torch.equal(first[key], second[key]), key
+        assert torch.allclose(first[key], value, rtol=1e-4, atol=1e-6), (key, (first[key] - value).abs().max())
+        moved |= key.endswith("weight") and not torch.equal(value, qat_model(**DETERMINISTIC).state_dict()[key])
+    assert moved
+
+
+# --- sharded inference --------------------------------------------------------------------------------
+def _inference_worker(rank, parts, model, out, dst):
+    loader = QuantClusterLoader(parts, batch_size=2, bits=4, shuffle=True)  # its sampler is not used
+    wrapped = DDP(model) if any(p.requires_grad for p in model.parameters()) else model  # a QAT or converted model
+    result = pqd.sharded_inference(wrapped, loader, dst=dst)
+    torch.save(result, f"{out}_{rank}.pt")
+
+
+@pytest.mark.parametrize("converted", [False, True])
+def test_sharded_inference_gathers_every_node_in_order(parts, graph, tmp_path, converted):
+    model = qat_model(init=1, agg_observer="dynamic_mse")
+    model = qat.convert(model) if converted else model
+    run_ranks(_inference_worker, tmp_path, parts, model, str(tmp_path / "inf"), None)
+    first, second = saved(tmp_path, "inf")
+    one = pqd.sharded_inference(model, QuantClusterLoader(parts, batch_size=2, bits=4))  # no process group
+    assert one.shape == (graph.num_nodes, 4) and torch.equal(first, one) and torch.equal(second, one)
+    batches = QuantClusterLoader(parts, batch_size=2, bits=4, shuffle=False)
+    expected = torch.empty_like(one)
+    assert model.training != converted  # sharded_inference restored the mode
+    model.eval()
+    with torch.no_grad():
+        for batch in batches:
+            expected[batch.n_id] = model(batch.x, batch.adj)
+    assert torch.equal(one, expected)
+    run_ranks(_inference_worker, tmp_path, parts, model, str(tmp_path / "dst"), 0)
+    first, second = saved(tmp_path, "dst")
+    assert torch.equal(first, one) and second is None
+
+
+def _gather_worker(rank, out):
+    rows = torch.arange(3 * rank, dtype=torch.float32).view(-1, 1).repeat(1, 2) if rank else torch.empty(0, 5)
+    torch.save(pqd.all_gather_rows(rows), f"{out}_{rank}.pt")
+
+
+def test_all_gather_rows_pads_and_trims(tmp_path):
+    run_ranks(_gather_worker, tmp_path, str(tmp_path / "gather"))
+    for pieces in saved(tmp_path, "gather"):
+        assert [tuple(p.shape) for p in pieces] == [(0, 2), (3, 2)]
+        assert torch.equal(pieces[1][:, 0], torch.arange(3.0))
+
+
+# --- failures -------------------------------------------------------------------------------------------
+def _failing_worker(rank):
+    if rank == 1:
+        raise ValueError("rank 1 fails on purpose")
+    dist.all_reduce(torch.zeros(1))  # rank 0 waits for rank 1, which never comes
+
+
+def test_a_failing_rank_ends_the_job_with_its_error(tmp_path):
+    start = time.monotonic()
+    with pytest.raises(RanksFailed, match="rank 1 fails on purpose"):
+        run_ranks(_failing_worker, tmp_path, timeout=30)
+    assert time.monotonic() - start < 30
+
+
+# --- the example ------------------------------------------------------------------------------------------
+def test_multi_gpu_example_under_torchrun_on_the_cpu(tmp_path):
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           os.path.join(ROOT, "examples", "multi_gpu_cluster_gcn.py"), "--small", "--cpu",
+                           "--no-progress", "--cache", str(tmp_path / "cache")],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "2 ranks" in proc.stdout and "test accuracy" in proc.stdout, proc.stdout
+    accuracy = float(proc.stdout.split("test accuracy")[1].split()[0])
+    assert accuracy >= 0.8, proc.stdout
+
+
+def test_multi_gpu_example_with_lightning_ddp_on_the_cpu(tmp_path):
+    pytest.importorskip("lightning")
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "multi_gpu_cluster_gcn.py"), "--lightning",
+                           "--accelerator", "cpu", "--devices", "2", "--small", "--epochs", "2", "--no-progress"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "2 ranks (Lightning DDPStrategy, DistributedPartSampler)" in proc.stdout, proc.stdout
+
+
+# --- on 2 GPUs (NCCL) ----------------------------------------------------------------------------------------
+@pytest.mark.cuda
+@requires_two_gpus
+def test_ddp_qat_on_two_gpus(parts, tmp_path):
+    run_ranks(_ddp_worker_cuda, tmp_path, parts, str(tmp_path / "ddp"), backend="nccl", timeout=300)
+    check_ddp_results(tmp_path, parts, "cuda")
+
+
+def _ddp_worker_cuda(rank, parts, out):
+    _ddp_worker(rank, parts, out, f"cuda:{rank}")
+
+
+@pytest.mark.cuda
+@requires_two_gpus
+def test_partition_and_inference_on_two_gpus(graph, parts, tmp_path):
+    run_ranks(_partition_worker, tmp_path, graph, None, str(tmp_path / "part"), backend="nccl", timeout=300)
+    first, second = saved(tmp_path, "part")
+    assert first["calls"] == [0] and second["calls"] == [] and torch.equal(first["cluster"], second["cluster"])
+    model = qat.convert(qat_model(init=1, agg_observer="dynamic_mse"))
+    run_ranks(_inference_worker_cuda, tmp_path, parts, model, str(tmp_path / "inf"), backend="nccl", timeout=300)
+    one = pqd.sharded_inference(model, QuantClusterLoader(parts, batch_size=2, bits=4))
+    for result in saved(tmp_path, "inf"):
+        assert torch.allclose(result.cpu(), one, atol=1e-5)
+
+
+def _inference_worker_cuda(rank, parts, model, out):
+    loader = QuantClusterLoader(parts, batch_size=2, bits=4, device=f"cuda:{rank}")
+    torch.save(pqd.sharded_inference(DDP(model.to(f"cuda:{rank}"), device_ids=[rank]), loader).cpu(),
+               f"{out}_{rank}.pt")
