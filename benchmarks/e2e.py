@@ -1055,8 +1055,10 @@ def run_training(args, device, data: Data, rec: Recorder, runner: Runner) -> Non
                     (f"QAT {qb}-bit edge_index, torch.compile", "QAT", "edge_index", "fp32 x", "compile"),
                     (f"QAT {qb}-bit edge_index, captured step", "QAT", "edge_index", "fp32 x", "captured"),
                     (f"QAT {qb}-bit edge_index, {qb}-bit x", "QAT", "edge_index", "bit x", None)]
-        variants = [v for v in variants if args.train_variants is None
-                    or any(want in v[0] for want in args.train_variants)]
+        # torch.compile's variants by default on the GPU only (inductor takes minutes to compile them on a small CPU)
+        variants = [v for v in variants if (any(want in v[0] for want in args.train_variants)
+                                            if args.train_variants is not None
+                                            else v[4] != "compile" or device.type == "cuda")]
         log(f"== training {kind}: {len(variants)} variants")
         for label, impl, adjacency, xform, mode in variants:
             row = dict(model=kind, label="train " + label, impl=impl, adjacency=adjacency, features=xform,

@@ -1,0 +1,116 @@
+r"""Host time of one eager forward, and where it goes: Python, each op's dispatch, the kernels (issue 37 item 1).
+
+One products-scale cluster batch (``benchmarks/e2e.py``'s builder with ``--num-parts 20 --parts-per-batch 20``:
+32,000 nodes, ~1.27M edges), the models of ``benchmarks/user_paths.py`` (GIN 3×64, GCN 3×16; PyG fp32 CSR and
+pyg_quant 8/4-bit on the loader's decoded batch) in ``eval()`` under ``torch.inference_mode()``.  Per forward:
+
+* ``host µs``: the time to issue ``--reps`` forwards back to back, without synchronizing, over ``--reps`` (the
+  launch queue does not fill at these counts, so this is the host's own time);
+* ``wall µs``: the same loop with a synchronization at the end, over ``--reps``;
+* ``kernel µs`` / ``kernels``: the device kernels' summed time and count (``torch.profiler``);
+* ``ops``: the top-level ops (those not called from another op) with their host µs each; ``Python µs`` is the host
+  time they do not cover (the layers' own code, module calls).
+
+Usage: ``python benchmarks/host_profile.py [--out FILE.json]`` (GPU: ~1 min); ``--small`` for a CPU check.
+"""
+import argparse
+import collections
+import datetime
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F  # noqa: F401  (the models' ReLU)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import e2e  # noqa: E402
+from e2e import pq  # noqa: E402
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def profile_forward(model, args_, device, reps: int) -> dict:
+    with torch.inference_mode():
+        for _ in range(10):
+            model(*args_)
+        sync(device)
+        t = time.perf_counter()
+        for _ in range(reps):
+            model(*args_)
+        host = (time.perf_counter() - t) / reps
+        sync(device)
+        wall = (time.perf_counter() - t) / reps
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        with torch.profiler.profile(activities=activities) as prof:
+            for _ in range(5):
+                model(*args_)
+            sync(device)
+    ops, kernels, kernel_us = collections.Counter(), 0, 0.0
+    op_us = collections.Counter()
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            kernels += 1
+            kernel_us += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+        elif e.cpu_parent is None and "::" in e.name:
+            ops[e.name] += 1
+            op_us[e.name] += e.cpu_time_total
+    top = sorted(op_us, key=op_us.get, reverse=True)
+    return dict(host_us=round(1e6 * host, 1), wall_us=round(1e6 * wall, 1), kernels=kernels / 5,
+                kernel_us=round(kernel_us / 5, 1), ops=sum(ops.values()) / 5,
+                op_host_us=round(sum(op_us.values()) / 5, 1),
+                python_us=round(1e6 * host - sum(op_us.values()) / 5, 1),
+                by_op={name: dict(calls=ops[name] / 5, host_us=round(op_us[name] / 5, 1)) for name in top})
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--small", action="store_true", help="a CPU check on a tiny batch")
+    p.add_argument("--reps", type=int, default=30)
+    p.add_argument("--out", default=None)
+    own, rest = p.parse_known_args(argv)
+    base = ["--num-parts", "20", "--parts-per-batch", "20"] if not own.small else \
+        ["--small", "--num-parts", "2", "--parts-per-batch", "2", "--part-size", "250", "--avg-degree", "20"]
+    args = e2e.parse_args(base + rest + ["--out", ""])
+    device = torch.device(args.device)
+    torch.manual_seed(args.seed)
+    rec = e2e.Recorder("", {}, device.type)
+    runner = e2e.Runner(args, device, rec)
+    data = e2e.build_graph(args, device, rec)
+    data.adjacency = args.adjacency
+    e2e.build_formats(args, device, data, rec, runner)
+    rows = []
+    for kind in ("GIN", "GCN"):
+        torch.manual_seed(args.seed)
+        pyg = e2e.make_pyg(args, kind, normalize=kind != "GCN").to(device).eval()
+        state = pyg.state_dict()
+        variants = [("PyG fp32 CSR", pyg, e2e.pyg_inputs(data, kind, "CSR", "fp32", device).resident[0])]
+        for bits in (8, 4):
+            model = e2e.make_pq(args, kind, bits)
+            model.load_state_dict(state)
+            variants.append((f"pyg_quant {bits}-bit", model.to(device).eval(),
+                             e2e.pq_inputs(data, kind, bits, device, False).resident[0]))
+        for label, model, inputs in variants:
+            row = dict(model=kind, label=label, **profile_forward(model, inputs, device, own.reps))
+            rows.append(row)
+            top = ", ".join(f"{k.split('::')[-1]} {v['calls']:g}x {v['host_us']:.0f}" for k, v in
+                            list(row["by_op"].items())[:6])
+            print(f"{kind} {label:16s} host {row['host_us']:7.1f} us  wall {row['wall_us']:7.1f}  kernels "
+                  f"{row['kernels']:4.0f} ({row['kernel_us']:6.1f} us)  ops {row['ops']:4.0f} ({row['op_host_us']:6.1f} "
+                  f"us)  Python {row['python_us']:6.1f} us | {top}", flush=True)
+    if own.out:
+        meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                    device=e2e.device_name(device), torch=torch.__version__, command=" ".join(sys.argv))
+        with open(own.out, "w") as f:
+            json.dump(dict(meta=meta, rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
