@@ -11,6 +11,7 @@
 #include "cpu/quantize_cpu.h"
 #include "cpu/spmm_cpu.h"
 #include "cpu/tile_plan_cpu.h"
+#include "conv_eval.h"
 #include "quant_mlp_keys.h"
 #ifdef WITH_CUDA
 #include "cuda/bitmm_cuda.h"
@@ -77,6 +78,18 @@ TORCH_LIBRARY(pyg_quant, m) {
       "Tensor?[] bias, int[] act_bits, int[] weight_bits, bool[] relu, Tensor? row_scale, Tensor out_lo, "
       "Tensor out_inv_scale, int out_bits) -> Tensor");
   m.def(
+      "gin_conv_eval(Tensor window_ptr, Tensor tile_col, Tensor tile_bits, Tensor res_ptr, Tensor res_col, "
+      "Tensor? res_val, Tensor row_sums, bool wide, Tensor x_planes, Tensor? x_codes, Tensor lo, Tensor scale, "
+      "Tensor self_weight, Tensor[] weight_codes, Tensor[] weight_lo, Tensor[] weight_scale, Tensor[] weight_sums, "
+      "Tensor?[] bias, int[] act_bits, int[] weight_bits, bool[] relu, int out_bits, int out_dim) -> (Tensor, Tensor, "
+      "Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "gcn_conv_eval(Tensor window_ptr, Tensor tile_col, Tensor tile_bits, Tensor res_ptr, Tensor res_col, "
+      "Tensor? res_val, Tensor row_sums, Tensor diag, Tensor deg_inv_sqrt, Tensor? bias, int act_bits, bool wide, "
+      "Tensor x, Tensor? x_lo, Tensor? x_scale, int x_rows, Tensor[] weight_codes, Tensor[] weight_lo, "
+      "Tensor[] weight_scale, Tensor[] weight_sums, Tensor?[] weight_bias, int[] mlp_act_bits, int[] weight_bits, "
+      "bool[] relu, int out_bits, int out_dim) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def(
       "expand_csr(Tensor tile_key, Tensor row_count, Tensor entry_col, Tensor? entry_val, Tensor res_row, "
       "Tensor res_col, Tensor? res_val, int num_rows, int num_cols) -> (Tensor, Tensor, Tensor, Tensor)");
 }
@@ -112,6 +125,12 @@ TORCH_LIBRARY_IMPL(pyg_quant, CPU, m) {
   m.impl("quant_mlp_planes_keys", &pyg_quant::mlp_planes_keys<&pyg_quant::quant_mlp_planes_cpu>);
   m.impl("quant_mlp_row_codes", &pyg_quant::quant_mlp_row_codes_cpu);
   m.impl("quant_mlp_planes_row_codes", &pyg_quant::quant_mlp_planes_row_codes_cpu);
+  // gin_conv_eval and gcn_conv_eval (a layer's eval forward on a BitAdjacency in one op)
+  m.impl("gin_conv_eval", &pyg_quant::gin_conv_eval<&pyg_quant::bit_spmm_affine_cpu, &pyg_quant::quant_mlp_cpu,
+                                                    &pyg_quant::quantize_pack_ranges_cpu>);
+  m.impl("gcn_conv_eval",
+         &pyg_quant::gcn_conv_eval<&pyg_quant::bit_spmm_affine_cpu, &pyg_quant::quant_mlp_cpu,
+                                   &pyg_quant::quant_mlp_planes_cpu, &pyg_quant::quantize_pack_ranges_cpu>);
 }
 
 #ifdef WITH_CUDA
@@ -137,6 +156,11 @@ TORCH_LIBRARY_IMPL(pyg_quant, CUDA, m) {
   m.impl("quant_mlp_planes_keys", &pyg_quant::mlp_planes_keys<&pyg_quant::quant_mlp_planes_cuda>);
   m.impl("quant_mlp_row_codes", &pyg_quant::quant_mlp_row_codes_cuda);
   m.impl("quant_mlp_planes_row_codes", &pyg_quant::quant_mlp_planes_row_codes_cuda);
+  m.impl("gin_conv_eval", &pyg_quant::gin_conv_eval<&pyg_quant::bit_spmm_affine_cuda, &pyg_quant::quant_mlp_cuda,
+                                                    &pyg_quant::quantize_pack_ranges_cuda>);
+  m.impl("gcn_conv_eval",
+         &pyg_quant::gcn_conv_eval<&pyg_quant::bit_spmm_affine_cuda, &pyg_quant::quant_mlp_cuda,
+                                   &pyg_quant::quant_mlp_planes_cuda, &pyg_quant::quantize_pack_ranges_cuda>);
 }
 #endif
 

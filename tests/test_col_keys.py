@@ -428,6 +428,14 @@ def test_gpu_quantize_with_keys(bits, shape, noise):
 
 # --- layers ---------------------------------------------------------------------------------
 def watch_keys(monkeypatch):
+    """The layers' general path (on a BitAdjacency their eval path runs the same steps in one op, whose bits
+    tests/test_eval_path.py compares with it) with every call recorded: for every"""
+    monkeypatch.setattr(qgin_module, "gin_eval", lambda *args: None)
+    monkeypatch.setattr(qgcn_module, "gcn_eval", lambda *args: None)
+    return _watch_keys(monkeypatch)
+
+
+def _watch_keys(monkeypatch):
     """Records, for every quant_mlp / quant_mlp_planes and quantize_pack_ranges call, whether col_keys was asked
     for (quant_mlp*: ``col_keys=True``, a bool, positional or keyword) or given (quantize_pack_ranges: a keys
     tensor).  Checks on the way that a quant_mlp* call asking for keys returns ``(out, keys)``, and that keys given

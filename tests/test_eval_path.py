@@ -219,3 +219,49 @@ def test_eager_forward_does_not_synchronize():
         finally:
             torch.cuda.set_sync_debug_mode(0)
     assert all(torch.equal(a, b) for a, b in zip(got, expected))
+
+
+def conv_eval_samples(device):
+    """Arguments of gin_conv_eval / gcn_conv_eval as the layers pass them: codes per column and per tensor, float
+    features and codes for GCN, outputs as floats, per-column and per-row codes."""
+    torch.manual_seed(0)
+    gin = QGINConv(mlp(24, 32, 20), eps=0.3, bits=4).to(device).eval()
+    gcn = QGCNConv(24, 20, bits=4).to(device).eval()
+    edge_index = random_edges(300, 300, 4000, 3)
+    adj = pq.BitAdjacency.from_edge_index(edge_index, 300, min_tile_nnz=16).to(device)
+    adj1 = pq.BitAdjacency.from_edge_index(edge_index, 300, self_loops=1).to(device)
+    assert adj.num_tiles > 0 and adj.res_nnz > 0  # both parts of the aggregation
+    x = torch.randn(300, 24, generator=gen(22)).to(device)
+    codes = pq.to_bit(x, 4, dim=0, layout="col")
+    linears, relus = pq.nn.quant_linear.fused_mlp_plan(gin.nn)
+    chain = _eval_path._chain(gin, linears, relus, _eval_path._linears_key(linears, 24))
+    gcn_chain = _eval_path._chain(gcn, (gcn.lin,), (False,), _eval_path._linears_key((gcn.lin,), 24))
+    with torch.no_grad():
+        self_term = gin._one_plus_eps().reshape(1)
+        dinv = qgcn_module.bit_adjacency_deg_inv_sqrt(adj1)
+    planes, x_codes = pq.adjacency.gather_operands(adj, codes, True)
+    a, a1 = _eval_path._adjacency_args(adj), _eval_path._adjacency_args(adj1)
+    gin_args = [a + (False, planes, x_codes, codes.lo, codes.scale, self_term) + chain + (bits, dim)
+                for bits, dim in ((0, 0), (4, 0), (3, 1))]
+    gcn_args = [a1 + (adj1.diag, dinv, gcn.bias.detach(), 4, False) + x_args + gcn_chain + (bits, dim)
+                for x_args in ((x, None, None, 300), (codes.planes, codes.lo, codes.scale, 300))
+                for bits, dim in ((0, 0), (4, 0), (4, 1))]
+    return gin_args, gcn_args
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_conv_eval_ops_equal_their_reference(device):
+    """The composite ops against pyg_quant/ops/reference.py's composition of the reference ops, and opcheck (schema,
+    fake kernel) on the CPU."""
+    from pyg_quant.ops import reference
+
+    gin_args, gcn_args = conv_eval_samples(device)
+    for name, samples in (("gin_conv_eval", gin_args), ("gcn_conv_eval", gcn_args)):
+        op = getattr(torch.ops.pyg_quant, name).default
+        for args in samples:
+            got, want = op(*args), getattr(reference, name)(*args)
+            assert len(got) == len(want) == 6
+            assert all(g.shape == w.shape and g.dtype == w.dtype for g, w in zip(got, want)), name
+            assert torch.equal(got[0], want[0]) and all(torch.equal(g, w) for g, w in zip(got[1:], want[1:])), name
+            if device == "cpu":
+                torch.library.opcheck(op, args)

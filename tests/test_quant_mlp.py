@@ -381,6 +381,8 @@ def test_qgcn_conv_folds_its_normalization_into_the_linear_layer(monkeypatch, de
 
     monkeypatch.setattr(ql_module.ops, "quant_mlp", counted)
     monkeypatch.setattr(ql_module.ops, "quant_mlp_planes", counted_planes)
+    # the general path (on a BitAdjacency the eval path runs the same steps in one op: tests/test_eval_path.py)
+    monkeypatch.setattr(qgcn_module, "gcn_eval", lambda *args: None)
     adjacency = pq.BitAdjacency.from_edge_index(edge_index, x.size(0), self_loops=1)
     column_codes = pq.to_bit(x, 4, dim=0, layout="col")  # the loader's features: read as the floats they hold
     with torch.no_grad():
@@ -390,7 +392,6 @@ def test_qgcn_conv_folds_its_normalization_into_the_linear_layer(monkeypatch, de
             assert scaled == [True]
             with monkeypatch.context() as m:
                 m.setattr(qgcn_module, "run_row_scaled_linear", lambda lin, x, scale, col_keys=False: None)
-                m.setattr(qgcn_module, "gcn_eval", lambda *args: None)  # the eval path on a BitAdjacency too
                 scaled.clear()
                 want = conv(features, adj)
                 assert scaled == [False]

@@ -30,7 +30,7 @@ from .. import ops
 from ..adjacency import BitAdjacency, gather_operands
 from ..bit_tensor import BitTensor
 from ._explain import explaining
-from ._quantize import check_finite, is_compiling, quantize, values_finite
+from ._quantize import bit_tensor_of, check_finite, is_compiling, quantize, values_finite
 from .calibration import STATIC_RANGE
 from .quant_linear import (QUANT_MLP_MAX_LAYERS, QUANT_MLP_MAX_WIDTH, _QUANT_MLP_LAYER_BYTES, QuantLinear,
                            _layer_bytes, _no_hooks, fused_mlp_plan)
@@ -89,23 +89,17 @@ def _applies(conv, adj) -> bool:
             and not explaining(conv))
 
 
-def _output(out: Tensor, bits: Optional[int], dim: Optional[int], keys: Optional[Tensor]):
+def _output(result, rows: int, bits: Optional[int], dim: Optional[int]):
+    """The layer's result from a ``*_conv_eval`` op's ``(out, planes, lo, scale, code_sums, row_codes)``."""
     if bits is None:
-        return out
-    return quantize(out, bits, dim, "col" if dim == 0 else "row", keys)
+        return result[0]
+    if dim is None:  # ranges per tensor: the general quantizer (the op quantizes per column or per row)
+        return quantize(result[0], bits, None, "row")
+    return bit_tensor_of(result[1:], (rows, result[0].size(1)), bits, dim)
 
 
-def _spmm(adj: BitAdjacency, x: BitTensor, self_term, row_scale, bias) -> Tensor:
-    """:func:`pyg_quant.bit_spmm` on arguments known to be valid (``x`` in column layout, ranges per column or
-    tensor, ``self_term`` already holding ``adj.diag``)."""
-    cols = x.cols
-    lo, scale = x.lo, x.scale
-    if lo.numel() != cols:
-        lo, scale = lo.expand(cols).contiguous(), scale.expand(cols).contiguous()
-    x_planes, x_codes = gather_operands(adj, x, self_term is not None)
-    return ops.bit_spmm_affine(adj.window_ptr, adj.tile_col, adj.tile_bits, adj.res_ptr, adj.res_col, adj.res_val,
-                               x_planes, lo, scale, adj.row_sums, self_term, row_scale, bias, False, adj.num_rows,
-                               cols, adj.wide_sums(x.bits), x_codes)
+def _adjacency_args(adj: BitAdjacency) -> tuple:
+    return adj.window_ptr, adj.tile_col, adj.tile_bits, adj.res_ptr, adj.res_col, adj.res_val, adj.row_sums
 
 
 def gin_eval(conv, x, adj, size) -> Optional[object]:
@@ -128,14 +122,18 @@ def gin_eval(conv, x, adj, size) -> Optional[object]:
     self_term = conv._one_plus_eps().reshape(1)
     if adj.diag is not None:
         self_term = adj.diag + self_term
-    aggregated = _spmm(adj, x, self_term, None, None)
-    if x.device.type != "cuda":
-        check_finite(aggregated, "x")  # no host synchronization on the CPU
+    cols = x.cols
+    lo, scale = x.lo, x.scale
+    if lo.numel() != cols:  # ranges per tensor: one a column
+        lo, scale = lo.expand(cols).contiguous(), scale.expand(cols).contiguous()
+    x_planes, x_codes = gather_operands(adj, x, True)
     bits, dim = conv.out_bits, conv.out_dim
-    if bits is not None and dim == 0 and x.device.type == "cuda":  # the kernel hands the quantizer h's extrema
-        out, keys = ops.quant_mlp(aggregated, *chain, None, True)
-        return _output(out, bits, dim, keys)
-    return _output(ops.quant_mlp(aggregated, *chain, None), bits, dim, None)
+    op_bits = 0 if bits is None or dim is None else bits
+    result = ops.gin_conv_eval(*_adjacency_args(adj), adj.wide_sums(x.bits), x_planes, x_codes, lo, scale, self_term,
+                               *chain, op_bits, 0 if dim is None else dim)
+    if x.device.type != "cuda":
+        check_finite(result[0], "x")  # no host synchronization on the CPU
+    return _output(result, adj.num_rows, bits, dim)
 
 
 def gcn_eval(conv, x, adj, edge_weight, deg_inv_sqrt) -> Optional[object]:
@@ -172,13 +170,13 @@ def gcn_eval(conv, x, adj, edge_weight, deg_inv_sqrt) -> Optional[object]:
         return None
     dinv = deg_inv_sqrt(adj)
     if type(x) is BitTensor:
-        args = (x.planes, x.rows, x.cols, True, x.lo, x.scale, 0) + chain + (dinv,)
-        h = ops.quant_mlp_planes(*args, cuda)
+        x_args = (x.planes, x.lo, x.scale, x.rows)
     else:
         if not cuda:
             check_finite(x, "x")  # no host synchronization on the CPU
-        h = ops.quant_mlp(x.contiguous(), *chain, dinv, cuda)
-    h, keys = h if cuda else (h, None)
-    codes = quantize(h, conv.act_bits, 0, "col", keys)
-    out = _spmm(adj, codes, adj.diag, dinv, None if bias is None else bias.detach())
-    return _output(out, conv.out_bits, conv.out_dim, None)
+        x_args = (x.contiguous(), None, None, x.size(0))
+    bits, dim = conv.out_bits, conv.out_dim
+    result = ops.gcn_conv_eval(*_adjacency_args(adj), adj.diag, dinv, None if bias is None else bias.detach(),
+                               conv.act_bits, adj.wide_sums(conv.act_bits), *x_args, *chain,
+                               0 if bits is None or dim is None else bits, 0 if dim is None else dim)
+    return _output(result, adj.num_rows, bits, dim)

@@ -105,10 +105,17 @@ def quantize(x: torch.Tensor, bits: int, dim: Optional[int], layout: str,
     # codes on the GPU are what bit_spmm gathers as row codes: the quantizer writes those in the same pass, and skips
     # the code sums, which bit_spmm never reads (BitTensor.code_sums() makes them if a bitmm asks).
     row_codes = x32.is_cuda and dim == 0 and layout == "col"
-    planes, lo, scale, code_sums, codes = ops.quantize_pack_ranges(x32, bits, dim, layout == "col", None, row_codes,
-                                                                   col_keys, not row_codes)
-    out = BitTensor(planes, (x32.size(0), x32.size(1)), bits, layout, lo, scale, dim)
-    if row_codes:
+    packed = ops.quantize_pack_ranges(x32, bits, dim, layout == "col", None, row_codes, col_keys, not row_codes)
+    return bit_tensor_of(packed, (x32.size(0), x32.size(1)), bits, dim)
+
+
+def bit_tensor_of(packed, shape, bits: int, dim: int) -> BitTensor:
+    """The :class:`BitTensor` of ``ops.quantize_pack_ranges``' result ``(planes, lo, scale, code_sums, row_codes)``
+    (column layout for ranges per column, ``dim`` 0, row layout per row), with the row codes or the code sums it
+    came with (whichever is not empty)."""
+    planes, lo, scale, code_sums, codes = packed
+    out = BitTensor(planes, shape, bits, "col" if dim == 0 else "row", lo, scale, dim)
+    if codes.numel():
         out._row_codes = codes
     else:
         out._code_sums = code_sums

@@ -182,6 +182,34 @@ def expand_csr(tile_key, row_count, entry_col, entry_val, res_row, res_col, res_
     return out_ptr, out_col, out_val if entry_val is not None or res_val is not None else None, row_sums
 
 
+
+def gin_conv_eval(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, row_sums, wide: bool, x_planes, x_codes,
+                  lo, scale, self_weight, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits,
+                  weight_bits, relu, out_bits: int, out_dim: int):
+    """A QGINConv layer's eval forward on a BitAdjacency in one op: ``(out, planes, lo, scale, code_sums, row_codes)``
+    (see :func:`reference.gin_conv_eval`; ``out_bits`` 0: the float output only)."""
+    args = (window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, row_sums, bool(wide), x_planes, x_codes, lo,
+            scale, self_weight, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits, weight_bits, relu,
+            int(out_bits), int(out_dim))
+    if use_compiled("gin_conv_eval", x_planes.device):
+        return torch.ops.pyg_quant.gin_conv_eval.default(*args)
+    return reference.gin_conv_eval(*args)
+
+
+def gcn_conv_eval(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, row_sums, diag, deg_inv_sqrt, bias,
+                  act_bits: int, wide: bool, x, x_lo, x_scale, x_rows: int, weight_codes, weight_lo, weight_scale,
+                  weight_sums, weight_bias, mlp_act_bits, weight_bits, relu, out_bits: int, out_dim: int):
+    """A QGCNConv layer's eval forward on a BitAdjacency that holds its self loops, in one op (see
+    :func:`reference.gcn_conv_eval`); ``x`` float32 ``[N, C]``, or the planes of per-column codes with ``x_lo`` /
+    ``x_scale``."""
+    args = (window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, row_sums, diag, deg_inv_sqrt, bias,
+            int(act_bits), bool(wide), x, x_lo, x_scale, int(x_rows), weight_codes, weight_lo, weight_scale,
+            weight_sums, weight_bias, mlp_act_bits, weight_bits, relu, int(out_bits), int(out_dim))
+    if use_compiled("gcn_conv_eval", x.device):
+        return torch.ops.pyg_quant.gcn_conv_eval.default(*args)
+    return reference.gcn_conv_eval(*args)
+
+
 if LOADED:
 
     @torch.library.register_fake("pyg_quant::quantize_pack")
@@ -193,8 +221,7 @@ if LOADED:
         nodes = planes.shape[2] * 32 if col_layout else planes.shape[1]
         return planes.new_empty((nodes, row_code_bytes(cols, planes.shape[0])), dtype=torch.uint8)
 
-    @torch.library.register_fake("pyg_quant::quantize_pack_ranges")
-    def _(x, bits, dim, col_layout, noise, row_codes=False, col_keys=None, code_sums=True):
+    def _fake_ranges(x, bits, dim, col_layout, row_codes, code_sums):
         outer, packed = (x.shape[1], x.shape[0]) if col_layout else (x.shape[0], x.shape[1])
         ranges = x.shape[0] if dim == 1 else x.shape[1]
         planes = x.new_empty((bits, padded_outer(outer), packed_words(packed)), dtype=torch.int32)
@@ -202,6 +229,10 @@ if LOADED:
                  else x.new_empty((0, 0), dtype=torch.uint8))
         return (planes, x.new_empty((ranges,)), x.new_empty((ranges,)),
                 x.new_empty((padded_outer(outer) if code_sums else 0,), dtype=torch.int64), codes)
+
+    @torch.library.register_fake("pyg_quant::quantize_pack_ranges")
+    def _(x, bits, dim, col_layout, noise, row_codes=False, col_keys=None, code_sums=True):
+        return _fake_ranges(x, bits, dim, col_layout, row_codes, code_sums)
 
     @torch.library.register_fake("pyg_quant::fake_quantize")
     def _(x, lo, hi, bits, dim, noise, with_mask, random_noise=False, generator=None):
@@ -300,6 +331,25 @@ if LOADED:
     @torch.library.register_fake("pyg_quant::planes_from_row_codes")
     def _(row_codes, rows, cols, bits):
         return row_codes.new_empty((bits, padded_outer(cols), packed_words(rows)), dtype=torch.int32)
+
+    def _fake_conv_output(out, out_bits, out_dim):
+        if out_bits == 0:
+            return (out,) + tuple(out.new_empty((0,)) for _ in range(5))
+        row_codes = out.device.type == "cuda" and out_dim == 0
+        planes, lo, scale, sums, codes = _fake_ranges(out, out_bits, out_dim, out_dim == 0, row_codes, not row_codes)
+        return out, planes, lo, scale, sums, codes
+
+    @torch.library.register_fake("pyg_quant::gin_conv_eval")
+    def _(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, row_sums, wide, x_planes, x_codes, lo, scale,
+          self_weight, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits, weight_bits, relu, out_bits,
+          out_dim):
+        return _fake_conv_output(_fake_mlp_out(x_planes, res_ptr.shape[0] - 1, weight_codes), out_bits, out_dim)
+
+    @torch.library.register_fake("pyg_quant::gcn_conv_eval")
+    def _(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, row_sums, diag, deg_inv_sqrt, bias, act_bits,
+          wide, x, x_lo, x_scale, x_rows, weight_codes, weight_lo, weight_scale, weight_sums, weight_bias,
+          mlp_act_bits, weight_bits, relu, out_bits, out_dim):
+        return _fake_conv_output(_fake_mlp_out(x, res_ptr.shape[0] - 1, weight_codes), out_bits, out_dim)
 
     @torch.library.register_fake("pyg_quant::expand_csr")
     def _(tile_key, row_count, entry_col, entry_val, res_row, res_col, res_val, num_rows, num_cols):

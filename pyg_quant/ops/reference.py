@@ -563,3 +563,49 @@ def planes_from_row_codes(row_codes, rows: int, cols: int, bits: int) -> torch.T
     bit = torch.arange(cols, device=row_codes.device) * container
     codes = (row_codes[:, bit // 8].long() >> (bit % 8)) & ((1 << container) - 1)  # [nodes, cols]
     return pack_codes(codes, bits, True)  # padding rows are zero codes in row_codes too
+
+
+def _conv_output(out, out_bits: int, out_dim: int, col_keys=None):
+    """csrc/conv_eval.h's quantize_output: ``(out, planes, lo, scale, code_sums, row_codes)``, the quantizer's
+    per-column codes (``out_dim`` 0) with row codes on CUDA, code sums elsewhere; empty tensors without ``out_bits``."""
+    if out_bits == 0:
+        return (out,) + tuple(out.new_empty((0,)) for _ in range(5))
+    if out_dim not in (0, 1):
+        raise ValueError(f"out_dim must be 0 or 1 when out_bits is set, got {out_dim}")
+    row_codes = out.is_cuda and out_dim == 0
+    return (out,) + tuple(quantize_pack_ranges(out, out_bits, out_dim, out_dim == 0, None, row_codes, col_keys,
+                                               not row_codes))
+
+
+def gin_conv_eval(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, row_sums, wide: bool, x_planes, x_codes,
+                  lo, scale, self_weight, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits,
+                  weight_bits, relu, out_bits: int, out_dim: int):
+    """A QGINConv layer's eval forward on a BitAdjacency (csrc/conv_eval.h): :func:`bit_spmm_affine` with the self
+    term, :func:`quant_mlp` (with its column keys where the CUDA op takes them) and the output's quantizer."""
+    rows, cols = res_ptr.numel() - 1, lo.numel()
+    aggregated = bit_spmm_affine(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x_planes, lo, scale,
+                                 row_sums, self_weight, None, None, False, rows, cols, wide, x_codes)
+    chain = (weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits, weight_bits, relu)
+    if out_bits != 0 and out_dim == 0 and aggregated.is_cuda:
+        return _conv_output(*quant_mlp_keys(aggregated, *chain), out_bits, out_dim)
+    return _conv_output(quant_mlp(aggregated, *chain), out_bits, out_dim)
+
+
+def gcn_conv_eval(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, row_sums, diag, deg_inv_sqrt, bias,
+                  act_bits: int, wide: bool, x, x_lo, x_scale, x_rows: int, weight_codes, weight_lo, weight_scale,
+                  weight_sums, weight_bias, mlp_act_bits, weight_bits, relu, out_bits: int, out_dim: int):
+    """A QGCNConv layer's eval forward on a BitAdjacency that holds its self loops (csrc/conv_eval.h):
+    ``D^-1/2 (X W)`` by :func:`quant_mlp` (of codes of ``x`` by :func:`quant_mlp_planes`), quantized per column, then
+    :func:`bit_spmm_affine` with the diagonal, the row scale and the bias, and the output's quantizer."""
+    chain = (weight_codes, weight_lo, weight_scale, weight_sums, weight_bias, mlp_act_bits, weight_bits, relu,
+             deg_inv_sqrt)
+    if x_lo is not None:
+        h, keys = quant_mlp_planes_keys(x, x_rows, x_lo.numel(), True, x_lo, x_scale, 0, *chain)
+    else:
+        h, keys = quant_mlp_keys(x, *chain)
+    keys = keys if x.is_cuda else None
+    _, planes, lo, scale, _, codes = _conv_output(h, act_bits, 0, keys)
+    out = bit_spmm_affine(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, planes, lo, scale, row_sums,
+                          diag, deg_inv_sqrt, bias, False, res_ptr.numel() - 1, weight_codes[-1].size(0), wide,
+                          codes if x.is_cuda else None)
+    return _conv_output(out, out_bits, out_dim)

@@ -1,0 +1,121 @@
+#pragma once
+// gin_conv_eval and gcn_conv_eval: a QGINConv / QGCNConv layer's eval forward on a BitAdjacency as one op.  Each is
+// the fixed sequence of the package's kernels that the layers would call one by one from Python (aggregation,
+// fused MLP, quantizer), composed here so that a layer call costs one dispatch: the quantized layers' eager
+// forward is bound by host time, not by its kernels.  Written once over the backends' kernel functions (the
+// template arguments), registered for the CPU and CUDA in library.cpp; pyg_quant/ops/reference.py composes the
+// same steps from the reference ops.
+//
+// Results: (out, planes, lo, scale, code_sums, row_codes).  `out` is the layer's float32 output; with out_bits > 0
+// the next five are quantize_pack_ranges of it (ranges per column, out_dim 0, in the column layout; per row,
+// out_dim 1, in the row layout), as pyg_quant.nn._quantize.quantize makes them: on CUDA the per-column codes come
+// with their row codes (what the next aggregation gathers) and no code sums, elsewhere with code sums.  With
+// out_bits == 0 they are empty.
+#include <ATen/core/List.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+
+#include <optional>
+#include <tuple>
+
+#include "quant_mlp_keys.h"  // MlpKernel, MlpPlanesKernel, new_col_keys
+
+namespace pyg_quant {
+
+using SpmmAffineKernel = at::Tensor (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                        const at::Tensor&, const std::optional<at::Tensor>&, const at::Tensor&,
+                                        const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                        const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+                                        const std::optional<at::Tensor>&, bool, int64_t, int64_t, bool,
+                                        const std::optional<at::Tensor>&);
+using RangesKernel = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> (*)(
+    const at::Tensor&, int64_t, int64_t, bool, const std::optional<at::Tensor>&, bool,
+    const std::optional<at::Tensor>&, bool);
+using ConvEvalResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+// The quantizer's call for codes with ranges along `dim` (0: per column, in the column layout), as
+// pyg_quant.nn._quantize.quantize makes them (see above).
+template <RangesKernel Ranges>
+ConvEvalResult quantize_output(const at::Tensor& out, int64_t bits, int64_t dim,
+                               const std::optional<at::Tensor>& col_keys) {
+  TORCH_CHECK_VALUE(dim == 0 || dim == 1, "out_dim must be 0 or 1 when out_bits is set, got ", dim);
+  const bool row_codes = out.is_cuda() && dim == 0;
+  auto [planes, lo, scale, sums, codes] =
+      Ranges(out, bits, dim, /*col_layout=*/dim == 0, std::nullopt, row_codes, col_keys, !row_codes);
+  return {out, planes, lo, scale, sums, codes};
+}
+
+inline ConvEvalResult float_output(const at::Tensor& out) {
+  const auto none = [&] { return at::empty({0}, out.options()); };  // outputs of an op must not alias
+  return {out, none(), none(), none(), none(), none()};
+}
+
+template <SpmmAffineKernel Spmm, MlpKernel Mlp, RangesKernel Ranges>
+ConvEvalResult gin_conv_eval(const at::Tensor& window_ptr, const at::Tensor& tile_col, const at::Tensor& tile_bits,
+                             const at::Tensor& res_ptr, const at::Tensor& res_col,
+                             const std::optional<at::Tensor>& res_val, const at::Tensor& row_sums, bool wide,
+                             const at::Tensor& x_planes, const std::optional<at::Tensor>& x_codes,
+                             const at::Tensor& lo, const at::Tensor& scale, const at::Tensor& self_weight,
+                             at::TensorList weight_codes, at::TensorList weight_lo, at::TensorList weight_scale,
+                             at::TensorList weight_sums, const c10::List<std::optional<at::Tensor>>& bias,
+                             at::IntArrayRef act_bits, at::IntArrayRef weight_bits, const c10::List<bool>& relu,
+                             int64_t out_bits, int64_t out_dim) {
+  TORCH_CHECK_VALUE(res_ptr.dim() == 1 && res_ptr.size(0) >= 1, "res_ptr must be int64[rows + 1]");
+  TORCH_CHECK_VALUE(lo.dim() == 1, "lo must hold one range per column");
+  const int64_t rows = res_ptr.size(0) - 1, cols = lo.size(0);
+  // (A + (1 + eps)·I)·X: the self term in the aggregation's epilogue
+  const at::Tensor aggregated = Spmm(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x_planes, lo, scale,
+                                     row_sums, self_weight, std::nullopt, std::nullopt, false, rows, cols, wide,
+                                     x_codes);
+  if (out_bits == 0) {
+    return float_output(Mlp(aggregated, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits,
+                            weight_bits, relu, std::nullopt, std::nullopt));
+  }
+  // On CUDA the MLP kernel hands the quantizer its output's column extrema, sparing it a pass over the output.
+  std::optional<at::Tensor> keys;
+  if (aggregated.is_cuda() && out_dim == 0) keys = new_col_keys(aggregated, weight_codes);
+  const at::Tensor out = Mlp(aggregated, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits,
+                             weight_bits, relu, std::nullopt, keys);
+  return quantize_output<Ranges>(out, out_bits, out_dim, keys);
+}
+
+template <SpmmAffineKernel Spmm, MlpKernel Mlp, MlpPlanesKernel MlpPlanes, RangesKernel Ranges>
+ConvEvalResult gcn_conv_eval(const at::Tensor& window_ptr, const at::Tensor& tile_col, const at::Tensor& tile_bits,
+                             const at::Tensor& res_ptr, const at::Tensor& res_col,
+                             const std::optional<at::Tensor>& res_val, const at::Tensor& row_sums,
+                             const at::Tensor& diag, const at::Tensor& deg_inv_sqrt,
+                             const std::optional<at::Tensor>& bias, int64_t act_bits, bool wide, const at::Tensor& x,
+                             const std::optional<at::Tensor>& x_lo, const std::optional<at::Tensor>& x_scale,
+                             int64_t x_rows, at::TensorList weight_codes, at::TensorList weight_lo,
+                             at::TensorList weight_scale, at::TensorList weight_sums,
+                             const c10::List<std::optional<at::Tensor>>& weight_bias, at::IntArrayRef mlp_act_bits,
+                             at::IntArrayRef weight_bits, const c10::List<bool>& relu, int64_t out_bits,
+                             int64_t out_dim) {
+  TORCH_CHECK_VALUE(res_ptr.dim() == 1 && res_ptr.size(0) >= 1, "res_ptr must be int64[rows + 1]");
+  TORCH_CHECK_VALUE(!weight_codes.empty(), "weight_codes must hold the linear layer");
+  TORCH_CHECK_VALUE(x_lo.has_value() == x_scale.has_value(), "x_lo and x_scale go together (codes of x)");
+  const int64_t rows = res_ptr.size(0) - 1, channels = weight_codes.back().size(0);
+  const bool cuda = x.is_cuda();
+  std::optional<at::Tensor> keys;
+  if (cuda) keys = new_col_keys(x, weight_codes);
+  // D^-1/2 (X W): the row scale is the MLP kernel's last multiply; codes of x (per column, column layout) are read
+  // by the kernel itself.
+  const at::Tensor h =
+      x_lo.has_value()
+          ? MlpPlanes(x, x_rows, x_lo->size(0), true, *x_lo, *x_scale, 0, weight_codes, weight_lo, weight_scale,
+                      weight_sums, weight_bias, mlp_act_bits, weight_bits, relu, deg_inv_sqrt, keys)
+          : Mlp(x, weight_codes, weight_lo, weight_scale, weight_sums, weight_bias, mlp_act_bits, weight_bits, relu,
+                deg_inv_sqrt, keys);
+  // h per column to act_bits; on CUDA with its row codes, which the aggregation gathers (its self term reads them)
+  const ConvEvalResult codes = quantize_output<Ranges>(h, act_bits, 0, keys);
+  const std::optional<at::Tensor> gathered = cuda ? std::optional<at::Tensor>(std::get<5>(codes)) : std::nullopt;
+  // D^-1/2 Â (D^-1/2 X W) + b: the row scale and the bias in the aggregation's epilogue
+  const at::Tensor out = Spmm(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, std::get<1>(codes),
+                              std::get<2>(codes), std::get<3>(codes), row_sums, diag, deg_inv_sqrt, bias, false, rows,
+                              channels, wide, gathered);
+  if (out_bits == 0) return float_output(out);
+  return quantize_output<Ranges>(out, out_bits, out_dim, std::nullopt);
+}
+
+}  // namespace pyg_quant
