@@ -587,7 +587,8 @@ def gin_conv_eval(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, ro
                                  row_sums, self_weight, None, None, False, rows, cols, wide, x_codes)
     chain = (weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits, weight_bits, relu)
     if out_bits != 0 and out_dim == 0 and aggregated.is_cuda:
-        return _conv_output(*quant_mlp_keys(aggregated, *chain), out_bits, out_dim)
+        out, keys = quant_mlp_keys(aggregated, *chain)
+        return _conv_output(out, out_bits, out_dim, keys)
     return _conv_output(quant_mlp(aggregated, *chain), out_bits, out_dim)
 
 
