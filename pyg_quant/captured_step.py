@@ -3,7 +3,7 @@ r"""Training steps replayed from CUDA graphs: a step's host work paid once per b
 A training step on a GPU cluster batch of a few tens of thousands of nodes is bound by
 the host: a QAT step dispatches ~250 operators (fake quantizers, observers, the float
 aggregation, autograd, Adam), each costing the Python interpreter and the dispatcher
-10–30 µs, while its kernels take less than that on the device.  :class:`CapturedTrainStep`
+more host time than its kernels take on the device.  :class:`CapturedTrainStep`
 captures the whole step (``zero_grad``, forward, loss, backward and, for an optimizer
 made with ``capturable=True``, its update) into a CUDA graph the first time a batch shape
 comes back, and from then on replays it: the batch is copied into the graph's input
@@ -320,7 +320,7 @@ class CapturedTrainStep:
 
     def _watch_list(self) -> list:
         """``(dict, key)`` of every tensor a graph reads or writes besides its inputs: the modules' parameters and
-        buffers, and the optimizer's state (a walk over the modules costs ~100 µs, a walk over this list ~20)."""
+        buffers, and the optimizer's state (a list, because walking it is much cheaper than walking the modules)."""
         watched = []
         for module in self.model.modules():
             skip = _RANGE_BUFFERS if isinstance(module, FakeQuantize) else ()  # written when read, never in a step

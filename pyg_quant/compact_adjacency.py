@@ -46,11 +46,8 @@ MAX_ADJ_PLANES = 8  # bit planes per entry that the bit_spmm kernels accept
 
 # ``"auto"`` decodes a plan into tiles only when its tiles are at least this full (tile entries over
 # tiles · 4096).  A tile costs its 512 bytes per plane plus the 256 feature rows of codes that bit_spmm reads
-# for it, whatever it holds; the CSR gather reads about one feature row per entry.  Measured on an H100
-# (benchmarks/csr_decode.py, 32,000 rows, d = 64; benchmarks/RESULTS.md, 2026-11-24): a products-scale cluster
-# batch (fill 1.8%, 13,900 tiles) aggregates 2.2x faster as CSR at 4 bits (31 vs 71 us) and 1.5x at 1 bit;
-# block-diagonal batches of 2,000 tiles favour the tiles from a fill of ~6% at 4 bits (17 vs 20 us) and at
-# every fill at 1 bit; at 3% the two tie at 4 bits.
+# for it, whatever it holds; the CSR gather reads about one feature row per entry, so sparse tiles lose to it
+# (benchmarks/csr_decode.py; see benchmarks/RESULTS.md, Layers and kernels, "Tiles or CSR").
 MIN_TILE_FILL = 1 / 32
 
 DEFAULT_MIN_TILE_NNZ = 16  # a 16 x 256 block with fewer entries goes to the CSR residual
@@ -58,8 +55,7 @@ DEFAULT_MIN_TILE_NNZ = 16  # a 16 x 256 block with fewer entries goes to the CSR
 ADJACENCY_FORMS = ("auto", "tiles", "csr")
 
 # The form used where none is asked for (loader batches, from_edge_index, the layers' own packing): "auto", which
-# on cluster batches means the CSR (GIN 3x64 inference at 4 bits on an H100: 24.4 ms per epoch against 27.9 with
-# tiles, benchmarks/RESULTS.md, 2026-11-24).
+# on cluster batches (tiles ~2% full) means the CSR, the faster form there.
 DEFAULT_ADJACENCY = "auto"
 
 

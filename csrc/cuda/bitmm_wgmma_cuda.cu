@@ -20,10 +20,10 @@
 // warps arrives on that stage's `empty` barrier in every CTA of the cluster.  No block-wide barrier in the loop:
 // the copies run as far ahead as the stages allow, and the two consumer warpgroups drift freely.
 //
-// Why a 2-CTA cluster sharing B (TMA multicast), with the arithmetic.  At the measured 15.6 binary POPS one
+// Why a 2-CTA cluster sharing B (TMA multicast), with the arithmetic.  At the b1 peak of ~15.6 binary POPS one
 // m64n256k256 (8.4M ops) takes ~128 SM cycles (15.6e15 / 132 SMs / ~1.85 GHz ≈ 64K ops per cycle).  A 128 x 256
 // tile's k256 step (2 MMAs, 256 cycles) reads A 128 x 32 B = 4 KB and B 256 x 32 B = 8 KB: 48 B per SM cycle,
-// 132 x 1.85e9 x 48 ≈ 11.7 TB/s from L2 at peak, twice what H100's L2 delivers (~5.5-7 TB/s), so 50% of peak was
+// 132 x 1.85e9 x 48 ≈ 11.7 TB/s from L2 at peak, about twice what a Hopper L2 delivers, so 50% of peak was
 // the ceiling of the unshared tile.  Two CTAs of a cluster take the M tiles 2i and 2i+1 of one N tile; each
 // copies its own A tile (4 KB per step) and half of the common B tile (4 KB), multicast into both: 8 KB per SM
 // per 256 cycles = 32 B/cycle, 7.8 TB/s at peak, 3.9 TB/s at 50%.  Rejected: a third consumer warpgroup (192 x
@@ -32,8 +32,8 @@
 // leave SMs of some GPCs idle — the next step if L2 still bounds this one.  An A tile is read by every N tile of
 // its rows: the n-fastest grid runs those CTAs together, so A comes from DRAM once (and from L2 once per N tile).
 //
-// Persistent: the grid is as many clusters as the device runs at once (cudaOccupancyMaxActiveClusters, 66 on an
-// H100 / H200), and each walks work units (an N tile of a pair of M tiles) with a stride of the grid.  The
+// Persistent: the grid is as many clusters as the device runs at once (cudaOccupancyMaxActiveClusters, 66 on a
+// 132-SM GPU), and each walks work units (an N tile of a pair of M tiles) with a stride of the grid.  The
 // producer's stages run on from one unit into the next, so a unit's first chunks are copied while the consumers
 // multiply its predecessor's last ones and store its result; with one unit per cluster the SMs of a full grid
 // stored their results all at once (17 MB at 16384 x 512) while no MMA ran, then filled the next wave's pipelines
@@ -425,7 +425,7 @@ bool bitmm_int_wgmma(const at::Tensor& a, const at::Tensor& b, int64_t rows, int
   // n128 for several), so that one A plane's pairs run as one pair does (one accumulator, MMAs back to back) and
   // several A planes make s pairs instead of s x t, each plane's columns folded into the result in registers.
   // 3, 5, 6 or 7 planes leave slots empty (zeros): up to 1/3 of the MMAs wasted, against t times the pairs, each
-  // waiting for its partial's fold.  Measured on an H200 (16384 x 16384 x 512): 1 x 4 bits 2.5x, 8 x 8 1.8x faster.
+  // waiting for its partial's fold (see benchmarks/RESULTS.md, Layers and kernels, Dense bitmm).
   const int stack = t >= 2 ? (t <= 2 ? 2 : t <= 4 ? 4 : 8) : 1;
   // One pair keeps a single accumulator and can afford n256 (128 registers); several keep three (result + two
   // partials), so n128 at most.

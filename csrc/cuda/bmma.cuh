@@ -12,7 +12,7 @@
 namespace pyg_quant {
 namespace cuda {
 
-// D = popc(A AND B) + C.  AND only: XOR is emulated on sm_90 (measured 6x slower).
+// D = popc(A AND B) + C.  AND only: XOR is emulated on sm_90 (several times slower).
 __device__ __forceinline__ void bmma_and_popc(int32_t (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile(

@@ -25,27 +25,20 @@
 // as the rows are loaded, so that a layer fed the loader's codes (GCN's first X·W) skips dequantize's pass and its
 // float32 round trip (12.8 MB written and read again at 32,000 x 100).  Column layout: a warp's 4 rows are 4 bits of
 // one word of every column and plane; a lane loads its columns' words itself (the block's 8 warps read the same
-// words, so L1 serves all but the first) and spreads the 4 bits to 4 bytes with one multiply.  A first version
-// staged the block's words in shared memory between two barriers: 31.2 µs against 35.9 for dequantize + quant_mlp
-// (H200, GCN's 100 -> 16 layer on 32,000 rows), where the float kernel alone takes ~20; this one measured 30.8 in
-// fewer registers and with no barrier, 28.7 with a column's range loaded once a group (ncu: the decode's
-// instructions, 15.7M against the float kernel's 11.7M at the same issue rate, are its cost).  Row layout: a lane
+// words, so L1 serves all but the first) and spreads the 4 bits to 4 bytes with one multiply; no shared-memory
+// staging, whose barriers cost more than the reloads, and a column's range loaded once a group, since the decode's
+// instructions are this path's cost.  Row layout: a lane
 // reads the plane words of its columns straight from global memory (a warp's 32 columns share a word).
 //
 // Why kRows rows a warp: the product is bound by shared-memory loads.  With one row a warp, a lane loaded per row
 // and layer words/4 × (1 LDS.128 of codes + 4·kChunks LDS.32 of weights), each weight word serving that one row:
-// 4 × (1 + 8) = 36 for a 64 -> 64 layer, ~50 shared loads a row-layer with the epilogue's parameters (a GIN MLP
-// 64 -> 64 -> 64 -> 64 over 32,000 rows: ~4.9M warp-level loads, ~37K per H100 SM; it took 49 µs).  With kRows
+// 4 × (1 + 8) = 36 for a 64 -> 64 layer, ~50 shared loads a row-layer with the epilogue's parameters.  With kRows
 // rows each weight group (and each epilogue parameter) feeds kRows rows: words/4 × (kRows + kChunks) loads per
 // kRows rows.  Each row keeps its own registers (h, acc), reductions and code buffer (32·kChunksIn bytes, a
-// compile-time stride: every code's address is the lane's base plus an immediate).  Counted (ncu source counters,
-// H100, GIN's 64 -> 64 -> 64 with col_keys over 32,000 rows, 17.6M warp instructions): a group of 4 rows took ~590
-// instructions a layer outside the product (range ~150, codes ~150, the float64 epilogue ~250) and 73 a product
-// step (32 of them IDP, 8 LDS.32 of weights and ~29 of addressing and loop control, the weight stride re-read
-// from shared memory each step); the codes' stores and the row's range were branches (BSSY / BRA / BSYNC) around
-// a per-code address recomputed from the thread index.  Now the range is decoded by selects, the codes are
-// stored branch-free at immediate offsets, and a product step is 4 + kChunks LDS.128 and 16·kChunks IDP with the
-// steps unrolled to the widest input (mlp_layer).  Rows past the end (the last group
+// compile-time stride: every code's address is the lane's base plus an immediate).  The kernel is issue-bound, and
+// most of a row's instructions are outside the product (its range, its codes, the float64 epilogue), so those are
+// kept branch-free: the range is decoded by selects, the codes are stored at immediate offsets, and a product step
+// is 4 + kChunks LDS.128 and 16·kChunks IDP with the steps unrolled to the widest input (mlp_layer).  Rows past the end (the last group
 // only) carry zeros and store nothing; a group's rows are the same on every lane, so every warp-wide intrinsic
 // still runs on the full warp.  Registers (ptxas 13.0, sm_80 / sm_90a), float input, kChunks 1, 2, 4, 8: 60 / 58,
 // 66 / 64, 80 / 80, 126 / 128 at kRows = 4, no spills; with col_keys 48 / 62, 66 / 64, 79 / 80, 128 / 128.
@@ -206,8 +199,8 @@ __device__ __forceinline__ void load_rows(const MlpArgs& args, int64_t r0, int i
   } else {
     const MlpInput& in = args.input;
     // Row layout: column c = lane + 32j is bit `lane` of word j of the row (a warp's lanes share the word, one
-    // broadcast load).  A run-time loop over the planes (unrolled 8 deep it held every load in flight and spilled);
-    // loading four planes a round trip measured slower (42.9 against 36.9 µs on GCN's 100 -> 16 layer, H200).
+    // broadcast load).  A run-time loop over the planes (unrolled 8 deep it held every load in flight and spilled;
+    // four planes a round trip was slower).
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) {
       const int c = lane + 32 * j;
@@ -352,9 +345,8 @@ __device__ __forceinline__ void mlp_layer(const MlpLayer& L, const float (&x)[kR
 // quantizes each value it would store with its column's fixed range (code_of, nearest: quantize_pack's steps on the
 // float32 the float kernel stores), then stores the row's packed row codes (row_codes.h) itself: a lane's code
 // shifted to its place in its 32-bit word, the word's lanes (32 / container of them, consecutive) OR-ed together by
-// shuffles, the word stored by its first lane.  Nothing is shared between warps, so no barrier ties them (a first
-// version staged a block's 32 rows in shared memory and wrote the column-layout planes after a barrier: on an H100
-// it took 39 µs on GIN's 64 -> 64 -> 64 against 24 for the float kernel, the warps' phases lined up by the barrier).
+// shuffles, the word stored by its first lane.  Nothing is shared between warps, so no barrier ties them (a barrier
+// that let the block write the column-layout planes lined the warps' phases up and made the kernel far slower).
 // The column-layout planes are made from the row codes when asked for (planes_from_row_codes).  The warps also
 // cover the rows of the padded node count past args.rows (zero codes), so that every row is written: no memset.
 template <int kChunks, int kRows, typename Chain>
@@ -419,8 +411,8 @@ __device__ __forceinline__ void store_codes(const MlpArgs& args, int out_cols, i
 // alone, ptxas took 80 on sm_90a and spilled 8 bytes; the column-code kernels at four chunks ask for 2 as well (left
 // alone they took 80 and spilled 4-16 bytes on sm_90a).  The wide-first float kernel without col_keys asks for 4 on
 // sm_90a and leaves sm_80 to ptxas (64 registers: asked for 4 or 3 there it spilled 12-16 bytes).  The float
-// kernels at two chunks ask for 4 on sm_90a: with col_keys ptxas took 66 registers (3 blocks; 26.0 against 21.9 µs
-// without keys in a GIN batch, H100) and, held to 64, spilled the sign word of the output row pitch until the
+// kernels at two chunks ask for 4 on sm_90a: with col_keys ptxas took 66 registers (3 blocks, slower than the
+// unkeyed kernel at 4) and, held to 64, spilled the sign word of the output row pitch until the
 // store's row offset took that pitch zero-extended (sm_80 is left to ptxas: held to 64 it spilled 4 bytes).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 constexpr int kWideFloatBlocks = 0, kFloatTwoChunkBlocks = 0;
@@ -675,8 +667,8 @@ at::Tensor launch_quant_mlp(MlpInput input, int kind, const char* input_name, in
   int later_width = 0;
   for (int64_t l = 1; l <= layers; ++l) later_width = std::max(later_width, static_cast<int>(widths[l]));
   const int later_chunks = chunks_of(later_width);
-  // Not for row-layout codes: their plane-at-a-time loads measured slower there (41.4 against 37.1 µs on GCN's
-  // 100 -> 16 layer, H200), while float input gained 19% (100 -> 64 -> 64) and column codes 8% (100 -> 16).
+  // Not for row-layout codes: their plane-at-a-time loads are slower in this kernel, while float input and
+  // column codes gain from it (see benchmarks/RESULTS.md, Layers and kernels, quant_mlp).
   const bool wide_first = chunks == 4 && later_chunks <= 2 && kind != kRowPlanesInput;
   const int rows_per = rows_per_warp(chunks);
   args.codes_offset = align_up(offset, 16);

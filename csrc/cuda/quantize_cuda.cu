@@ -121,9 +121,8 @@ __device__ __forceinline__ void stage_plane_words(const uint32_t* __restrict__ p
 
 // Row layout: word (r, w) holds columns 32w..32w+31 of row r.  A group of `lanes` lanes (the power of two that
 // covers cols, at most 32) owns a row at a time, lane l of it columns l, l + lanes, ...: a plane word is read by
-// all of a group at once, and every store covers consecutive outputs.  Measured on an H100 at 32,000 rows, 4 bits
-// (graph replay): 23.0 / 13.6 / 5.3 us at 100 / 64 / 16 columns, against 23.1 / 15.3 / 5.2 for one thread per
-// element (a 64-bit division and modulo each) and 20.2 / 12.4 / 8.5 for a whole warp a row (half of it idle at 16).
+// all of a group at once, and every store covers consecutive outputs: no 64-bit division per element, and no
+// half-idle warp on narrow rows (see benchmarks/RESULTS.md, Layers and kernels, dequantize).
 template <typename Store>
 __global__ void unpack_rows_kernel(const uint32_t* __restrict__ planes, Store store, int64_t rows, int64_t cols,
                                    int64_t words, int bits, int64_t plane_stride, int lanes) {
@@ -148,9 +147,8 @@ __global__ void unpack_rows_kernel(const uint32_t* __restrict__ planes, Store st
 // (256 rows).  It first copies the bits x 32 x kUnpackWords plane words into shared memory, kUnpackWords consecutive
 // threads reading one column's words (a whole 32-byte sector: the planes are read once, every byte used); then warp
 // ty writes rows ty, ty + 8, ... with lane = column, so every store is a row's 32 consecutive outputs.  Columns
-// cols..ld-1 of the output get code 0.  The version that decoded 32 rows x 32 columns a block (one word per column,
-// a 32-byte sector for 4 bytes used, 4 rows a thread) took 19 us for 32,000 x 100 at 4 bits on an H100 (e2e
-// profile), where the 12.8 MB of float32 it writes need ~5.
+// cols..ld-1 of the output get code 0.  Reading one word per column instead (a 32-byte sector for 4 bytes used)
+// made the kernel several times slower than its stores.
 constexpr int kUnpackWords = 8, kUnpackCols = 32, kUnpackThreads = 256;
 
 template <typename Store>
@@ -203,8 +201,8 @@ __global__ void pack_row_codes_rows_kernel(const uint32_t* __restrict__ planes, 
 // Column layout: a block owns 256 nodes (8 plane words) and 32 columns.  It first copies the bits x 32 x 8 plane
 // words it needs into shared memory, 8 consecutive threads reading one column's 8 words (a whole 32-byte sector),
 // then thread n assembles node n's codes of those columns, container(bits) words, from words that every lane of its
-// warp reads at once (a broadcast).  The thread-per-output-word version read each plane word once per code from
-// global memory: 10-17 us for 32,000 x 64 at 4 bits on an H100, issue- and latency-bound (ncu).
+// warp reads at once (a broadcast), instead of each thread reading every plane word once per code from global
+// memory, which was issue- and latency-bound.
 constexpr int kPackNodes = 256, kPackNodeWords = kPackNodes / 32, kPackCols = 32;
 
 template <int kBits>
@@ -355,9 +353,8 @@ __global__ void quantize_pack_row_ranges_kernel(const float* __restrict__ x, con
 // both ends NaN, as amin/amax do).  A caller that has the keys already (quant_mlp's col_keys, made as its kernel
 // stores the values) skips pass 1.
 
-// Pass 1 (column layout): extrema of 32 columns over 256-row slabs, one atomic per column and block.  (16 loads in
-// flight a thread over 128-row slabs measured slower in the e2e batch, 5.2 against 4.5 us on 32,000 x 64 on an H100:
-// twice the same-address atomics.)
+// Pass 1 (column layout): extrema of 32 columns over 256-row slabs, one atomic per column and block.  (Smaller slabs
+// with more loads in flight are slower: twice the same-address atomics.)
 constexpr int kRangeCols = 32, kRangeWarps = 8, kRangeRowsPerThread = 32;
 
 __global__ void column_extrema_kernel(const float* __restrict__ x, int64_t rows, int64_t cols,
@@ -415,14 +412,9 @@ __device__ __forceinline__ uint32_t transpose_bits32(uint32_t x, int lane) {
 // column 16 j / (32 / container) + b / container.  Column sums: each plane word's popcount, shifted by its plane and
 // added over the column's lanes, then over the block's slabs in shared memory (skipped when sums is null).
 // Counted, 4 bits: ~7 instructions a code and ~30 a transposed word (two words for 16 columns), for 32 rows at
-// once.  Before: a 32 x 8 block per 4 slabs, codes staged in shared memory and read back per column for kBits
-// ballots each, row codes repacked from that tile with a run-time division: 4.4M warp instructions for 32,000 x 16
-// and 4.85M for 32,000 x 64 (ncu, H200: 11.8 and 13.6 us, issue-bound, most of it the padding columns and the
-// repacking).  Then (H100, ncu): one ballot a plane and column, lane c keeping column c's words, 16 columns a warp:
-// 1.19M and 3.04M instructions, 8.7 and 13.9 us, latency-bound (22 and 17 cycles between a warp's instructions).
-// This one (H100, ncu, RESULTS.md 2026-11-26): 1.05M and 2.30M instructions, 8.3 and 12.3 us against 11.6 and 14.1
-// for the first kernel in the same call; still latency-bound (0.76 waves, 20-22 cycles between a warp's
-// instructions: loads, range, codes, five shuffle rounds, stores, a block barrier, one atomic a column).
+// once: building the plane words by transposing the row codes needs far fewer instructions than ballots per plane
+// and column (which also ran for the padding columns).  The kernel is latency-bound (loads, range, codes, five
+// shuffle rounds, stores, a block barrier, one atomic a column; see benchmarks/RESULTS.md, Layers and kernels).
 // Columns past cols and rows past rows get code 0: zero plane words, zero row codes, nothing summed.
 constexpr int kColWarps = 8, kColGroup = 16, kGroupsPerChunk = 32 / kColGroup, kColSlabs = kColWarps / kGroupsPerChunk;
 
@@ -564,9 +556,8 @@ void dispatch_bits(int64_t bits, F&& f) {
 }
 
 // planes_from_row_codes: the column-layout planes (layout.py) of packed row codes.  A block takes octets of 32-row
-// groups (256 rows: one 32-byte sector of every plane row, so that the planes are written in whole sectors; a first
-// version wrote a group's words one 4-byte store apiece: 12 µs on 32,000 x 64 8-bit codes on an H100, as long as the
-// dynamic quantizer; octets with 16 warps and a run-time loop over the planes, 11 µs; this one ~9.7 in a GIN batch).
+// groups (256 rows: one 32-byte sector of every plane row, so that the planes are written in whole sectors rather
+// than one 4-byte store per word, which made the kernel as slow as the dynamic quantizer).
 // The octet's rows are contiguous: the block copies them into shared memory at an odd word pitch, then warp w takes
 // group w % 8 and every fourth column from w / 8 (a lane a row, 32 banks) and forms each plane's word of a column
 // with one ballot (kBits of them, unrolled: independent); the words gather in shared memory in the planes' own order

@@ -162,9 +162,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) bit_spmm_kernel(const Spm
 
 // Binary adjacency, 32-bit sums: registers capped so that 6 blocks of 128 threads share an SM at 4-bit containers
 // (80 registers) and 5 at 2-bit ones (96; 80 spill there), and a 32,000-row batch at d = 64 (128,000 threads) takes
-// one wave and a quarter instead of two (ptxas, sm_80 and sm_90a: no spills).  Tried and measured on an H100: 8 codes
-// a lane at 4-bit containers (a 32-bit word: twice the lanes and loads in flight, 12 blocks of 40 registers) took
-// 25.5 us against 22.3 on the products-scale batch at d = 64, so the width of a lane's slice is not what bounds it.
+// one wave and a quarter instead of two (ptxas, sm_80 and sm_90a: no spills).  Narrower slices (8 codes a lane, twice
+// the lanes and loads in flight) were slower: the width of a lane's slice is not what bounds the gather.
 template <typename Acc, int kContainer, bool kWeighted>
 constexpr int gather_min_blocks() {
   return kWeighted || sizeof(Acc) != 4 ? 1 : kContainer == 4 ? 6 : kContainer == 2 ? 5 : 1;
@@ -177,8 +176,7 @@ __global__ void __launch_bounds__(kGatherThreads, gather_min_blocks<Acc, kContai
   constexpr int kRowValues = kLanes * S::kCodes, kWarpRows = 32 / kLanes;  // a row's slice; rows a warp
   // Rows of several lanes stage the warp's results and store them together (store_staged_rows): [warp][row]
   // [kRowValues] of Acc, or of float for the affine epilogue (never wider than Acc).  A row of one lane stores its
-  // own: measured (H200, products-scale batch, 4-bit, d = 16) 8.0 us direct against 8.7 staged, where at d = 64
-  // staging took 15.3 us to 12.7.
+  // own: staging measured slower there (see benchmarks/RESULTS.md, Layers and kernels).
   constexpr bool kStaged = kLanes > 1;
   __shared__ __align__(16) unsigned char staged[kStaged ? kGatherThreads * S::kCodes * sizeof(Acc) : 16];
   const int lane = threadIdx.x % 32;

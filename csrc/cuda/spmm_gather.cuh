@@ -45,8 +45,8 @@ struct SpmmArgs {
 // mapping those to one contiguous range of rows (SM slot s = b mod sms takes ranges of q or q + 1 blocks, q =
 // blocks / sms) makes the blocks that share an SM, and so its L1, gather the same neighbourhoods: a METIS batch
 // lists each part's nodes together and most of a row's neighbours are in its part.  A bijection of [0, gridDim.x)
-// whatever the scheduler does, so it only ever costs locality.  Measured (H100, products-scale batch, 4-bit, d = 64):
-// 16.2 us against 17.7 in launch order.  Only for a grid of one row of blocks: a second row (feature slices) would be
+// whatever the scheduler does, so it only ever costs locality (see benchmarks/RESULTS.md, Layers and kernels).
+// Only for a grid of one row of blocks: a second row (feature slices) would be
 // handed out after the first, so its blocks would not share SMs with the first row's.
 __device__ __forceinline__ uint32_t sm_contiguous_block(int block_sms) {
   if (block_sms <= 0 || gridDim.y != 1) return blockIdx.x;
@@ -64,38 +64,20 @@ __device__ __forceinline__ uint32_t sm_contiguous_block(int block_sms) {
 // entries, with weights at most 255 (the 8-bit adjacency); a larger weight is added straight to Acc.  A binary
 // adjacency's row shorter than flush_every runs a loop without the overflow count; a binary adjacency sums in 8-bit
 // fields instead at containers of 1 to 4 bits, in 16-bit fields at 8-bit ones (gather_row_bytes).  Each lane keeps
-// kGatherBatch gathers in flight and loads the next batch's columns while they land.  What bounds it (ncu, H200, 32,000 rows, 1.27M entries,
-// 4-bit, d = 64, fused float epilogue): instruction issue -- 8.9M warp instructions, issue slots 60% busy with 4.8
-// active warps a scheduler (28% occupancy at 80 registers, 1.26 waves), L2 at 44% of its throughput.  19 us there
-// (graph replay; 87.5 us for fp32 CSR).  Tried and measured there, not kept: four lanes sharing a feature slice,
-// each taking every fourth entry, sums halved across lanes by shuffles, persistent threads pipelined over rows (one
-// round trip a row; 11.5M instructions: the per-row work four times over; 18.5 us, worse at d = 128 and 2 bits);
-// batches of 8 entries at 64 registers, one wave (19.0-19.8 us).  Measured again on an H100 (2026-11-26, same batch,
-// the int sums): 6.6M warp instructions, stalls mostly long-scoreboard (47% of samples, at the first use of a batch's
-// codes); 2.5M L1 data-pipe wavefronts (a column and a code load an entry, each touching one line a row of the warp's
-// eight).  With every column remapped onto the row itself (all codes L1 hits) the same kernel takes 12.1 us against
-// 17.7, onto 2,048 nodes 13.9, onto uniform random nodes 19.2: locality is worth a third, the rest is the wavefronts
-// and the per-row chain.  So the blocks run SM by SM (sm_contiguous_block, 16.2 us); the four lanes of a row sharing
-// its column loads through shuffles (a third of the wavefronts gone) was slower, 19.3 us, the shuffles sitting on the
-// path to the code loads; 8-entry batches at 64 registers in one wave, with the block order, 17.1; the columns in a
-// sliced-ELL order (a warp's 8 rows' j-th columns in one 32-byte run) 16.1 (10.7 against 11.7 with every code an L1
-// hit); a row's codes staged into shared memory by 8-byte cp.async, 24 to 48 entries at once, 19.6-23.1; each
-// 128- or 64-row window's distinct source rows staged in shared memory first, 20.5-20.9; two rows a thread in one
-// wave, 18.1 (timestamped per warp: each warp's chain stretches with its SM's load, so the second wave costs
-// nothing); a row's columns loaded four at a time from 16-byte boundaries (a quarter of their wavefronts), 18.1
-// (benchmarks/RESULTS.md); the byte loop's column loads without their bound checks (11% fewer instructions a batch),
-// no faster (16.3 against 16.2).  What all of those left out was the store (2026-11-26, H200): with 4,000 entries
-// in the whole batch the kernel still took 12.3 us at d = 64 (8 MB of int32 results, each lane's 64 bytes stored
-// straight from its registers, so that every 16-byte store instruction of a warp half-wrote 32 sectors), and the
-// same kernel with the warp's rows staged in shared memory and stored by consecutive lanes (store_staged_rows)
-// 5.1 us: 12.7 us instead of 15.3 for the whole batch.
+// kGatherBatch gathers in flight and loads the next batch's columns while they land.  The kernel is bound by each
+// row's chain of dependent loads (row bounds, then columns, then codes), not by bandwidth: a gather that only makes
+// those loads is within ~25% of it.  So the design keeps the chain short (batches of columns loaded ahead, no
+// per-entry bound checks in whole batches) and the stores whole: a warp's rows are staged in shared memory and
+// stored by consecutive lanes (store_staged_rows), since each lane storing its own 64 bytes half-wrote 32 sectors a
+// store instruction.  Variants that shared loads across lanes, staged codes in shared memory or reordered the
+// columns were slower (see benchmarks/RESULTS.md, Layers and kernels, "bit_spmm: the CSR gather").
 constexpr int kGatherThreads = 128, kGatherBatch = 8, kByteBatch = 12;
 static_assert(kByteBatch <= 17, "gather_row_bytes flushes once a batch: a batch must fit in 255 / 15 entries");
 
 template <int kContainer, typename Acc>
 struct GatherSlice {
   // features per lane: 16 (a 64-feature row takes 4 lanes: twice the threads of 32, in fewer registers each,
-  // since a 32,000-row batch at 32 codes a lane filled under one wave at 25% occupancy, measured), 32 for 1-bit
+  // since 32 codes a lane left a batch under one wave at low occupancy), 32 for 1-bit
   // containers (one 32-bit word, the smallest vector load)
   static constexpr int kCodes = kContainer == 1 ? 32 : 16;
   static constexpr int kWords = kCodes * kContainer / 32;      // 32-bit words per lane per entry
@@ -233,8 +215,7 @@ __device__ __forceinline__ void load_byte_batch_columns(const int32_t* __restric
 // whole (one LEA.HI an entry and word), the flush taking byte 2's share back out of the latter, every byte_room
 // = 255 entries (exact: see flush).  sm_90a SASS: ~19 instructions an entry and lane, where
 // gather_row's 16-bit halves (three instructions a word's two halves, and 64-bit bound checks on every entry)
-// took ~38; measured (H100, products-scale batch, CSR form, 8-bit codes): 14.7 us against 16.7-17.1 at d = 64,
-// 24.6 against 28.4-29.0 at d = 100, 23.9 against 28.5-28.9 at d = 128.
+// took ~38, so 8-bit gathers are ~15% faster this way (see benchmarks/RESULTS.md, Layers and kernels).
 template <int kContainer, typename Acc>
 __device__ __forceinline__ void gather_row_bytes_from(const SpmmArgs& p, const uint8_t* __restrict__ source_codes,
                                                       int64_t begin, int64_t end, uint32_t (&col)[kByteBatch],

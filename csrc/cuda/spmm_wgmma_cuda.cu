@@ -4,10 +4,10 @@
 //
 // Why 128 rows.  A 16 x 256 tile's multiply reads the chunk's 256 feature rows (64 features x 4 bits = 8 KB) for
 // 16 rows of output; on a products-scale cluster batch (32,000 rows, 1.27M entries, 2% dense diagonal blocks) the
-// tiles holding 81% of the entries would read 114 MB of features that way (RESULTS.md, "bit_spmm: tile fill"), more
+// tiles holding 81% of the entries would read 114 MB of features that way, more
 // than the CSR gather's one 32-byte code row per entry.  A 128-row block reads the chunk once for 8 windows: the
 // same entries need ~2,000 k256 steps of 4 KB adjacency + 8 KB features, and the MMAs (two m64n256k256 a step,
-// ~256 SM cycles) take ~2 us for the whole batch at the measured b1 peak.
+// ~256 SM cycles) take a few microseconds for the whole batch at the b1 peak.
 //
 // Layout in shared memory.  The tiles stay in the canonical format (pyg_quant/layout.py, tile_bits[0, t] = 16 rows x
 // 8 words): each present tile of a chunk is one TMA box of 16 x 32 bytes, written with the 32-byte swizzle at
@@ -31,24 +31,13 @@
 // int32 store.  Persistent: one block an SM walks units with a stride of the grid; the producer's stages run on into
 // the next unit while the consumers finish the last one's rows.
 //
-// Measured (H100, products-scale batch, 16-entry tile threshold: 13,910 tiles in 1,810 steps, 19% of the entries in
-// the residual; RESULTS.md, 2026-11-26): 4-bit, d = 64, int32 sums 18.7 us against 56.9 for the mma.sync tile kernel
-// (16-row windows) and 17.8 for the CSR gather, which stays the default form for such batches ("auto").  Where the
-// 19 us go (same batch, temporary switches, one build): without any copies 16.2 (the copies ~3 us); without the rows'
-// finishing 11.9 (the finishing ~7 us: two passes of 32 rows a consumer warpgroup, each a chain of dependent loads,
-// with no MMA running meanwhile); without either 7.6 us, which is the step protocol itself: ~600-1,000 SM cycles a
-// step (merge, barriers, flags, one MMA a warpgroup) against ~256 of MMA; 2 or 4 stages instead of 8: 23.5, 19.6.
-// Timestamped per CTA (2026-11-26 14:31): a CTA's first stage lands ~2 us after its entry, a unit's MMAs take ~2.8 us
-// (7 steps) and its rows' finishing ~3.7; the last CTA, with a 13-step unit, ends at ~17.  Tried and not kept:
-// finishing warps of their own (a 512-thread CTA caps ptxas at 128 registers a thread, and the m64n256 wgmma needs
-// 154), the residual entries gathered before the MMAs (19.6 us against 17.9: their chains outlast the startup).
-// Kept (2026-11-26 16:22): each thread's residual bounds loaded a unit ahead and each pass's first batch of columns
-// ahead (the first pass's during the MMAs): 18.0 / 22.5 us int32 / fused float against 18.1 / 23.2, 0-5% on every
-// shape, not the 1-2 us predicted for two round trips fewer a unit.  One pass with 32-code slices spilled: ptxas
-// keeps the two accumulators' registers reserved through the finishing, which so has ~90 of the 224.  ncu (same
-// batch): 13.5% occupancy, no eligible warp 76% of cycles, L2 at 33% of its throughput, SMs idle a quarter of the
-// span while the CTAs with the longest units finish.  What could still pay: steps that cover several consecutive
-// chunks, and units balanced by their step counts.
+// Why the tile kernel is not the default for cluster batches: its time is the step protocol (merge, barriers, flags)
+// and the rows' finishing, chains of dependent loads at low occupancy, not its MMAs, so on ~2%-full tiles the CSR
+// gather is as fast or faster and "auto" keeps the CSR form (see benchmarks/RESULTS.md, Layers and kernels).  The
+// residual bounds are loaded a unit ahead and each finishing pass's first batch of columns during the MMAs, to take
+// round trips off that chain.  The finishing runs in two passes because one pass with 32-code slices spilled: ptxas
+// keeps the two accumulators' registers reserved through it (~90 of the 224 left); finishing warps of their own do not fit
+// (a 512-thread CTA caps ptxas at 128 registers a thread, and the m64n256 wgmma needs 154).
 #include "spmm_wgmma_cuda.h"
 
 #include <algorithm>

@@ -21,8 +21,8 @@ def warn_weight_not_cached(module: torch.nn.Module) -> None:
 
     An inference tensor keeps no version counter, so an in-place edit of it could not be told from a cache hit;
     the codes are therefore never cached for one.  A model created, loaded or moved under
-    ``torch.inference_mode`` holds such weights, and each call then quantizes every weight again (on an H200, a
-    GIN 3x64 epoch at 8 bits took 16.1 ms instead of 11.5: benchmarks/RESULTS.md).
+    ``torch.inference_mode`` holds such weights, and each call then quantizes every weight again, which adds
+    several kernels to every layer call (see benchmarks/RESULTS.md, End to end).
     """
     if module.__dict__.get("_warned_weight_not_cached"):
         return
