@@ -1,15 +1,19 @@
-r"""README.md against the files it cites: links resolve, and its result tables equal the recorded benchmark JSON.
+r"""README.md and the documents it links, against the files they cite: links resolve, result tables equal the recorded
+benchmark JSON, and the tour runs.
 
-* every relative link and image target exists in the repository;
-* the QAT accuracy table equals ``benchmarks/accuracy.json`` (mean ± sample sd over the seeds, drop = fp32 mean
-  − quantized mean, in points, two decimals) and its "target met" column follows from the drops;
-* the end-to-end headline equals ``benchmarks/results/e2e_h200_mlp.json`` (graph-replay medians on one stream
-  and on several, resident and with transfers, to 0.01 ms), and so do its speedups over PyG's fastest path;
-* the user-paths table equals ``benchmarks/results/user_paths_h200.json`` (medians to 0.01 ms, ratios against PyG
-  fp32 CSR's eager epoch on the same path);
-* every ``python`` block runs as written: all of them in order, in one namespace, in a temporary working directory,
-  on the CPU (and on CUDA where it is available), with no warning but deprecations; the ``diff`` block names real
-  classes, and the one-line change keeps the layer's parameters.
+* the README stays short (at most 10 KB) and links the documents that hold the rest;
+* every relative link and image target of README.md, ARCHITECTURE.md, CHANGELOG.md and ``docs/*.md`` exists in the repository;
+* the user-paths table of the README equals ``benchmarks/results/user_paths_h200.json`` (medians to 0.01 ms, ratios
+  against PyG fp32 CSR's eager epoch on the same path);
+* the QAT accuracy table of ``docs/results.md`` equals ``benchmarks/accuracy.json`` (mean ± sample sd over the seeds,
+  drop = fp32 mean − quantized mean, in points, two decimals) and its "target met" column follows from the drops;
+* the end-to-end table and headline of ``docs/results.md`` equal ``benchmarks/results/e2e_h200_mlp.json``
+  (graph-replay medians on one stream and on several, resident and with transfers, to 0.01 ms), and so do its
+  speedups over PyG's fastest path; the README's one-line summary quotes the same 4-bit speedups;
+* every ``python`` block runs as written: the README's, then ``docs/api.md``'s (which continues the tour), all in
+  order, in one namespace, in a temporary working directory, on the CPU (and on CUDA where it is available), with no
+  warning but deprecations; the README's ``diff`` block names real classes, and the one-line change keeps the layer's
+  parameters.
 """
 import json
 import os
@@ -27,10 +31,25 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGETS = {8: 0.5, 4: 1.5, 2: 5.0}  # allowed drop in points (benchmarks/RESULTS.md)
 
 
+README_MAX_BYTES = 10 * 1024
+DOCUMENTS = ["README.md", "ARCHITECTURE.md", "CHANGELOG.md"] + sorted(
+    os.path.join("docs", name) for name in os.listdir(os.path.join(ROOT, "docs")) if name.endswith(".md"))
+
+
+def read(path: str) -> str:
+    with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+        return f.read()
+
+
 @pytest.fixture(scope="module")
 def readme():
-    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
-        return f.read()
+    return read("README.md")
+
+
+@pytest.fixture(scope="module")
+def results_doc():
+    """docs/results.md: the end-to-end and QAT accuracy tables the README links."""
+    return read(os.path.join("docs", "results.md"))
 
 
 def table_rows(text: str, header_start: str):
@@ -45,17 +64,28 @@ def table_rows(text: str, header_start: str):
     return rows
 
 
-def test_relative_links_and_images_exist(readme):
-    targets = re.findall(r"\]\(([^)\s]+)\)", readme)
+def test_readme_is_short_and_links_the_rest(readme):
+    assert len(readme.encode("utf-8")) <= README_MAX_BYTES
+    for target in ("ARCHITECTURE.md", "CHANGELOG.md", "benchmarks/RESULTS.md", "docs/api.md", "docs/several_gpus.md",
+                   "docs/building.md", "docs/results.md", "examples/", "notebooks/"):
+        assert f"]({target})" in readme, target
+
+
+@pytest.mark.parametrize("document", DOCUMENTS)
+def test_relative_links_and_images_exist(document):
+    text, base = read(document), os.path.dirname(os.path.join(ROOT, document))
+    targets = re.findall(r"\]\(([^)\s]+)\)", text)
     local = [t.split("#")[0] for t in targets if not re.match(r"[a-z]+://", t) and not t.startswith("#")]
-    assert "benchmarks/accuracy.png" in local and "benchmarks/results/e2e_h200_mlp.png" in local
-    missing = [t for t in local if t and not os.path.exists(os.path.join(ROOT, t))]
+    missing = [t for t in local if t and not os.path.exists(os.path.normpath(os.path.join(base, t)))]
     assert not missing, missing
-    for image in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", readme):
-        assert image.endswith(".png") and os.path.getsize(os.path.join(ROOT, image)) > 0
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
+    for image in images:
+        assert image.endswith(".png") and os.path.getsize(os.path.normpath(os.path.join(base, image))) > 0
+    if document == os.path.join("docs", "results.md"):
+        assert images == ["../benchmarks/results/e2e_h200_mlp.png", "../benchmarks/accuracy.png"]
 
 
-def test_qat_accuracy_table_matches_accuracy_json(readme):
+def test_qat_accuracy_table_matches_accuracy_json(results_doc):
     with open(os.path.join(ROOT, "benchmarks", "accuracy.json")) as f:
         rows = json.load(f)["rows"]
     stats = {}
@@ -74,7 +104,7 @@ def test_qat_accuracy_table_matches_accuracy_json(readme):
         drop = stats[(model, None, None)][0] - mean
         return f"{text} ({drop:+.2f})".replace("(-", "(−"), drop
 
-    table = table_rows(readme, "| model | bits | target")
+    table = table_rows(results_doc, "| model | bits | target")
     assert len(table) == 15
     for model, bits, target, stochastic, nearest, met in table:
         if bits == "fp32":
@@ -91,11 +121,11 @@ def test_qat_accuracy_table_matches_accuracy_json(readme):
             assert target == "–" and met == "(no target)"
 
 
-def test_e2e_headline_matches_e2e_json(readme):
+def test_e2e_headline_matches_e2e_json(results_doc, readme):
     with open(os.path.join(ROOT, "benchmarks", "results", "e2e_h200_mlp.json")) as f:
         inference = json.load(f)["inference"]
     by_label = {(row["model"], row["label"]): row for row in inference}
-    table = table_rows(readme, "| model | PyG fp32 CSR | PyG bf16 CSR | pyg_quant 8-bit")
+    table = table_rows(results_doc, "| model | PyG fp32 CSR | PyG bf16 CSR | pyg_quant 8-bit")
     labels = ["PyG fp32 CSR", "PyG bf16 CSR"] + [f"pyg_quant {b}" for b in ("8-bit", "8-bit static", "4-bit",
                                                                             "4-bit static", "2-bit", "1-bit")]
     assert [row[0] for row in table] == [f"{model}, {mode}, 1 / 3 streams" for model in ("GIN 3×64", "GCN 3×16")
@@ -109,7 +139,7 @@ def test_e2e_headline_matches_e2e_json(readme):
             assert text == f"{one:.2f} / {several:.2f}", (row[0], label)
     # "2.91× (GIN) and 3.15× (GCN) faster ... resident, 2.51× and 2.89× with transfers": the JSON's own ratios
     ratios = re.search(r"\*\*([\d.]+)× \(GIN\) and ([\d.]+)× \(GCN\) faster than PyG's fastest path with the batches "
-                       r"resident, ([\d.]+)× and ([\d.]+)×", readme.replace("\n", " "))
+                       r"resident, ([\d.]+)× and ([\d.]+)×", results_doc.replace("\n", " "))
     assert ratios
     speedup = {m: by_label[(m, "pyg_quant 4-bit")]["speedup_vs_pyg_fastest"] for m in ("GIN", "GCN")}
     assert [float(v) for v in ratios.groups()] == [round(speedup["GIN"]["resident"], 2),
@@ -117,7 +147,7 @@ def test_e2e_headline_matches_e2e_json(readme):
                                                    round(speedup["GIN"]["+H2D"], 2), round(speedup["GCN"]["+H2D"], 2)]
     # "with static ranges 3.28× and 4.05× (2.74× / 3.29×). At 8 bits 2.59× / 2.61× resident, with static ranges
     # 2.59× / 3.69×"
-    text = readme.replace("\n", " ")
+    text = results_doc.replace("\n", " ")
     static = re.search(r"with static ranges ([\d.]+)× and ([\d.]+)× \(([\d.]+)× / ([\d.]+)×\)\. At 8 bits ([\d.]+)× / "
                        r"([\d.]+)× resident, with static ranges ([\d.]+)× / ([\d.]+)×", text)
     assert static
@@ -129,6 +159,12 @@ def test_e2e_headline_matches_e2e_json(readme):
         ratio("GIN", "pyg_quant 4-bit static", "+H2D"), ratio("GCN", "pyg_quant 4-bit static", "+H2D"),
         ratio("GIN", "pyg_quant 8-bit", "resident"), ratio("GCN", "pyg_quant 8-bit", "resident"),
         ratio("GIN", "pyg_quant 8-bit static", "resident"), ratio("GCN", "pyg_quant 8-bit static", "resident")]
+    # The README's one-line summary quotes the same 4-bit speedups (resident).
+    summary = re.search(r"4-bit inference is ([\d.]+)× \(GIN\) and ([\d.]+)× \(GCN\) faster than PyG's fastest path",
+                        readme.replace("\n", " "))
+    assert summary
+    assert [float(v) for v in summary.groups()] == [round(speedup["GIN"]["resident"], 2),
+                                                    round(speedup["GCN"]["resident"], 2)]
 
 
 def test_user_paths_table_matches_user_paths_json(readme):
@@ -162,17 +198,21 @@ def code_blocks(text: str, language: str):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_python_blocks_run_as_written(readme, device, tmp_path, monkeypatch):
-    blocks = code_blocks(readme, "python")
+    tour = os.path.join("docs", "api.md")  # continues the README's tour in the same namespace
+    blocks = [("README.md", line, source) for line, source in code_blocks(readme, "python")]
     assert len(blocks) >= 4
+    more = [(tour, line, source) for line, source in code_blocks(read(tour), "python")]
+    assert len(more) >= 2
+    blocks += more
     # The device is chosen once, at the top; here it is forced to the device under test.
-    assert DEVICE_LINE in blocks[0][1] and sum(len(re.findall(r"^device = ", s, re.M)) for _, s in blocks) == 1
-    blocks[0] = (blocks[0][0], blocks[0][1].replace(DEVICE_LINE, f"device = {device!r}"))
+    assert DEVICE_LINE in blocks[0][2] and sum(len(re.findall(r"^device = ", s, re.M)) for _, _, s in blocks) == 1
+    blocks[0] = blocks[0][:2] + (blocks[0][2].replace(DEVICE_LINE, f"device = {device!r}"),)
     monkeypatch.chdir(tmp_path)  # whatever the tour writes lands here
     namespace = {"__name__": "__readme__"}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for line, source in blocks:  # tracebacks give README.md's own line numbers
-            exec(compile("\n" * (line - 1) + source, "README.md", "exec"), namespace)
+        for name, line, source in blocks:  # tracebacks give the documents' own line numbers
+            exec(compile("\n" * (line - 1) + source, name, "exec"), namespace)
     shown = [f"{w.filename}:{w.lineno}: {w.category.__name__}: {w.message}" for w in caught
              if not issubclass(w.category, (DeprecationWarning, PendingDeprecationWarning))]
     assert not shown, shown
