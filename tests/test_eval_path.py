@@ -66,10 +66,11 @@ def test_gin_equals_general_path(monkeypatch, device, x_dim, out, loops, adjacen
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("x_kind", ["float", "codes8"])
 @pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize("out_bits", [None, 4])
-def test_gcn_equals_general_path(monkeypatch, device, x_kind, bias, out_bits):
+@pytest.mark.parametrize("out", [(None, 1), (4, 1), (4, 0), (3, None)])
+def test_gcn_equals_general_path(monkeypatch, device, x_kind, bias, out):
+    out_bits, out_dim = out
     torch.manual_seed(0)
-    conv = QGCNConv(24, 20, bias=bias, bits=4, out_bits=out_bits).to(device).eval()
+    conv = QGCNConv(24, 20, bias=bias, bits=4, out_bits=out_bits, out_dim=out_dim).to(device).eval()
     if bias:
         with torch.no_grad():
             conv.bias.normal_()
