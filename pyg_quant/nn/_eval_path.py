@@ -1,4 +1,4 @@
-r"""The eval forward of QGINConv / QGCNConv on a :class:`BitAdjacency`, as a fixed sequence of a few ops.
+r"""The eval forward of QGINConv / QGCNConv on a :class:`BitAdjacency`, as one registered op a layer.
 
 In ``eval()`` without autograd, a layer called on a ``BitAdjacency`` (what ``QuantClusterLoader`` batches hold)
 computes, with ``Q`` the quantizer and ``M`` its fused MLP kernel (:func:`pyg_quant.ops.quant_mlp`):
@@ -8,19 +8,20 @@ computes, with ``Q`` the quantizer and ``M`` its fused MLP kernel (:func:`pyg_qu
 * ``QGCNConv`` on float features or codes it reads as floats:
   ``D^-1/2 Â D^-1/2 X W + b`` = ``bit_spmm(Â, Q(M(X, W, row_scale=D^-1/2)), row_scale=D^-1/2, bias=b)``.
 
-The general ``forward`` reaches exactly these op calls, with the same arguments, through format conversions and
-checks that cost host time at every call; a layer's host time is what bounds an eager forward on a GPU, whose
-kernels take tens of microseconds.  Here what depends only on the layer's parameters (the MLP chain's arguments)
-is kept per layer, keyed by the parameters' storage and version counters, and everything else is read off the
-inputs directly.  The results are the general path's bit for bit (tests/test_eval_path.py); wherever a call
-differs from these cases (training, autograd, hooks, calibration or calibrated ranges, PyG's caches, an explainer's
-mask, ``torch.compile``, other formats or widths) the functions return None and the general path runs.
+Each sequence is one op, :func:`pyg_quant.ops.gin_conv_eval` / :func:`pyg_quant.ops.gcn_conv_eval` (composed in
+C++, ``csrc/conv_eval.h``), because a layer's host time is what bounds an eager forward on a GPU, whose kernels
+take tens of microseconds.  The general ``forward`` reaches the same kernels with the same arguments through format
+conversions and checks.  Here what depends only on the layer's parameters (the MLP chain's arguments) is kept per
+layer, keyed by the parameters' storage and version counters, and everything else is read off the inputs directly.
+The results are the general path's bit for bit (tests/test_eval_path.py); wherever a call differs from these cases
+(training, autograd, hooks, calibration or calibrated ranges, PyG's caches, an explainer's mask,
+``torch.compile``, other formats or widths) the functions return None and the general path runs.
 
 Non-finite inputs are not checked here on the GPU (a check is a host synchronization); they propagate, as in the
 float layers: a NaN or inf in a row or column makes its range NaN, and the values it reaches NaN (see
 :func:`pyg_quant.nn._quantize.check_finite`).
 """
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 from torch import Tensor
