@@ -377,12 +377,15 @@ def test_sharded_inference_gathers_every_node_in_order(parts, graph, tmp_path, c
 
 def _gather_worker(rank, out):
     rows = torch.arange(3 * rank, dtype=torch.float32).view(-1, 1).repeat(1, 2) if rank else torch.empty(0, 5)
-    torch.save(pqd.all_gather_rows(rows), f"{out}_{rank}.pt")
+    torch.save((pqd.all_gather_rows(rows), pqd.gather_rows(rows, 1)), f"{out}_{rank}.pt")
 
 
 def test_all_gather_rows_pads_and_trims(tmp_path):
+    """Every rank gets every piece (all_gather_rows), or rank 1 only (gather_rows to rank 1)."""
     run_ranks(_gather_worker, tmp_path, str(tmp_path / "gather"))
-    for pieces in saved(tmp_path, "gather"):
+    (first, first_to_1), (second, second_to_1) = saved(tmp_path, "gather")
+    assert first_to_1 is None
+    for pieces in (first, second, second_to_1):
         assert [tuple(p.shape) for p in pieces] == [(0, 2), (3, 2)]
         assert torch.equal(pieces[1][:, 0], torch.arange(3.0))
 

@@ -16,11 +16,11 @@ What a ``torchrun`` script (or Lightning's DDP strategy) gets once the process g
 Modules: :mod:`.group` (rank, world size, the collectives' device, seeds), :mod:`.ranges`,
 :mod:`.sampler`, :mod:`.partition`, :mod:`.gather`, :mod:`.inference`.
 """
-from .gather import all_gather_rows
+from .gather import all_gather_rows, gather_rows
 from .inference import sharded_inference
 from .ranges import local_ranges
 from .sampler import DistributedPartSampler
 from .group import rank_seed, seed_everything, world
 
-__all__ = ["DistributedPartSampler", "all_gather_rows", "local_ranges", "rank_seed", "seed_everything",
+__all__ = ["DistributedPartSampler", "all_gather_rows", "gather_rows", "local_ranges", "rank_seed", "seed_everything",
            "sharded_inference", "world"]

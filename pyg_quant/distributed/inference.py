@@ -14,7 +14,7 @@ from typing import Callable, Optional, Union
 
 import torch
 
-from .gather import all_gather_rows
+from .gather import all_gather_rows, gather_rows
 from .group import world
 
 
@@ -100,10 +100,13 @@ def sharded_inference(model: torch.nn.Module, loader, *, forward: Optional[Calla
     else:  # more ranks than batches: this rank sends nothing (the gather takes the others' shape and dtype)
         local_out = torch.empty(0, 1, device=device)
         local_ids = torch.empty(0, dtype=torch.int64, device=device)
-    all_ids = torch.cat(all_gather_rows(local_ids))
-    all_out = torch.cat(all_gather_rows(local_out))
-    if dst is not None and rank != dst:
-        return None
+    if dst is None:
+        all_ids, all_out = torch.cat(all_gather_rows(local_ids)), torch.cat(all_gather_rows(local_out))
+    else:  # only dst receives the rows
+        ids_pieces, out_pieces = gather_rows(local_ids, dst), gather_rows(local_out, dst)
+        if rank != dst:
+            return None
+        all_ids, all_out = torch.cat(ids_pieces), torch.cat(out_pieces)
     num_nodes = int(loader.cluster_data.data.num_nodes)
     seen = torch.zeros(num_nodes, dtype=torch.int64, device=all_ids.device)
     seen.index_add_(0, all_ids, torch.ones_like(all_ids))
