@@ -12,6 +12,7 @@ import pyg_quant as pq
 import pyg_quant.nn.qgcn_conv as qgcn_module
 import pyg_quant.nn.qgin_conv as qgin_module
 from pyg_quant import QGCNConv, QGINConv
+from pyg_quant.nn import QuantLinear
 from pyg_quant.nn import _eval_path
 
 from conftest import DEVICES, gen, random_edges, requires_compiled
@@ -116,6 +117,28 @@ def test_parameter_updates_reach_the_short_path(monkeypatch, device):
         first = other(x, adj)
         other.load_state_dict(state)
         assert not torch.equal(first, after) and torch.equal(other(x, adj), after)
+    # storage swapped without a version bump (what Module.to() does to .data), a layer replaced, its bits changed:
+    # each time the short path's result is the general path's, and differs from the one before
+    def change_swap():
+        other.nn[2].weight.data = other.nn[2].weight.data * 2
+
+    def change_replace():
+        other.nn[0] = QuantLinear(16, 16, bits=4).to(device).eval()
+
+    def change_bits():
+        other.nn[0].weight_bits = 2
+
+    previous = after
+    for change in (change_swap, change_replace, change_bits):
+        with torch.no_grad():
+            change()
+            fast = other(x, adj)
+        with monkeypatch.context() as m:
+            general(m)
+            with torch.no_grad():
+                assert torch.equal(fast, other(x, adj)), change.__name__
+        assert not torch.equal(fast, previous), change.__name__
+        previous = fast
 
 
 def test_other_calls_take_the_general_path():
@@ -234,9 +257,8 @@ def conv_eval_samples(device):
     assert adj.num_tiles > 0 and adj.res_nnz > 0  # both parts of the aggregation
     x = torch.randn(300, 24, generator=gen(22)).to(device)
     codes = pq.to_bit(x, 4, dim=0, layout="col")
-    linears, relus = pq.nn.quant_linear.fused_mlp_plan(gin.nn)
-    chain = _eval_path._chain(gin, linears, relus, _eval_path._linears_key(linears, 24))
-    gcn_chain = _eval_path._chain(gcn, (gcn.lin,), (False,), _eval_path._linears_key((gcn.lin,), 24))
+    chain = _eval_path._mlp_chain(gin, gin.nn, 24)
+    gcn_chain = _eval_path._mlp_chain(gcn, gcn.lin, 24)
     with torch.no_grad():
         self_term = gin._one_plus_eps().reshape(1)
         dinv = qgcn_module.bit_adjacency_deg_inv_sqrt(adj1)

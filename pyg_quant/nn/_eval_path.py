@@ -21,7 +21,7 @@ Non-finite inputs are not checked here on the GPU (a check is a host synchroniza
 float layers: a NaN or inf in a row or column makes its range NaN, and the values it reaches NaN (see
 :func:`pyg_quant.nn._quantize.check_finite`).
 """
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 from torch import Tensor
@@ -37,21 +37,53 @@ from .quant_linear import (QUANT_MLP_MAX_LAYERS, QUANT_MLP_MAX_WIDTH, _QUANT_MLP
                            _layer_bytes, _no_hooks, fused_mlp_plan)
 
 
-def _parameter_key(t: Optional[Tensor]):
-    """What identifies a parameter's values between calls: its storage and version counter (an optimizer step,
-    ``load_state_dict`` or ``.to()`` changes one of them); None for an inference tensor, which keeps no version."""
-    if t is None:
-        return ()
-    if t.is_inference():
+class _Plan(NamedTuple):
+    """A layer's MLP chain as ``ops`` takes it, with what it was built from, to tell whether it still holds."""
+    container: torch.nn.Module  # the MLP (GIN's ``nn``) or the linear layer (GCN's ``lin``)
+    children: tuple  # the container's children when it was built
+    width: int  # input columns
+    params: tuple  # per linear layer: (layer, weight, its data_ptr and version, bias, its data_ptr and version, bits)
+    chain: tuple  # the weight arguments of the op
+
+
+def _tensor_state(t: Optional[Tensor]) -> tuple:
+    return (None, None) if t is None else (t.data_ptr(), t._version)
+
+
+def _plan_holds(plan: _Plan, container, width: int) -> bool:
+    """Whether ``plan`` is still what ``_mlp_chain`` would build: the same modules, the same parameter tensors with
+    the same storage (``.to()`` swaps it) and version (optimizer steps, ``load_state_dict``), the same bit widths,
+    eval mode."""
+    if plan.container is not container or plan.width != width:
+        return False
+    modules = container._modules
+    if len(modules) != len(plan.children) or any(a is not b for a, b in zip(modules.values(), plan.children)):
+        return False
+    for lin, weight, w_state, bias, b_state, bits in plan.params:
+        params = lin._parameters
+        if (params["weight"] is not weight or params.get("bias") is not bias or lin.training
+                or (lin.weight_bits, lin.act_bits) != bits or _tensor_state(weight) != w_state
+                or _tensor_state(bias) != b_state):
+            return False
+    return True
+
+
+def _mlp_chain(conv, container, width: int) -> Optional[tuple]:
+    """The weight arguments of the one ``ops`` call through ``container`` (a Sequential of QuantLinear and ReLU, or
+    one QuantLinear) on ``width`` input columns, kept on ``conv`` while :func:`_plan_holds`; None where the chain
+    does not fuse into one call (the general path then runs)."""
+    plan = conv.__dict__.get("_eval_plan")
+    if plan is not None and _plan_holds(plan, container, width):
+        return plan.chain
+    if isinstance(container, QuantLinear):
+        linears, relus = (container,), (False,)
+    else:
+        fused = fused_mlp_plan(container)
+        if fused is None:
+            return None
+        linears, relus = fused
+    if not _fuses(linears, width):
         return None
-    return (t.data_ptr(), t._version, t.dtype)
-
-
-def _chain(module, linears, relus, key) -> Optional[tuple]:
-    """The weight arguments of one ``ops.quant_mlp`` call through ``linears``, kept on ``module`` per ``key``."""
-    cached = module.__dict__.get("_eval_chain")
-    if cached is not None and cached[0] == key:
-        return cached[1]
     used = sum(_layer_bytes(lin.weight.size(1), lin.weight.size(0)) for lin in linears)
     if len(linears) > QUANT_MLP_MAX_LAYERS or (len(linears) > 1 and used > _QUANT_MLP_LAYER_BYTES):
         return None  # the general path splits the chain into several calls
@@ -59,34 +91,34 @@ def _chain(module, linears, relus, key) -> Optional[tuple]:
     chain = tuple([w[i] for w in weights] for i in range(4)) + (
         [None if lin.bias is None else lin.bias.detach() for lin in linears],
         [int(lin.act_bits) for lin in linears], [int(lin.weight_bits) for lin in linears], [bool(r) for r in relus])
-    module.__dict__["_eval_chain"] = (key, chain)
+    params = tuple((lin, lin._parameters["weight"], _tensor_state(lin._parameters["weight"]),
+                    lin._parameters.get("bias"), _tensor_state(lin._parameters.get("bias")),
+                    (lin.weight_bits, lin.act_bits)) for lin in linears)
+    conv.__dict__["_eval_plan"] = _Plan(container, tuple(container._modules.values()), width, params, chain)
     return chain
 
 
-def _linears_key(linears, width: int) -> Optional[tuple]:
-    """The key of a chain that fuses on ``width`` input columns (None: it does not, or cannot be cached).  Reads
-    the parameters from ``_parameters`` (a Module's attribute lookup costs a microsecond each)."""
-    key = []
+def _fuses(linears, width: int) -> bool:
+    """Whether the chain of ``linears`` fuses on ``width`` input columns in eval: float32 parameters that are not
+    inference tensors (no version counter to tell an edit by), the kernel's widths.  Reads the parameters from
+    ``_parameters`` (a Module's attribute lookup costs a microsecond each)."""
     for lin in linears:
         params = lin._parameters
         weight, bias = params["weight"], params.get("bias")
         if (lin.training or isinstance(weight, UninitializedParameter) or weight.dtype != torch.float32
                 or weight.dim() != 2 or weight.size(1) != width or max(weight.shape) > QUANT_MLP_MAX_WIDTH
-                or (bias is not None and bias.dtype != torch.float32)):
-            return None
-        w_key, b_key = _parameter_key(weight), _parameter_key(bias)
-        if w_key is None or b_key is None:
-            return None
-        key.append((id(lin), w_key, b_key, lin.weight_bits, lin.act_bits))
+                or weight.is_inference() or (bias is not None and (bias.dtype != torch.float32
+                                                                  or bias.is_inference()))):
+            return False
         width = weight.size(0)
-    return tuple(key)
+    return True
 
 
 def _applies(conv, adj) -> bool:
     """The conditions both layers share: eval without autograd, a BitAdjacency, nothing that changes the path."""
     return (type(adj) is BitAdjacency and not conv.training and not torch.is_grad_enabled() and not is_compiling()
             and conv.act_bits is not None and conv.weight_bits is not None
-            and getattr(conv, STATIC_RANGE) is None and conv.__dict__.get("_calibration") is None
+            and conv._buffers.get(STATIC_RANGE) is None and conv.__dict__.get("_calibration") is None
             and not explaining(conv))
 
 
@@ -112,12 +144,10 @@ def gin_eval(conv, x, adj, size) -> Optional[object]:
     eps = conv.eps
     if eps.dtype != torch.float32 or eps.device != x.device:
         return None
-    plan = fused_mlp_plan(conv.nn)
-    if plan is None or not _no_hooks(conv.nn, *conv.nn._modules.values()):
+    nn = conv._modules.get("nn")
+    if nn is None or not _no_hooks(nn, *nn._modules.values()):
         return None
-    linears, relus = plan
-    key = _linears_key(linears, x.cols)
-    chain = _chain(conv, linears, relus, key) if key is not None else None
+    chain = _mlp_chain(conv, nn, x.cols)
     if chain is None:
         return None
     self_term = conv._one_plus_eps().reshape(1)
@@ -165,8 +195,7 @@ def gcn_eval(conv, x, adj, edge_weight, deg_inv_sqrt) -> Optional[object]:
     cuda = x.device.type == "cuda"
     if type(x) is BitTensor and not cuda and not values_finite(x):
         return None  # the general path dequantizes and raises
-    key = _linears_key((lin,), width)
-    chain = _chain(conv, (lin,), (False,), key) if key is not None else None
+    chain = _mlp_chain(conv, lin, width)
     if chain is None:
         return None
     dinv = deg_inv_sqrt(adj)
