@@ -196,6 +196,16 @@ class Recorder:
                          profiles=[], errors=[], skipped=[], timeline={}, summary={})
         self.cuda_broken = None
 
+    def finish(self, tables_markdown: str) -> None:
+        """Prints the recorded errors and skipped configurations, keeps the tables in the document and saves it."""
+        if self.data["errors"]:
+            print(f"\n{len(self.data['errors'])} error(s) recorded: " +
+                  "; ".join(f"{e['where']}: {e['error'][:100]}" for e in self.data["errors"][:8]))
+        if self.data["skipped"]:
+            print(f"{len(self.data['skipped'])} configuration(s) skipped (see JSON 'skipped')")
+        self.data["tables_markdown"] = tables_markdown
+        self.save()
+
     def save(self) -> None:
         if not self.path:
             return
@@ -1352,21 +1362,26 @@ def device_name(device) -> str:
     return platform.processor() or platform.machine()
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--small", action="store_true",
-                   help="CPU check: 25 parts of 1,600 nodes, 5 parts a batch (5 batches of 8,000 nodes)")
+def add_workload_arguments(p, part_size=None, avg_degree=None) -> None:
+    """The workload's options (graph, batches, models), shared by the benchmarks built on this one."""
     p.add_argument("--num-parts", type=int, default=None)
-    p.add_argument("--part-size", type=int, default=1600)
+    p.add_argument("--part-size", type=int, default=part_size)
     p.add_argument("--parts-per-batch", type=int, default=None)
-    p.add_argument("--avg-degree", type=int, default=50, help="directed edges per node before dropping repeats")
+    p.add_argument("--avg-degree", type=int, default=avg_degree, help="directed edges per node before dropping repeats")
     p.add_argument("--inside", type=float, default=0.8, help="fraction of edges inside a part")
     p.add_argument("--features", type=int, default=100)
     p.add_argument("--classes", type=int, default=47)
     p.add_argument("--layers", type=int, default=3)
     p.add_argument("--gcn-hidden", type=int, default=16)
     p.add_argument("--gin-hidden", type=int, default=64)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--small", action="store_true",
+                   help="CPU check: 25 parts of 1,600 nodes, 5 parts a batch (5 batches of 8,000 nodes)")
+    add_workload_arguments(p, part_size=1600, avg_degree=50)
     p.add_argument("--bits", default="8,4,2,1")
     p.add_argument("--kernel-bits", default="8,4,1", help="bit widths of the pq-kernels diagnostic")
     p.add_argument("--static-bits", default="8,4", help="bit widths run again with calibrated (static) ranges")
@@ -1499,13 +1514,7 @@ def main(argv=None):
         print("\n### Targets (issue 8)")
         for t in rec.data["targets"]:
             print(f"- {'MET   ' if t['met'] else 'MISSED'} {t['target']}: measured {t['measured']}")
-    if rec.data["errors"]:
-        print(f"\n{len(rec.data['errors'])} error(s) recorded: " +
-              "; ".join(f"{e['where']}: {e['error'][:100]}" for e in rec.data["errors"][:8]))
-    if rec.data["skipped"]:
-        print(f"{len(rec.data['skipped'])} configuration(s) skipped (see JSON 'skipped')")
-    rec.data["tables_markdown"] = text
-    rec.save()
+    rec.finish(text)
     if args.png:
         try:
             plot(rec, args, args.png)

@@ -22,7 +22,6 @@ import sys
 import time
 
 import torch
-import torch.nn.functional as F  # noqa: F401  (the models' ReLU)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -30,29 +29,24 @@ import e2e  # noqa: E402
 from e2e import pq  # noqa: E402
 
 
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def profile_forward(model, args_, device, reps: int) -> dict:
+def profile_forward(model, args_, runner, reps: int) -> dict:
     with torch.inference_mode():
         for _ in range(10):
             model(*args_)
-        sync(device)
+        runner.sync()
         t = time.perf_counter()
         for _ in range(reps):
             model(*args_)
         host = (time.perf_counter() - t) / reps
-        sync(device)
+        runner.sync()
         wall = (time.perf_counter() - t) / reps
         activities = [torch.profiler.ProfilerActivity.CPU]
-        if device.type == "cuda":
+        if runner.cuda:
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         with torch.profiler.profile(activities=activities) as prof:
             for _ in range(5):
                 model(*args_)
-            sync(device)
+            runner.sync()
     ops, kernels, kernel_us = collections.Counter(), 0, 0.0
     op_us = collections.Counter()
     for e in prof.events():
@@ -98,7 +92,7 @@ def main(argv=None):
             variants.append((f"pyg_quant {bits}-bit", model.to(device).eval(),
                              e2e.pq_inputs(data, kind, bits, device, False).resident[0]))
         for label, model, inputs in variants:
-            row = dict(model=kind, label=label, **profile_forward(model, inputs, device, own.reps))
+            row = dict(model=kind, label=label, **profile_forward(model, inputs, runner, own.reps))
             rows.append(row)
             top = ", ".join(f"{k.split('::')[-1]} {v['calls']:g}x {v['host_us']:.0f}" for k, v in
                             list(row["by_op"].items())[:6])

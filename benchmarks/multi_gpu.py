@@ -733,16 +733,7 @@ def parse_args(argv=None):
                    help="ranks of the multi-GPU run (default 2; the GPUs there are if fewer; --small: 2 on the CPU)")
     p.add_argument("--small", action="store_true",
                    help="CPU check: gloo, 10 parts of 250 nodes, 2 parts a batch (5 batches of 500 nodes)")
-    p.add_argument("--num-parts", type=int, default=None)
-    p.add_argument("--part-size", type=int, default=None)
-    p.add_argument("--parts-per-batch", type=int, default=None)
-    p.add_argument("--avg-degree", type=int, default=None, help="directed edges per node before dropping repeats")
-    p.add_argument("--inside", type=float, default=0.8, help="fraction of edges inside a part")
-    p.add_argument("--features", type=int, default=100)
-    p.add_argument("--classes", type=int, default=47)
-    p.add_argument("--layers", type=int, default=3)
-    p.add_argument("--gcn-hidden", type=int, default=16)
-    p.add_argument("--gin-hidden", type=int, default=64)
+    e2e.add_workload_arguments(p)
     p.add_argument("--bits", default="4,8", help="pyg_quant inference bit widths; the first is in the core set")
     p.add_argument("--qat-bits", type=int, default=4)
     p.add_argument("--adjacency", default=DEFAULT_ADJACENCY, choices=ADJACENCY_FORMS,

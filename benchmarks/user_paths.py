@@ -336,16 +336,7 @@ def parse_args(argv=None):
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--small", action="store_true",
                    help="CPU check: 8 parts of 250 nodes, 2 parts a batch (4 batches of 500 nodes)")
-    p.add_argument("--num-parts", type=int, default=None)
-    p.add_argument("--part-size", type=int, default=None)
-    p.add_argument("--parts-per-batch", type=int, default=None)
-    p.add_argument("--avg-degree", type=int, default=None, help="directed edges per node before dropping repeats")
-    p.add_argument("--inside", type=float, default=0.8, help="fraction of edges inside a part")
-    p.add_argument("--features", type=int, default=100)
-    p.add_argument("--classes", type=int, default=47)
-    p.add_argument("--layers", type=int, default=3)
-    p.add_argument("--gcn-hidden", type=int, default=16)
-    p.add_argument("--gin-hidden", type=int, default=64)
+    e2e.add_workload_arguments(p)
     p.add_argument("--bits", default=None, help="pyg_quant bit widths (default 8,4; --small: 4)")
     p.add_argument("--pyg", default=None,
                    help="PyG variants, comma-separated (default 'fp32 CSR,bf16 CSR,fp32 edge_index'; "
@@ -488,13 +479,7 @@ def main(argv=None):
     summarize(rec, args)
     text = tables(rec, args)
     print(text)
-    if rec.data["errors"]:
-        print(f"\n{len(rec.data['errors'])} error(s) recorded: " +
-              "; ".join(f"{e['where']}: {e['error'][:90]}" for e in rec.data["errors"][:8]))
-    if rec.data["skipped"]:
-        print(f"{len(rec.data['skipped'])} configuration(s) skipped (see JSON 'skipped')")
-    rec.data["tables_markdown"] = text
-    rec.save()
+    rec.finish(text)
     if args.out:
         print(f"wrote {args.out}")
     log("done")

@@ -31,6 +31,16 @@ def general(monkeypatch):
     monkeypatch.setattr(qgcn_module, "gcn_eval", lambda *args: None)
 
 
+def short_and_general(monkeypatch, call, context=torch.no_grad):
+    """``(call(), call())``: with the short path, then with the general path."""
+    with context():
+        fast = call()
+    with monkeypatch.context() as m:
+        general(m)
+        with context():
+            return fast, call()
+
+
 def same(a, b) -> bool:
     if isinstance(a, pq.BitTensor):
         return (isinstance(b, pq.BitTensor) and (a.bits, a.dim, a.layout, a.shape) == (b.bits, b.dim, b.layout, b.shape)
@@ -56,12 +66,7 @@ def test_gin_equals_general_path(monkeypatch, device, x_dim, out, loops, adjacen
     x = pq.to_bit(torch.randn(150, 24, generator=gen(2)).to(device), 4, dim=x_dim, layout="col")
     with torch.inference_mode():
         assert _eval_path.gin_eval(conv, x, adj, None) is not None  # the short path applies
-        fast = conv(x, adj)
-    with monkeypatch.context() as m:
-        general(m)
-        with torch.inference_mode():
-            slow = conv(x, adj)
-    assert same(fast, slow)
+    assert same(*short_and_general(monkeypatch, lambda: conv(x, adj), torch.inference_mode))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -81,12 +86,7 @@ def test_gcn_equals_general_path(monkeypatch, device, x_kind, bias, out):
         x = pq.to_bit(x, 8, dim=0, layout="col")
     with torch.no_grad():
         assert _eval_path.gcn_eval(conv, x, adj, None, qgcn_module.bit_adjacency_deg_inv_sqrt) is not None
-        fast = conv(x, adj)
-    with monkeypatch.context() as m:
-        general(m)
-        with torch.no_grad():
-            slow = conv(x, adj)
-    assert same(fast, slow)
+    assert same(*short_and_general(monkeypatch, lambda: conv(x, adj)))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -132,11 +132,8 @@ def test_parameter_updates_reach_the_short_path(monkeypatch, device):
     for change in (change_swap, change_replace, change_bits):
         with torch.no_grad():
             change()
-            fast = other(x, adj)
-        with monkeypatch.context() as m:
-            general(m)
-            with torch.no_grad():
-                assert torch.equal(fast, other(x, adj)), change.__name__
+        fast, slow = short_and_general(monkeypatch, lambda: other(x, adj))
+        assert torch.equal(fast, slow), change.__name__
         assert not torch.equal(fast, previous), change.__name__
         previous = fast
 
@@ -257,9 +254,9 @@ def conv_eval_samples(device):
     assert adj.num_tiles > 0 and adj.res_nnz > 0  # both parts of the aggregation
     x = torch.randn(300, 24, generator=gen(22)).to(device)
     codes = pq.to_bit(x, 4, dim=0, layout="col")
-    chain = _eval_path._mlp_chain(gin, gin.nn, 24)
-    gcn_chain = _eval_path._mlp_chain(gcn, gcn.lin, 24)
-    with torch.no_grad():
+    with torch.no_grad():  # as the layers make them: eval, no autograd
+        chain = _eval_path._mlp_chain(gin, gin.nn, 24)
+        gcn_chain = _eval_path._mlp_chain(gcn, gcn.lin, 24)
         self_term = gin._one_plus_eps().reshape(1)
         dinv = qgcn_module.bit_adjacency_deg_inv_sqrt(adj1)
     planes, x_codes = pq.adjacency.gather_operands(adj, codes, True)

@@ -176,7 +176,7 @@ __global__ void __launch_bounds__(kGatherThreads, gather_min_blocks<Acc, kContai
   constexpr int kRowValues = kLanes * S::kCodes, kWarpRows = 32 / kLanes;  // a row's slice; rows a warp
   // Rows of several lanes stage the warp's results and store them together (store_staged_rows): [warp][row]
   // [kRowValues] of Acc, or of float for the affine epilogue (never wider than Acc).  A row of one lane stores its
-  // own: staging measured slower there (see benchmarks/RESULTS.md, Layers and kernels).
+  // own: its stores are already whole rows, so staging would only add the shared-memory round trip.
   constexpr bool kStaged = kLanes > 1;
   __shared__ __align__(16) unsigned char staged[kStaged ? kGatherThreads * S::kCodes * sizeof(Acc) : 16];
   const int lane = threadIdx.x % 32;

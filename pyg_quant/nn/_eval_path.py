@@ -25,7 +25,6 @@ from typing import NamedTuple, Optional
 
 import torch
 from torch import Tensor
-from torch.nn.parameter import UninitializedParameter
 
 from .. import ops
 from ..adjacency import BitAdjacency, gather_operands
@@ -33,8 +32,7 @@ from ..bit_tensor import BitTensor
 from ._explain import explaining
 from ._quantize import bit_tensor_of, check_finite, is_compiling, quantize, values_finite
 from .calibration import STATIC_RANGE
-from .quant_linear import (QUANT_MLP_MAX_LAYERS, QUANT_MLP_MAX_WIDTH, _QUANT_MLP_LAYER_BYTES, QuantLinear,
-                           _layer_bytes, _no_hooks, fused_mlp_plan)
+from .quant_linear import QuantLinear, _no_hooks, _runs_fused, call_end, chain_args, fused_mlp_plan
 
 
 class _Plan(NamedTuple):
@@ -82,15 +80,9 @@ def _mlp_chain(conv, container, width: int) -> Optional[tuple]:
         if fused is None:
             return None
         linears, relus = fused
-    if not _fuses(linears, width):
-        return None
-    used = sum(_layer_bytes(lin.weight.size(1), lin.weight.size(0)) for lin in linears)
-    if len(linears) > QUANT_MLP_MAX_LAYERS or (len(linears) > 1 and used > _QUANT_MLP_LAYER_BYTES):
-        return None  # the general path splits the chain into several calls
-    weights = [lin.fused_weight() for lin in linears]
-    chain = tuple([w[i] for w in weights] for i in range(4)) + (
-        [None if lin.bias is None else lin.bias.detach() for lin in linears],
-        [int(lin.act_bits) for lin in linears], [int(lin.weight_bits) for lin in linears], [bool(r) for r in relus])
+    if not _fuses(linears, width) or call_end(linears, 0) != len(linears):
+        return None  # (several calls: the general path splits the chain)
+    chain = chain_args(linears, relus)
     params = tuple((lin, lin._parameters["weight"], _tensor_state(lin._parameters["weight"]),
                     lin._parameters.get("bias"), _tensor_state(lin._parameters.get("bias")),
                     (lin.weight_bits, lin.act_bits)) for lin in linears)
@@ -99,16 +91,11 @@ def _mlp_chain(conv, container, width: int) -> Optional[tuple]:
 
 
 def _fuses(linears, width: int) -> bool:
-    """Whether the chain of ``linears`` fuses on ``width`` input columns in eval: float32 parameters that are not
-    inference tensors (no version counter to tell an edit by), the kernel's widths.  Reads the parameters from
-    ``_parameters`` (a Module's attribute lookup costs a microsecond each)."""
+    """Whether the chain of ``linears`` runs fused on ``width`` input columns now (:func:`_runs_fused`), with
+    parameters that are not inference tensors (which keep no version counter to tell an edit by)."""
     for lin in linears:
-        params = lin._parameters
-        weight, bias = params["weight"], params.get("bias")
-        if (lin.training or isinstance(weight, UninitializedParameter) or weight.dtype != torch.float32
-                or weight.dim() != 2 or weight.size(1) != width or max(weight.shape) > QUANT_MLP_MAX_WIDTH
-                or weight.is_inference() or (bias is not None and (bias.dtype != torch.float32
-                                                                  or bias.is_inference()))):
+        weight, bias = lin.weight, lin.bias
+        if not _runs_fused(lin, None, width) or weight.is_inference() or (bias is not None and bias.is_inference()):
             return False
         width = weight.size(0)
     return True

@@ -269,6 +269,28 @@ def _reads_codes(lin: "QuantLinear", x: BitTensor) -> bool:
             and values_finite(x))
 
 
+def call_end(linears, start: int) -> int:
+    """Where the ``ops.quant_mlp`` call that starts at ``linears[start]`` ends: consecutive layers grouped greedily
+    up to the kernel's layer count and shared memory."""
+    end, used = start, 0
+    while end < len(linears) and end - start < QUANT_MLP_MAX_LAYERS:
+        need = _layer_bytes(linears[end].weight.size(1), linears[end].weight.size(0))
+        if end > start and used + need > _QUANT_MLP_LAYER_BYTES:
+            break
+        used += need
+        end += 1
+    return end
+
+
+def chain_args(group, relus) -> tuple:
+    """The weight arguments of one ``ops.quant_mlp`` call through the layers of ``group`` (``relus``: a ReLU after
+    each): weight codes, lo, scale and code sums, biases, bit widths, ReLUs."""
+    weights = [lin.fused_weight() for lin in group]
+    return tuple([w[i] for w in weights] for i in range(4)) + (
+        [None if lin.bias is None else lin.bias.detach() for lin in group], [int(lin.act_bits) for lin in group],
+        [int(lin.weight_bits) for lin in group], [bool(r) for r in relus])
+
+
 def _quant_mlp(x2: Union[Tensor, BitTensor], linears, relus, row_scale: Optional[Tensor] = None,
                col_keys: bool = False, out_codes: Optional["FixedRanges"] = None):
     """``ops.quant_mlp`` of a 2-D input through ``linears`` (each followed by ReLU where ``relus`` says), in as
@@ -281,19 +303,9 @@ def _quant_mlp(x2: Union[Tensor, BitTensor], linears, relus, row_scale: Optional
     h = x2 if isinstance(x2, BitTensor) else x2.detach().to(torch.float32).contiguous()
     start = 0
     while start < len(linears):
-        end, used = start, 0
-        while end < len(linears) and end - start < QUANT_MLP_MAX_LAYERS:
-            need = _layer_bytes(linears[end].weight.size(1), linears[end].weight.size(0))
-            if end > start and used + need > _QUANT_MLP_LAYER_BYTES:
-                break
-            used += need
-            end += 1
-        group = linears[start:end]
-        weights = [lin.fused_weight() for lin in group]
+        end = call_end(linears, start)
         last = end == len(linears)
-        chain = ([w[0] for w in weights], [w[1] for w in weights], [w[2] for w in weights], [w[3] for w in weights],
-                 [None if lin.bias is None else lin.bias.detach() for lin in group], [lin.act_bits for lin in group],
-                 [lin.weight_bits for lin in group], list(relus[start:end]), row_scale if last else None)
+        chain = chain_args(linears[start:end], relus[start:end]) + (row_scale if last else None,)
         # The call's output: float32 (with col_keys, last), or fixed-range row codes (last, with out_codes).
         row_codes = last and out_codes is not None
         output = (out_codes.lo, out_codes.inv_scale, out_codes.bits) if row_codes else (col_keys and last,)
