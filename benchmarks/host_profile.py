@@ -11,6 +11,10 @@ pyg_quant 8/4-bit on the loader's decoded batch) in ``eval()`` under ``torch.inf
 * ``ops``: the top-level ops (those not called from another op) with their host µs each; ``Python µs`` is the host
   time they do not cover (the layers' own code, module calls).
 
+Then, per pyg_quant layer, where a layer call's host time goes: the call, its one op alone (``torch.ops``, the same
+arguments), each step of the op alone (the op's kernels' own ops, called one by one as ``ops/reference.py`` composes
+them) and, for scale, an empty allocation and a one-element ``aten::add`` on the device.
+
 Usage: ``python benchmarks/host_profile.py [--out FILE.json]`` (GPU: ~1 min); ``--small`` for a CPU check.
 """
 import argparse
@@ -64,6 +68,73 @@ def profile_forward(model, args_, runner, reps: int) -> dict:
                 by_op={name: dict(calls=ops[name] / 5, host_us=round(op_us[name] / 5, 1)) for name in top})
 
 
+def host_us(fn, reps: int) -> float:
+    """Host µs of one call of ``fn``: ``reps`` calls back to back without a synchronization."""
+    for _ in range(5):
+        fn()
+    t = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return 1e6 * (time.perf_counter() - t) / reps
+
+
+_STEPS = ("bit_spmm_affine", "quant_mlp_keys", "quant_mlp_planes_keys", "quant_mlp", "quantize_pack_ranges")
+
+
+def layer_breakdown(model, args_, runner, reps: int) -> list:
+    """Per layer: host µs of the call, of its op alone, of each of the op's steps alone (see the module docstring)."""
+    from pyg_quant import ops
+    from pyg_quant.ops import reference
+    names = ("gin_conv_eval", "gcn_conv_eval")
+    calls = []
+    originals = {n: getattr(ops, n) for n in names}
+    for n in names:
+        setattr(ops, n, lambda *a, _n=n: calls.append((_n, a)) or originals[_n](*a))
+    layer_inputs = []
+    hooks = [conv.register_forward_pre_hook(lambda m, inp: layer_inputs.append((m, inp)))
+             for conv in model.convs]
+    try:
+        with torch.inference_mode():
+            model(*args_)
+    finally:
+        for n in names:
+            setattr(ops, n, originals[n])
+        for h in hooks:
+            h.remove()
+    steps, saved = [], {n: getattr(reference, n) for n in _STEPS}
+    for n in _STEPS:  # the reference composition, each step the compiled op
+        setattr(reference, n, lambda *a, _n=n: steps.append((_n, a)) or getattr(torch.ops.pyg_quant, _n).default(*a))
+    rows = []
+    try:
+        with torch.inference_mode():
+            for (conv, inp), (name, op_args) in zip(layer_inputs, calls):
+                del steps[:]
+                getattr(reference, name)(*op_args)
+                runner.sync()
+                step_args = list(steps)
+                for n in _STEPS:
+                    setattr(reference, n, saved[n])
+                hooked = conv._forward_pre_hooks
+                conv._forward_pre_hooks = type(hooked)()  # the call as the model makes it, without this hook
+                row = dict(layer=type(conv).__name__, call_us=host_us(lambda: conv(*inp), reps),
+                           op_us=host_us(lambda: getattr(torch.ops.pyg_quant, name).default(*op_args), reps),
+                           steps={})
+                conv._forward_pre_hooks = hooked
+                for n, a in step_args:
+                    op = getattr(torch.ops.pyg_quant, n).default
+                    row["steps"][n] = round(row["steps"].get(n, 0.0) + host_us(lambda: op(*a), reps), 1)
+                runner.sync()
+                row["python_us"] = row["call_us"] - row["op_us"]
+                rows.append({k: round(v, 1) if isinstance(v, float) else v for k, v in row.items()})
+                for n in _STEPS:
+                    setattr(reference, n, lambda *a, _n=n: steps.append((_n, a)) or
+                            getattr(torch.ops.pyg_quant, _n).default(*a))
+    finally:
+        for n in _STEPS:
+            setattr(reference, n, saved[n])
+    return rows
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--small", action="store_true", help="a CPU check on a tiny batch")
@@ -99,11 +170,23 @@ def main(argv=None):
             print(f"{kind} {label:16s} host {row['host_us']:7.1f} us  wall {row['wall_us']:7.1f}  kernels "
                   f"{row['kernels']:4.0f} ({row['kernel_us']:6.1f} us)  ops {row['ops']:4.0f} ({row['op_host_us']:6.1f} "
                   f"us)  Python {row['python_us']:6.1f} us | {top}", flush=True)
+            if label.startswith("pyg_quant"):
+                row["layers"] = layer_breakdown(model, inputs, runner, own.reps * 10)
+                for i, lr in enumerate(row["layers"]):
+                    steps = ", ".join(f"{k} {v:.1f}" for k, v in lr["steps"].items())
+                    print(f"    layer {i}: call {lr['call_us']:6.1f} us = op {lr['op_us']:6.1f} + Python "
+                          f"{lr['python_us']:6.1f} | steps alone: {steps}", flush=True)
+    with torch.inference_mode():
+        probe = torch.zeros(1, device=device)
+        scale = dict(empty_us=round(host_us(lambda: torch.empty(256, device=device), own.reps * 10), 1),
+                     add_us=round(host_us(lambda: torch.ops.aten.add.Tensor(probe, probe), own.reps * 10), 1))
+        runner.sync()
+    print(f"for scale: torch.empty {scale['empty_us']} us, aten::add (one element) {scale['add_us']} us", flush=True)
     if own.out:
         meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                     device=e2e.device_name(device), torch=torch.__version__, command=" ".join(sys.argv))
         with open(own.out, "w") as f:
-            json.dump(dict(meta=meta, rows=rows), f, indent=1)
+            json.dump(dict(meta=meta, rows=rows, scale=scale), f, indent=1)
 
 
 if __name__ == "__main__":
