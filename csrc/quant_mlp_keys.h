@@ -9,6 +9,10 @@
 #include <optional>
 #include <tuple>
 
+#ifdef WITH_CUDA
+#include "cuda/quantize_cuda.h"  // zeros_cuda
+#endif
+
 namespace pyg_quant {
 
 using MlpKernel = at::Tensor (*)(const at::Tensor&, at::TensorList, at::TensorList, at::TensorList, at::TensorList,
@@ -23,7 +27,11 @@ using MlpPlanesKernel = at::Tensor (*)(const at::Tensor&, int64_t, int64_t, bool
 
 inline at::Tensor new_col_keys(const at::Tensor& like, at::TensorList weight_codes) {
   TORCH_CHECK_VALUE(!weight_codes.empty(), "weight_codes must hold at least one layer");
-  return at::zeros({2 * weight_codes.back().size(0)}, like.options().dtype(at::kLong));
+  const int64_t numel = 2 * weight_codes.back().size(0);
+#ifdef WITH_CUDA
+  if (like.is_cuda()) return zeros_cuda(numel, like.options().dtype(at::kLong));
+#endif
+  return at::zeros({numel}, like.options().dtype(at::kLong));
 }
 
 template <MlpKernel Kernel>

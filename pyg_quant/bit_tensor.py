@@ -74,6 +74,22 @@ class BitTensor:
                              f"got {tuple(lo.shape)} and {tuple(scale.shape)}")
 
     @classmethod
+    def _of_op(cls, shape: Tuple[int, int], bits: int, dim: int, planes: torch.Tensor, lo: torch.Tensor,
+               scale: torch.Tensor, code_sums: torch.Tensor, row_codes: torch.Tensor) -> "BitTensor":
+        """The BitTensor of a quantizer op's result (``ops.quantize_pack_ranges``: per-column ranges, ``dim`` 0, in
+        the column layout, per-row ones in the row layout), with the row codes or the code sums it came with
+        (whichever is not empty).  The op has checked what the constructor would: nothing is checked again, as the
+        layers' eager forward makes one of these a call."""
+        out = object.__new__(cls)
+        out._planes, out.shape, out.bits, out.lo, out.scale, out.dim = planes, shape, bits, lo, scale, dim
+        out.layout = "col" if dim == 0 else "row"
+        out._other_layout = None
+        has_codes = row_codes.numel() > 0
+        out._row_codes = row_codes if has_codes else None
+        out._code_sums = None if has_codes else code_sums
+        return out
+
+    @classmethod
     def from_row_codes(cls, row_codes: torch.Tensor, shape: Tuple[int, int], bits: int, lo: torch.Tensor,
                        scale: torch.Tensor, dim: Optional[int]) -> "BitTensor":
         """A column-layout BitTensor held as its packed row codes (``uint8[packed_words(rows)·32, row bytes]``, see

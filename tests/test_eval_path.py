@@ -128,13 +128,23 @@ def test_parameter_updates_reach_the_short_path(monkeypatch, device):
     def change_bits():
         other.nn[0].weight_bits = 2
 
+    def change_eps():
+        other.eps.data = other.eps.data + 0.75
+
     previous = after
-    for change in (change_swap, change_replace, change_bits):
+    for change in (change_swap, change_replace, change_bits, change_eps):
         with torch.no_grad():
             change()
         fast, slow = short_and_general(monkeypatch, lambda: other(x, adj))
         assert torch.equal(fast, slow), change.__name__
         assert not torch.equal(fast, previous), change.__name__
+        previous = fast
+    previous = after_gcn
+    for change in (lambda: gcn.bias.add_(0.5), lambda: setattr(gcn.bias, "data", gcn.bias.data * 3 + 1)):
+        with torch.no_grad():
+            change()
+        fast, slow = short_and_general(monkeypatch, lambda: gcn(xf, adj1))
+        assert torch.equal(fast, slow) and not torch.equal(fast, previous)
         previous = fast
 
 
@@ -163,9 +173,18 @@ def test_other_calls_take_the_general_path():
         assert not gin_applies(x_in=pq.to_bit(pq.to_val(x), 4, dim=1))
         assert not gcn_applies(adjacency=adj)  # its self loops are added by the layer
         assert not gcn_applies(x_in=pq.to_bit(xf, 4, dim=1, layout="row"))  # codes the linear multiplies as they are
-        handle = conv.nn[0].register_forward_hook(lambda *args: None)
-        assert not gin_applies()
+        for hooked in (conv.nn[0], conv.nn):  # hooks on a layer of the MLP, on the MLP, on every module
+            handle = hooked.register_forward_hook(lambda *args: None)
+            assert not gin_applies()
+            handle.remove()
+            assert gin_applies()
+        handle = gcn.lin.register_forward_pre_hook(lambda *args: None)
+        assert not gcn_applies()
         handle.remove()
+        handle = torch.nn.modules.module.register_module_forward_hook(lambda *args: None)
+        assert not gin_applies() and not gcn_applies()
+        handle.remove()
+        assert gin_applies() and gcn_applies()
         conv.train()
         assert not gin_applies()
         conv.eval()

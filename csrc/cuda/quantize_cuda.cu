@@ -778,6 +778,15 @@ at::Tensor packed_code_sums_cuda(const at::Tensor& planes_in) {
   return sums;
 }
 
+at::Tensor zeros_cuda(int64_t numel, const at::TensorOptions& options) {
+  auto out = at::empty({numel}, options);
+  if (numel > 0) {
+    const c10::cuda::CUDAGuard guard(options.device());
+    C10_CUDA_CHECK(cudaMemsetAsync(out.data_ptr(), 0, out.nbytes(), c10::cuda::getCurrentCUDAStream()));
+  }
+  return out;
+}
+
 namespace {
 
 // Ranges per column, codes in column layout (the layers' features before A·X): three launches (zeros for the
@@ -800,7 +809,7 @@ QuantizedRangesAndRowCodes quantize_pack_col_ranges(const at::Tensor& x_in, int6
   // One zeroed buffer: code sums (padded columns stay 0), then (without col_keys) the encoded maxima and minima.
   // Empty (no fill launched) when there is neither.
   const int64_t sums_len = want_sums ? outer_pad : 0;
-  auto scratch = at::zeros({sums_len + (col_keys ? 0 : 2 * cols)}, x.options().dtype(at::kLong));
+  auto scratch = zeros_cuda(sums_len + (col_keys ? 0 : 2 * cols), x.options().dtype(at::kLong));
   auto* scratch_words = reinterpret_cast<unsigned long long*>(scratch.data_ptr<int64_t>());
   unsigned long long* sums = want_sums ? scratch_words : nullptr;
   const unsigned long long* max_bits =

@@ -17,6 +17,9 @@ at::Tensor pack_row_codes_cuda(const at::Tensor& planes, int64_t cols, bool col_
 // The column-layout planes of packed row codes, as planes_from_row_codes_cpu.
 at::Tensor planes_from_row_codes_cuda(const at::Tensor& row_codes, int64_t rows, int64_t cols, int64_t bits);
 at::Tensor packed_code_sums_cuda(const at::Tensor& planes);
+// A zeroed 1-D tensor: one cudaMemsetAsync on the current stream, in place of at::zeros' dispatch, iterator and
+// fill kernel, whose host time the layers' eager forward would pay at every call.
+at::Tensor zeros_cuda(int64_t numel, const at::TensorOptions& options);
 // (planes, lo, scale, code sums, row codes): the row codes (pack_row_codes of the planes) only when asked for,
 // else an empty uint8 tensor.  col_keys (dim 0, column layout; csrc/ordered_key.h): the columns' extrema, in place
 // of a pass over x.  code_sums = false: an empty int64 tensor for the sums (the column kernel then skips them, and

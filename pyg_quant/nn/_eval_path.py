@@ -32,7 +32,10 @@ from ..bit_tensor import BitTensor
 from ._explain import explaining
 from ._quantize import bit_tensor_of, check_finite, is_compiling, quantize, values_finite
 from .calibration import STATIC_RANGE
-from .quant_linear import QuantLinear, _no_hooks, _runs_fused, call_end, chain_args, fused_mlp_plan
+from .quant_linear import QuantLinear, _runs_fused, call_end, chain_args, fused_mlp_plan
+
+
+_module_hooks = torch.nn.modules.module
 
 
 class _Plan(NamedTuple):
@@ -40,12 +43,21 @@ class _Plan(NamedTuple):
     container: torch.nn.Module  # the MLP (GIN's ``nn``) or the linear layer (GCN's ``lin``)
     children: tuple  # the container's children when it was built
     width: int  # input columns
-    params: tuple  # per linear layer: (layer, weight, its data_ptr and version, bias, its data_ptr and version, bits)
+    # per linear layer: (layer, weight, its data_ptr, its version, bias, its data_ptr, its version, weight_bits,
+    # act_bits); a missing bias has data_ptr and version None
+    params: tuple
     chain: tuple  # the weight arguments of the op
 
 
-def _tensor_state(t: Optional[Tensor]) -> tuple:
-    return (None, None) if t is None else (t.data_ptr(), t._version)
+def _unhooked(container: torch.nn.Module, children) -> bool:
+    """Whether no forward hook (global, on ``container`` or on one of ``children``) would run in a call."""
+    if (_module_hooks._global_forward_hooks or _module_hooks._global_forward_pre_hooks
+            or container._forward_hooks or container._forward_pre_hooks):
+        return False
+    for child in children:
+        if child._forward_hooks or child._forward_pre_hooks:
+            return False
+    return True
 
 
 def _plan_holds(plan: _Plan, container, width: int) -> bool:
@@ -54,14 +66,20 @@ def _plan_holds(plan: _Plan, container, width: int) -> bool:
     eval mode."""
     if plan.container is not container or plan.width != width:
         return False
+    children = plan.children
     modules = container._modules
-    if len(modules) != len(plan.children) or any(a is not b for a, b in zip(modules.values(), plan.children)):
+    if len(modules) != len(children):
         return False
-    for lin, weight, w_state, bias, b_state, bits in plan.params:
+    for child, kept in zip(modules.values(), children):
+        if child is not kept:
+            return False
+    for lin, weight, w_ptr, w_version, bias, b_ptr, b_version, weight_bits, act_bits in plan.params:
         params = lin._parameters
-        if (params["weight"] is not weight or params.get("bias") is not bias or lin.training
-                or (lin.weight_bits, lin.act_bits) != bits or _tensor_state(weight) != w_state
-                or _tensor_state(bias) != b_state):
+        if (params["weight"] is not weight or weight.data_ptr() != w_ptr or weight._version != w_version
+                or lin.training or lin.weight_bits != weight_bits or lin.act_bits != act_bits):
+            return False
+        if params.get("bias") is not bias or (bias is not None and (bias.data_ptr() != b_ptr
+                                                                    or bias._version != b_version)):
             return False
     return True
 
@@ -69,10 +87,12 @@ def _plan_holds(plan: _Plan, container, width: int) -> bool:
 def _mlp_chain(conv, container, width: int) -> Optional[tuple]:
     """The weight arguments of the one ``ops`` call through ``container`` (a Sequential of QuantLinear and ReLU, or
     one QuantLinear) on ``width`` input columns, kept on ``conv`` while :func:`_plan_holds`; None where the chain
-    does not fuse into one call (the general path then runs)."""
+    does not fuse into one call or a forward hook would run (the general path then runs)."""
     plan = conv.__dict__.get("_eval_plan")
     if plan is not None and _plan_holds(plan, container, width):
-        return plan.chain
+        return plan.chain if _unhooked(container, plan.children) else None
+    if not _unhooked(container, container._modules.values()):
+        return None
     if isinstance(container, QuantLinear):
         linears, relus = (container,), (False,)
     else:
@@ -83,11 +103,36 @@ def _mlp_chain(conv, container, width: int) -> Optional[tuple]:
     if not _fuses(linears, width) or call_end(linears, 0) != len(linears):
         return None  # (several calls: the general path splits the chain)
     chain = chain_args(linears, relus)
-    params = tuple((lin, lin._parameters["weight"], _tensor_state(lin._parameters["weight"]),
-                    lin._parameters.get("bias"), _tensor_state(lin._parameters.get("bias")),
-                    (lin.weight_bits, lin.act_bits)) for lin in linears)
-    conv.__dict__["_eval_plan"] = _Plan(container, tuple(container._modules.values()), width, params, chain)
+    params = []
+    for lin in linears:
+        weight, bias = lin._parameters["weight"], lin._parameters.get("bias")
+        params.append((lin, weight, weight.data_ptr(), weight._version, bias,
+                       None if bias is None else bias.data_ptr(), None if bias is None else bias._version,
+                       lin.weight_bits, lin.act_bits))
+    conv.__dict__["_eval_plan"] = _Plan(container, tuple(container._modules.values()), width, tuple(params), chain)
     return chain
+
+
+def _kept(conv, name: str, tensor: Tensor, make) -> Tensor:
+    """``make(tensor)`` for a layer's parameter or buffer ``tensor``, kept on ``conv`` under ``name`` while it is the
+    same tensor with the same storage and version (an inference tensor, which has no version counter, gets it made
+    at every call)."""
+    kept = conv.__dict__.get(name)
+    if kept is not None and kept[0] is tensor and kept[1] == tensor.data_ptr() and kept[2] == tensor._version:
+        return kept[3]
+    if tensor.is_inference():
+        return make(tensor)
+    value = make(tensor)
+    conv.__dict__[name] = (tensor, tensor.data_ptr(), tensor._version, value)
+    return value
+
+
+def _one_plus_eps(eps: Tensor) -> Tensor:
+    return (1 + eps.detach()).reshape(1)
+
+
+def _detached(t: Tensor) -> Tensor:
+    return t.detach()
 
 
 def _fuses(linears, width: int) -> bool:
@@ -103,10 +148,10 @@ def _fuses(linears, width: int) -> bool:
 
 def _applies(conv, adj) -> bool:
     """The conditions both layers share: eval without autograd, a BitAdjacency, nothing that changes the path."""
-    return (type(adj) is BitAdjacency and not conv.training and not torch.is_grad_enabled() and not is_compiling()
+    return (type(adj) is BitAdjacency and not conv.training and not torch.is_grad_enabled()
             and conv.act_bits is not None and conv.weight_bits is not None
             and conv._buffers.get(STATIC_RANGE) is None and conv.__dict__.get("_calibration") is None
-            and not explaining(conv))
+            and not explaining(conv) and not is_compiling())
 
 
 def _output(result, rows: int, bits: Optional[int], dim: Optional[int]):
@@ -126,18 +171,18 @@ def gin_eval(conv, x, adj, size) -> Optional[object]:
     """``conv(x, adj)`` for a :class:`~pyg_quant.nn.QGINConv` in the case above, or None."""
     if (size is not None or type(x) is not BitTensor or not _applies(conv, adj) or x.bits != conv.act_bits
             or x.dim not in (None, 0) or x.layout != "col" or x.rows != adj.num_cols or adj.num_rows != adj.num_cols
-            or x.device != adj.device or x.lo.dtype != torch.float32 or x.scale.dtype != torch.float32):
+            or x.lo.dtype != torch.float32 or x.scale.dtype != torch.float32):
         return None
-    eps = conv.eps
-    if eps.dtype != torch.float32 or eps.device != x.device:
+    device, eps = x.device, conv.eps
+    if device != adj.device or eps.device != device or eps.dtype != torch.float32:
         return None
     nn = conv._modules.get("nn")
-    if nn is None or not _no_hooks(nn, *nn._modules.values()):
+    if nn is None:
         return None
     chain = _mlp_chain(conv, nn, x.cols)
     if chain is None:
         return None
-    self_term = conv._one_plus_eps().reshape(1)
+    self_term = _kept(conv, "_eval_self_term", eps, _one_plus_eps)  # GIN's 1 + eps, float32 [1]
     if adj.diag is not None:
         self_term = adj.diag + self_term
     cols = x.cols
@@ -149,7 +194,7 @@ def gin_eval(conv, x, adj, size) -> Optional[object]:
     op_bits = 0 if bits is None or dim is None else bits
     result = ops.gin_conv_eval(*_adjacency_args(adj), adj.wide_sums(x.bits), x_planes, x_codes, lo, scale, self_term,
                                *chain, op_bits, 0 if dim is None else dim)
-    if x.device.type != "cuda":
+    if device.type != "cuda":
         check_finite(result[0], "x")  # no host synchronization on the CPU
     return _output(result, adj.num_rows, bits, dim)
 
@@ -162,7 +207,7 @@ def gcn_eval(conv, x, adj, edge_weight, deg_inv_sqrt) -> Optional[object]:
             or adj.diag is None or adj.num_rows != adj.num_cols):
         return None
     lin = conv.lin
-    if type(lin) is not QuantLinear or not _no_hooks(lin):
+    if type(lin) is not QuantLinear:
         return None
     bias = conv.bias
     if bias is not None and bias.dtype != torch.float32:
@@ -193,7 +238,8 @@ def gcn_eval(conv, x, adj, edge_weight, deg_inv_sqrt) -> Optional[object]:
             check_finite(x, "x")  # no host synchronization on the CPU
         x_args = (x.contiguous(), None, None, x.size(0))
     bits, dim = conv.out_bits, conv.out_dim
-    result = ops.gcn_conv_eval(*_adjacency_args(adj), adj.diag, dinv, None if bias is None else bias.detach(),
+    bias = None if bias is None else _kept(conv, "_eval_bias", bias, _detached)
+    result = ops.gcn_conv_eval(*_adjacency_args(adj), adj.diag, dinv, bias,
                                conv.act_bits, adj.wide_sums(conv.act_bits), *x_args, *chain,
                                0 if bits is None or dim is None else bits, 0 if dim is None else dim)
     return _output(result, adj.num_rows, bits, dim)

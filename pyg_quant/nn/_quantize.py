@@ -113,13 +113,7 @@ def bit_tensor_of(packed, shape, bits: int, dim: int) -> BitTensor:
     """The :class:`BitTensor` of ``ops.quantize_pack_ranges``' result ``(planes, lo, scale, code_sums, row_codes)``
     (column layout for ranges per column, ``dim`` 0, row layout per row), with the row codes or the code sums it
     came with (whichever is not empty)."""
-    planes, lo, scale, code_sums, codes = packed
-    out = BitTensor(planes, shape, bits, "col" if dim == 0 else "row", lo, scale, dim)
-    if codes.numel():
-        out._row_codes = codes
-    else:
-        out._code_sums = code_sums
-    return out
+    return BitTensor._of_op((int(shape[0]), int(shape[1])), int(bits), dim, *packed)
 
 
 def fake_quantize(x: torch.Tensor, bits: int, dim: Optional[int], stochastic: bool = False) -> torch.Tensor:
