@@ -56,6 +56,8 @@ all-reduce of one element on the default group, then ``torch.cuda.synchronize()`
 until its slower rank is done and includes the gradient all-reduces (training) or the gather (inference);
 ``--warmup`` epochs first, then the median of ``--reps`` (training) / ``--infer-reps`` (inference) epochs.
 Inference rows also give each rank's busy time (its batches, before the gather).  The default CUDA stream.
+Each rank runs on its own share of the CPUs (``rank_cpus``; ``--no-bind-cpus`` leaves them all to every rank):
+the eager loops are bound by host time, and a rank whose thread waits for a core runs its batches slower.
 Ratios within this run: ``speedup_2_vs_1`` (1-GPU time over 2-GPU time, per variant and path),
 ``pyg_quant_vs_pyg`` (PyG fp32 CSR time over pyg_quant's, per world size; above 1: pyg_quant faster), and the
 issue's targets (2 vs 1: training ≥ 1.8x, inference ≥ 1.9x; pyg_quant's advantage over PyG on 2 GPUs at least
@@ -73,6 +75,7 @@ import statistics
 import sys
 import tempfile
 import time
+from typing import Optional
 import warnings
 
 import torch
@@ -645,9 +648,29 @@ def nccl_version() -> str:
     return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
 
 
+def rank_cpus(rank: int, world: int) -> list:
+    """This rank's share of the launcher's CPUs: ``world`` disjoint contiguous ranges (what ``torchrun
+    --numa-binding`` or ``numactl`` give a rank), so that one rank's host work never waits for a core another
+    rank's threads hold; every CPU where there are fewer than ranks."""
+    cpus = sorted(os.sched_getaffinity(0))
+    share = len(cpus) // world
+    return cpus[rank * share:(rank + 1) * share] if share else cpus
+
+
+def cpu_quota() -> Optional[str]:
+    """The cgroup's CPU limit (``cpu.max``: quota and period in µs), where there is one."""
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
 def worker(rank: int, args, store: str, start_wall: float) -> None:
     """One rank: joins the process group, builds the batches, runs every configuration (rank 0 records)."""
     cuda = args.device == "cuda"
+    if args.bind_cpus and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, rank_cpus(rank, args.world))
     torch.set_num_threads(args.threads)
     if cuda:
         torch.cuda.set_device(rank)
@@ -666,6 +689,7 @@ def worker(rank: int, args, store: str, start_wall: float) -> None:
                 nccl=nccl_version() if cuda else None,
                 torch_geometric=e2e.torch_geometric.__version__, pyg_quant=pq.__version__, backends=pq.backends(),
                 cpu_count=os.cpu_count(), threads_per_rank=torch.get_num_threads(), args=vars(args), command=args.command,
+                cpus_by_rank=bench.gather_objects(sorted(os.sched_getaffinity(0))), cpu_quota=cpu_quota(),
                 stream="default (a user's loop)", ddp="DistributedDataParallel defaults (broadcast_buffers=True)")
     bench.rec = e2e.Recorder(args.out if rank == 0 else None, meta, args.device)
     for key in ("inference", "transfer", "training", "profiles"):
@@ -757,6 +781,8 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads a rank (default: the cores shared among the ranks; --small 1)")
+    p.add_argument("--no-bind-cpus", dest="bind_cpus", action="store_false",
+                   help="leave every rank on every CPU (default: each rank on its own share, see rank_cpus)")
     p.add_argument("--fail-rank", type=int, default=None, help=argparse.SUPPRESS)  # tests: this rank raises
     p.add_argument("--out", default=None,
                    help="JSON path (default benchmarks/out/multi_gpu[_small].json); '' for none")
@@ -776,7 +802,7 @@ def parse_args(argv=None):
         if not dist.is_nccl_available():
             raise SystemExit("NCCL is not available in this torch build")
     if args.threads is None:
-        args.threads = max(1, (os.cpu_count() or 2) // args.world)
+        args.threads = max(1, len(rank_cpus(0, args.world)))
     if args.compile is None:
         args.compile = args.device == "cuda"
     args.bits = tuple(int(b) for b in args.bits.split(",") if b)
