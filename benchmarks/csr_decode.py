@@ -15,7 +15,8 @@ import json
 import torch
 
 import pyg_quant as pq
-from pyg_quant.compact_adjacency import MIN_TILE_FILL, CompactAdjacency
+from pyg_quant.graph.adjacency_form import MIN_TILE_FILL
+from pyg_quant.graph.bit_adjacency import CompactAdjacency
 from pyg_quant.synthetic import planted_partition_graph
 
 from gpu_kernels import graph_ms

@@ -151,7 +151,7 @@ import torch_geometric  # noqa: E402
 from torch_geometric.nn import GCNConv, GINConv  # noqa: E402
 
 from pyg_quant import ops  # noqa: E402
-from pyg_quant.compact_adjacency import ADJACENCY_FORMS, DEFAULT_ADJACENCY  # noqa: E402
+from pyg_quant.graph.adjacency_form import ADJACENCY_FORMS, DEFAULT_ADJACENCY  # noqa: E402
 from pyg_quant.loader import QuantBatch  # noqa: E402
 from pyg_quant.nn._quantize import quantize as pq_quantize  # noqa: E402  (the layers' quantizer: no host checks)
 
@@ -560,7 +560,7 @@ class KernelNet(torch.nn.Module):
 @contextlib.contextmanager
 def no_finite_checks():
     """The layers' isfinite checks are host syncs, which a CUDA graph capture refuses: off while capturing."""
-    import pyg_quant.nn._graph as m_graph
+    import pyg_quant.graph.quant_graph as m_graph
     import pyg_quant.nn.qgin_conv as m_gin
     import pyg_quant.nn.quant_linear as m_lin
     saved = [(m, m.check_finite) for m in (m_graph, m_gin, m_lin) if hasattr(m, "check_finite")]

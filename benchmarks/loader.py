@@ -56,7 +56,7 @@ except ImportError:  # run from a checkout without an install
 from torch_geometric.data import Data  # noqa: E402
 from torch_geometric.loader import ClusterLoader  # noqa: E402
 
-from pyg_quant.compact_adjacency import distinct_entries  # noqa: E402
+from pyg_quant.graph.bit_adjacency import distinct_entries  # noqa: E402
 from pyg_quant.loader import QuantClusterData, QuantClusterLoader  # noqa: E402
 
 

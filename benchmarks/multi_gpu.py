@@ -90,7 +90,7 @@ import e2e  # noqa: E402  (the workload: graph, batches, models)
 from e2e import first_line, pq  # noqa: E402
 
 from pyg_quant import distributed as pqd  # noqa: E402
-from pyg_quant.compact_adjacency import ADJACENCY_FORMS, DEFAULT_ADJACENCY  # noqa: E402
+from pyg_quant.graph.adjacency_form import ADJACENCY_FORMS, DEFAULT_ADJACENCY  # noqa: E402
 from pyg_quant.distributed.group import barrier as group_barrier  # noqa: E402
 
 TRAIN_VARIANTS = ("QAT 4-bit", "PyG fp32 CSR")

@@ -67,7 +67,7 @@ import e2e  # noqa: E402  (the workload: graph, batches, models, timing helpers)
 from e2e import first_line, log, pq  # noqa: E402
 from torch_geometric.loader import PrefetchLoader  # noqa: E402
 
-from pyg_quant.compact_adjacency import ADJACENCY_FORMS, DEFAULT_ADJACENCY  # noqa: E402
+from pyg_quant.graph.adjacency_form import ADJACENCY_FORMS, DEFAULT_ADJACENCY  # noqa: E402
 from pyg_quant.loader import prefetch  # noqa: E402
 
 EAGER_PATHS = ("resident", "loop", "pinned_loop", "prefetch")

@@ -4,9 +4,9 @@ Values are stored as bit planes (:mod:`pyg_quant.layout`), products run as
 AND + popcount on the planes (C++ on the CPU, 1-bit tensor cores on the GPU).
 """
 from ._extension import backends
-from .adjacency import BitAdjacency, bit_spmm
 from .bit_tensor import BitTensor, to_bit, to_val
 from .bitmm import bitmm, bitmm_int
+from .graph import BitAdjacency, bit_spmm
 from . import loader  # noqa: E402  (pyg_quant.loader: QuantClusterData, QuantClusterLoader)
 from .nn import QGCNConv, QGINConv  # noqa: E402  (pyg_quant.nn: drop-in quantized PyG layers)
 from . import qat  # noqa: E402  (pyg_quant.qat: quantization-aware training, prepare/convert)

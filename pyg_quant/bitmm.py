@@ -14,9 +14,8 @@ from typing import Optional
 import torch
 
 from . import ops
+from ._utils import INT32_MAX
 from .bit_tensor import BitTensor, to_bit
-
-INT32_MAX = 2**31 - 1
 
 
 def _check_operands(a, b):

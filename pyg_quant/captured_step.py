@@ -54,7 +54,7 @@ from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 
 from .distributed.group import world_size
-from .nn import _graph_cache
+from .graph import cache as graph_cache
 from .qat.fake_quantize import _RANGE_BUFFERS, FakeQuantize
 from .qat.observers import ranges_in_place
 
@@ -183,7 +183,7 @@ class CapturedTrainStep:
                 return self._eager(inputs, targets)
         self._graphs.move_to_end(key)
         for position, check in entry.index_checks:
-            _graph_cache.run_index_check(check, values[position])
+            graph_cache.run_index_check(check, values[position])
         for buffer, value in zip(entry.static, values):
             if isinstance(buffer, Tensor) and buffer is not value:
                 buffer.copy_(value)
@@ -233,7 +233,7 @@ class CapturedTrainStep:
         synchronisation it made (empty if none; the layers' own ``edge_index`` check, deferred in a capture,
         does not count).  Other warnings are passed on."""
         previous = torch.cuda.get_sync_debug_mode()
-        with warnings.catch_warnings(record=True) as caught, _graph_cache.watching_syncs():
+        with warnings.catch_warnings(record=True) as caught, graph_cache.watching_syncs():
             warnings.simplefilter("always")
             torch.cuda.set_sync_debug_mode("warn")
             try:
@@ -264,7 +264,7 @@ class CapturedTrainStep:
         self._register_generators(graph, device)
         optimizer_inside = all(group.get("capturable", False) for group in self.optimizer.param_groups)
         try:
-            with _graph_cache.capture_scope() as scope, ranges_in_place():
+            with graph_cache.capture_scope() as scope, ranges_in_place():
                 with torch.cuda.graph(graph, pool=self._pool, stream=self._side_stream(device)):
                     loss = self._run(static[:num_inputs], static[num_inputs:])
                     if optimizer_inside:

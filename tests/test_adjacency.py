@@ -408,18 +408,18 @@ def test_bit_spmm_widens_when_row_sums_could_overflow(monkeypatch):
 
     A real graph that needs it has > 8.4M edges into one node, so the decision is checked by
     recording the flag (and the result must not change)."""
-    import pyg_quant.adjacency as adjacency
+    import pyg_quant.graph.spmm as spmm
 
     adj, ei, n, _ = build("n300", 1)
     x = pq.to_bit(randn(n, 7, 3), 8, dim=0, layout="col")
     seen = []
-    real = adjacency.ops.bit_spmm_affine
+    real = spmm.ops.bit_spmm_affine
 
     def spy(*args):
         seen.append(args[16])  # wide
         return real(*args)
 
-    monkeypatch.setattr(adjacency.ops, "bit_spmm_affine", spy)
+    monkeypatch.setattr(spmm.ops, "bit_spmm_affine", spy)
     small = pq.bit_spmm(adj, x)
     assert seen == [False]
     adj.max_row_sum = (2**31 - 1) // 255 + 1  # claims row sums that would overflow int32 with 8-bit x
@@ -480,7 +480,7 @@ def test_compact_expands_to_from_edge_index(graph, self_loops):
 
 
 def test_compact_rejects_non_integer_diag():
-    from pyg_quant.compact_adjacency import CompactAdjacency
+    from pyg_quant.graph.bit_adjacency import CompactAdjacency
     keys, sums = torch.tensor([0, 5]), torch.tensor([1, 1])
     with pytest.raises(ValueError, match="diag"):
         CompactAdjacency.from_entries(keys, sums, 3, 3, 1, diag=torch.tensor([0.5, 1.0, 1.0]))
@@ -501,7 +501,7 @@ def test_expand_tiles_compiled_equals_reference(device, shape, edges, min_tile_n
         keys = torch.cat([keys, torch.arange(3 * cols, 3 * cols + 256)])
     keys = torch.cat([keys] + [keys[: max(1, edges // 50)]] * (repeat - 1))
     keys, sums = torch.unique(keys, return_counts=True)
-    compact = pq.compact_adjacency.CompactAdjacency.from_entries(keys, sums, rows, cols, min_tile_nnz)
+    compact = pq.graph.CompactAdjacency.from_entries(keys, sums, rows, cols, min_tile_nnz)
     if shape == (40, 300):
         assert compact.row_count.dtype == torch.int16
     args = [t.to(device) if isinstance(t, torch.Tensor) else t for t in (
@@ -518,7 +518,7 @@ def test_expand_tiles_compiled_equals_reference(device, shape, edges, min_tile_n
 @requires_compiled
 def test_expand_tiles_rejects_inconsistent_plans():
     keys, sums = torch.tensor([0, 1, 2, 700, 20 * 800 + 3]), torch.tensor([1, 1, 1, 1, 1])
-    plan = pq.compact_adjacency.CompactAdjacency.from_entries(keys, sums, 40, 800, 1)
+    plan = pq.graph.CompactAdjacency.from_entries(keys, sums, 40, 800, 1)
     args = dict(tile_key=plan.tile_key, row_count=plan.row_count, entry_col=plan.entry_col, entry_val=None,
                 res_row=plan.res_row, res_val=None, num_rows=40, num_cols=800, planes=1)
     with pytest.raises(RuntimeError, match="disagree|more entries"):
@@ -636,7 +636,7 @@ def test_expand_csr_values_past_eight_planes():
     sums = torch.randint(1, 4, keys.shape, generator=g)
     big = torch.randperm(keys.numel(), generator=g)[:100]
     sums[big] = torch.randint(256, 1000, (100,), generator=g)
-    compact = pq.compact_adjacency.CompactAdjacency.from_entries(keys, sums, 300, 900, 4)
+    compact = pq.graph.CompactAdjacency.from_entries(keys, sums, 300, 900, 4)
     assert compact.num_tiles > 0 and compact.entry_val is not None and compact.res_val is not None
     got = pq.ops.expand_csr(*csr_args(compact))
     expected = ref.expand_csr(*csr_args(compact))
@@ -652,7 +652,7 @@ def test_expand_csr_values_past_eight_planes():
 def test_expand_csr_cuda_equals_cpu(case):
     edge_index, num_nodes, self_loops, min_tile_nnz = csr_case(case)
     compact = pq.BitAdjacency.compact_from_edge_index(edge_index, num_nodes, self_loops, min_tile_nnz)
-    on_gpu = pq.compact_adjacency.CompactAdjacency.from_tensors(
+    on_gpu = pq.graph.CompactAdjacency.from_tensors(
         {k: v.cuda() for k, v in compact.tensors().items()}, compact.scalars())
     got = on_gpu.expand(tiles=False)
     assert got.device.type == "cuda" and got.res_col.device.type == "cuda"
@@ -686,7 +686,7 @@ def test_expand_csr_cuda_malformed_plan_stays_in_bounds():
 @requires_compiled
 def test_expand_csr_rejects_inconsistent_plans():
     keys, sums = torch.tensor([0, 1, 2, 700, 20 * 800 + 3]), torch.tensor([1, 1, 1, 1, 1])
-    plan = pq.compact_adjacency.CompactAdjacency.from_entries(keys, sums, 40, 800, 1)
+    plan = pq.graph.CompactAdjacency.from_entries(keys, sums, 40, 800, 1)
     args = dict(tile_key=plan.tile_key, row_count=plan.row_count, entry_col=plan.entry_col, entry_val=None,
                 res_row=plan.res_row, res_col=plan.res_col, res_val=None, num_rows=40, num_cols=800)
     with pytest.raises(RuntimeError, match="disagree"):
@@ -697,7 +697,7 @@ def test_expand_csr_rejects_inconsistent_plans():
         torch.ops.pyg_quant.expand_csr(**{**args, "num_cols": 600})
     with pytest.raises(RuntimeError, match="res_col"):
         torch.ops.pyg_quant.expand_csr(**{**args, "res_col": plan.res_col.long()})
-    residual = pq.compact_adjacency.CompactAdjacency.from_entries(keys, sums, 40, 800, 4)
+    residual = pq.graph.CompactAdjacency.from_entries(keys, sums, 40, 800, 4)
     with pytest.raises(RuntimeError, match="res_col"):
         torch.ops.pyg_quant.expand_csr(**{**args, "tile_key": residual.tile_key, "row_count": residual.row_count,
                                           "entry_col": residual.entry_col, "res_row": residual.res_row,
@@ -707,7 +707,7 @@ def test_expand_csr_rejects_inconsistent_plans():
 def test_auto_form_follows_the_tile_fill(monkeypatch):
     """"auto" decodes without tiles below MIN_TILE_FILL, with them at or above it; expand() and from_edge_index
     follow DEFAULT_ADJACENCY unless a tile threshold is given; explicit arguments win."""
-    from pyg_quant import compact_adjacency as ca
+    from pyg_quant.graph import adjacency_form as ca
     edge_index = random_edges(400, 400, 6000, 21)  # tiles ~1% full
     compact = pq.BitAdjacency.compact_from_edge_index(edge_index, 400)
     assert 0 < compact.tile_fill < ca.MIN_TILE_FILL

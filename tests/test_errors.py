@@ -117,7 +117,7 @@ def test_compiled_quantize_ops_validate():
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
 def test_check_finite_raises_for_nan_and_inf(bad, dtype):
-    from pyg_quant.nn._quantize import check_finite
+    from pyg_quant._utils import check_finite
     from pyg_quant.qat.observers import check_finite as qat_check_finite
     x = torch.randn(37, 19).to(dtype)
     x[20, 3] = bad
@@ -130,7 +130,7 @@ def test_check_finite_raises_for_nan_and_inf(bad, dtype):
 
 
 def test_check_finite_accepts_finite_values_whose_sum_overflows():
-    from pyg_quant.nn._quantize import check_finite
+    from pyg_quant._utils import check_finite
     x = torch.full((64, 64), 3.0e38)  # every element finite, the float32 sum is inf
     assert not torch.isfinite(x.sum())
     check_finite(x, "x")

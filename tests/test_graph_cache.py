@@ -13,13 +13,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch_geometric.nn import GCNConv, GINConv
 
 import pyg_quant as pq
-from pyg_quant.nn import _csr as csr_module
-from pyg_quant.nn import _graph, _graph_cache
-from pyg_quant.nn import _graph as graph_module
-from pyg_quant.nn._csr import SparseProduct
-from pyg_quant.nn._graph import QuantGraph
-from pyg_quant.nn._adjacency_formats import to_edge_set
-from pyg_quant.nn._graph_cache import cached_graph, cached_graph_count, graph_cache_disabled
+from pyg_quant.graph import cache as graph_cache
+from pyg_quant.graph import float_csr, quant_graph
+from pyg_quant.graph.cache import cached_graph, cached_graph_count, graph_cache_disabled
+from pyg_quant.graph.float_csr import SparseProduct
+from pyg_quant.graph.input_formats import to_edge_set
+from pyg_quant.graph.quant_graph import QuantGraph
 from pyg_quant.qat import conv as qat_conv
 
 from conftest import gen
@@ -99,16 +98,16 @@ def random_graph(num_nodes=40, num_edges=160, seed=0):
 def graph_builds(monkeypatch):
     """Counts the QuantGraphs built (cache misses of the layers, and every uncached build)."""
     builds = [0]
-    init = _graph.QuantGraph.__init__
+    init = quant_graph.QuantGraph.__init__
 
     def counting_init(self, *args, **kwargs):
         builds[0] += 1
         init(self, *args, **kwargs)
 
-    monkeypatch.setattr(_graph.QuantGraph, "__init__", counting_init)
-    _graph_cache.clear_graph_cache()
+    monkeypatch.setattr(quant_graph.QuantGraph, "__init__", counting_init)
+    graph_cache.clear_graph_cache()
     yield builds
-    _graph_cache.clear_graph_cache()
+    graph_cache.clear_graph_cache()
 
 
 @pytest.mark.parametrize("kind", ["GCN", "GIN"])
@@ -163,10 +162,10 @@ def test_a_dead_edge_index_is_not_kept(graph_builds):
 def test_the_cache_is_bounded(graph_builds):
     conv = pq.QGINConv(Linear(12, 8), bits=4)
     x, _ = random_graph()
-    alive = [random_graph(seed=seed)[1] for seed in range(_graph_cache.MAX_ENTRIES + 3)]
+    alive = [random_graph(seed=seed)[1] for seed in range(graph_cache.MAX_ENTRIES + 3)]
     for edge_index in alive:
         conv(x, edge_index)
-    assert cached_graph_count() == _graph_cache.MAX_ENTRIES
+    assert cached_graph_count() == graph_cache.MAX_ENTRIES
     builds = graph_builds[0]
     conv(x, alive[-1])  # the most recent ones stay
     conv(x, alive[0])  # the oldest went first
@@ -175,7 +174,7 @@ def test_the_cache_is_bounded(graph_builds):
 
 def test_an_evicted_graph_is_rebuilt_without_checking_its_indices_again(graph_builds, monkeypatch):
     """The range check (a host sync on a GPU) runs once per unchanged tensor, also after its graph was evicted."""
-    monkeypatch.setattr(_graph_cache, "MAX_ENTRIES", 1)
+    monkeypatch.setattr(graph_cache, "MAX_ENTRIES", 1)
     conv = pq.QGINConv(Linear(12, 8), bits=4)
     x, first = random_graph(seed=1)
     second = random_graph(seed=2)[1].to(torch.int32)  # an int32 index is remembered too (checked before .long())
@@ -194,7 +193,7 @@ def test_an_evicted_graph_is_rebuilt_without_checking_its_indices_again(graph_bu
     ref = weakref.ref(second)
     del second
     gc.collect()
-    assert ref() is None and all(entry[0]() is not None for entry in _graph_cache._bounds.values())
+    assert ref() is None and all(entry[0]() is not None for entry in graph_cache._bounds.values())
 
 
 def _tensors_in(value, depth=0):
@@ -218,7 +217,7 @@ def test_the_cache_holds_no_autograd_history(graph_builds):
     assert weight.grad is not None and cached_graph_count() == 0  # weighted graphs are built per call
     F.cross_entropy(model(x, edge_index), torch.zeros(40, dtype=torch.long)).backward()
     assert cached_graph_count() == 1
-    tensors = [t for entry in _graph_cache._entries.values() for t in _tensors_in(entry[2])]
+    tensors = [t for entry in graph_cache._entries.values() for t in _tensors_in(entry[2])]
     assert len(tensors) > 5  # the walk reaches the graph's tensors (edges, degrees, the CSR matrices)
     assert all(not t.requires_grad and t.grad_fn is None for t in tensors)
 
@@ -242,7 +241,7 @@ def test_nothing_is_cached_in_inference_mode_or_while_compiling(graph_builds, mo
     with torch.no_grad():
         assert torch.equal(conv(x, inference_edge_index), expected)
     assert cached_graph_count() == 0
-    monkeypatch.setattr(_graph_cache, "is_compiling", lambda: True)
+    monkeypatch.setattr(graph_cache, "is_compiling", lambda: True)
     _ = conv(x, edge_index)
     assert cached_graph_count() == 0
     monkeypatch.undo()
@@ -253,15 +252,14 @@ def test_nothing_is_cached_in_inference_mode_or_while_compiling(graph_builds, mo
 @pytest.mark.filterwarnings("ignore:quantizers .* have observed no data")
 @pytest.mark.parametrize("kind", ["GCN", "GIN"])
 def test_eval_bit_kernels_reuse_the_packed_tiles(kind, graph_builds, monkeypatch):
-    from pyg_quant.nn import _graph as graph_module
     packs = [0]
-    pack = graph_module.pack_entries
+    pack = quant_graph.pack_entries
 
     def counting_pack(*args, **kwargs):
         packs[0] += 1
         return pack(*args, **kwargs)
 
-    monkeypatch.setattr(graph_module, "pack_entries", counting_pack)
+    monkeypatch.setattr(quant_graph, "pack_entries", counting_pack)
     model = pq.qat.convert(pq.qat.prepare(make_model(kind), bits=4).eval())
     x, edge_index = random_graph()
     with torch.no_grad():
@@ -344,14 +342,14 @@ def test_csr_product_gradcheck():
 
 def test_csr_pair_is_built_once_per_graph_and_dtype(monkeypatch):
     builds = [0]
-    build = csr_module.csr_matrix
+    build = float_csr.csr_matrix
 
     def counting_build(*args, **kwargs):
         builds[0] += 1
         return build(*args, **kwargs)
 
-    monkeypatch.setattr(graph_module, "csr_matrix", counting_build)
-    _graph_cache.clear_graph_cache()
+    monkeypatch.setattr(quant_graph, "csr_matrix", counting_build)
+    graph_cache.clear_graph_cache()
     model = pq.qat.prepare(make_model("GIN"), bits=4, skip_last=False)
     x, edge_index = random_graph()
     for _ in range(2):

@@ -203,10 +203,10 @@ def test_bit_spmm_on_batches(planted_parts):
 def test_bit_spmm_on_batches_in_every_adjacency_form(planted_parts, min_tile_nnz):
     """The same batches decoded with tiles, without, and by the fill rule: the same wire bytes, the same integer
     sums A·Q and the same bit_spmm, bit for bit."""
-    from pyg_quant.nn._adjacency_formats import bit_spmm_codes
+    from pyg_quant.graph.spmm import bit_spmm_codes
     loaders = {form: list(QuantClusterLoader(planted_parts, batch_size=3, bits=4, min_tile_nnz=min_tile_nnz,
                                              adjacency=form)) for form in ("tiles", "csr", "auto")}
-    assert QuantClusterLoader(planted_parts).collater.adjacency == pq.compact_adjacency.DEFAULT_ADJACENCY
+    assert QuantClusterLoader(planted_parts).collater.adjacency == pq.graph.adjacency_form.DEFAULT_ADJACENCY
     forms = set()
     for tiles, csr, auto in zip(loaders["tiles"], loaders["csr"], loaders["auto"]):
         assert torch.equal(tiles.buffer, csr.buffer) and torch.equal(tiles.buffer, auto.buffer)
@@ -515,7 +515,7 @@ def test_cuda_decode_is_sync_free_and_capturable(planted_parts):
 def test_cuda_decode_in_every_form_is_sync_free(planted, adjacency):
     """Each adjacency form decodes on the GPU without a host round trip, equal to the CPU decode field for field,
     and aggregates to the same integers as the tiles (batches built directly: no METIS needed)."""
-    from pyg_quant.nn._adjacency_formats import bit_spmm_codes
+    from pyg_quant.graph.spmm import bit_spmm_codes
     x = pq.to_bit(planted.x, 4, dim=0, layout="col")
     for min_tile_nnz in (1, 16):
         compact = pq.BitAdjacency.compact_from_edge_index(planted.edge_index, planted.num_nodes, self_loops=1,

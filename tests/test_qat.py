@@ -700,8 +700,8 @@ def test_qat_linear_float_operands_and_errors():
 @pytest.mark.parametrize("weighted", [False, True])
 def test_sparse_float_aggregation_matches_edge_wise(weighted):
     """The QAT layers' float aggregation (one sparse product) gives QuantGraph.aggregate_float's values."""
-    from pyg_quant.nn._adjacency_formats import to_edge_set
-    from pyg_quant.nn._graph import QuantGraph
+    from pyg_quant.graph.input_formats import to_edge_set
+    from pyg_quant.graph.quant_graph import QuantGraph
     from pyg_quant.qat.conv import _aggregate_float
 
     g, n = gen(3), 30
@@ -845,8 +845,8 @@ def test_eval_float_aggregation_gives_the_bit_kernels_result(observer, self_loop
     term multiplies to_val's float32 values, as the kernels' does): with a few bits and unweighted edges every sum is
     exact in float64 on both sides, so the float32 results are equal bit for bit.  Summing to_val's float32 values
     instead differs in many entries (the values whose roundings do not cancel)."""
-    from pyg_quant.nn._adjacency_formats import to_edge_set
-    from pyg_quant.nn._graph import QuantGraph
+    from pyg_quant.graph.input_formats import to_edge_set
+    from pyg_quant.graph.quant_graph import QuantGraph
     from pyg_quant.qat.conv import _aggregate_float
 
     g, n = gen(11), 200

@@ -31,7 +31,7 @@ from torch_geometric.utils import coalesce, to_torch_coo_tensor, to_torch_csc_te
 
 import pyg_quant as pq
 from pyg_quant.nn import QGCNConv
-from pyg_quant.nn._adjacency_formats import decode_bit_adjacency, pack_entries
+from pyg_quant.graph.packing import decode_bit_adjacency, pack_entries
 
 from conftest import gen, random_edges
 
@@ -334,8 +334,8 @@ def test_gcn_norm_gradient(layout):
 def test_same_codes_in_both_paths(bits, weighted, form, monkeypatch):
     """The bit kernels (eval) and the fake quantization (train) compute GCN on the same codes, whichever form the
     layer packs its adjacency in (the default form set to "auto": tiles when MIN_TILE_FILL is 0, none above 1)."""
-    monkeypatch.setattr(pq.compact_adjacency, "DEFAULT_ADJACENCY", "auto")
-    monkeypatch.setattr(pq.compact_adjacency, "MIN_TILE_FILL", 0.0 if form == "tiles" else 2.0)
+    monkeypatch.setattr(pq.graph.adjacency_form, "DEFAULT_ADJACENCY", "auto")
+    monkeypatch.setattr(pq.graph.adjacency_form, "MIN_TILE_FILL", 0.0 if form == "tiles" else 2.0)
     x, edge_index, weight = graph()
     weight = weight if weighted else None
     _, conv = pair(bits)

@@ -153,7 +153,7 @@ def test_one_self_weight_for_every_row_equals_its_expansion(min_tile_nnz, device
     x = pq.to_bit(randn(n, f, 3, shift=0.4).to(device), 4, dim=0, layout="col")
     weight = torch.tensor([1.375], device=device)
     row_scale = (torch.rand(n, generator=gen(5)) + 0.1).to(device)
-    codes = pq.adjacency.gathered_codes(adj, x, True)
+    codes = pq.graph.spmm.gathered_codes(adj, x, True)
     args = [adj.window_ptr, adj.tile_col, adj.tile_bits, adj.res_ptr, adj.res_col, adj.res_val, x.planes, x.lo,
             x.scale, adj.row_sums, weight, row_scale, None, True, n, f, False, codes]
     one = torch.ops.pyg_quant.bit_spmm_affine(*args)

@@ -10,13 +10,13 @@ aligned offsets, in a single buffer, each in its *wire* form::
     │adj: tile plan + 1 B/edge  │x.planes      │x.lo,scale│ y  │ masks │n_id │
     └───────────────────────────┴──────────────┴──────────┴────┴───────┴─────┘
 
-* a :class:`~pyg_quant.compact_adjacency.CompactAdjacency` travels as its plan
+* a :class:`~pyg_quant.graph.bit_adjacency.CompactAdjacency` travels as its plan
   (one byte per edge instead of a 512-byte bit tile per 16 × 256 block) and
   becomes a :class:`~pyg_quant.BitAdjacency` where the batch is, on first access:
   with its tiles, or without (every entry in the CSR, which ``bit_spmm`` gathers
   faster than nearly empty tiles), as the batch's ``adjacency`` option says
   (``"auto"``: without when the tiles would be less than
-  :data:`~pyg_quant.compact_adjacency.MIN_TILE_FILL` full; default :data:`~pyg_quant.compact_adjacency.DEFAULT_ADJACENCY`, ``"auto"``);
+  :data:`~pyg_quant.graph.adjacency_form.MIN_TILE_FILL` full; default :data:`~pyg_quant.graph.adjacency_form.DEFAULT_ADJACENCY`, ``"auto"``);
 * a :class:`~pyg_quant.BitTensor` travels without the padding of its outer
   dimension (re-added on access);
 * an integer tensor travels in the narrowest integer type that holds its values
@@ -37,9 +37,9 @@ from typing import Callable, Dict, Iterator, List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from ..adjacency import BitAdjacency
 from ..bit_tensor import BitTensor
-from ..compact_adjacency import CompactAdjacency, check_adjacency_form
+from ..graph.adjacency_form import check_adjacency_form
+from ..graph.bit_adjacency import BitAdjacency, CompactAdjacency
 
 ALIGN = 64  # bytes: a cache line, and a multiple of every element size
 
@@ -173,8 +173,8 @@ class QuantBatch:
 
         ``adjacency`` is the form a CompactAdjacency field decodes to: ``"tiles"`` (its planned
         tiles), ``"csr"`` (no tiles, every entry in the CSR) or ``"auto"`` (``"csr"`` when the tiles
-        would be less than :data:`~pyg_quant.compact_adjacency.MIN_TILE_FILL` full); None (the default)
-        is :data:`~pyg_quant.compact_adjacency.DEFAULT_ADJACENCY`.  The wire form is the same for all three."""
+        would be less than :data:`~pyg_quant.graph.adjacency_form.MIN_TILE_FILL` full); None (the default)
+        is :data:`~pyg_quant.graph.adjacency_form.DEFAULT_ADJACENCY`.  The wire form is the same for all three."""
         adjacency = check_adjacency_form(adjacency)
         tensors, meta = _flatten(fields)
         meta["adjacency"] = adjacency

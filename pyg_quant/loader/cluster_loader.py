@@ -9,8 +9,8 @@ from torch.utils.data import DistributedSampler
 from torch_geometric.loader import ClusterData
 from torch_geometric.utils import narrow, select
 
-from ..adjacency import BitAdjacency
-from ..compact_adjacency import check_adjacency_form
+from ..graph.adjacency_form import check_adjacency_form
+from ..graph.bit_adjacency import BitAdjacency
 from ..distributed.sampler import DistributedPartSampler
 from ..distributed.group import initialized
 from .batch import QuantBatch
@@ -209,8 +209,8 @@ class QuantClusterLoader(torch.utils.data.DataLoader):
             in 4–8).
         adjacency (str, optional): the form ``batch.adj`` decodes to on the device:
             ``"tiles"`` decodes the planned tiles (the default, None, is
-            :data:`~pyg_quant.compact_adjacency.DEFAULT_ADJACENCY`, ``"auto"``); ``"auto"`` keeps none when the plan's tiles would be less than
-            :data:`~pyg_quant.compact_adjacency.MIN_TILE_FILL` full (METIS cluster
+            :data:`~pyg_quant.graph.adjacency_form.DEFAULT_ADJACENCY`, ``"auto"``); ``"auto"`` keeps none when the plan's tiles would be less than
+            :data:`~pyg_quant.graph.adjacency_form.MIN_TILE_FILL` full (METIS cluster
             batches are ~2% full, and ``bit_spmm``'s CSR gather runs 2× faster than
             the tiles there on CUDA); ``"csr"`` never.  The bytes that travel are the same.
         return_edge_index (bool): also ship ``edge_index`` and edge attributes.

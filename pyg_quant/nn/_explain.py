@@ -11,7 +11,7 @@ self-loops are dropped from the edges and re-added as loops, so they too).
 
 The layers here have no ``propagate`` call.  They scale each edge's coefficient
 by that factor in their float aggregation
-(:meth:`~pyg_quant.nn._graph.QuantGraph.aggregate_float`), whose edges are
+(:meth:`~pyg_quant.graph.quant_graph.QuantGraph.aggregate_float`), whose edges are
 those of ``edge_index`` in its order, GCN's self-loops apart in an unmasked
 diagonal term: the same products as PyG's.  The degrees are those of the
 unmasked graph, as in PyG's ``gcn_norm``.  While a mask is set the layers do

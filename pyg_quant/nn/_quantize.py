@@ -6,52 +6,20 @@ in float32, ``u = 0.5`` or ``u ~ U[0, 1)``), so for the same input and nearest
 rounding they produce the same codes.  :func:`quantize` skips ``to_bit``'s
 data-dependent input checks, which ``torch.compile`` cannot trace without a
 graph break; the layers check their inputs on eager calls where a check costs no
-host synchronization (:func:`check_finite`).
+host synchronization (:func:`~pyg_quant._utils.check_finite`).
 """
 from typing import NamedTuple, Optional
 
 import torch
 
 from .. import ops
+from .._utils import check_finite, is_compiling
 from ..bit_tensor import BitTensor, _check_bits, to_val
-
-
-def is_compiling() -> bool:
-    compiler = getattr(torch, "compiler", None)
-    if compiler is not None and hasattr(compiler, "is_compiling"):
-        return compiler.is_compiling()
-    return torch._dynamo.is_compiling()
 
 
 def check_bits(bits, name: str) -> Optional[int]:
     """``None`` (no quantization) or an int in 1..8; errors name the argument."""
     return None if bits is None else _check_bits(bits, name)
-
-
-def check_finite(x: torch.Tensor, name: str, *, always: bool = False) -> None:
-    """Raise a ValueError naming ``name`` if ``x`` holds NaN or inf, where that costs no host synchronization.
-
-    On the CPU the check runs at every eager call.  On a GPU it would stall the host until the kernels before it
-    finish, so it runs only with ``always`` (fixed, calibrated ranges: their codes cannot carry a NaN, so it would
-    vanish silently); otherwise a NaN or inf propagates as in the float layers: the dynamic range of every row or
-    column that holds one is NaN (the quantizers and ``quant_mlp`` reduce their extrema as ``amin`` / ``amax`` do),
-    and so is every value it reaches.  Never inside a traced or captured region.
-
-    A finite sum proves every element finite (a NaN or an inf makes any sum NaN or infinite), at a fraction of
-    the cost of ``isfinite(x).all()``; only when the sum is not finite (a NaN or inf, or finite values whose sum
-    overflows) is every element tested, so large finite inputs are never rejected.
-    """
-    if is_compiling() or (x.device.type != "cpu" and (not always or _capturing(x))):
-        return
-    x = x.detach()
-    if not x.is_floating_point() or bool(torch.isfinite(x.sum())):
-        return
-    if not bool(torch.isfinite(x).all()):
-        raise ValueError(f"{name} holds NaN or inf; quantized layers need finite inputs")
-
-
-def _capturing(x: torch.Tensor) -> bool:
-    return x.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 def values_finite(x: BitTensor) -> bool:

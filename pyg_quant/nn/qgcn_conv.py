@@ -7,15 +7,15 @@ from torch_geometric.nn.conv import MessagePassing
 from torch_geometric.nn.inits import zeros
 from torch_geometric.typing import SparseTensor
 
-from ..adjacency import BitAdjacency
 from ..bit_tensor import BitTensor
-from ._adjacency_formats import to_edge_set
+from ..graph.bit_adjacency import BitAdjacency
+from ..graph.cache import cached_graph
+from ..graph.input_formats import to_edge_set
+from ..graph.quant_graph import QuantGraph
 from ._common import (check_aggr, check_node_dim, check_out_dim, node_matrix, quant_options_repr,
                       requantize_output)
 from ._eval_path import gcn_eval
 from ._explain import explain_edge_mask
-from ._graph import QuantGraph
-from ._graph_cache import cached_graph
 from ._quantize import check_bits, fake_quantize, fake_quantize_fixed, quantize, quantize_fixed
 from .calibration import StaticRange
 from .quant_linear import _UNSET, QuantLinear, bit_kernels_apply, resolve_bits, run_row_scaled_linear
@@ -245,7 +245,7 @@ class QGCNConv(StaticRange, MessagePassing):
         adj_bits = self.adj_bits if self.act_bits is not None else None
         if edge_weight is None:
             # No autograd history, so the layers called on this edge_index share one graph (see
-            # _graph_cache).  Edges without weights have no codes: adj_bits plays no part in it.
+            # graph/cache.py).  Edges without weights have no codes: adj_bits plays no part in it.
             options = ("gcn", num_nodes, self.flow, self.add_self_loops, self.improved, self.normalize)
             graph = cached_graph(edge_index, options, lambda adj: self._build_graph(adj, None, num_nodes, adj_bits))
         else:

@@ -8,16 +8,16 @@ from torch_geometric.nn.inits import reset
 from torch_geometric.typing import SparseTensor
 from torch_geometric.utils import is_torch_sparse_tensor
 
-from ..adjacency import BitAdjacency
+from .._utils import check_finite, is_compiling
 from ..bit_tensor import BitTensor
-from ._adjacency_formats import to_edge_set
+from ..graph.bit_adjacency import BitAdjacency
+from ..graph.cache import cached_graph
+from ..graph.input_formats import to_edge_set
+from ..graph.quant_graph import QuantGraph
 from ._common import check_aggr, check_node_dim, check_out_dim, node_matrix, quant_options_repr, requantize_output
 from ._eval_path import gin_eval
 from ._explain import explain_edge_mask
-from ._graph import QuantGraph
-from ._graph_cache import cached_graph
-from ._quantize import (check_bits, check_finite, dequantize, fake_quantize, fits, is_compiling, quantize,
-                        quantize_fixed)
+from ._quantize import check_bits, dequantize, fake_quantize, fits, quantize, quantize_fixed
 from .calibration import StaticRange
 from .quant_linear import _UNSET, QuantLinear, bit_kernels_apply, resolve_bits, run_fused_mlp
 
@@ -170,7 +170,8 @@ class QGINConv(StaticRange, MessagePassing):
         return num_src, num_dst
 
     def _graph(self, edge_index, num_src: int, num_dst: int) -> QuantGraph:
-        """``A`` of ``edge_index``, shared with the other layers called on the same tensor (see ``_graph_cache``)."""
+        """``A`` of ``edge_index``, shared with the other layers called on the same tensor
+        (see :mod:`pyg_quant.graph.cache`)."""
         adj_bits = self.adj_bits if self.act_bits is not None else None
 
         def build(adj) -> QuantGraph:

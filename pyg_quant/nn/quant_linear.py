@@ -8,12 +8,12 @@ from torch import Tensor
 from torch_geometric.nn.dense.linear import Linear
 
 from .. import ops
+from .._utils import check_finite, is_compiling
 from ..bit_tensor import BitTensor
 from ..bitmm import bitmm_float
 from ._common import quant_options_repr
 from ._explain import explaining
-from ._quantize import (FixedRanges, check_bits, check_finite, dequantize, fake_quantize, fits, is_compiling,
-                        quantize, values_finite)
+from ._quantize import FixedRanges, check_bits, dequantize, fake_quantize, fits, quantize, values_finite
 
 
 def warn_weight_not_cached(module: torch.nn.Module) -> None:

@@ -170,7 +170,7 @@ _DENSE_BLOCK_INDEX = 1 << 22  # count blocks with bincount below this many, with
 
 
 def tile_plan(keys, sums, num_rows: int, num_cols: int, min_tile_nnz: int, planes: int):
-    """The tile plan of sorted distinct entries (see :mod:`pyg_quant.compact_adjacency`): ``(tile_key int32,
+    """The tile plan of sorted distinct entries (see :mod:`pyg_quant.graph.bit_adjacency`): ``(tile_key int32,
     row_count int16 [T, 16], entry_col uint8, entry_val uint8, res_row int32, res_col int32, res_sum int64,
     row_sums int64 [num_rows])``, entries in key (row-major) order."""
     device = keys.device

@@ -46,8 +46,8 @@ from torch import Tensor
 from torch_geometric.nn.dense.linear import Linear as PyGLinear
 
 from ..bit_tensor import BitTensor, to_val
+from ..graph.quant_graph import QuantGraph
 from ..nn._explain import explain_edge_mask
-from ..nn._graph import QuantGraph
 from ..nn._quantize import FixedRanges, fake_quantize_fixed, quantize_fixed
 from ..nn.qgcn_conv import QGCNConv
 from ..nn.qgin_conv import QGINConv

@@ -58,7 +58,7 @@ import torch
 from .. import ops
 from ..ops import reference
 
-from ..nn._quantize import check_finite as _check_finite
+from .._utils import check_finite as _check_finite
 from ..distributed import ranges as _ranks
 
 OBSERVERS = ("dynamic", "minmax", "ema", "percentile", "mse", "dynamic_mse", "learned")
@@ -87,7 +87,7 @@ def check_matrix(x, name: str = "x") -> torch.Tensor:
 def check_finite(x: torch.Tensor, name: str = "x") -> None:
     """Raise a ValueError if ``x`` holds NaN or inf (the codes of such a tensor would be garbage).
 
-    :func:`pyg_quant.nn._quantize.check_finite` (a sum first, every element only when the
+    :func:`pyg_quant._utils.check_finite` (a sum first, every element only when the
     sum is not finite), with ``name`` defaulting to ``"x"``, on every device: an observer keeps what it
     records, so a NaN let through would spoil its ranges for every later batch.
     """

@@ -3,7 +3,7 @@ r"""A small cache of the graphs that layers build from one ``edge_index`` tensor
 Every layer of a model is called on the same ``edge_index`` tensor, and a full-batch
 training loop calls the model on that tensor step after step.  Reading the edges (their
 range check costs a host synchronisation) and building the layer's
-:class:`~pyg_quant.nn._graph.QuantGraph` (self-loop terms, GCN's degrees, and, filled
+:class:`~pyg_quant.graph.quant_graph.QuantGraph` (self-loop terms, GCN's degrees, and, filled
 in on first use, the QAT aggregation's CSR matrices or the packed bit tiles) gives the
 same result at every one of those calls, so :func:`cached_graph` builds it once and
 hands out the same object afterwards.  Callers therefore treat a graph as read-only
@@ -56,7 +56,7 @@ from typing import Any, Callable, Hashable, Iterator, Optional, Tuple
 
 import torch
 
-from ._quantize import is_compiling
+from .._utils import is_compiling
 
 MAX_ENTRIES = 8
 MAX_BOUNDS = 4096

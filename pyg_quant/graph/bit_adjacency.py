@@ -1,19 +1,62 @@
-r"""Block-sparse bit adjacency and the aggregation ``A·X`` on it.
+r"""The bit adjacency in its two forms: :class:`BitAdjacency`, what the kernels read, and :class:`CompactAdjacency`,
+its tile plan with one byte per edge, the form a loader batch travels in.
 
-The tile format is described once, in :mod:`pyg_quant.layout`.  Rows are
-message *targets* and columns *sources* (PyG's ``source_to_target`` flow:
-``edge_index[0]`` is the source ``j``, ``edge_index[1]`` the target ``i``), so
-``bit_spmm(adj, x)[i] = Σ_{(j→i)} x[j]``.
+Each builds the other (:meth:`BitAdjacency.from_edge_index` plans, then expands the plan;
+:meth:`CompactAdjacency.expand` writes a BitAdjacency), so the two live in one module.  The tile format is described
+once, in :mod:`pyg_quant.layout`; which form a plan decodes to is :mod:`pyg_quant.graph.adjacency_form`'s rule, and
+the product ``A·X`` is :mod:`pyg_quant.graph.spmm`'s.  Rows are message *targets* and columns *sources* (PyG's
+``source_to_target`` flow: ``edge_index[0]`` is the source ``j``, ``edge_index[1]`` the target ``i``).
+
+A BitAdjacency tile spends 4,096 bits on a 16 × 256 block whatever it holds; on METIS cluster batches tiles are
+~2% full, ~45 bits per edge.  A CompactAdjacency keeps the same matrix as the *plan* of those tiles plus, for every
+entry in a tile, the one byte that says its column inside the tile::
+
+    tile_key   int32[T]        window · col_tiles + col_tile of each tile, sorted
+    row_count  uint8[T, 16]    entries in each of the tile's 16 rows (int16 if one holds 256)
+    entry_col  uint8[E_t]      column inside the tile of each tile entry, row-major order
+    entry_val  uint8[E_t]      its multiplicity (absent when every tile entry is 1)
+    res_row, res_col  int32    the CSR residual as coordinates, row-major
+    res_val    int32           residual multiplicities (absent when all are 1)
+    diag       uint8[R]        the self-loop term (absent without self loops)
+
+about 8–10 bits per edge on cluster batches.  :meth:`CompactAdjacency.expand` writes the tiles on whatever device
+the plan is on (the ``expand_tiles`` op: one pass on the CPU, three kernels on the GPU, a torch reference elsewhere;
+every size is known on the host, so no synchronisation), and returns exactly the BitAdjacency that
+:meth:`BitAdjacency.from_edge_index` builds, field for field.  Row-major entry order is the order of the sorted keys
+the plan is made from, so planning (the ``tile_plan`` op) needs no sort beyond the one that made the keys distinct.
+
+The same plan also decodes into a tile-free BitAdjacency, every entry in its CSR (``expand(tiles=False)``, the
+``expand_csr`` op: a count and one merge pass per row on the CPU, two row kernels and a cumsum on the GPU, again with
+no host synchronisation), exactly what ``from_edge_index`` builds with ``min_tile_nnz`` above 4096; ``"auto"`` picks
+that form when the plan's tiles would be less than :data:`~pyg_quant.graph.adjacency_form.MIN_TILE_FILL` full,
+where ``bit_spmm``'s CSR gather beats the tiles.  The wire form is the same either way (~10 bits per edge instead of
+the 64 of an int32 CSR with values).
 """
-from typing import Callable, Optional, Tuple, Union
+from typing import Callable, Dict, Optional, Tuple, Union
 
+import numpy as np
 import torch
 
-from . import ops
-from .bit_tensor import BitTensor
-from .bitmm import INT32_MAX
-from .compact_adjacency import DEFAULT_MIN_TILE_NNZ, CompactAdjacency, check_adjacency_form, distinct_entries
-from .layout import TILE_COLS, TILE_ROWS, packed_words, padded_outer
+from .. import ops
+from .._utils import INT32_MAX
+from ..layout import TILE_COLS, TILE_ROWS
+from .adjacency_form import DEFAULT_MIN_TILE_NNZ, check_adjacency_form, tiles_wanted
+
+MAX_ADJ_PLANES = 8  # bit planes per entry that the bit_spmm kernels accept
+
+
+def distinct_entries(keys: torch.Tensor):
+    """Sorted distinct ``keys`` and how often each occurs (numpy's vectorised sort on the CPU:
+    ~4x faster than ``torch.unique`` there)."""
+    if keys.device.type != "cpu" or keys.numel() == 0:
+        return torch.unique(keys, return_counts=True)
+    ordered = np.sort(keys.numpy())
+    first = np.empty(ordered.size, dtype=bool)
+    first[0] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=first[1:])
+    starts = np.flatnonzero(first)
+    counts = np.diff(np.append(starts, ordered.size))
+    return torch.from_numpy(ordered[starts]), torch.from_numpy(counts)
 
 
 def _check_edge_index(edge_index, num_src: int, num_dst: int) -> torch.Tensor:
@@ -133,8 +176,8 @@ class BitAdjacency:
                 tiles ``min_tile_nnz`` plans), ``"csr"`` (no tiles, every entry in
                 the CSR, rows sorted by column: the same as ``min_tile_nnz`` above
                 4096) or ``"auto"`` (``"csr"`` when the planned tiles would be less
-                than :data:`~pyg_quant.compact_adjacency.MIN_TILE_FILL` full, else
-                ``"tiles"``).  Default: :data:`~pyg_quant.compact_adjacency.DEFAULT_ADJACENCY`
+                than :data:`~pyg_quant.graph.adjacency_form.MIN_TILE_FILL` full, else
+                ``"tiles"``).  Default: :data:`~pyg_quant.graph.adjacency_form.DEFAULT_ADJACENCY`
                 (``"auto"``), and ``"tiles"`` whenever ``min_tile_nnz`` is given.
         """
         if adjacency is None:
@@ -147,8 +190,8 @@ class BitAdjacency:
     @staticmethod
     def compact_from_edge_index(edge_index: torch.Tensor,
                                 num_nodes: Optional[Union[int, Tuple[int, int]]] = None,
-                                self_loops: int = 0, min_tile_nnz: int = 16) -> CompactAdjacency:
-        r"""The :class:`~pyg_quant.compact_adjacency.CompactAdjacency` of :meth:`from_edge_index`
+                                self_loops: int = 0, min_tile_nnz: int = 16) -> "CompactAdjacency":
+        r"""The :class:`~pyg_quant.graph.bit_adjacency.CompactAdjacency` of :meth:`from_edge_index`
         (same arguments): the tile plan with one byte per edge, before any tile is written.
         ``.expand()`` gives the BitAdjacency, on the device the plan is on."""
         if isinstance(min_tile_nnz, bool) or not isinstance(min_tile_nnz, int) or min_tile_nnz < 1:
@@ -268,101 +311,124 @@ class BitAdjacency:
                 f"self_loops={self.diag is not None})")
 
 
-def _float_vector(value, length: int, device: torch.device, name: str,
-                  scalar: bool = False) -> Optional[torch.Tensor]:
-    """None, a Python number or a 1-D tensor of ``length`` -> float32 ``[length]`` on ``device`` (or None); with
-    ``scalar``, a number or a 0-dim tensor becomes ``[1]``, which the op broadcasts (no fill kernel)."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float, torch.Tensor)):
-        raise TypeError(f"{name} must be a number or a tensor, got {type(value).__name__}")
-    if not isinstance(value, torch.Tensor):
-        return torch.full((1 if scalar else length,), float(value), dtype=torch.float32, device=device)
-    if value.dim() == 0:
-        value = value.detach().to(device=device, dtype=torch.float32)
-        return value.reshape(1) if scalar else value.expand(length).contiguous()
-    if value.dim() != 1 or value.numel() != length:
-        raise ValueError(f"{name} must have {length} entries, got shape {tuple(value.shape)}")
-    if value.device != device:
-        raise ValueError(f"{name} is on {value.device} but the operands are on {device}")
-    return value.detach().to(torch.float32).contiguous()
+class CompactAdjacency:
+    r"""A :class:`~pyg_quant.BitAdjacency` as a tile plan plus one byte per tile entry.
 
-
-def bit_spmm(adj: BitAdjacency, x: BitTensor, *, self_weight=None, row_scale=None, bias=None,
-             relu: bool = False) -> torch.Tensor:
-    r"""``(A + diag·I) · to_val(x)`` on the bit tiles, as float32 ``[num_rows, x.cols]``.
-
-    With the optional epilogue (fused into the kernel, one pass over the output):
-
-    .. math::
-        \mathrm{out} = \mathrm{relu}\big(\mathrm{diag}(s)\,(A + \mathrm{diag}(d + w))\,X + b\big)
-
-    where ``d`` is ``adj.diag`` (its self loops), ``w = self_weight`` (GIN's
-    ``1 + eps``), ``s = row_scale`` (GCN's ``D^{-1/2}`` after aggregation) and
-    ``b = bias``.
-
-    ``x`` must be scaled per column or per tensor (``dim=0`` or ``None``) so that
-    ``(A·X)_ik = lo_k·Σ_j A_ij + scale_k·(A·Q)_ik`` factors exactly; it is read
-    in ``layout="col"`` (a ``"row"`` input is repacked once and cached).  The
-    result equals the float64 value up to one float32 rounding.
-
-    Args:
-        adj (BitAdjacency): ``[num_rows, num_cols]``.
-        x (BitTensor): ``[num_cols, F]``.
-        self_weight (float or Tensor, optional): ``[num_rows]`` or a scalar; needs a square ``adj``.
-        row_scale (Tensor, optional): ``[num_rows]``.
-        bias (Tensor, optional): ``[F]``.
-        relu (bool): clamp the result at zero.
+    Build with :meth:`from_entries`; :meth:`expand` gives the BitAdjacency.
+    ``tensors()`` / ``from_tensors`` convert to and from a dict of tensors plus
+    host scalars (how :class:`~pyg_quant.loader.QuantBatch` ships it).
     """
-    if not isinstance(adj, BitAdjacency):
-        raise TypeError(f"adj must be a BitAdjacency, got {type(adj).__name__}")
-    if not isinstance(x, BitTensor):
-        raise TypeError(f"x must be a BitTensor, got {type(x).__name__}")
-    if x.rows != adj.num_cols:
-        raise ValueError(f"x has {x.rows} rows but adj has {adj.num_cols} source nodes")
-    if x.device != adj.device:
-        raise ValueError(f"x is on {x.device} but adj is on {adj.device}")
-    if x.dim not in (None, 0):
-        raise ValueError("x must be scaled per column (dim=0) or per tensor (dim=None) for A·X to "
-                         "factor exactly; got per-row ranges (dim=1)")
-    if not isinstance(relu, bool):
-        raise TypeError(f"relu must be a bool, got {type(relu).__name__}")
-    rows, cols, device = adj.num_rows, x.cols, x.device
-    self_term = _float_vector(self_weight, rows, device, "self_weight", scalar=True)
-    if self_term is not None and adj.num_rows != adj.num_cols:
-        raise ValueError("self_weight needs a square adjacency (num_rows == num_cols)")
-    if adj.diag is not None:
-        self_term = adj.diag if self_term is None else adj.diag + self_term
-    row_scale = _float_vector(row_scale, rows, device, "row_scale")
-    if bias is not None and not isinstance(bias, torch.Tensor):
-        raise TypeError(f"bias must be a tensor, got {type(bias).__name__}")
-    bias = _float_vector(bias, cols, device, "bias")
-    x_col = x.as_layout("col")
-    wide = adj.wide_sums(x.bits)
-    lo = x.lo.expand(cols).contiguous()
-    scale = x.scale.expand(cols).contiguous()
-    x_planes, x_codes = gather_operands(adj, x_col, self_term is not None)
-    return ops.bit_spmm_affine(adj.window_ptr, adj.tile_col, adj.tile_bits, adj.res_ptr, adj.res_col, adj.res_val,
-                               x_planes, lo, scale, adj.row_sums, self_term, row_scale, bias, relu, rows, cols,
-                               wide, x_codes)
 
+    TENSORS = ("tile_key", "row_count", "entry_col", "entry_val", "res_row", "res_col", "res_val", "diag")
+    SCALARS = ("num_rows", "num_cols", "planes", "nnz", "max_row_sum")
+    __slots__ = TENSORS + SCALARS
 
-def gathered_codes(adj: "BitAdjacency", x_col: BitTensor, self_term: bool) -> Optional[torch.Tensor]:
-    """``x_col``'s cached row codes where the CUDA kernels gather from them (a CSR residual, or a self term); the
-    CPU kernels walk their own unpacked codes, so there it is None and nothing is packed."""
-    if x_col.device.type != "cuda" or (adj.res_col.numel() == 0 and not self_term):
-        return None
-    return x_col.row_codes()
+    def __init__(self, **fields):
+        for name in self.TENSORS:
+            setattr(self, name, fields.get(name))
+        for name in self.SCALARS:
+            setattr(self, name, int(fields[name]))
 
+    @classmethod
+    def from_entries(cls, keys: torch.Tensor, sums: torch.Tensor, num_rows: int, num_cols: int,
+                     min_tile_nnz: int = 16, diag: Optional[torch.Tensor] = None) -> "CompactAdjacency":
+        r"""The plan for ``A[k // num_cols, k % num_cols] = sums`` (sorted distinct ``keys``, positive
+        integer ``sums``).
 
-def gather_operands(adj: "BitAdjacency", x_col: BitTensor,
-                    self_term: bool) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """``(x_planes, x_codes)`` of a ``bit_spmm`` op on ``x_col``: its planes and :func:`gathered_codes`.  A
-    BitTensor held as row codes (:meth:`BitTensor.from_row_codes`) keeps them where nothing reads its planes: on
-    CUDA (compiled kernels) with an adjacency without tiles, the kernels read only the row codes and take the planes'
-    shape from the ``x_planes`` argument, which is then an allocated, unread tensor of that shape."""
-    if (x_col.has_planes or adj.tile_col.numel() > 0 or x_col.device.type != "cuda"
-            or not ops.use_compiled("bit_spmm_int", x_col.device)):
-        return x_col.planes, gathered_codes(adj, x_col, self_term)
-    shape = (x_col.bits, padded_outer(x_col.cols), packed_words(x_col.rows))
-    return torch.empty(shape, dtype=torch.int32, device=x_col.device), x_col.row_codes()
+        A 16 × 256 block with at least ``min_tile_nnz`` entries becomes a tile of
+        ``bit_length(max sum)`` planes (at most 8); sparser blocks, and entries too
+        large for 8 planes, go to the CSR residual.  ``diag``: the self-loop term,
+        small non-negative integers (``[num_rows]``) or None.
+        """
+        largest = int(sums.max()) if sums.numel() else 1
+        planes = min(MAX_ADJ_PLANES, max(1, largest.bit_length()))
+        tile_key, row_count, entry_col, entry_val, res_row, res_col, res_sum, row_sums = ops.tile_plan(
+            keys, sums, num_rows, num_cols, min_tile_nnz, planes)
+        if row_count.numel() and int(row_count.max()) < TILE_COLS:  # a full tile row (256) needs int16
+            row_count = row_count.to(torch.uint8)
+        multi_bit = planes > 1 or bool((res_sum != 1).any())
+        if diag is not None:
+            diag_code = diag.to(torch.uint8)
+            if not torch.equal(diag_code.to(diag.dtype), diag):
+                raise ValueError("diag must hold integers in [0, 255] (self-loop weights)")
+            diag = diag_code
+        return cls(tile_key=tile_key, row_count=row_count, entry_col=entry_col,
+                   entry_val=entry_val if planes > 1 else None, res_row=res_row, res_col=res_col,
+                   res_val=res_sum.to(torch.int32) if multi_bit else None, diag=diag, num_rows=num_rows,
+                   num_cols=num_cols, planes=planes, nnz=keys.numel(),
+                   max_row_sum=int(row_sums.max()) if num_rows else 0)
+
+    # --- shipping ---------------------------------------------------------------------------
+    def tensors(self) -> Dict[str, torch.Tensor]:
+        return {name: getattr(self, name) for name in self.TENSORS if getattr(self, name) is not None}
+
+    def scalars(self) -> Dict[str, int]:
+        return {name: getattr(self, name) for name in self.SCALARS}
+
+    @classmethod
+    def from_tensors(cls, tensors: Dict[str, torch.Tensor], scalars: Dict[str, int]) -> "CompactAdjacency":
+        return cls(**tensors, **scalars)
+
+    @property
+    def device(self) -> torch.device:
+        return self.tile_key.device
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors().values())
+
+    @property
+    def num_tiles(self) -> int:
+        return self.tile_key.numel()
+
+    @property
+    def tile_fill(self) -> float:
+        """Tile entries over the capacity of the planned tiles (0 without tiles); known on the host."""
+        return self.entry_col.numel() / max(1, self.num_tiles * TILE_ROWS * TILE_COLS)
+
+    def wants_tiles(self, adjacency: Optional[str] = "auto") -> bool:
+        """Whether ``adjacency`` (``"auto"``, ``"tiles"``, ``"csr"``; None: the default form) decodes this plan into
+        tiles (:func:`~pyg_quant.graph.adjacency_form.tiles_wanted`)."""
+        return tiles_wanted(adjacency, self.num_tiles, self.tile_fill)
+
+    # --- writing the tiles --------------------------------------------------------------------
+    def expand(self, tiles: Union[bool, str, None] = None):
+        r"""The :class:`~pyg_quant.BitAdjacency`, built where the plan is, every output size known on the host
+        (no device-to-host synchronisation).
+
+        Args:
+            tiles (bool or str): ``True`` writes the planned tiles (``expand_tiles``); ``False`` puts every
+                entry in the CSR (``expand_csr``: no tiles, rows sorted by column, exactly what
+                :meth:`~pyg_quant.BitAdjacency.from_edge_index` builds with ``min_tile_nnz`` above 4096);
+                ``"auto"`` picks ``False`` when the tiles would be less than
+                :data:`~pyg_quant.graph.adjacency_form.MIN_TILE_FILL` full; None (the default) follows
+                :data:`~pyg_quant.graph.adjacency_form.DEFAULT_ADJACENCY`.
+        """
+        if tiles is None:
+            tiles = self.wants_tiles(None)
+        elif isinstance(tiles, str):
+            if tiles != "auto":
+                raise ValueError(f"tiles must be True, False or 'auto', got {tiles!r}")
+            tiles = self.wants_tiles("auto")
+        elif not isinstance(tiles, bool):
+            raise TypeError(f"tiles must be True, False or 'auto', got {tiles!r}")
+        diag = None if self.diag is None else self.diag.to(torch.float32)
+        if not tiles:
+            res_ptr, res_col, res_val, row_sums = ops.expand_csr(
+                self.tile_key, self.row_count, self.entry_col, self.entry_val, self.res_row, self.res_col,
+                self.res_val, self.num_rows, self.num_cols)
+            device = self.tile_key.device
+            window_ptr = torch.zeros(-(-self.num_rows // TILE_ROWS) + 1, dtype=torch.int64, device=device)
+            tile_col = torch.empty(0, dtype=torch.int32, device=device)
+            tile_bits = torch.empty(self.planes, 0, TILE_ROWS, TILE_COLS // 32, dtype=torch.int32, device=device)
+            return BitAdjacency(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, self.num_rows,
+                                self.num_cols, diag, row_sums, self.nnz, self.max_row_sum)
+        window_ptr, tile_col, tile_bits, res_ptr, row_sums = ops.expand_tiles(
+            self.tile_key, self.row_count, self.entry_col, self.entry_val, self.res_row, self.res_val, self.num_rows,
+            self.num_cols, self.planes)
+        return BitAdjacency(window_ptr, tile_col, tile_bits, res_ptr, self.res_col, self.res_val, self.num_rows,
+                            self.num_cols, diag, row_sums, self.nnz, self.max_row_sum)
+
+    def __repr__(self) -> str:
+        return (f"CompactAdjacency(shape=({self.num_rows}, {self.num_cols}), nnz={self.nnz}, planes={self.planes}, "
+                f"tiles={self.num_tiles}, residual={self.res_col.numel()}, nbytes={self.nbytes})")

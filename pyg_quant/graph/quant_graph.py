@@ -23,12 +23,14 @@ from typing import Optional, Tuple
 
 import torch
 
-from ..adjacency import bit_spmm, gather_operands
+from .._utils import check_finite, is_compiling
 from ..bit_tensor import BitTensor, to_val
-from ..compact_adjacency import DEFAULT_MIN_TILE_NNZ, check_adjacency_form
-from ._adjacency_formats import EdgeSet, bit_spmm_codes, edge_bit_spmm, edge_spmm_int, pack_entries
-from ._csr import RebuiltOnCopy, SparseProduct, csr_matrix
-from ._quantize import check_finite, is_compiling
+from .adjacency_form import DEFAULT_MIN_TILE_NNZ, check_adjacency_form
+from .edge_ops import edge_bit_spmm, edge_spmm_int
+from .float_csr import RebuiltOnCopy, SparseProduct, csr_matrix
+from .input_formats import EdgeSet
+from .packing import pack_entries
+from .spmm import bit_spmm, bit_spmm_codes, gather_operands
 
 
 def _self_loop_terms(edges: EdgeSet, fill: float) -> Tuple[Optional[torch.Tensor], torch.Tensor]:
@@ -60,7 +62,7 @@ class QuantGraph:
     r"""The adjacency ``Â`` of one forward call (see the module docstring).
 
     Args:
-        edges (EdgeSet): the graph, from :func:`to_edge_set`.
+        edges (EdgeSet): the graph, from :func:`~pyg_quant.graph.input_formats.to_edge_set`.
         self_loop_fill (float, optional): add self-loops of this weight by the
             format's rule (GCN); None adds none.  A :class:`BitAdjacency` that
             carries a diagonal term already is used as it is.
@@ -69,10 +71,10 @@ class QuantGraph:
             aggregation can run).
         min_tile_nnz (int): tile threshold when packing (see :class:`BitAdjacency`).
         adjacency (str, optional): the packed form, ``"tiles"``, ``"auto"`` (no tiles when they
-            would be less than :data:`~pyg_quant.compact_adjacency.MIN_TILE_FILL` full, where
+            would be less than :data:`~pyg_quant.graph.adjacency_form.MIN_TILE_FILL` full, where
             ``bit_spmm``'s CSR gather is faster) or ``"csr"``; None (default):
-            :data:`~pyg_quant.compact_adjacency.DEFAULT_ADJACENCY`; see
-            :func:`~pyg_quant.nn._adjacency_formats.pack_entries`.
+            :data:`~pyg_quant.graph.adjacency_form.DEFAULT_ADJACENCY`; see
+            :func:`~pyg_quant.graph.packing.pack_entries`.
     """
 
     def __init__(self, edges: EdgeSet, self_loop_fill: Optional[float], adj_bits: Optional[int],
@@ -193,7 +195,7 @@ class QuantGraph:
         """``(A, Aᵀ)`` (the edges, self-loop term apart) as CSR matrices of ``dtype``, kept on the graph.
 
         Built once per graph and dtype, so a graph that the layers share (see
-        ``pyg_quant.nn._graph_cache``) carries them across layers and steps.  None where a
+        :mod:`pyg_quant.graph.cache`) carries them across layers and steps.  None where a
         gradient must reach the edge coefficients (the edge-wise ``index_add`` carries it).
         """
         cache = self.__dict__.setdefault("_csr", RebuiltOnCopy())
@@ -322,7 +324,8 @@ class QuantGraph:
         (float64, one float32 rounding at the end), instead of the separate
         float passes of :meth:`aggregate_bits`.  None where that epilogue cannot
         express ``Â`` (quantized edge weights need two integer products); while ``torch.compile`` traces an
-        ``edge_index`` graph, the tiles are packed inside the same op (:func:`edge_bit_spmm`).
+        ``edge_index`` graph, the tiles are packed inside the same op
+        (:func:`~pyg_quant.graph.edge_ops.edge_bit_spmm`).
         """
         if self.weighted or y.dim not in (None, 0):
             return None

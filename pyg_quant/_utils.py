@@ -1,0 +1,44 @@
+r"""Small helpers that several packages of pyg_quant share, with no pyg_quant imports of their own.
+
+They sit below :mod:`pyg_quant.graph`, :mod:`pyg_quant.nn` and :mod:`pyg_quant.bitmm`, so that each of those can use
+them without importing another's private modules: the int32 accumulator bound, whether ``torch.compile`` is tracing,
+and the finite-input check the layers and the graph run where it costs no host synchronization.
+"""
+import torch
+
+INT32_MAX = 2**31 - 1  # the largest integer sum the int32 kernels hold; above it they accumulate in int64
+
+
+def is_compiling() -> bool:
+    """Whether ``torch.compile`` is tracing the caller (data-dependent checks and Python-side caches step aside)."""
+    compiler = getattr(torch, "compiler", None)
+    if compiler is not None and hasattr(compiler, "is_compiling"):
+        return compiler.is_compiling()
+    return torch._dynamo.is_compiling()
+
+
+def capturing(x: torch.Tensor) -> bool:
+    """Whether ``x`` is on a GPU whose current stream is capturing a CUDA graph."""
+    return x.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def check_finite(x: torch.Tensor, name: str, *, always: bool = False) -> None:
+    """Raise a ValueError naming ``name`` if ``x`` holds NaN or inf, where that costs no host synchronization.
+
+    On the CPU the check runs at every eager call.  On a GPU it would stall the host until the kernels before it
+    finish, so it runs only with ``always`` (fixed, calibrated ranges: their codes cannot carry a NaN, so it would
+    vanish silently); otherwise a NaN or inf propagates as in the float layers: the dynamic range of every row or
+    column that holds one is NaN (the quantizers and ``quant_mlp`` reduce their extrema as ``amin`` / ``amax`` do),
+    and so is every value it reaches.  Never inside a traced or captured region.
+
+    A finite sum proves every element finite (a NaN or an inf makes any sum NaN or infinite), at a fraction of
+    the cost of ``isfinite(x).all()``; only when the sum is not finite (a NaN or inf, or finite values whose sum
+    overflows) is every element tested, so large finite inputs are never rejected.
+    """
+    if is_compiling() or (x.device.type != "cpu" and (not always or capturing(x))):
+        return
+    x = x.detach()
+    if not x.is_floating_point() or bool(torch.isfinite(x.sum())):
+        return
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{name} holds NaN or inf; quantized layers need finite inputs")
