@@ -19,7 +19,7 @@ The results are the general path's bit for bit (tests/test_eval_path.py); wherev
 
 Non-finite inputs are not checked here on the GPU (a check is a host synchronization); they propagate, as in the
 float layers: a NaN or inf in a row or column makes its range NaN, and the values it reaches NaN (see
-:func:`pyg_quant.nn._quantize.check_finite`).
+:func:`pyg_quant._utils.check_finite`).
 """
 from typing import NamedTuple, Optional
 
