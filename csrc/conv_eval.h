@@ -6,11 +6,11 @@
 // template arguments), registered for the CPU and CUDA in library.cpp; pyg_quant/ops/reference.py composes the
 // same steps from the reference ops.
 //
-// Results: (out, planes, lo, scale, code_sums, row_codes).  `out` is the layer's float32 output; with out_bits > 0
-// the next five are quantize_pack_ranges of it (ranges per column, out_dim 0, in the column layout; per row,
-// out_dim 1, in the row layout), as pyg_quant.nn._quantize.quantize makes them: on CUDA the per-column codes come
-// with their row codes (what the next aggregation gathers) and no code sums, elsewhere with code sums.  With
-// out_bits == 0 they are empty.
+// Results: [out] with out_bits == 0, else [out, planes, lo, scale, code_sums, row_codes].  `out` is the layer's
+// float32 output; the next five are quantize_pack_ranges of it (ranges per column, out_dim 0, in the column layout;
+// per row, out_dim 1, in the row layout), as pyg_quant.nn._quantize.quantize makes them: on CUDA the per-column
+// codes come with their row codes (what the next aggregation gathers) and no code sums, elsewhere with code sums.
+// A list, so that a float output costs no placeholder tensors.
 #include <ATen/core/List.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -18,6 +18,7 @@
 
 #include <optional>
 #include <tuple>
+#include <vector>
 
 #include "quant_mlp_keys.h"  // MlpKernel, MlpPlanesKernel, new_col_keys
 
@@ -32,7 +33,7 @@ using SpmmAffineKernel = at::Tensor (*)(const at::Tensor&, const at::Tensor&, co
 using RangesKernel = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> (*)(
     const at::Tensor&, int64_t, int64_t, bool, const std::optional<at::Tensor>&, bool,
     const std::optional<at::Tensor>&, bool);
-using ConvEvalResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+using ConvEvalResult = std::vector<at::Tensor>;
 
 // The quantizer's call for codes with ranges along `dim` (0: per column, in the column layout), as
 // pyg_quant.nn._quantize.quantize makes them (see above).
@@ -44,11 +45,6 @@ ConvEvalResult quantize_output(const at::Tensor& out, int64_t bits, int64_t dim,
   auto [planes, lo, scale, sums, codes] =
       Ranges(out, bits, dim, /*col_layout=*/dim == 0, std::nullopt, row_codes, col_keys, !row_codes);
   return {out, planes, lo, scale, sums, codes};
-}
-
-inline ConvEvalResult float_output(const at::Tensor& out) {
-  const auto none = [&] { return at::empty({0}, out.options()); };  // outputs of an op must not alias
-  return {out, none(), none(), none(), none(), none()};
 }
 
 template <SpmmAffineKernel Spmm, MlpKernel Mlp, RangesKernel Ranges>
@@ -69,8 +65,8 @@ ConvEvalResult gin_conv_eval(const at::Tensor& window_ptr, const at::Tensor& til
                                      row_sums, self_weight, std::nullopt, std::nullopt, false, rows, cols, wide,
                                      x_codes);
   if (out_bits == 0) {
-    return float_output(Mlp(aggregated, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits,
-                            weight_bits, relu, std::nullopt, std::nullopt));
+    return {Mlp(aggregated, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits, weight_bits, relu,
+                std::nullopt, std::nullopt)};
   }
   // On CUDA the MLP kernel hands the quantizer its output's column extrema, sparing it a pass over the output.
   std::optional<at::Tensor> keys;
@@ -109,12 +105,11 @@ ConvEvalResult gcn_conv_eval(const at::Tensor& window_ptr, const at::Tensor& til
                 deg_inv_sqrt, keys);
   // h per column to act_bits; on CUDA with its row codes, which the aggregation gathers (its self term reads them)
   const ConvEvalResult codes = quantize_output<Ranges>(h, act_bits, 0, keys);
-  const std::optional<at::Tensor> gathered = cuda ? std::optional<at::Tensor>(std::get<5>(codes)) : std::nullopt;
+  const std::optional<at::Tensor> gathered = cuda ? std::optional<at::Tensor>(codes[5]) : std::nullopt;
   // D^-1/2 Â (D^-1/2 X W) + b: the row scale and the bias in the aggregation's epilogue
-  const at::Tensor out = Spmm(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, std::get<1>(codes),
-                              std::get<2>(codes), std::get<3>(codes), row_sums, diag, deg_inv_sqrt, bias, false, rows,
-                              channels, wide, gathered);
-  if (out_bits == 0) return float_output(out);
+  const at::Tensor out = Spmm(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, codes[1], codes[2], codes[3],
+                              row_sums, diag, deg_inv_sqrt, bias, false, rows, channels, wide, gathered);
+  if (out_bits == 0) return {out};
   return quantize_output<Ranges>(out, out_bits, out_dim, std::nullopt);
 }
 

@@ -81,14 +81,13 @@ TORCH_LIBRARY(pyg_quant, m) {
       "gin_conv_eval(Tensor window_ptr, Tensor tile_col, Tensor tile_bits, Tensor res_ptr, Tensor res_col, "
       "Tensor? res_val, Tensor row_sums, bool wide, Tensor x_planes, Tensor? x_codes, Tensor lo, Tensor scale, "
       "Tensor self_weight, Tensor[] weight_codes, Tensor[] weight_lo, Tensor[] weight_scale, Tensor[] weight_sums, "
-      "Tensor?[] bias, int[] act_bits, int[] weight_bits, bool[] relu, int out_bits, int out_dim) -> (Tensor, Tensor, "
-      "Tensor, Tensor, Tensor, Tensor)");
+      "Tensor?[] bias, int[] act_bits, int[] weight_bits, bool[] relu, int out_bits, int out_dim) -> Tensor[]");
   m.def(
       "gcn_conv_eval(Tensor window_ptr, Tensor tile_col, Tensor tile_bits, Tensor res_ptr, Tensor res_col, "
       "Tensor? res_val, Tensor row_sums, Tensor diag, Tensor deg_inv_sqrt, Tensor? bias, int act_bits, bool wide, "
       "Tensor x, Tensor? x_lo, Tensor? x_scale, int x_rows, Tensor[] weight_codes, Tensor[] weight_lo, "
       "Tensor[] weight_scale, Tensor[] weight_sums, Tensor?[] weight_bias, int[] mlp_act_bits, int[] weight_bits, "
-      "bool[] relu, int out_bits, int out_dim) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+      "bool[] relu, int out_bits, int out_dim) -> Tensor[]");
   m.def(
       "expand_csr(Tensor tile_key, Tensor row_count, Tensor entry_col, Tensor? entry_val, Tensor res_row, "
       "Tensor res_col, Tensor? res_val, int num_rows, int num_cols) -> (Tensor, Tensor, Tensor, Tensor)");

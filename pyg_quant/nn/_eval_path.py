@@ -157,7 +157,8 @@ def _applies(conv, adj) -> bool:
 
 
 def _output(result, rows: int, bits: Optional[int], dim: Optional[int]):
-    """The layer's result from a ``*_conv_eval`` op's ``(out, planes, lo, scale, code_sums, row_codes)``."""
+    """The layer's result from a ``*_conv_eval`` op's ``[out, planes, lo, scale, code_sums, row_codes]`` (``[out]``
+    for a float output)."""
     if bits is None:
         return result[0]
     if dim is None:  # ranges per tensor: the general quantizer (the op quantizes per column or per row)

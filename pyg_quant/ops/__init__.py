@@ -186,8 +186,8 @@ def expand_csr(tile_key, row_count, entry_col, entry_val, res_row, res_col, res_
 def gin_conv_eval(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, row_sums, wide: bool, x_planes, x_codes,
                   lo, scale, self_weight, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits,
                   weight_bits, relu, out_bits: int, out_dim: int):
-    """A QGINConv layer's eval forward on a BitAdjacency in one op: ``(out, planes, lo, scale, code_sums, row_codes)``
-    (see :func:`reference.gin_conv_eval`; ``out_bits`` 0: the float output only)."""
+    """A QGINConv layer's eval forward on a BitAdjacency in one op: ``[out, planes, lo, scale, code_sums, row_codes]``,
+    ``[out]`` with ``out_bits`` 0 (see :func:`reference.gin_conv_eval`)."""
     args = (window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, row_sums, bool(wide), x_planes, x_codes, lo,
             scale, self_weight, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits, weight_bits, relu,
             int(out_bits), int(out_dim))
@@ -334,10 +334,9 @@ if LOADED:
 
     def _fake_conv_output(out, out_bits, out_dim):
         if out_bits == 0:
-            return (out,) + tuple(out.new_empty((0,)) for _ in range(5))
+            return [out]
         row_codes = out.device.type == "cuda" and out_dim == 0
-        planes, lo, scale, sums, codes = _fake_ranges(out, out_bits, out_dim, out_dim == 0, row_codes, not row_codes)
-        return out, planes, lo, scale, sums, codes
+        return [out, *_fake_ranges(out, out_bits, out_dim, out_dim == 0, row_codes, not row_codes)]
 
     @torch.library.register_fake("pyg_quant::gin_conv_eval")
     def _(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, row_sums, wide, x_planes, x_codes, lo, scale,

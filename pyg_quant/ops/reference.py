@@ -566,15 +566,15 @@ def planes_from_row_codes(row_codes, rows: int, cols: int, bits: int) -> torch.T
 
 
 def _conv_output(out, out_bits: int, out_dim: int, col_keys=None):
-    """csrc/conv_eval.h's quantize_output: ``(out, planes, lo, scale, code_sums, row_codes)``, the quantizer's
-    per-column codes (``out_dim`` 0) with row codes on CUDA, code sums elsewhere; empty tensors without ``out_bits``."""
+    """csrc/conv_eval.h's result: ``[out, planes, lo, scale, code_sums, row_codes]``, the quantizer's per-column
+    codes (``out_dim`` 0) with row codes on CUDA, code sums elsewhere; ``[out]`` without ``out_bits``."""
     if out_bits == 0:
-        return (out,) + tuple(out.new_empty((0,)) for _ in range(5))
+        return [out]
     if out_dim not in (0, 1):
         raise ValueError(f"out_dim must be 0 or 1 when out_bits is set, got {out_dim}")
     row_codes = out.is_cuda and out_dim == 0
-    return (out,) + tuple(quantize_pack_ranges(out, out_bits, out_dim, out_dim == 0, None, row_codes, col_keys,
-                                               not row_codes))
+    return [out, *quantize_pack_ranges(out, out_bits, out_dim, out_dim == 0, None, row_codes, col_keys,
+                                       not row_codes)]
 
 
 def gin_conv_eval(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, row_sums, wide: bool, x_planes, x_codes,
