@@ -135,6 +135,51 @@ def layer_breakdown(model, args_, runner, reps: int) -> list:
     return rows
 
 
+def training_syncs(kind: str, args, data, device, steps: int = 3) -> dict:
+    """Host synchronizations in one eager QAT training step (forward, backward, Adam) on an ``edge_index`` batch, as
+    e2e.py's QAT epoch runs it, and where they come from (the innermost pyg_quant frame of each)."""
+    import traceback
+    import warnings
+    import torch.nn.functional as F
+    torch.manual_seed(args.seed)
+    model = pq.qat.prepare(e2e.make_pyg(args, kind, normalize=True).to(device), bits=4).train()
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    x, edge_index = e2e.pyg_inputs(data, kind, "edge_index", "fp32", device).resident[0]
+    y = data.y[0]
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x, edge_index), y).backward()
+        opt.step()
+
+    for _ in range(2):
+        step()
+    sites = collections.Counter()
+    shown = warnings.showwarning
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        frames = [f for f in traceback.extract_stack()[:-1] if "pyg_quant" in f.filename or "benchmarks" in f.filename]
+        where = frames[-1] if frames else None
+        sites[f"{os.path.relpath(where.filename, os.path.dirname(HERE))}:{where.lineno}" if where else "?"] += 1
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = record
+            if cuda:
+                torch.cuda.set_sync_debug_mode("warn")
+            for _ in range(steps):
+                step()
+    finally:
+        if cuda:
+            torch.cuda.set_sync_debug_mode(0)
+        warnings.showwarning = shown
+    return dict(syncs_per_step=sum(sites.values()) / steps,
+                sites={k: v / steps for k, v in sites.most_common()})
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--small", action="store_true", help="a CPU check on a tiny batch")
@@ -176,6 +221,12 @@ def main(argv=None):
                     steps = ", ".join(f"{k} {v:.1f}" for k, v in lr["steps"].items())
                     print(f"    layer {i}: call {lr['call_us']:6.1f} us = op {lr['op_us']:6.1f} + Python "
                           f"{lr['python_us']:6.1f} | steps alone: {steps}", flush=True)
+    if runner.cuda:
+        for kind in ("GIN", "GCN"):
+            found = training_syncs(kind, args, data, device)
+            rows.append(dict(model=kind, label="QAT 4-bit training step (edge_index)", **found))
+            sites = ", ".join(f"{k} {v:g}x" for k, v in list(found["sites"].items())[:8])
+            print(f"{kind} QAT 4-bit training step: {found['syncs_per_step']:g} host syncs | {sites}", flush=True)
     with torch.inference_mode():
         probe = torch.zeros(1, device=device)
         scale = dict(empty_us=round(host_us(lambda: torch.empty(256, device=device), own.reps * 10), 1),
