@@ -153,7 +153,7 @@ from torch_geometric.nn import GCNConv, GINConv  # noqa: E402
 from pyg_quant import ops  # noqa: E402
 from pyg_quant.graph.adjacency_form import ADJACENCY_FORMS, DEFAULT_ADJACENCY  # noqa: E402
 from pyg_quant.loader import QuantBatch  # noqa: E402
-from pyg_quant.nn._quantize import quantize as pq_quantize  # noqa: E402  (the layers' quantizer: no host checks)
+from pyg_quant.quantization.quantize import quantize as pq_quantize  # noqa: E402  (the layers' quantizer: no host checks)
 
 T0 = time.perf_counter()
 BITS = (8, 4, 2, 1)

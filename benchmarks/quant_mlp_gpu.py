@@ -23,7 +23,7 @@ import pyg_quant as pq  # noqa: E402
 import pyg_quant.nn.qgin_conv as qgin_module  # noqa: E402
 from pyg_quant.bitmm import bitmm_float  # noqa: E402
 from pyg_quant.nn import QGINConv, QuantLinear  # noqa: E402
-from pyg_quant.nn._quantize import quantize  # noqa: E402
+from pyg_quant.quantization.quantize import quantize  # noqa: E402
 from pyg_quant.nn.quant_linear import _quant_mlp  # noqa: E402
 from pyg_quant.synthetic import planted_partition_graph  # noqa: E402
 

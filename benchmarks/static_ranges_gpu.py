@@ -27,7 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 import pyg_quant as pq  # noqa: E402
 from pyg_quant import ops  # noqa: E402
-from pyg_quant.nn._quantize import FixedRanges  # noqa: E402
+from pyg_quant.quantization.fixed import FixedRanges  # noqa: E402
 from quant_mlp_gpu import time_graph  # noqa: E402  (graph replay of 20 calls, median µs a call)
 
 

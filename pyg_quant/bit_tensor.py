@@ -4,15 +4,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import ops
-from .layout import LAYOUTS, MAX_BITS, packed_words, row_code_bytes
-
-
-def _check_bits(bits, name: str = "bits") -> int:
-    if isinstance(bits, bool) or not isinstance(bits, int):
-        raise TypeError(f"{name} must be an int in 1..{MAX_BITS}, got {type(bits).__name__}")
-    if not 1 <= bits <= MAX_BITS:
-        raise ValueError(f"{name} must be in 1..{MAX_BITS}, got {bits}")
-    return bits
+from .layout import LAYOUTS, check_bits, packed_words, row_code_bytes
 
 
 def _check_layout(layout) -> str:
@@ -60,7 +52,7 @@ class BitTensor:
     def _set_fields(self, planes: Optional[torch.Tensor], shape, bits, layout, lo, scale, dim) -> None:
         self._planes: Optional[torch.Tensor] = planes
         self.shape = (int(shape[0]), int(shape[1]))
-        self.bits = _check_bits(bits)
+        self.bits = check_bits(bits)
         self.layout = _check_layout(layout)
         self.lo = lo
         self.scale = scale
@@ -96,7 +88,7 @@ class BitTensor:
         :mod:`pyg_quant.layout`): what the CSR gather of :func:`pyg_quant.bit_spmm` reads.  Its planes are made from
         them the first time they are asked for (:func:`pyg_quant.ops.planes_from_row_codes`)."""
         rows, cols = int(shape[0]), int(shape[1])
-        nodes, row_bytes = packed_words(rows) * 32, row_code_bytes(cols, _check_bits(bits))
+        nodes, row_bytes = packed_words(rows) * 32, row_code_bytes(cols, check_bits(bits))
         if (row_codes.dtype != torch.uint8 or tuple(row_codes.shape) != (nodes, row_bytes)
                 or not row_codes.is_contiguous()):
             raise ValueError(f"row_codes must be contiguous uint8[{nodes}, {row_bytes}] for {rows} x {cols} "
@@ -225,7 +217,7 @@ def to_bit(x: torch.Tensor, bits: int, dim: Optional[int] = None, stochastic: bo
         raise ValueError(f"x must be 2-D [rows, cols], got shape {tuple(x.shape)}")
     if x.numel() == 0:
         raise ValueError(f"x must be non-empty, got shape {tuple(x.shape)}")
-    bits, dim, layout = _check_bits(bits), _check_dim(dim), _check_layout(layout)
+    bits, dim, layout = check_bits(bits), _check_dim(dim), _check_layout(layout)
     if generator is not None and not stochastic:
         raise ValueError("generator is only used with stochastic=True")
     x32 = x.detach().to(torch.float32)

@@ -55,7 +55,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from .distributed.group import world_size
 from .graph import cache as graph_cache
-from .qat.fake_quantize import _RANGE_BUFFERS, FakeQuantize
+from .qat.fake_quantize import RANGE_BUFFERS, FakeQuantize
 from .qat.observers import ranges_in_place
 
 _CONSTANTS = (bool, int, float, str, type(None))
@@ -323,7 +323,7 @@ class CapturedTrainStep:
         buffers, and the optimizer's state (a list, because walking it is much cheaper than walking the modules)."""
         watched = []
         for module in self.model.modules():
-            skip = _RANGE_BUFFERS if isinstance(module, FakeQuantize) else ()  # written when read, never in a step
+            skip = RANGE_BUFFERS if isinstance(module, FakeQuantize) else ()  # written when read, never in a step
             watched.extend((module._parameters, name) for name, v in module._parameters.items() if v is not None)
             watched.extend((module._buffers, name) for name, v in module._buffers.items()
                            if v is not None and name not in skip)

@@ -88,6 +88,16 @@ MAX_BITS = 8
 LAYOUTS = ("row", "col")
 
 
+def check_bits(bits, name: str = "bits") -> int:
+    """``bits`` if it is an int in 1..``MAX_BITS`` (a code width this layout holds), else a TypeError or ValueError
+    naming the argument ``name``."""
+    if isinstance(bits, bool) or not isinstance(bits, int):
+        raise TypeError(f"{name} must be an int in 1..{MAX_BITS}, got {type(bits).__name__}")
+    if not 1 <= bits <= MAX_BITS:
+        raise ValueError(f"{name} must be in 1..{MAX_BITS}, got {bits}")
+    return bits
+
+
 def round_up(n: int, multiple: int) -> int:
     return (n + multiple - 1) // multiple * multiple
 

@@ -12,7 +12,10 @@ Oracles used throughout:
   adds up; float32 results are checked against ``1e-6 · (|A| @ mag)``-style
   bounds (see the comments at the call sites).
 """
+import ast
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -147,3 +150,84 @@ def dense_from_edges(edge_index, num_src: int, num_dst: int) -> torch.Tensor:
     ei = edge_index.long().cpu()
     dense.index_put_((ei[1], ei[0]), torch.ones(ei.size(1), dtype=torch.float64), accumulate=True)
     return dense
+
+
+# --- package layering (tests/test_graph_package.py, tests/test_quantization_package.py) ----------------------
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def module_path(name: str):
+    """The source file of the pyg_quant module ``name``, or None if it is not a module of the tree."""
+    path = os.path.join(ROOT, *name.split("."))
+    for candidate in (path + ".py", os.path.join(path, "__init__.py")):
+        if os.path.exists(candidate):
+            return candidate
+    return None
+
+
+def package_modules(package: str) -> dict:
+    """``{module: source path}`` of the package ``package`` (``"pyg_quant.graph"``) and its modules."""
+    folder = os.path.join(ROOT, *package.split("."))
+    return {(package if name == "__init__" else f"{package}.{name}"): os.path.join(folder, f"{name}.py")
+            for name in sorted(f[:-3] for f in os.listdir(folder) if f.endswith(".py"))}
+
+
+def imported_modules(module: str, path: str) -> set:
+    """The pyg_quant modules ``module`` imports, anywhere in its source, deferred imports (inside a function)
+    included; ``from . import x`` names module ``x``."""
+    package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names if module_path(f"{base}.{alias.name}"))
+    return {name for name in found if name == "pyg_quant" or name.startswith("pyg_quant.")}
+
+
+def import_cycle(modules: dict):
+    """An import cycle among ``modules`` (``{module: path}``) as a list ``[a, b, ..., a]``, or None."""
+    edges = {module: sorted(name for name in imported_modules(module, path) if name in modules and name != module)
+             for module, path in modules.items()}
+    done, stack = set(), []
+
+    def visit(module):
+        if module in stack:
+            return stack[stack.index(module):] + [module]
+        if module in done:
+            return None
+        stack.append(module)
+        for name in edges[module]:
+            cycle = visit(name)
+            if cycle:
+                return cycle
+        stack.pop()
+        done.add(module)
+        return None
+
+    for module in sorted(modules):
+        cycle = visit(module)
+        if cycle:
+            return cycle
+    return None
+
+
+def modules_loaded_by(modules, prefixes) -> list:
+    """The modules starting with one of ``prefixes`` that importing ``modules`` loads, each imported under an empty
+    ``pyg_quant`` (its ``__init__``, which imports every package, not run), in a fresh interpreter."""
+    code = f"""
+import importlib, sys, types
+package = types.ModuleType("pyg_quant")
+package.__path__ = [{os.path.join(ROOT, "pyg_quant")!r}]
+sys.modules["pyg_quant"] = package
+for name in {sorted(modules)!r}:
+    importlib.import_module(name)
+print(sorted(name for name in sys.modules if name.startswith({tuple(prefixes)!r})))
+"""
+    out = subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, capture_output=True, text=True).stdout
+    return ast.literal_eval(out.strip().splitlines()[-1])

@@ -13,7 +13,7 @@ import torch
 from torch.nn import ReLU, Sequential
 
 import pyg_quant as pq
-import pyg_quant.nn._quantize as quantize_module
+import pyg_quant.quantization.quantize as quantize_module
 import pyg_quant.nn.qgcn_conv as qgcn_module
 import pyg_quant.nn.qgin_conv as qgin_module
 import pyg_quant.nn.quant_linear as ql_module

@@ -13,7 +13,7 @@ import torch
 import pyg_quant as pq
 from pyg_quant import ops
 from pyg_quant.ops import reference as ref
-from pyg_quant.qat.observers import MSE_GRID
+from pyg_quant.quantization.ranges import MSE_GRID
 
 from conftest import CUDA_OK, gen, randn, requires_compiled
 

@@ -274,14 +274,14 @@ def test_to_hetero_quantized_gin_is_the_sum_over_edge_types(prepared):
 
 # --- readable signatures ----------------------------------------------------------------------------
 def test_unset_default_reads_well_and_is_one_object():
-    from pyg_quant.nn.quant_linear import _UNSET
+    from pyg_quant.quantization.bits import UNSET
     for fn in (QGCNConv, QGINConv, QuantLinear, qat.prepare):
         params = inspect.signature(fn).parameters
         for name in ("weight_bits", "act_bits"):
-            assert params[name].default is _UNSET
+            assert params[name].default is UNSET
             assert repr(params[name].default) == "<same as bits>"
         assert "object at 0x" not in pydoc.render_doc(fn)
-    assert copy.deepcopy(_UNSET) is _UNSET and pickle.loads(pickle.dumps(_UNSET)) is _UNSET
+    assert copy.deepcopy(UNSET) is UNSET and pickle.loads(pickle.dumps(UNSET)) is UNSET
     # no change in meaning: bits fills what is left out, an explicit None stays float
     conv = QGCNConv(16, 8, bits=4)
     assert (conv.weight_bits, conv.act_bits) == (4, 4)

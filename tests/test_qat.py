@@ -34,7 +34,7 @@ from torch_geometric.nn import GCNConv, GINConv
 
 import pyg_quant as pq
 from pyg_quant import qat
-from pyg_quant.qat.observers import tensor_quantiles
+from pyg_quant.quantization.ranges import tensor_quantiles
 
 from conftest import gen
 
@@ -91,7 +91,7 @@ def test_percentile_observer_clips_outliers():
 @pytest.mark.parametrize("bits", [1, 2, 4, 8])
 def test_mse_ranges_minimise_the_quantization_error(bits):
     """Never worse than min/max (a = 1 is a candidate); for N(0, 1) data, the known optimal uniform ranges."""
-    from pyg_quant.qat.observers import mse_ranges
+    from pyg_quant.quantization.ranges import mse_ranges
 
     def error(x, lo, hi):
         fq = qat.FakeQuantize(bits, "minmax", dim=0, stochastic=False)
@@ -122,7 +122,7 @@ def test_mse_ranges_minimise_the_quantization_error(bits):
 def test_mse_observer_takes_the_quantizer_bits_and_averages():
     fq = qat.FakeQuantize(2, "mse", dim=0, momentum=0.5)
     assert isinstance(fq.observer, qat.MSEObserver) and fq.observer.bits == 2
-    from pyg_quant.qat.observers import mse_ranges
+    from pyg_quant.quantization.ranges import mse_ranges
 
     a, b = randn(500, 3, 0), randn(500, 3, 1) * 2
     fq(a)
@@ -136,7 +136,7 @@ def test_mse_observer_takes_the_quantizer_bits_and_averages():
 
 @pytest.mark.parametrize("dim", [None, 0, 1])
 def test_dynamic_mse_observer_is_each_tensors_mse_range(dim):
-    from pyg_quant.qat.observers import mse_ranges
+    from pyg_quant.quantization.ranges import mse_ranges
     fq = qat.FakeQuantize(2, "dynamic_mse", dim=dim, stochastic=False)
     assert isinstance(fq.observer, qat.DynamicMSEObserver) and fq.dynamic and fq.observer.bits == 2
     x = randn(64, 48, 21)
@@ -203,7 +203,7 @@ def test_learned_observer_needs_its_number_of_ranges():
 
 # --- learned ranges (LSQ+) ----------------------------------------------------------------------
 def test_learned_range_starts_at_the_mse_range_and_rounds_to_nearest():
-    from pyg_quant.qat.observers import mse_ranges
+    from pyg_quant.quantization.ranges import mse_ranges
     w = randn(8, 40, 31)
     fq = qat.FakeQuantize(2, "learned", dim=1, groups=8, stochastic=True, seed=0)
     assert not fq.dynamic and not fq.observer.initialized
@@ -386,7 +386,7 @@ def test_gin_one_plus_eps_follows_a_changed_eps():
 def test_keep_zeros_quantizes_the_kept_values_only(kind, dim):
     """Q(Dropout(x)) with keep_zeros is Dropout(Q'(x)), Q' ranging over the kept entries."""
     from pyg_quant import ops
-    from pyg_quant.qat.observers import mse_ranges, tensor_range
+    from pyg_quant.quantization.ranges import mse_ranges, tensor_range
     x = randn(12, 64, 36) + 0.3
     keep = torch.rand(12, 64, generator=gen(37)) >= 0.5
     dropped = x * keep * 2.0
@@ -407,7 +407,7 @@ def test_keep_zeros_quantizes_the_kept_values_only(kind, dim):
 
 
 def test_masked_mse_ranges_with_everything_kept_is_mse_ranges():
-    from pyg_quant.qat.observers import masked_mse_ranges, mse_ranges
+    from pyg_quant.quantization.ranges import masked_mse_ranges, mse_ranges
     x = randn(30, 20, 38)
     for dim in (None, 0, 1):
         got = masked_mse_ranges(x, torch.ones_like(x, dtype=torch.bool), dim, 2)

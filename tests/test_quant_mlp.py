@@ -17,7 +17,7 @@ from pyg_quant import ops
 from pyg_quant.bit_tensor import BitTensor
 from pyg_quant.bitmm import bitmm_float
 from pyg_quant.nn import QGCNConv, QGINConv, QuantLinear
-from pyg_quant.nn._quantize import quantize
+from pyg_quant.quantization.quantize import quantize
 from pyg_quant.ops import reference as ref
 
 from conftest import CUDA_OK, gen, random_edges, requires_compiled, requires_cuda

@@ -398,7 +398,7 @@ def test_quantize_pack_ranges_propagates_nan_like_reference(device, dim, layout)
 
 
 def test_layer_quantizer_attaches_code_sums():
-    from pyg_quant.nn._quantize import quantize
+    from pyg_quant.quantization.quantize import quantize
     x = randn(100, 70, seed=5)
     for dim, layout in ((1, "row"), (0, "col"), (None, "row")):
         bt = quantize(x, 4, dim, layout)
@@ -415,7 +415,7 @@ def test_layer_quantizer_attaches_code_sums():
 def test_layer_quantizer_on_gpu_attaches_row_codes(shape):
     """Per-column codes on a GPU come with their row codes (what bit_spmm gathers), written by the quantizer
     itself: equal to pack_row_codes of the planes, at every width; their code sums are left to be made on request."""
-    from pyg_quant.nn._quantize import quantize
+    from pyg_quant.quantization.quantize import quantize
     x = randn(*shape, seed=11, spread=2).cuda()
     for bits in range(1, 9):
         bt = quantize(x, bits, 0, "col")

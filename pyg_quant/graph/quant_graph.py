@@ -236,7 +236,7 @@ class QuantGraph:
         A 2-D float32 / float64 ``y`` runs one CSR product (:meth:`csr_pair`); other inputs,
         edge weights that need a gradient, and ``torch.compile`` tracing (sparse CSR tensors
         and the custom backward would break its graph) an ``index_add`` of the edge messages.
-        ``edge_mask`` (``[num_edges]``, an explainer's, see ``pyg_quant.nn._explain``) multiplies
+        ``edge_mask`` (``[num_edges]``, an explainer's, see :mod:`pyg_quant.nn.explain`) multiplies
         each edge's message, the self-loop term apart; it takes the ``index_add``, which carries
         its gradient.  ``self_values`` (default ``y``, same shape) are what the self-loop term ``δ`` multiplies.
         """

@@ -14,8 +14,9 @@ from torch_geometric.utils import select
 
 from ..distributed.partition import partition_once
 from ..distributed.group import world, world_size
+from ..layout import check_bits
 from . import cache
-from .features import QuantizedFeatures, check_bits
+from .features import QuantizedFeatures
 from .metis import BACKENDS, partition_nodes, undirected_csr
 
 

@@ -13,8 +13,9 @@ from ..graph.adjacency_form import check_adjacency_form
 from ..graph.bit_adjacency import BitAdjacency
 from ..distributed.sampler import DistributedPartSampler
 from ..distributed.group import initialized
+from ..layout import check_bits
 from .batch import QuantBatch
-from .features import QuantizedFeatures, check_bits
+from .features import QuantizedFeatures
 from .prefetching import check_device, prefetch
 
 

@@ -16,15 +16,9 @@ import torch
 
 from .. import ops
 from ..bit_tensor import BitTensor
-from ..layout import MAX_BITS
-
-
-def check_bits(bits) -> int:
-    if isinstance(bits, bool) or not isinstance(bits, int):
-        raise TypeError(f"bits must be an int in 1..{MAX_BITS}, got {type(bits).__name__}")
-    if not 1 <= bits <= MAX_BITS:
-        raise ValueError(f"bits must be in 1..{MAX_BITS}, got {bits}")
-    return bits
+from ..layout import check_bits
+from ..quantization.affine import affine_params
+from ..quantization.ranges import tensor_range
 
 
 class QuantizedFeatures:
@@ -62,9 +56,8 @@ class QuantizedFeatures:
             raise ValueError("x must be finite (it holds NaN or inf)")
         # The same float32 tensor ops as to_bit(x, bits, dim=0), so the ranges and
         # codes agree with it bit for bit.
-        lo, hi = x.amin(0, keepdim=True), x.amax(0, keepdim=True)
-        scale = (hi - lo) / torch.full_like(hi, float(2**bits - 1))
-        inv_scale = torch.where(scale > 0, torch.ones_like(scale) / scale, torch.zeros_like(scale))
+        lo, hi = tensor_range(x, 0, keepdim=True)
+        scale, inv_scale = affine_params(lo, hi, bits)
         codes = torch.empty(x.shape, dtype=torch.uint8)
         starts = range(0, x.size(0), chunk_rows)
         if progress:

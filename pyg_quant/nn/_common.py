@@ -3,7 +3,7 @@ from typing import Callable, Optional, Tuple
 
 from torch import Tensor
 
-from ._quantize import quantize
+from ..quantization.quantize import quantize
 
 SUM_AGGREGATIONS = ("add", "sum")
 
@@ -38,7 +38,7 @@ def check_node_dim(node_dim: int, x: Tensor, layer: str) -> None:
 def requantize_output(out: Tensor, out_bits: Optional[int], out_dim: Optional[int], bit_kernels: bool,
                       col_keys: Optional[Tensor] = None):
     """The layer's result as a :class:`BitTensor` when ``out_bits`` is set and the bit kernels run (``col_keys``: the
-    column keys of ``out``, see :func:`~pyg_quant.nn._quantize.quantize`)."""
+    column keys of ``out``, see :func:`~pyg_quant.quantization.quantize.quantize`)."""
     if out_bits is None or not bit_kernels:
         return out
     if out.dim() != 2:

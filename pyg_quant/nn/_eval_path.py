@@ -31,9 +31,9 @@ from .._utils import check_finite, is_compiling
 from ..bit_tensor import BitTensor
 from ..graph.bit_adjacency import BitAdjacency
 from ..graph.spmm import gather_operands
-from ._explain import explaining
-from ._quantize import bit_tensor_of, quantize, values_finite
+from ..quantization.quantize import bit_tensor_of, quantize, values_finite
 from .calibration import STATIC_RANGE
+from .explain import explaining
 from .quant_linear import QuantLinear, _runs_fused, call_end, chain_args, fused_mlp_plan
 
 

@@ -39,7 +39,7 @@ from typing import Iterator, List, Optional
 import torch
 from torch import Tensor
 
-from ._quantize import FixedRanges
+from ..quantization.fixed import FixedRanges
 
 STATIC_RANGE = "static_range"
 

@@ -12,13 +12,15 @@ from ..graph.bit_adjacency import BitAdjacency
 from ..graph.cache import cached_graph
 from ..graph.input_formats import to_edge_set
 from ..graph.quant_graph import QuantGraph
+from ..quantization.bits import UNSET, check_optional_bits, resolve_bits
+from ..quantization.fixed import fake_quantize_fixed, quantize_fixed
+from ..quantization.quantize import fake_quantize, quantize
 from ._common import (check_aggr, check_node_dim, check_out_dim, node_matrix, quant_options_repr,
                       requantize_output)
 from ._eval_path import gcn_eval
-from ._explain import explain_edge_mask
-from ._quantize import check_bits, fake_quantize, fake_quantize_fixed, quantize, quantize_fixed
 from .calibration import StaticRange
-from .quant_linear import _UNSET, QuantLinear, bit_kernels_apply, resolve_bits, run_row_scaled_linear
+from .explain import explain_edge_mask
+from .quant_linear import QuantLinear, bit_kernels_apply, run_row_scaled_linear
 
 
 def _cache_attribute(edge_index) -> str:
@@ -125,7 +127,7 @@ class QGCNConv(StaticRange, MessagePassing):
     TorchScript; ``decomposed_layers`` and PyG's propagate hooks are ignored
     (there is no ``propagate`` call).  PyG's explainer edge masks are applied
     as ``propagate`` applies them, on the float path (see
-    ``pyg_quant.nn._explain``): while one is set the layer does not run its
+    :mod:`pyg_quant.nn.explain`): while one is set the layer does not run its
     bit kernels, and it needs an ``edge_index`` input.
 
     Args:
@@ -178,7 +180,7 @@ class QGCNConv(StaticRange, MessagePassing):
 
     def __init__(self, in_channels: int, out_channels: int, improved: bool = False, cached: bool = False,
                  add_self_loops: Optional[bool] = None, normalize: bool = True, bias: bool = True, *,
-                 bits: Optional[int] = None, weight_bits=_UNSET, act_bits=_UNSET, adj_bits: Optional[int] = 8,
+                 bits: Optional[int] = None, weight_bits=UNSET, act_bits=UNSET, adj_bits: Optional[int] = 8,
                  stochastic: bool = False, out_bits: Optional[int] = None, out_dim: Optional[int] = 1, **kwargs):
         check_aggr(kwargs, self.__class__.__name__)
         super().__init__(**kwargs)
@@ -195,10 +197,10 @@ class QGCNConv(StaticRange, MessagePassing):
         self.cached = cached
         self.add_self_loops = add_self_loops
         self.normalize = normalize
-        self.weight_bits, self.act_bits = resolve_bits(bits, weight_bits, act_bits, _UNSET)
-        self.adj_bits = check_bits(adj_bits, "adj_bits")
+        self.weight_bits, self.act_bits = resolve_bits(bits, weight_bits, act_bits)
+        self.adj_bits = check_optional_bits(adj_bits, "adj_bits")
         self.stochastic = bool(stochastic)
-        self.out_bits = check_bits(out_bits, "out_bits")
+        self.out_bits = check_optional_bits(out_bits, "out_bits")
         self.out_dim = check_out_dim(out_dim)
 
         self._cached_edge_index = None

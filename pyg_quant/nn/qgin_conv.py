@@ -14,12 +14,14 @@ from ..graph.bit_adjacency import BitAdjacency
 from ..graph.cache import cached_graph
 from ..graph.input_formats import to_edge_set
 from ..graph.quant_graph import QuantGraph
+from ..quantization.bits import UNSET, check_optional_bits, resolve_bits
+from ..quantization.fixed import quantize_fixed
+from ..quantization.quantize import dequantize, fake_quantize, fits, quantize
 from ._common import check_aggr, check_node_dim, check_out_dim, node_matrix, quant_options_repr, requantize_output
 from ._eval_path import gin_eval
-from ._explain import explain_edge_mask
-from ._quantize import check_bits, dequantize, fake_quantize, fits, quantize, quantize_fixed
 from .calibration import StaticRange
-from .quant_linear import _UNSET, QuantLinear, bit_kernels_apply, resolve_bits, run_fused_mlp
+from .explain import explain_edge_mask
+from .quant_linear import QuantLinear, bit_kernels_apply, run_fused_mlp
 
 
 def quantize_linears(module: Callable, **quant_kwargs) -> Callable:
@@ -82,7 +84,7 @@ class QGINConv(StaticRange, MessagePassing):
     sparse or bit adjacency (as in PyG), TorchScript; ``decomposed_layers`` and
     PyG's propagate hooks are ignored.  PyG's explainer edge masks are applied
     as ``propagate`` applies them, on the float path (see
-    ``pyg_quant.nn._explain``): while one is set the layer does not run its
+    :mod:`pyg_quant.nn.explain`): while one is set the layer does not run its
     bit kernels, and it needs an ``edge_index`` input.
 
     Args:
@@ -113,14 +115,14 @@ class QGINConv(StaticRange, MessagePassing):
     """
 
     def __init__(self, nn: Callable, eps: float = 0., train_eps: bool = False, *, bits: Optional[int] = None,
-                 weight_bits=_UNSET, act_bits=_UNSET, adj_bits: Optional[int] = 8, stochastic: bool = False,
+                 weight_bits=UNSET, act_bits=UNSET, adj_bits: Optional[int] = 8, stochastic: bool = False,
                  out_bits: Optional[int] = None, out_dim: Optional[int] = 0, **kwargs):
         check_aggr(kwargs, self.__class__.__name__)
         super().__init__(**kwargs)
-        self.weight_bits, self.act_bits = resolve_bits(bits, weight_bits, act_bits, _UNSET)
-        self.adj_bits = check_bits(adj_bits, "adj_bits")
+        self.weight_bits, self.act_bits = resolve_bits(bits, weight_bits, act_bits)
+        self.adj_bits = check_optional_bits(adj_bits, "adj_bits")
         self.stochastic = bool(stochastic)
-        self.out_bits = check_bits(out_bits, "out_bits")
+        self.out_bits = check_optional_bits(out_bits, "out_bits")
         self.out_dim = check_out_dim(out_dim)
         if self.weight_bits is not None or self.act_bits is not None:
             nn = quantize_linears(nn, weight_bits=self.weight_bits, act_bits=self.act_bits,

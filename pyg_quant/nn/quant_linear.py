@@ -11,9 +11,11 @@ from .. import ops
 from .._utils import check_finite, is_compiling
 from ..bit_tensor import BitTensor
 from ..bitmm import bitmm_float
+from ..quantization.bits import UNSET, resolve_bits
+from ..quantization.fixed import FixedRanges
+from ..quantization.quantize import dequantize, fake_quantize, fits, quantize, values_finite
 from ._common import quant_options_repr
-from ._explain import explaining
-from ._quantize import FixedRanges, check_bits, dequantize, fake_quantize, fits, quantize, values_finite
+from .explain import explaining
 
 
 def warn_weight_not_cached(module: torch.nn.Module) -> None:
@@ -39,7 +41,7 @@ def bit_kernels_apply(module: torch.nn.Module, *tensors) -> bool:
     The kernels have no backward; with autograd on (``eval()`` without
     ``torch.no_grad()``) the float path computes the same values, up to float32
     rounding, and keeps the gradients.  Nor do they run while a PyG explainer's
-    edge mask is set on ``module`` (see ``pyg_quant.nn._explain``).
+    edge mask is set on ``module`` (see :mod:`pyg_quant.nn.explain`).
     """
     if module.training or explaining(module):  # the bit kernels take no edge mask: the float path does
         return False
@@ -47,31 +49,6 @@ def bit_kernels_apply(module: torch.nn.Module, *tensors) -> bool:
         return not any(isinstance(t, Tensor) and t.requires_grad for t in tensors)
     return True
 
-
-def resolve_bits(bits, weight_bits, act_bits, unset):
-    """``bits`` is shorthand for ``weight_bits = act_bits = bits``; mixing them is ambiguous."""
-    if bits is not None and (weight_bits is not unset or act_bits is not unset):
-        raise ValueError("give either bits or weight_bits/act_bits, not both")
-    weight_bits = bits if weight_bits is unset else weight_bits
-    act_bits = bits if act_bits is unset else act_bits
-    return check_bits(weight_bits, "weight_bits" if bits is None else "bits"), \
-        check_bits(act_bits, "act_bits" if bits is None else "bits")
-
-
-
-class _SameAsBits:
-    """The default of ``weight_bits`` / ``act_bits``: "take ``bits``" (a sentinel, so that ``None``, float, can be
-    given explicitly); its repr is what ``help()`` and ``inspect.signature`` show."""
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "<same as bits>"
-
-    def __reduce__(self) -> str:
-        return "_UNSET"  # copies and pickles are the one module-level instance, which `is` checks rely on
-
-
-_UNSET = _SameAsBits()
 
 # ops.quant_mlp (the fused chain of bit layers) runs layers up to this many channels wide and chains of up to this
 # many layers whose weight codes fit in a block's shared memory: the limits of its CUDA kernel
@@ -129,9 +106,9 @@ class QuantLinear(Linear):
 
     def __init__(self, in_channels: int, out_channels: int, bias: bool = True,
                  weight_initializer: Optional[str] = None, bias_initializer: Optional[str] = None, *,
-                 bits: Optional[int] = None, weight_bits=_UNSET, act_bits=_UNSET, stochastic: bool = False):
+                 bits: Optional[int] = None, weight_bits=UNSET, act_bits=UNSET, stochastic: bool = False):
         super().__init__(in_channels, out_channels, bias, weight_initializer, bias_initializer)
-        self.weight_bits, self.act_bits = resolve_bits(bits, weight_bits, act_bits, _UNSET)
+        self.weight_bits, self.act_bits = resolve_bits(bits, weight_bits, act_bits)
         self.stochastic = bool(stochastic)
 
     @torch.no_grad()

@@ -47,13 +47,13 @@ from torch_geometric.nn.dense.linear import Linear as PyGLinear
 
 from ..bit_tensor import BitTensor, to_val
 from ..graph.quant_graph import QuantGraph
-from ..nn._explain import explain_edge_mask
-from ..nn._quantize import FixedRanges, fake_quantize_fixed, quantize_fixed
+from ..nn.explain import explain_edge_mask
 from ..nn.qgcn_conv import QGCNConv
 from ..nn.qgin_conv import QGINConv
 from ..nn.quant_linear import bit_kernels_apply
+from ..quantization.fixed import FixedRanges, fake_quantize_fixed, quantize_fixed
+from ..quantization.quantize import exact_values
 from .degree_quant import protect_mask
-from .fake_quantize import exact_values
 from .linear import QATLinear, _check_qconfig, observe_only, quantized_already
 from .observers import check_finite
 from .qconfig import QConfig
@@ -85,7 +85,7 @@ def _aggregate_float(graph: QuantGraph, y: Tensor, training: bool, edge_mask: Op
     for their float32 result: ``y`` the unrounded dequantized values
     (:meth:`~pyg_quant.qat.FakeQuantize.forward_exact`), ``self_values`` their float32
     roundings (``to_val``'s), which the kernels' self-loop term multiplies.
-    ``edge_mask``: an explainer's factor per edge (see ``pyg_quant.nn._explain``).
+    ``edge_mask``: an explainer's factor per edge (see :mod:`pyg_quant.nn.explain`).
     """
     if not training:
         y = y.double()

@@ -53,32 +53,15 @@ from typing import Dict, Optional, Tuple, Union
 import torch
 
 from .. import ops
-from ..bit_tensor import BitTensor, _check_bits
+from ..bit_tensor import BitTensor
 from ..distributed import group as _group
-from .observers import OBSERVERS, Observer, check_dim, check_matrix, collapse_narrow_range, learned_step, make_observer
+from ..layout import check_bits
+from ..quantization.affine import RANGE_VIEW, affine_params, affine_scale, collapse_narrow_range
+from ..quantization.quantize import exact_values
+from .observers import OBSERVERS, Observer, check_dim, check_matrix, learned_step, make_observer
 
-_VIEW = {None: (1, 1), 0: (1, -1), 1: (-1, 1)}
 #: The buffers that hold a copy of the range in use, written when read (see ``FakeQuantize._store_range``).
-_RANGE_BUFFERS = ("lo", "scale")
-
-
-def qparams_from_range(lo: torch.Tensor, hi: torch.Tensor, bits: int):
-    r"""``(scale, inv_scale)`` of a range, float32, with ``to_bit``'s exact float32 steps."""
-    lo, hi = lo.to(torch.float32), hi.to(torch.float32)
-    scale = (hi - lo) / torch.full_like(hi, float(2**bits - 1))
-    inv_scale = torch.where(scale > 0, torch.ones_like(scale) / scale, torch.zeros_like(scale))
-    return scale, inv_scale
-
-
-def exact_values(codes: BitTensor) -> torch.Tensor:
-    r"""``lo + scale·q`` of ``codes`` in float64, ``[rows, cols]``: the values :func:`~pyg_quant.to_val` rounds to
-    float32, here unrounded (exact while ``|lo|`` and ``scale`` are within a factor 2^20 of each other, or lo is 0).
-
-    The bit kernels' affine epilogues sum and multiply these values (``lo·Σ1 + scale·Σq`` in float64), not their
-    float32 roundings, so a float path that is to give the kernels' float32 results must compute with them.
-    """
-    view = _VIEW[codes.dim]
-    return codes.lo.double().view(view) + codes.scale.double().view(view) * codes.codes().double()
+RANGE_BUFFERS = ("lo", "scale")
 
 
 def _check_seed(seed) -> Optional[int]:
@@ -126,7 +109,7 @@ class _LearnedFakeQuantizeFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         x, lo, step, out, inside = ctx.saved_tensors
-        view = _VIEW[ctx.dim]
+        view = RANGE_VIEW[ctx.dim]
         lo_v, step_v = lo.view(view), step.view(view)
         v = (x - lo_v) / step_v
         q = torch.round((out - lo_v) / step_v).clamp_(0, ctx.levels)
@@ -184,7 +167,7 @@ class FakeQuantize(torch.nn.Module):
                  stochastic: bool = True, seed: Optional[int] = None, momentum: float = 0.1,
                  percentile: float = 0.999, groups: Optional[int] = None, keep_zeros: bool = False):
         super().__init__()
-        self.bits = _check_bits(bits)
+        self.bits = check_bits(bits)
         if isinstance(observer, Observer):
             if dim is not None and observer.dim != dim:
                 raise ValueError(f"dim={dim} disagrees with the observer's dim={observer.dim}")
@@ -290,14 +273,14 @@ class FakeQuantize(torch.nn.Module):
     # --- ranges ------------------------------------------------------------------------
     def range(self, x: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
         """``(lo, hi)`` in use for ``x`` (float32, 1-D); ranges too narrow for a finite inverse scale are
-        collapsed (:func:`~pyg_quant.qat.observers.collapse_narrow_range`)."""
+        collapsed (:func:`~pyg_quant.quantization.affine.collapse_narrow_range`)."""
         return collapse_narrow_range(*self.observer.range(x))
 
     def qparams(self, x: Optional[torch.Tensor] = None):
         """``(lo, hi, scale, inv_scale)`` for ``x``, float32, shaped to broadcast against ``x``."""
         lo, hi = self.range(x)
-        scale, inv_scale = qparams_from_range(lo, hi, self.bits)
-        view = _VIEW[self.dim]
+        scale, inv_scale = affine_params(lo.to(torch.float32), hi.to(torch.float32), self.bits)
+        view = RANGE_VIEW[self.dim]
         return lo.view(view), hi.view(view), scale.view(view), inv_scale.view(view)
 
     def _range_buffers_stale(self) -> bool:
@@ -320,14 +303,13 @@ class FakeQuantize(torch.nn.Module):
         # inference tensor keeps no version counter.
         with torch.inference_mode(False), torch.no_grad():
             lo, hi = self.range()
-            # to_bit's float32 scale (a tensor divisor: a Python scalar one is a multiply by its reciprocal on CUDA).
             # Into _buffers directly: assigning the attribute would check hasattr(self, "lo"), i.e. __getattr__.
             self._buffers["lo"] = lo.clone()
-            self._buffers["scale"] = (hi - lo) / torch.full_like(hi, float(2**self.bits - 1))
+            self._buffers["scale"] = affine_scale(lo, hi, self.bits)
 
     def __getattr__(self, name: str):
         # nn.Module keeps buffers outside __dict__, so every read of fq.lo / fq.scale comes here.
-        if name in _RANGE_BUFFERS and self._range_buffers_stale():
+        if name in RANGE_BUFFERS and self._range_buffers_stale():
             self._store_range()
         return super().__getattr__(name)
 
@@ -383,7 +365,7 @@ class FakeQuantize(torch.nn.Module):
     def forward_exact(self, x: torch.Tensor, protect: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor,
                                                                                               torch.Tensor]:
         r"""``(forward(x), x̃)``: in ``eval()`` with fake quantization on, ``x̃`` holds forward's values before their
-        float32 rounding, ``lo + scale·q`` in float64 for the codes of :meth:`quantize` (:func:`exact_values`),
+        float32 rounding, ``lo + scale·q`` in float64 for the codes of :meth:`quantize` (:func:`~pyg_quant.quantization.quantize.exact_values`),
         with forward's gradient; else ``x̃`` is ``forward(x)`` itself.
 
         The QAT layers' evaluation without the bit kernels multiplies and sums ``x̃`` in float64 and rounds once,

@@ -48,7 +48,8 @@ from torch import Tensor
 from ..bit_tensor import BitTensor, to_val
 from ..bitmm import bitmm
 from ..nn.quant_linear import QuantLinear, bit_kernels_apply, warn_weight_not_cached
-from .fake_quantize import FakeQuantize, exact_values
+from ..quantization.quantize import exact_values
+from .fake_quantize import FakeQuantize
 from .observers import check_finite
 from .qconfig import QConfig
 

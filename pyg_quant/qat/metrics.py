@@ -17,7 +17,7 @@ from typing import Dict, Iterable, Optional
 
 import torch
 
-from ..bit_tensor import _check_bits
+from ..layout import check_bits
 from .fake_quantize import FakeQuantize
 from .observers import check_dim, check_matrix
 
@@ -28,7 +28,7 @@ def quantization_error(x: torch.Tensor, bits: int, dim: Optional[int] = None) ->
     Returns 0.0 for an all-zero ``x``.
     """
     check_matrix(x)
-    fq = FakeQuantize(_check_bits(bits), "dynamic", check_dim(dim), stochastic=False).eval()
+    fq = FakeQuantize(check_bits(bits), "dynamic", check_dim(dim), stochastic=False).eval()
     x64 = x.detach().double()
     norm = float(x64.norm())
     if norm == 0.0:
@@ -55,7 +55,7 @@ def recommend_bits(x: torch.Tensor, threshold: float = 0.05, dim: Optional[int] 
     """
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not threshold > 0:
         raise ValueError(f"threshold must be a positive number, got {threshold!r}")
-    widths = sorted({_check_bits(b, "candidates") for b in candidates})
+    widths = sorted({check_bits(b, "candidates") for b in candidates})
     if not widths:
         raise ValueError("candidates must name at least one bit width")
     for bits in widths:

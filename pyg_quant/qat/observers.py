@@ -14,7 +14,7 @@ Kinds (the names :func:`make_observer` accepts):
   training and in evaluation alike (what ``to_bit`` does).  Per-node ranges,
   whose rows change from graph to graph, must be dynamic;
 * ``"dynamic_mse"`` — no state either: every tensor's own *MSE-optimal* clipping
-  range for the bit width (:func:`mse_ranges`, below), in training and in
+  range for the bit width (:func:`~pyg_quant.quantization.ranges.mse_ranges`), in training and in
   evaluation alike.  Per node it spends 2-bit codes on the bulk of a noisy row
   instead of its two extremes; per channel it follows the tensor at hand, so a
   range is never carried from the graphs it was trained on to a differently
@@ -49,17 +49,16 @@ travel with the state dict and freeze when the observer stops observing; a
 ``log_step``), frozen the same way.
 """
 import contextvars
-import math
 from contextlib import contextmanager
 from typing import Iterator, Optional, Tuple
 
 import torch
 
-from .. import ops
-from ..ops import reference
-
 from .._utils import check_finite as _check_finite
 from ..distributed import ranges as _ranks
+from ..layout import check_bits
+from ..quantization.affine import MIN_RANGE_WIDTH
+from ..quantization.ranges import masked_mse_ranges, masked_tensor_range, mse_ranges, tensor_quantiles, tensor_range
 
 OBSERVERS = ("dynamic", "minmax", "ema", "percentile", "mse", "dynamic_mse", "learned")
 
@@ -94,36 +93,6 @@ def check_finite(x: torch.Tensor, name: str = "x") -> None:
     _check_finite(x, name, always=True)
 
 
-@torch.no_grad()  # ranges take no gradient (and no_grad dispatches no detach op, as x.detach() would)
-def tensor_range(x: torch.Tensor, dim: Optional[int]) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``(min, max)`` of ``x`` reduced over ``dim``, float32 1-D."""
-    x = x.to(torch.float32)
-    if dim is None:
-        lo, hi = torch.aminmax(x)
-        return lo.view(1), hi.view(1)
-    # amin + amax, not aminmax: torch's CPU aminmax along a dim is ~10x slower than the two passes.
-    return x.amin(dim), x.amax(dim)
-
-
-def tensor_quantiles(x: torch.Tensor, dim: Optional[int], q: float) -> Tuple[torch.Tensor, torch.Tensor]:
-    r"""The ``1 − q`` and ``q`` quantiles of ``x`` reduced over ``dim`` (order statistics, no interpolation).
-
-    With ``n`` values along ``dim``, ``hi`` is the ``⌈q·n⌉``-th smallest and ``lo``
-    the ``⌈q·n⌉``-th largest, so ``q = 1`` gives the min/max.  ``kthvalue`` (not
-    ``torch.quantile``, which refuses inputs of more than 2**24 elements).
-    """
-    x = x.detach().to(torch.float32)
-    if dim is None:
-        x, dim = x.reshape(1, -1), 1
-    n = x.size(dim)
-    k = min(n, max(1, math.ceil(q * n)))
-    hi = torch.kthvalue(x, k, dim).values
-    lo = torch.kthvalue(x, n + 1 - k, dim).values
-    return lo.reshape(-1), hi.reshape(-1)
-
-
-_MIN_RANGE_WIDTH = 255 * torch.finfo(torch.float32).tiny
-
 # Set by pyg_quant.CapturedTrainStep: stored ranges move in place, so a captured CUDA graph keeps reading and
 # writing the module's own buffers (a fresh tensor made during a capture would live in the graph's memory pool).
 _in_place: contextvars.ContextVar = contextvars.ContextVar("pyg_quant_observers_in_place", default=False)
@@ -139,21 +108,12 @@ def ranges_in_place() -> Iterator[None]:
         _in_place.reset(token)
 
 
-def collapse_narrow_range(lo: torch.Tensor, hi: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``(lo, hi)`` with every range narrower than 255 normal float32 steps collapsed to zero width (``hi = lo``).
-
-    Such a range has a subnormal scale at up to 8 bits, whose inverse overflows: ``(x - lo) · inf`` is NaN in the
-    fake quantizer (the bit path's codes clamp it to 0, so the two would disagree).  An EMA range gets there on a
-    channel that stays zero (a dead ReLU: 0.9 a step, ~830 steps); a saved state can hold one too.  At zero width
-    every value quantizes to ``lo``.  A NaN range stays NaN."""
-    return lo, torch.where(hi - lo < _MIN_RANGE_WIDTH, lo, hi)
-
-
 @torch.no_grad()
 def learned_step(log_step: torch.Tensor, bits: int) -> torch.Tensor:
     """A learned range's float32 step ``exp(log_step)`` (detached), no smaller than that of the narrowest range
-    :func:`collapse_narrow_range` keeps, so that ``1 / step`` stays finite in LSQ+'s gradients too."""
-    return torch.exp(log_step.to(torch.float32)).clamp_min(_MIN_RANGE_WIDTH / float(2**bits - 1))
+    :func:`~pyg_quant.quantization.affine.collapse_narrow_range` keeps, so that ``1 / step`` stays finite in LSQ+'s
+    gradients too."""
+    return torch.exp(log_step.to(torch.float32)).clamp_min(MIN_RANGE_WIDTH / float(2**bits - 1))
 
 
 class Observer(torch.nn.Module):
@@ -263,24 +223,6 @@ class DynamicObserver(Observer):
         return masked_tensor_range(x, keep, self.dim)
 
 
-def _masked_view(x: torch.Tensor, keep: torch.Tensor, dim: Optional[int]):
-    """``x``, ``keep`` and the reduction dimension, a per-tensor range being one row of all values."""
-    if dim is None:
-        return x.reshape(1, -1), keep.reshape(1, -1), 1
-    return x, keep, dim
-
-
-@torch.no_grad()
-def masked_tensor_range(x: torch.Tensor, keep: torch.Tensor, dim: Optional[int]) -> Tuple[torch.Tensor, torch.Tensor]:
-    """:func:`tensor_range` over the entries where ``keep`` (bool, ``x``'s shape); ``(0, 0)`` for a range with none."""
-    x, keep, reduce = _masked_view(x.to(torch.float32), keep, dim)
-    inf = torch.full_like(x, float("inf"))
-    lo = torch.where(keep, x, inf).amin(reduce)
-    hi = torch.where(keep, x, -inf).amax(reduce)
-    empty = ~keep.any(reduce)
-    return lo.masked_fill(empty, 0.0), hi.masked_fill(empty, 0.0)
-
-
 class MinMaxObserver(Observer):
     """The running extremes of everything observed."""
 
@@ -338,42 +280,9 @@ class PercentileObserver(EMAMinMaxObserver):
         return f"dim={self.dim}, percentile={self.percentile}, momentum={self.momentum}"
 
 
-#: The shrink factors ``a`` an :class:`MSEObserver` tries: 1, 0.8, 0.64, ..., 0.8**11 ≈ 0.086.
-MSE_GRID = tuple(0.8 ** k for k in range(12))
-
-
-def mse_ranges(x: torch.Tensor, dim: Optional[int], bits: int,
-               grid=MSE_GRID) -> Tuple[torch.Tensor, torch.Tensor]:
-    r"""The clipping ranges of ``x`` (reduced over ``dim``) whose ``bits``-bit round-to-nearest codes err least.
-
-    Candidates ``[c + a(lo − c), c + a(hi − c)]`` for each ``a`` in ``grid``, with ``[lo, hi]``
-    the min/max and ``c = clamp(0, lo, hi)``; the error is ``Σ (x − x̃)²`` along ``dim``, the
-    first (widest) candidate wins ties.  Float32 1-D, like :func:`tensor_range`.
-    """
-    with torch.no_grad():  # no gradient, and no detach op dispatched
-        return ops.mse_range(x.to(torch.float32), -1 if dim is None else dim, bits, tuple(grid))
-
-
-def masked_mse_ranges(x: torch.Tensor, keep: torch.Tensor, dim: Optional[int], bits: int,
-                      grid=MSE_GRID) -> Tuple[torch.Tensor, torch.Tensor]:
-    r""":func:`mse_ranges` over the entries where ``keep`` (bool, ``x``'s shape) only.
-
-    The reference search (:func:`pyg_quant.ops.reference.mse_search`) from the kept entries'
-    min/max, with the compiled round-to-nearest codes (:func:`pyg_quant.ops.fake_quantize`) and
-    the errors of the kept entries only; with every entry kept it equals :func:`mse_ranges`.
-    ``(0, 0)`` for a range with no kept entry.
-    """
-    with torch.no_grad():
-        x = x.to(torch.float32).contiguous()
-        lo, hi = masked_tensor_range(x, keep, dim)
-        xv, kv, reduce = _masked_view(x, keep, dim)
-        return reference.mse_search(
-            xv, lo, hi, reduce, grid, lambda c_lo, c_hi: ops.fake_quantize(xv, c_lo, c_hi, bits, reduce, None, False,
-                                                                           False, None)[0], kv)
-
-
 class MSEObserver(EMAMinMaxObserver):
-    r"""Moving averages of the batch's MSE-optimal clipping range for ``bits``-bit codes (:func:`mse_ranges`).
+    r"""Moving averages of the batch's MSE-optimal clipping range for ``bits``-bit codes
+    (:func:`~pyg_quant.quantization.ranges.mse_ranges`).
 
     Args:
         dim (int, optional): the reduction dimension.
@@ -383,9 +292,7 @@ class MSEObserver(EMAMinMaxObserver):
 
     def __init__(self, dim: Optional[int] = None, bits: int = 8, momentum: float = 0.1):
         super().__init__(dim, momentum)
-        if isinstance(bits, bool) or not isinstance(bits, int) or not 1 <= bits <= 8:
-            raise ValueError(f"bits must be an int in 1..8, got {bits!r}")
-        self.bits = bits
+        self.bits = check_bits(bits)
 
     rank_reduction = "mean"  # nor is an MSE-optimal range
 
@@ -397,7 +304,8 @@ class MSEObserver(EMAMinMaxObserver):
 
 
 class DynamicMSEObserver(DynamicObserver):
-    r"""No state: every tensor is quantized over its own MSE-optimal clipping range for ``bits`` (:func:`mse_ranges`).
+    r"""No state: every tensor is quantized over its own MSE-optimal clipping range for ``bits``
+    (:func:`~pyg_quant.quantization.ranges.mse_ranges`).
 
     Values outside the range are clipped but, as with every dynamic range, keep their
     straight-through gradient (:class:`~pyg_quant.qat.FakeQuantize`).  Costs ``len(MSE_GRID)``
@@ -412,9 +320,7 @@ class DynamicMSEObserver(DynamicObserver):
 
     def __init__(self, dim: Optional[int] = None, bits: int = 8):
         super().__init__(dim)
-        if isinstance(bits, bool) or not isinstance(bits, int) or not 1 <= bits <= 8:
-            raise ValueError(f"bits must be an int in 1..8, got {bits!r}")
-        self.bits = bits
+        self.bits = check_bits(bits)
 
     def range(self, x: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
         if x is None:
@@ -433,8 +339,8 @@ class LearnedObserver(Observer):
 
     With ``L = 2^bits − 1`` levels, the range is ``[lo, lo + L·s]``, ``s = exp(log_step)``
     (a log step: Adam's steps on it are relative, and ``s`` stays positive).  The first
-    tensor seen in training sets both to its MSE-optimal range (:func:`mse_ranges`); from
-    then on the optimizer moves them with the model's weights (the gradients are
+    tensor seen in training sets both to its MSE-optimal range
+    (:func:`~pyg_quant.quantization.ranges.mse_ranges`); from then on the optimizer moves them with the model's weights (the gradients are
     :class:`~pyg_quant.qat.FakeQuantize`'s: with ``v = (x − lo)/s`` and ``q`` its code,
     ``∂x̃/∂s = q − v`` inside the range and ``q`` outside, ``∂x̃/∂lo = 0`` inside and 1
     outside, ``∂x̃/∂x = 1`` inside and 0 outside).  The parameters must exist when the
@@ -461,9 +367,7 @@ class LearnedObserver(Observer):
             raise ValueError(f"groups must be a positive int, got {groups!r}")
         if self.dim is None and groups != 1:
             raise ValueError(f"a per-tensor learned range has groups=1, got {groups}")
-        if isinstance(bits, bool) or not isinstance(bits, int) or not 1 <= bits <= 8:
-            raise ValueError(f"bits must be an int in 1..8, got {bits!r}")
-        self.bits = bits
+        self.bits = check_bits(bits)
         self.range_lo = torch.nn.Parameter(torch.zeros(groups))
         self.log_step = torch.nn.Parameter(torch.zeros(groups))
         self.register_buffer("observed", torch.zeros(1, dtype=torch.uint8))

@@ -32,7 +32,7 @@ from torch_geometric.nn import GCNConv, GINConv
 from torch_geometric.nn.dense.linear import Linear as PyGLinear
 
 from ..nn import QGCNConv, QGINConv, QuantLinear
-from ..nn.quant_linear import _UNSET
+from ..quantization.bits import UNSET, resolve_bits
 from .conv import QATGCNConv, QATGINConv
 from .fake_quantize import FakeQuantize
 from .linear import QATLinear
@@ -105,17 +105,7 @@ def _set_submodule(model: torch.nn.Module, name: str, module: torch.nn.Module) -
     setattr(parent, child, module)
 
 
-def _resolve_bits(bits, weight_bits, act_bits) -> Tuple[Optional[int], Optional[int]]:
-    if bits is not None and (weight_bits is not _UNSET or act_bits is not _UNSET):
-        raise ValueError("give either bits or weight_bits/act_bits, not both")
-    weight_bits = bits if weight_bits is _UNSET else weight_bits
-    act_bits = bits if act_bits is _UNSET else act_bits
-    if weight_bits is None and act_bits is None:
-        raise ValueError("prepare needs bits, or weight_bits and/or act_bits (1..8)")
-    return weight_bits, act_bits
-
-
-def prepare(model: torch.nn.Module, bits: Optional[int] = None, *, weight_bits=_UNSET, act_bits=_UNSET,
+def prepare(model: torch.nn.Module, bits: Optional[int] = None, *, weight_bits=UNSET, act_bits=UNSET,
             stochastic: bool = True, skip_last: bool = True, skip: Iterable[str] = (), inplace: bool = False,
             qconfig: Optional[QConfig] = None, **qconfig_kwargs) -> torch.nn.Module:
     r"""A quantization-aware copy of ``model`` (see the module docstring).
@@ -150,10 +140,12 @@ def prepare(model: torch.nn.Module, bits: Optional[int] = None, *, weight_bits=_
     if qconfig is not None:
         if not isinstance(qconfig, QConfig):
             raise TypeError(f"qconfig must be a pyg_quant.qat.QConfig, got {type(qconfig).__name__}")
-        if bits is not None or weight_bits is not _UNSET or act_bits is not _UNSET or qconfig_kwargs:
+        if bits is not None or weight_bits is not UNSET or act_bits is not UNSET or qconfig_kwargs:
             raise ValueError("give either qconfig or bits/weight_bits/act_bits/... keywords, not both")
     else:
-        weight_bits, act_bits = _resolve_bits(bits, weight_bits, act_bits)
+        weight_bits, act_bits = resolve_bits(bits, weight_bits, act_bits)
+        if weight_bits is None and act_bits is None:
+            raise ValueError("prepare needs bits, or weight_bits and/or act_bits (1..8)")
         qconfig = QConfig(weight_bits=weight_bits, act_bits=act_bits, stochastic=stochastic, **qconfig_kwargs)
 
     if not inplace:

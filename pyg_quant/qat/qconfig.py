@@ -52,7 +52,7 @@ On Cora the defaults are as good and cheaper, so these settings are opt-in.
 from dataclasses import dataclass, replace
 from typing import Optional, Tuple
 
-from ..bit_tensor import _check_bits
+from ..quantization.bits import check_optional_bits
 from .fake_quantize import FakeQuantize, _check_seed
 from .observers import OBSERVERS
 
@@ -117,8 +117,7 @@ class QConfig:
 
     def __post_init__(self):
         for name in ("weight_bits", "act_bits"):
-            if getattr(self, name) is not None:
-                _check_bits(getattr(self, name), name)
+            check_optional_bits(getattr(self, name), name)
         if not isinstance(self.stochastic, bool):
             raise TypeError(f"stochastic must be a bool, got {type(self.stochastic).__name__}")
         for name in ("weight_observer", "input_observer", "agg_observer"):

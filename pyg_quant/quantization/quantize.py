@@ -1,0 +1,116 @@
+r"""Quantize a 2-D tensor over its own ranges: into a :class:`~pyg_quant.BitTensor` for the kernels, or into its
+dequantized values with a straight-through gradient for autograd; and back to floats.
+
+For ``x`` ``[rows, cols]``, ranges reduced over ``dim`` (:func:`.ranges.tensor_range`: ``lo = min``, ``hi = max``)
+and ``b`` bits, with :mod:`.affine`'s ``s`` and ``s^{-1}``:
+
+.. math::
+    q = \mathrm{clamp}\big(\lfloor (x - lo)\, s^{-1} + u \rfloor,\ 0,\ 2^b - 1\big), \qquad \tilde{x} = lo + s\,q,
+
+in float32 step by step as :func:`pyg_quant.to_bit` (``u = 1/2``, or ``u ~ U[0, 1)`` for stochastic rounding), so
+for one input and nearest rounding every function here makes ``to_bit``'s codes.  They skip ``to_bit``'s
+data-dependent input checks, which ``torch.compile`` cannot trace without a graph break; callers check their inputs
+where a check costs no host synchronization (:func:`pyg_quant._utils.check_finite`).
+"""
+from typing import Optional
+
+import torch
+
+from .. import ops
+from .._utils import is_compiling
+from ..bit_tensor import BitTensor, to_val
+from .affine import RANGE_VIEW, affine_params
+from .ranges import tensor_range
+
+
+def _own_params(x32: torch.Tensor, bits: int, dim: Optional[int]):
+    """``(lo, scale, inv_scale)`` of ``x32``'s own ranges, shaped to broadcast against it."""
+    lo, hi = tensor_range(x32, dim, keepdim=True)
+    return (lo,) + affine_params(lo, hi, bits)
+
+
+def quantize(x: torch.Tensor, bits: int, dim: Optional[int], layout: str,
+             col_keys: Optional[torch.Tensor] = None) -> BitTensor:
+    """Round-to-nearest :class:`BitTensor` of a 2-D float ``x`` over its own ranges (reduced over ``dim``), packed in
+    ``layout``: the codes of ``pq.to_bit(x, bits, dim, layout=layout)``.
+
+    ``col_keys`` (per-column ranges in the column layout only): the column keys of ``x`` as the kernel that made
+    it gave them (:func:`pyg_quant.ops.quant_mlp`'s), which spare the quantizer its own pass over ``x`` for the
+    ranges.
+    """
+    x32 = x.detach().to(torch.float32).contiguous()
+    if col_keys is not None and (dim != 0 or layout != "col"):
+        raise ValueError(f"col_keys needs per-column ranges in the column layout (dim=0, layout='col'), got "
+                         f"dim={dim}, layout={layout!r}")
+    if dim is None or x32.numel() == 0:
+        lo, scale, inv_scale = _own_params(x32, bits, dim)
+        planes = ops.quantize_pack(x32, lo, inv_scale, bits, layout == "col", None)
+        return BitTensor(planes, (x32.size(0), x32.size(1)), bits, layout, lo.reshape(-1), scale.reshape(-1), dim)
+    # Ranges, codes and code sums in one op (one kernel for per-row ranges in row layout on the GPU).  Per-column
+    # codes on the GPU are what bit_spmm gathers as row codes: the quantizer writes those in the same pass, and skips
+    # the code sums, which bit_spmm never reads (BitTensor.code_sums() makes them if a bitmm asks).
+    row_codes = x32.is_cuda and dim == 0 and layout == "col"
+    packed = ops.quantize_pack_ranges(x32, bits, dim, layout == "col", None, row_codes, col_keys, not row_codes)
+    return bit_tensor_of(packed, (x32.size(0), x32.size(1)), bits, dim)
+
+
+def bit_tensor_of(packed, shape, bits: int, dim: int) -> BitTensor:
+    """The :class:`BitTensor` ``shape`` ``(rows, cols)`` of ``ops.quantize_pack_ranges``' result ``(planes, lo,
+    scale, code_sums, row_codes)`` (column layout for ranges per column, ``dim`` 0; row layout per row), with the
+    row codes or the code sums it came with (whichever is not empty)."""
+    return BitTensor._of_op((int(shape[0]), int(shape[1])), int(bits), dim, *packed)
+
+
+def fake_values(x: torch.Tensor, lo, scale, inv_scale, bits: int, offset) -> torch.Tensor:
+    """``lo + scale·q`` (float32, ``x``'s shape) of ``x``'s codes ``q = clamp(floor((x − lo)·inv_scale + offset), 0,
+    2**bits − 1)`` for ranges that broadcast against ``x`` (``offset``: 0.5, or ``U[0, 1)`` noise of ``x``'s shape),
+    with a straight-through gradient: ``∂/∂x = 1`` everywhere."""
+    x32 = x.to(torch.float32)
+    detached = x32.detach()
+    codes = torch.floor((detached - lo) * inv_scale + offset).clamp_(0, 2**bits - 1)
+    # deq + (x − x) is deq exactly (x − x is exactly 0 for finite x), and its gradient is 1.
+    return (lo + scale * codes) + (x32 - detached)
+
+
+def fake_quantize(x: torch.Tensor, bits: int, dim: Optional[int], stochastic: bool = False) -> torch.Tensor:
+    r""":func:`fake_values` of a 2-D ``x`` over its own ranges (those of :func:`quantize`, from the detached input):
+    float32 ``x̃ = lo + s·q`` with ``∂x̃/∂x = 1``, rounded to nearest, or stochastically (``u ~ U[0, 1)`` from
+    torch's global generator)."""
+    detached = x.detach().to(torch.float32)
+    offset = torch.rand_like(detached) if stochastic else 0.5
+    return fake_values(x, *_own_params(detached, bits, dim), bits, offset)
+
+
+def dequantize(x: BitTensor) -> torch.Tensor:
+    """``lo + scale·q`` of ``x``, float32 ``[rows, cols]`` (:func:`pyg_quant.to_val`)."""
+    return to_val(x)
+
+
+def exact_values(codes: BitTensor) -> torch.Tensor:
+    r"""``lo + scale·q`` of ``codes`` in float64, ``[rows, cols]``: the values :func:`~pyg_quant.to_val` rounds to
+    float32, here unrounded (exact while ``|lo|`` and ``scale`` are within a factor 2^20 of each other, or lo is 0).
+
+    The bit kernels' affine epilogues sum and multiply these values (``lo·Σ1 + scale·Σq`` in float64), not their
+    float32 roundings, so a float path that is to give the kernels' float32 results must compute with them.
+    """
+    view = RANGE_VIEW[codes.dim]
+    return codes.lo.double().view(view) + codes.scale.double().view(view) * codes.codes().double()
+
+
+def values_finite(x: BitTensor) -> bool:
+    """Whether every value ``lo + scale·q`` of ``x`` is finite, judged from its ranges alone: that float32 recipe is
+    monotone in ``q``, so each range's values lie between those of codes 0 and ``2**bits - 1``.  A False may be
+    over-cautious (codes that never reach the end of a range); callers then dequantize and check the values.
+    True wherever :func:`pyg_quant._utils.check_finite` does not check (traced code, a GPU: there non-finite values
+    propagate)."""
+    if is_compiling() or x.device.type != "cpu":
+        return True  # (x.device: asking x.planes would make a row-code tensor's planes)
+    lo, scale = x.lo.detach(), x.scale.detach()
+    ends = torch.stack((lo + scale * 0.0, lo + scale * float(2**x.bits - 1)))
+    return bool(torch.isfinite(ends).all())
+
+
+def fits(x: BitTensor, bits: Optional[int], dims) -> bool:
+    """Whether a kernel can take the codes ``x`` as they are: ``bits``-bit (``None``: never) with ranges reduced over
+    one of ``dims``."""
+    return bits is not None and x.bits == bits and x.dim in dims
