@@ -125,38 +125,23 @@ about 2 minutes predicted; ``--time-budget`` (280 s) stops starting new configur
 slow run still ends inside 6 minutes with everything measured so far in the JSON.
 Device memory: ~8 GB of batches in every format plus ~10 GB transient while building the graph.
 """
-import argparse
 import contextlib
 import datetime
-import json
 import os
-import platform
-import statistics
 import sys
 import time
-import traceback
 import warnings
 
 import torch
 import torch.nn.functional as F
-from torch.nn import Linear, ReLU, Sequential
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-try:
-    import pyg_quant as pq
-except ImportError:  # run from a checkout without an install
-    sys.path.insert(0, os.path.dirname(HERE))
-    import pyg_quant as pq
-import torch_geometric  # noqa: E402
-from torch_geometric.nn import GCNConv, GINConv  # noqa: E402
+# The workload first: it finds pyg_quant in a checkout without an install.
+from workload import (Data, Net, Recorder, Runner, build_formats, build_graph, count_syncs, device_name, kernel_totals,
+                      log, make_pq, make_pyg, parse_args, pq, pq_host_batches, pq_inputs, profile_batch,
+                      pyg_inputs, rel_err, torch_geometric)
 
-from pyg_quant import ops  # noqa: E402
-from pyg_quant.graph.adjacency_form import ADJACENCY_FORMS, DEFAULT_ADJACENCY  # noqa: E402
-from pyg_quant.loader import QuantBatch  # noqa: E402
-from pyg_quant.nn._quantize import quantize as pq_quantize  # noqa: E402  (the layers' quantizer: no host checks)
-
-T0 = time.perf_counter()
-BITS = (8, 4, 2, 1)
+from pyg_quant.loader import QuantBatch
+from pyg_quant.nn._quantize import quantize as pq_quantize  # the layers' quantizer: no host checks
 
 # Predicted ms per epoch on an H100 at the default (products) scale: see the docstring.
 PREDICTED = {
@@ -177,360 +162,7 @@ PREDICTED = {
 }
 
 
-def log(msg: str) -> None:
-    print(f"[{time.perf_counter() - T0:7.1f}s] {msg}", flush=True)
-
-
-def first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0][:300] if text else ''}"
-
-
-# --- recording ---------------------------------------------------------------------------------------
-class Recorder:
-    """The result document, rewritten (atomically) after every configuration."""
-
-    def __init__(self, path, meta, device_type: str = "cpu"):
-        self.path, self.device_type = path, device_type
-        self.data = dict(meta=meta, graph={}, batches={}, inference=[], transfer=[], training=[],
-                         profiles=[], errors=[], skipped=[], timeline={}, summary={})
-        self.cuda_broken = None
-
-    def finish(self, tables_markdown: str) -> None:
-        """Prints the recorded errors and skipped configurations, keeps the tables in the document and saves it."""
-        if self.data["errors"]:
-            print(f"\n{len(self.data['errors'])} error(s) recorded: " +
-                  "; ".join(f"{e['where']}: {e['error'][:100]}" for e in self.data["errors"][:8]))
-        if self.data["skipped"]:
-            print(f"{len(self.data['skipped'])} configuration(s) skipped (see JSON 'skipped')")
-        self.data["tables_markdown"] = tables_markdown
-        self.save()
-
-    def save(self) -> None:
-        if not self.path:
-            return
-        self.data["meta"]["elapsed_s"] = round(time.perf_counter() - T0, 1)
-        tmp = self.path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(self.data, f, indent=1, default=str)
-        os.replace(tmp, self.path)
-
-    def error(self, where: str, error: BaseException) -> str:
-        message = first_line(error)
-        self.data["errors"].append(dict(where=where, error=message,
-                                        traceback=traceback.format_exc(limit=6)[-2500:]))
-        print(f"    ERROR in {where}: {message}", flush=True)
-        if self.device_type == "cuda" and not cuda_alive():
-            self.cuda_broken = message  # a sticky error: later GPU work would only fail again
-            print("    the CUDA context is broken: the remaining GPU configurations are skipped", flush=True)
-        self.save()
-        return message
-
-
-def cuda_alive() -> bool:
-    """Whether the CUDA context still runs work (an illegal address or a device assert is sticky)."""
-    try:
-        torch.cuda.synchronize()
-        value = (torch.ones(1, device="cuda") + 1).item()
-        return value == 2.0
-    except Exception:  # noqa: BLE001
-        return False
-
-
-class Runner:
-    def __init__(self, args, device, rec: Recorder):
-        self.args, self.device, self.rec = args, device, rec
-        self.cuda = device.type == "cuda"
-
-    def sync(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize()
-
-    def time_left(self) -> float:
-        return self.args.time_budget - (time.perf_counter() - T0)
-
-    def allowed(self, label: str, need_s: float = 0.0) -> bool:
-        if self.rec.cuda_broken:
-            reason = f"skipped: CUDA context broken earlier ({self.rec.cuda_broken[:80]})"
-        elif self.time_left() < need_s:
-            reason = f"skipped: time budget ({self.args.time_budget:.0f} s) reached"
-        else:
-            return True
-        self.rec.data["skipped"].append(dict(what=label, reason=reason))
-        print(f"    {label}: {reason}", flush=True)
-        return False
-
-    def epoch_ms(self, fn) -> float:
-        if self.cuda:
-            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            stop.record()
-            stop.synchronize()
-            return start.elapsed_time(stop)
-        t = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t) * 1e3
-
-    def measure(self, fn, reps=None, warmup=None) -> dict:
-        """Warm-up epochs, then the median of ``reps`` timed epochs (fewer if the budget runs short)."""
-        reps = self.args.reps if reps is None else reps
-        warmup = self.args.warmup if warmup is None else warmup
-        t = time.perf_counter()
-        for _ in range(warmup):
-            fn()
-        self.sync()
-        first = (time.perf_counter() - t) / max(warmup, 1)
-        times = []
-        for i in range(reps):
-            if i >= 1 and self.time_left() < 2 * first + 5:
-                break  # keep what we have; the budget guard will skip what follows
-            times.append(self.epoch_ms(fn))
-        return dict(median_ms=statistics.median(times), min_ms=min(times), max_ms=max(times),
-                    times_ms=[round(v, 3) for v in times], reps=len(times))
-
-
-# --- graph -------------------------------------------------------------------------------------------
-class Data:
-    """Everything built once: the batches in every format, on the device and in (pinned) host memory."""
-
-
-def build_graph(args, device, rec: Recorder) -> Data:
-    g = torch.Generator(device=device)
-    g.manual_seed(args.seed)
-    parts, size, ppb = args.num_parts, args.part_size, args.parts_per_batch
-    if parts % ppb:
-        raise ValueError(f"--num-parts ({parts}) must be a multiple of --parts-per-batch ({ppb})")
-    n_all = parts * size
-    pairs = n_all * args.avg_degree // 2
-    t = time.perf_counter()
-    u = torch.randint(n_all, (pairs,), device=device, generator=g)
-    inside = torch.rand(pairs, device=device, generator=g) < args.inside
-    v = torch.where(inside, u // size * size + torch.randint(size, (pairs,), device=device, generator=g),
-                    torch.randint(n_all, (pairs,), device=device, generator=g))
-    del inside
-    src, dst = torch.cat([u, v]), torch.cat([v, u])
-    del u, v
-    keys = dst * n_all + src  # target-major, so each batch's edges come out in CSR (adj_t) order
-    keys = keys[src != dst]
-    del src, dst
-    keys = torch.unique(keys)  # sorted; repeated pairs dropped (a coalesced graph, like products)
-    num_edges = keys.numel()
-    dst, src = keys // n_all, keys % n_all
-    del keys
-    part_dst, part_src = dst // size, src // size
-    intra = float((part_dst == part_src).float().mean())
-
-    nb = parts // ppb
-    n = ppb * size
-    perm = torch.randperm(parts, device=device, generator=g)
-    batch_of_part = torch.empty(parts, dtype=torch.int64, device=device)
-    slot_of_part = torch.empty(parts, dtype=torch.int64, device=device)
-    batch_of_part[perm] = torch.arange(parts, device=device) // ppb
-    slot_of_part[perm] = torch.arange(parts, device=device) % ppb
-    b_dst = batch_of_part[part_dst]
-    keep = b_dst == batch_of_part[part_src]
-    local_dst = slot_of_part[part_dst] * size + dst % size
-    local_src = slot_of_part[part_src] * size + src % size
-    del dst, src, part_dst, part_src
-    key2 = ((b_dst * n + local_dst) * n + local_src)[keep]
-    del b_dst, local_dst, local_src, keep
-    key2 = torch.sort(key2).values
-    counts = torch.bincount(key2 // (n * n), minlength=nb).tolist()
-    edge_index = []
-    for chunk in key2.split(counts):
-        local = chunk % (n * n)
-        edge_index.append(torch.stack([local % n, local // n]))  # [src; dst], sorted by (dst, src)
-    del key2
-
-    x = torch.randn(n_all, args.features, device=device, generator=g)
-    y = x[:, :args.classes].argmax(1)
-    node = (perm.view(nb, ppb, 1) * size + torch.arange(size, device=device)).view(nb, n)
-    data = Data()
-    data.n, data.nb, data.num_edges = n, nb, num_edges
-    data.x = x[node]  # [nb, n, F]: batch b's rows, part by part
-    data.y = y[node]
-    data.feat_lo = x.amin(0, keepdim=True)  # QuantizedFeatures: one range per column over all nodes
-    data.feat_hi = x.amax(0, keepdim=True)
-    del x, y, node
-    data.edge_index = edge_index
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    e = torch.tensor(counts, dtype=torch.float64)
-    rec.data["graph"] = dict(nodes=n_all, directed_edges=num_edges, edges_per_node=num_edges / n_all,
-                             intra_part_fraction=intra, parts=parts, part_size=size, parts_per_batch=ppb,
-                             batches=nb, batch_nodes=n, batch_edges_mean=float(e.mean()),
-                             batch_edges_min=int(e.min()), batch_edges_max=int(e.max()),
-                             batch_edges_total=int(e.sum()), features=args.features, classes=args.classes,
-                             build_s=round(time.perf_counter() - t, 2))
-    log(f"graph: {n_all:,} nodes, {num_edges:,} directed edges ({intra:.1%} inside parts), {nb} batches of "
-        f"{n:,} nodes, {e.mean():,.0f} edges a batch ({time.perf_counter() - t:.1f} s)")
-    return data
-
-
-def nbytes(*tensors) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
-
-
-def host_copy(t: torch.Tensor, pinned: bool) -> torch.Tensor:
-    if not pinned:
-        return t  # CPU run: "host" and "device" are the same memory
-    out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-    out.copy_(t)
-    return out
-
-
-def build_formats(args, device, data: Data, rec: Recorder, runner: Runner) -> None:
-    """Per batch: CSR (GIN: A; GCN: normalized A+I), bit adjacency, bit features; pinned host copies."""
-    pinned = device.type == "cuda"
-    n, nb = data.n, data.nb
-    t = time.perf_counter()
-    data.csr_gin, data.csr_gcn = [], []
-    for ei in data.edge_index:
-        src, dst = ei[0], ei[1]
-        counts = torch.bincount(dst, minlength=n)
-        crow = torch.zeros(n + 1, dtype=torch.int64, device=device)
-        crow[1:] = torch.cumsum(counts, 0)
-        data.csr_gin.append((crow, src.clone(), torch.ones(src.numel(), device=device)))
-        # gcn_norm's D^-1/2 (A + I) D^-1/2 with the same float32 steps (deg at the target, w = 1)
-        dinv = (counts.to(torch.float32) + 1).pow(-0.5)
-        loop = torch.arange(n, device=device)
-        rows, cols = torch.cat([dst, loop]), torch.cat([src, loop])
-        vals = torch.cat([dinv[src] * dinv[dst], dinv * dinv])
-        order = torch.argsort(rows * n + cols)
-        crow2 = torch.zeros(n + 1, dtype=torch.int64, device=device)
-        crow2[1:] = torch.cumsum(counts + 1, 0)
-        data.csr_gcn.append((crow2, cols[order].contiguous(), vals[order].contiguous()))
-    runner.sync()
-    csr_s = time.perf_counter() - t
-
-    # Packing on the device is timed over every batch; only batch 0's result is kept (for its sizes): the
-    # benchmark's batches are the host plans below, decoded where they land.
-    t = time.perf_counter()
-    a = None
-    for ei in data.edge_index:
-        packed = pq.BitAdjacency.from_edge_index(ei, n)
-        a = packed if a is None else a
-    runner.sync()
-    pack_s = time.perf_counter() - t
-    gcn_extra_diag_bytes = pq.BitAdjacency.from_edge_index(data.edge_index[0], n, self_loops=1).nbytes - a.nbytes
-    # What QuantClusterLoader ships: the adjacency's tile plan (a byte an edge), built on the host.
-    t = time.perf_counter()
-    data.plan_gin = [pq.BitAdjacency.compact_from_edge_index(ei.cpu(), n) for ei in data.edge_index]
-    plan_s = time.perf_counter() - t
-    data.plan_gcn = [pq.BitAdjacency.compact_from_edge_index(ei.cpu(), n, self_loops=1) for ei in data.edge_index]
-    data.feats = {}
-    t = time.perf_counter()
-    for bits in args.bits:
-        scale = (data.feat_hi - data.feat_lo) / torch.full_like(data.feat_hi, float(2**bits - 1))
-        inv = torch.where(scale > 0, torch.ones_like(scale) / scale, torch.zeros_like(scale))
-        feats = []
-        for b in range(nb):
-            planes = ops.quantize_pack(data.x[b].contiguous(), data.feat_lo, inv, bits, True, None)
-            feats.append(pq.BitTensor(planes, (n, args.features), bits, "col", data.feat_lo.reshape(-1),
-                                      scale.reshape(-1), 0))
-        data.feats[bits] = feats
-    runner.sync()
-    feat_s = time.perf_counter() - t
-
-    tiles = [plan.num_tiles for plan in data.plan_gin]
-    rec.data["batches"] = dict(
-        csr_build_ms_per_batch=1e3 * csr_s / nb, bit_adjacency_pack_ms_per_batch=1e3 * pack_s / nb,
-        compact_plan_host_ms_per_batch=1e3 * plan_s / nb, compact_bytes_gin=data.plan_gin[0].nbytes,
-        compact_bytes_gcn=data.plan_gcn[0].nbytes,
-        feature_pack_ms_per_batch_all_bits=1e3 * feat_s / nb,
-        tiles_mean=sum(tiles) / nb, tiles_min=min(tiles), tiles_max=max(tiles),
-        batch0=dict(tiles=a.num_tiles, fill=a.fill_ratio, residual_entries=a.res_nnz, nnz=a.nnz,
-                    bits=a.bits, nbytes=a.nbytes, tile_bytes=nbytes(a.tile_bits),
-                    residual_bytes=nbytes(a.res_ptr, a.res_col, a.res_val),
-                    index_bytes=nbytes(a.window_ptr, a.tile_col), row_sums_bytes=nbytes(a.row_sums),
-                    bits_per_edge=8 * a.nbytes / max(a.nnz, 1),
-                    gcn_extra_diag_bytes=gcn_extra_diag_bytes,
-                    feature_bytes={str(bits): data.feats[bits][0].nbytes for bits in args.bits},
-                    csr_gin_bytes=nbytes(*data.csr_gin[0]), csr_gcn_bytes=nbytes(*data.csr_gcn[0]),
-                    edge_index_bytes=nbytes(data.edge_index[0]), x_fp32_bytes=nbytes(data.x[0])))
-    log(f"formats: CSR {1e3 * csr_s / nb:.2f} ms/batch, BitAdjacency pack {1e3 * pack_s / nb:.2f} ms/batch on "
-        f"{device.type}; batch 0: {a.num_tiles} tiles (fill {a.fill_ratio:.3f}), {a.res_nnz} residual, "
-        f"{a.nbytes / 1e6:.2f} MB = {8 * a.nbytes / max(a.nnz, 1):.1f} bits/edge")
-
-    # Pinned host copies of the PyG formats (one allocation per kind; per-batch views of it).
-    t = time.perf_counter()
-    data.x16 = data.x.to(torch.bfloat16)
-    data.x_host = host_copy(data.x, pinned)
-    data.x16_host = host_copy(data.x16, pinned)
-    data.y_host = host_copy(data.y, pinned)
-
-    def flat_host(tensors):
-        if not pinned:
-            return tensors
-        flat = torch.cat([t.reshape(-1) for t in tensors])
-        flat_h = host_copy(flat, True)
-        out, offset = [], 0
-        for t in tensors:
-            out.append(flat_h[offset:offset + t.numel()].view(t.shape))
-            offset += t.numel()
-        return out
-
-    data.ei_host = flat_host(data.edge_index)
-    for name in ("csr_gin", "csr_gcn"):
-        triples = getattr(data, name)
-        crows, cols, vals = (flat_host([tr[i] for tr in triples]) for i in range(3))
-        setattr(data, name + "_host", list(zip(crows, cols, vals)))
-        vals16 = [tr[2].to(torch.bfloat16) for tr in triples]
-        setattr(data, name + "_v16", vals16)
-        setattr(data, name + "_v16_host", flat_host(vals16))
-    runner.sync()
-    log(f"host copies ({'pinned' if pinned else 'CPU run: shared'}): {time.perf_counter() - t:.1f} s")
-
-
-# --- models ------------------------------------------------------------------------------------------
-class Net(torch.nn.Module):
-    def __init__(self, convs, relu_between: bool):
-        super().__init__()
-        self.convs = torch.nn.ModuleList(convs)
-        self.relu_between = relu_between
-
-    def forward(self, x, adj):
-        last = len(self.convs) - 1
-        for i, conv in enumerate(self.convs):
-            x = conv(x, adj)
-            if self.relu_between and i < last:
-                x = F.relu(x)
-        return x
-
-
-def gin_mlp(cin: int, hidden: int, cout: int, last: bool) -> Sequential:
-    layers = [Linear(cin, hidden), ReLU(), Linear(hidden, cout)]
-    return Sequential(*layers) if last else Sequential(*layers, ReLU())
-
-
-def gcn_dims(args):
-    return [args.features] + [args.gcn_hidden] * (args.layers - 1) + [args.classes]
-
-
-def gin_dims(args):
-    return [args.features] + [args.gin_hidden] * (args.layers - 1) + [args.classes]
-
-
-def make_pyg(args, kind: str, normalize: bool = True) -> Net:
-    if kind == "GCN":
-        d = gcn_dims(args)
-        return Net([GCNConv(d[i], d[i + 1], normalize=normalize) for i in range(args.layers)], True)
-    d = gin_dims(args)
-    return Net([GINConv(gin_mlp(d[i], args.gin_hidden, d[i + 1], i == args.layers - 1))
-                for i in range(args.layers)], False)
-
-
-def make_pq(args, kind: str, bits: int) -> Net:
-    if kind == "GCN":
-        d = gcn_dims(args)
-        return Net([pq.QGCNConv(d[i], d[i + 1], bits=bits) for i in range(args.layers)], True)
-    d = gin_dims(args)
-    last = args.layers - 1
-    return Net([pq.QGINConv(gin_mlp(d[i], args.gin_hidden, d[i + 1], i == last), bits=bits,
-                            out_bits=None if i == last else bits) for i in range(args.layers)], False)
-
-
+# --- the pq-kernels diagnostic, CUDA graphs ----------------------------------------------------------
 class KernelNet(torch.nn.Module):
     """pq-kernels: the PyG model's weights run on bit_spmm's fused epilogue + fp32 dense layers."""
 
@@ -556,7 +188,6 @@ class KernelNet(torch.nn.Module):
         return h
 
 
-# --- helpers -----------------------------------------------------------------------------------------
 @contextlib.contextmanager
 def no_finite_checks():
     """The layers' isfinite checks are host syncs, which a CUDA graph capture refuses: off while capturing."""
@@ -572,95 +203,6 @@ def no_finite_checks():
         for m, fn in saved:
             m.check_finite = fn
 
-
-def rel_err(out, ref) -> float:
-    out = pq.to_val(out) if isinstance(out, pq.BitTensor) else out
-    out, ref = out.double(), ref.double()
-    if not bool(torch.isfinite(out).all()):
-        return float("nan")
-    return float((out - ref).norm() / ref.norm().clamp_min(1e-300))
-
-
-def count_syncs(runner: Runner, fn):
-    if not runner.cuda:
-        return None
-    runner.sync()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            fn()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    runner.sync()
-    return sum("synchroniz" in str(w.message).lower() for w in caught)
-
-
-def kernel_category(name: str) -> str:
-    low = name.lower()
-    if "bit_spmm" in low:
-        return "pq bit_spmm"
-    if "bitmm_affine" in low:
-        return "pq bitmm epilogue"
-    if "bitmm" in low:
-        return "pq bitmm"
-    if "quantize_pack" in low:
-        return "pq quantize_pack"
-    if "unpack" in low or "code_sums" in low:
-        return "pq unpack/code_sums"
-    if "spmm" in low or "csrmm" in low or "sparse" in low or "cusparse" in low:
-        return "float SpMM (cuSPARSE)"
-    if "gemm" in low or "cutlass" in low or "sm90_" in low or "sm80_" in low or "ampere" in low:
-        return "dense GEMM"
-    if "scatter" in low or "index" in low or "gather" in low:
-        return "gather/scatter/index"
-    if "reduce" in low:
-        return "reductions"
-    if "elementwise" in low or "vectorized" in low or "copy" in low or "fill" in low:
-        return "elementwise/copy"
-    return "other"
-
-
-def kernel_totals(kernels, key) -> dict:
-    """``{key(event): [count, µs]}`` over profiled device kernels."""
-    totals = {}
-    for e in kernels:
-        entry = totals.setdefault(key(e), [0, 0.0])
-        entry[0] += 1
-        entry[1] += e.time_range.elapsed_us()
-    return totals
-
-
-def profile_batch(runner: Runner, fn) -> dict:
-    """Device kernels (count, time, top names) of one call of ``fn``; CPU: top-level ops."""
-    from torch.profiler import ProfilerActivity, profile
-    from torch.autograd import DeviceType
-    fn()
-    runner.sync()
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if runner.cuda else [])
-    t = time.perf_counter()
-    with profile(activities=activities) as prof:
-        fn()
-        runner.sync()
-    wall_ms = (time.perf_counter() - t) * 1e3
-    events = prof.events()
-    top_level = sum(1 for e in events if e.cpu_parent is None and e.device_type == DeviceType.CPU
-                    and "::" in e.name)
-    if not runner.cuda:
-        return dict(device="cpu", top_level_ops=top_level, profiled_wall_ms=wall_ms)
-    device_events = [e for e in events if e.device_type == DeviceType.CUDA]
-    kernels = [e for e in device_events if not e.name.startswith(("Memcpy", "Memset"))]
-    launch_names = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
-    launches = sum(1 for e in events if e.device_type == DeviceType.CPU and e.name.startswith(launch_names))
-    by_name, by_cat = kernel_totals(kernels, lambda e: e.name[:90]), kernel_totals(kernels, lambda e: kernel_category(e.name))
-    top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:12]
-    note = None if kernels else "the profiler saw no device kernels (CUPTI unavailable?): count is top-level ops"
-    return dict(device="cuda", kernels=len(kernels) or None, launch_calls=launches, top_level_ops=top_level, note=note,
-                memcpy_memset=len(device_events) - len(kernels),
-                kernel_us=sum(v[1] for v in by_name.values()), profiled_wall_ms=wall_ms,
-                categories={k: dict(count=v[0], us=round(v[1], 1)) for k, v in
-                            sorted(by_cat.items(), key=lambda kv: -kv[1][1])},
-                top_kernels=[dict(name=k, count=v[0], us=round(v[1], 1)) for k, v in top])
 
 
 def profile_graph_epoch(runner: Runner, replay_epoch, batches: int) -> dict:
@@ -736,78 +278,14 @@ class GraphSet:
             main.wait_stream(stream)
 
 
+
 # --- inference ---------------------------------------------------------------------------------------
-class Inputs:
-    """One variant's batches: ``resident`` (args of the forward, on the device), ``host`` (pinned),
-    ``load(hb)`` (host batch -> forward args, non-blocking copies) and ``copies`` (per batch, the
-    (device tensor, host tensor) pairs that refill the resident inputs: a CUDA graph's H2D)."""
-
-    def __init__(self, resident, host, load, copies, bytes_of):
-        self.resident, self.host, self.load, self.copies = resident, host, load, copies
-        self.bytes_per_batch = [bytes_of(h) for h in host]
-        self.wire = None  # pyg_quant: (device buffer, specs, meta) per batch, decoded inside the graph
-
-
-def pq_host_batches(data: Data, kind: str, bits: int, pinned: bool, indices=None):
-    """The loader's batches (all, or those of ``indices``): the adjacency's tile plan and the bit features in one
-    (pinned) wire buffer, decoded in the form ``--adjacency`` names (the wire bytes are the same for every form)."""
-    plans = data.plan_gcn if kind == "GCN" else data.plan_gin
-    return [QuantBatch.from_fields({"adj": plans[b], "x": data.feats[bits][b].to("cpu")}, pin_memory=pinned,
-                                   adjacency=data.adjacency) for b in (range(data.nb) if indices is None else indices)]
-
-
 def pq_calibration_batches(data: Data, kind: str, bits: int, device, count: int):
     """``(x, adj)`` of the epoch's last ``count`` batches on ``device``, for ``pyg_quant.nn.calibrate``."""
     for host in pq_host_batches(data, kind, bits, False, range(max(data.nb - count, 0), data.nb)):
         batch = host.to(device)
         yield batch.x, batch.adj
 
-
-def pq_inputs(data: Data, kind: str, bits: int, device, pinned: bool) -> Inputs:
-    host = pq_host_batches(data, kind, bits, pinned)
-    batches = [h.to(device) for h in host]  # what QuantClusterLoader + .to(device) hands over
-    resident = [(b.x, b.adj) for b in batches]  # decoded on the device once, kept
-
-    def load(hb):
-        b = hb.to(device)  # one copy of the batch's buffer, then the decode kernels
-        return b.x, b.adj
-    copies = [[(b.buffer, h.buffer)] for b, h in zip(batches, host)]
-    inputs = Inputs(resident, host, load, copies, lambda h: h.nbytes)
-    # For a CUDA graph fed by copies: the decode is captured with the forward (it reads the buffer).
-    inputs.wire = [(b.buffer, b._specs, b._meta) for b in batches]
-    return inputs
-
-
-def pyg_inputs(data: Data, kind: str, adjacency: str, precision: str, device) -> Inputs:
-    n, bf16 = data.n, precision == "bf16"
-    x_dev = data.x16 if bf16 else data.x
-    x_host = data.x16_host if bf16 else data.x_host
-    bytes_of = lambda hb: sum(t.numel() * t.element_size() for t in hb)  # noqa: E731
-    if adjacency == "edge_index":
-        resident = [(x_dev[b], data.edge_index[b]) for b in range(data.nb)]
-        host = [(x_host[b], data.ei_host[b]) for b in range(data.nb)]
-
-        def load(hb):
-            return hb[0].to(device, non_blocking=True), hb[1].to(device, non_blocking=True)
-        copies = [list(zip(r, h)) for r, h in zip(resident, host)]
-        return Inputs(resident, host, load, copies, bytes_of)
-    name = "csr_gcn" if kind == "GCN" else "csr_gin"
-    dev_triples, host_triples = getattr(data, name), getattr(data, name + "_host")
-    v_dev = getattr(data, name + "_v16") if bf16 else [tr[2] for tr in dev_triples]
-    v_host = getattr(data, name + "_v16_host") if bf16 else [tr[2] for tr in host_triples]
-
-    def csr(crow, col, val):
-        return torch.sparse_csr_tensor(crow, col, val, (n, n))
-
-    dev = [(x_dev[b], dev_triples[b][0], dev_triples[b][1], v_dev[b]) for b in range(data.nb)]
-    host = [(x_host[b], host_triples[b][0], host_triples[b][1], v_host[b]) for b in range(data.nb)]
-    resident = [(d[0], csr(*d[1:])) for d in dev]
-
-    def load(hb):
-        x, crow, col, val = (t.to(device, non_blocking=True) for t in hb)
-        return x, csr(crow, col, val)
-    copies = [list(zip(d, h)) for d, h in zip(dev, host)]
-    return Inputs(resident, host, load, copies, bytes_of)
 
 
 def run_inference(args, device, data: Data, rec: Recorder, runner: Runner) -> None:
@@ -1356,83 +834,8 @@ def finish_plot(fig, rec: Recorder, path: str) -> None:
     plt.close(fig)
 
 
-def device_name(device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return platform.processor() or platform.machine()
-
-
-def add_workload_arguments(p, part_size=None, avg_degree=None) -> None:
-    """The workload's options (graph, batches, models), shared by the benchmarks built on this one."""
-    p.add_argument("--num-parts", type=int, default=None)
-    p.add_argument("--part-size", type=int, default=part_size)
-    p.add_argument("--parts-per-batch", type=int, default=None)
-    p.add_argument("--avg-degree", type=int, default=avg_degree, help="directed edges per node before dropping repeats")
-    p.add_argument("--inside", type=float, default=0.8, help="fraction of edges inside a part")
-    p.add_argument("--features", type=int, default=100)
-    p.add_argument("--classes", type=int, default=47)
-    p.add_argument("--layers", type=int, default=3)
-    p.add_argument("--gcn-hidden", type=int, default=16)
-    p.add_argument("--gin-hidden", type=int, default=64)
-
-
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--small", action="store_true",
-                   help="CPU check: 25 parts of 1,600 nodes, 5 parts a batch (5 batches of 8,000 nodes)")
-    add_workload_arguments(p, part_size=1600, avg_degree=50)
-    p.add_argument("--bits", default="8,4,2,1")
-    p.add_argument("--kernel-bits", default="8,4,1", help="bit widths of the pq-kernels diagnostic")
-    p.add_argument("--static-bits", default="8,4", help="bit widths run again with calibrated (static) ranges")
-    p.add_argument("--calibration-batches", type=int, default=4)
-    p.add_argument("--adjacency", default=DEFAULT_ADJACENCY, choices=ADJACENCY_FORMS,
-                   help="form of the decoded pyg_quant batches: bit tiles, tile-free CSR, or by tile fill")
-    p.add_argument("--qat-bits", type=int, default=4)
-    p.add_argument("--models", default="GIN,GCN")
-    p.add_argument("--sections", default="inference,training,transfer")
-    p.add_argument("--no-graphs", dest="graphs", action="store_false", help="skip the CUDA-graph variants")
-    p.add_argument("--streams", type=int, default=3,
-                   help="graph variants again with batch i on stream i %% STREAMS (<= 1: skip them)")
-    p.add_argument("--reps", type=int, default=None, help="timed epochs per measurement (median)")
-    p.add_argument("--train-reps", type=int, default=None)
-    p.add_argument("--train-variants", default=None, type=lambda s: s.split(","),
-                   help="only the training variants whose label contains one of these (comma-separated)")
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--lr", type=float, default=0.01)
-    p.add_argument("--time-budget", type=float, default=None,
-                   help="seconds after which configurations are skipped (default 280 on the GPU, 110 --small)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=None,
-                   help="CPU threads (default: 1 for a CPU run: on a shared machine OpenMP's waiting threads "
-                        "slowed the bit kernels 10-25x; torch's default on a GPU run)")
-    p.add_argument("--out", default=None, help="JSON path (default benchmarks/out/e2e[_small].json); '' for none")
-    p.add_argument("--png", default=None, help="plot path (default: the JSON path with .png)")
-    args = p.parse_args(argv)
-    if args.num_parts is None:
-        args.num_parts = 25 if args.small else 1500
-    if args.parts_per_batch is None:
-        args.parts_per_batch = 5 if args.small else 20
-    if args.reps is None:
-        args.reps = 1 if args.small else 3
-    if args.train_reps is None:
-        args.train_reps = 1 if args.small else 3
-    if args.time_budget is None:
-        args.time_budget = 110.0 if args.small else 280.0
-    args.bits = tuple(int(b) for b in args.bits.split(",") if b)
-    args.kernel_bits = tuple(int(b) for b in args.kernel_bits.split(",") if b and int(b) in args.bits)
-    args.static_bits = tuple(int(b) for b in args.static_bits.split(",") if b and int(b) in args.bits)
-    args.models = tuple(m.strip().upper() for m in args.models.split(",") if m.strip())
-    args.sections = tuple(s.strip() for s in args.sections.split(",") if s.strip())
-    if args.out is None:
-        args.out = os.path.join(HERE, "out", "e2e_small.json" if args.small else "e2e.json")
-    if args.out and args.png is None:
-        args.png = os.path.splitext(args.out)[0] + ".png"
-    return args
-
-
 def main(argv=None):
-    args = parse_args(argv)
+    args = parse_args(argv, description=__doc__.split("\n\n")[0])
     device = torch.device(args.device)
     if args.threads is None and device.type == "cpu":
         args.threads = 1
