@@ -1,29 +1,19 @@
 r"""End-to-end benchmark against PyG: inference and training epochs on products-scale cluster batches (issue 8).
 
-One device call: builds an ogbn-products-sized synthetic graph on the GPU, cuts it into Cluster-GCN
-batches, and times whole epochs (all batches) of PyG's GCN / GIN against pyg_quant's QGCNConv /
-QGINConv stacks, in inference (with and without the host-to-device copy of every batch, eagerly and as
-per-batch CUDA-graph replays) and in training (PyG fp32 vs ``pyg_quant.qat.prepare(model, bits=4)``).
-Prints markdown tables, writes ``--out`` JSON after every configuration and a PNG plot at the end.
+One device call: builds the workload of ``benchmarks/workload`` on the GPU (an ogbn-products-sized synthetic graph
+in 75 Cluster-GCN batches of 32,000 nodes and ~1.27M edges; GCN 3 layers 100 → 16 → 16 → 47, GIN 3 layers of
+hidden 64) and times whole epochs (all batches) of PyG's GCN / GIN against pyg_quant's QGCNConv / QGINConv stacks,
+in inference (with and without the host-to-device copy of every batch, eagerly and as per-batch CUDA-graph
+replays) and in training (PyG fp32 vs ``pyg_quant.qat.prepare(model, bits=4)``).  Prints markdown tables, writes
+``--out`` JSON after every configuration and a PNG plot at the end.  Measurements: ``benchmarks/RESULTS.md``.
 
 Usage (repository root; the extension must be built for the device's torch first)::
 
     python benchmarks/e2e.py --out $OUT/e2e.json          # GPU, products scale (< 6 min)
     python benchmarks/e2e.py --small                       # CPU check: 40K nodes, < 2 min
 
-Workload
+Variants
 --------
-* Graph: planted partition, 1,500 parts × 1,600 nodes = 2.4M nodes; 60M random undirected pairs
-  (80% inside the first endpoint's part), both directions, self-loops and repeats dropped: ~120M directed
-  edges (products: 2.45M nodes, 123.7M).  100 float features, 47 classes (the label is the argmax of the
-  first 47 features, so training has something to learn).  Nodes are numbered part by part, as after
-  ``ClusterData``'s reordering; the planted parts are the clusters (no METIS).
-* Batches: a fixed random permutation of the parts, 20 parts a batch → 75 batches of 32,000 nodes.  A
-  batch's graph is every edge with both ends in its parts (links between its 20 parts included), as
-  ``ClusterLoader`` builds it: ~1.27M edges (99.7% inside parts).  Built once, reused every epoch.
-* Models (QGTC's settings): GCN 3 layers, 100 → 16 → 16 → 47, ReLU between; GIN 3 layers,
-  hidden 64, each ``nn`` = Linear-ReLU-Linear, plus the ReLU between layers written as the last module of
-  the hidden layers' ``nn`` (same function; it lets ``out_bits`` carry it, see below).
 * PyG: ``GCNConv`` / ``GINConv`` in fp32 and bf16, with ``edge_index`` (GCN normalizes every call, as in
   PyG's Cluster-GCN example) and with a torch CSR ``adj_t`` (GCN: pre-normalized ``D^-1/2 (A+I) D^-1/2``
   built once per batch, ``normalize=False``: PyG's fastest path).
@@ -41,6 +31,12 @@ Workload
 * ``pq-kernels``: not a layer of the package, a diagnostic: the same models written directly on
   ``pyg_quant.bit_spmm`` with its fused epilogue (GIN: ``A·X̃ + (1+ε)X̃`` in the kernel; GCN:
   ``relu(D^-1/2 (A+I) X̃ + b)`` in the kernel) and fp32 dense layers, to show what the kernels allow.
+* Training (forward + backward + Adam): PyG fp32 on ``edge_index`` and on CSR, and QAT at ``--qat-bits`` on
+  ``edge_index`` (also fed the loader's bit features), eagerly, under ``torch.compile`` (on the GPU by default) and
+  as a ``pyg_quant.CapturedTrainStep``; ``--train-variants`` picks some.
+
+Method
+------
 * Transfer: every batch sits in pinned host memory and is copied per batch with ``non_blocking`` copies
   on the compute stream (no prefetch overlap, for every variant alike): PyG fp32 ships float32 ``x`` +
   int64 ``edge_index`` or CSR (int64 ``crow``/``col``, fp32 values); bf16 ships bf16 ``x`` / values;
@@ -57,73 +53,16 @@ Workload
 * Several streams ("3 streams" columns, ``--streams``, default 3): the graph variants again, with batch i's graph
   captured from pool i % 3 and replayed on stream i % 3 (for +H2D its copies too, on that stream), so that one
   batch's kernels can run beside the next ones' and its copies beside the other streams' kernels; the epoch ends
-  when every stream is done.  (H200, 2026-11-26: pyg_quant GIN 4-bit 10.62 / 10.68 / 10.71 ms on 2 / 3 / 4 streams,
-  GCN 8.05 / 7.11 / 7.12; PyG fp32 CSR GIN 27.45 / 26.81 / 26.68.)  Same for PyG's graphs and ours; "PyG's
-  fastest" takes the best of all its columns.  Predicted (count below): pyg_quant's kernels are bound by per-row
-  latency with SMs partly idle (quant_mlp at ~40% achieved occupancy), so resident epochs 10-30% shorter, PyG's
-  bandwidth-bound SpMMs <10%; +H2D hides the copies under
-  the other stream's kernels: pyg_quant 4-bit ≈ its resident time + ~1 ms (copies 9 ms an epoch), PyG bf16 CSR
-  ≈ max(33 ms kernels, 28 ms copies) + a few ms.
-* Stream: every variant runs on one dedicated stream.  On torch's legacy default stream, once other
-  streams existed in the process, each graph launch waited 20-40 µs more on the device (measured, H100,
-  2026-11-25: PyG fp32 CSR 427 → 449 µs a batch, pyg_quant 4-bit 196 → 222-235); ``graph_profile`` in the
-  JSON gives, per batch, the kernels' time, the span and the gaps inside and between graphs.
+  when every stream is done.  Same for PyG's graphs and ours; "PyG's fastest" takes the best of all its columns.
+* Stream: every variant runs on one dedicated stream, because on torch's legacy default stream each graph launch
+  waits longer once other streams exist (``benchmarks/RESULTS.md``, section 3); ``graph_profile`` in the JSON gives,
+  per batch, the kernels' time, the span and the gaps inside and between graphs.
+* The tables' "predicted" column: the ms an epoch predicted for an H100 at products scale before the first run
+  (``PREDICTED``; how they were derived is in this file's history).
 
-Plan: counts first, then predictions (H100; facts: H200 fp32 CSR SpMM A·X at d=64 takes 94 µs on this
-batch, PyG GIN 3×64 fp32 CSR 29.8 ms/epoch on H200; copy bandwidth ~3 TB/s; pinned H2D ~50 GB/s)
------------------------------------------------------------------------------------------------------
-Per batch: n = 32,000 nodes, E ≈ 1.27M edges, F = 100.
-
-Bytes a batch ships (H2D):
-  PyG fp32 CSR      x 12.8 MB + col int64 10.2 MB + val fp32 5.1 MB + crow 0.26 MB = 28.3 MB (GCN: +0.4 MB for I)
-  PyG fp32 ei       x 12.8 MB + edge_index int64 20.3 MB                            = 33.1 MB
-  PyG bf16 CSR      x 6.4 MB + col 10.2 MB + val 2.5 MB                             = 19.2 MB
-  pyg_quant b bits  BitAdjacency: ~14,000 tiles × 512 B = 7.2 MB (fill 2.2%: 45 bits per edge) +
-                    residual 0.27 MB + row_sums 0.26 MB (+ diag 0.13 MB for GCN) = 7.8 MB;
-                    features b × 128 (100 padded) × 1000 words × 4 B = 0.51·b MB  → 4 bits: 9.8 MB
-  ⇒ 4-bit H2D bytes are ~2.9x fewer than PyG fp32 CSR (target 8x: missed by construction, the tile
-    format spends 45 bits per edge at this density, against 96 for int64+fp32 CSR and 16 for int16 CSR).
-  Per epoch (×75): PyG fp32 CSR 2.1 GB → 42 ms at 50 GB/s; edge_index 2.5 GB → 50 ms; pq 4-bit 0.74 GB → 15 ms.
-
-Work per batch and predicted GPU time (resident):
-  fp32 CSR SpMM: gathers E·d·4 B from L2 (d=100: 508 MB; d=64: 325 MB): 94 µs at d=64 (measured, H200),
-    ~150 µs at d=100, ~30 µs at d=16, ~70 µs at d=47.  Dense parts are tiny (GIN MLP 0.7 GFLOP).
-    PyG GIN CSR ≈ 150 + 2·94 + ~120 (MLPs, elementwise) ≈ 0.45 ms → 30-35 ms/epoch.
-    PyG GCN CSR ≈ 30 + 30 + 70 + ~50 ≈ 0.19 ms → ~14 ms/epoch.
-  edge_index (gather + scatter-add, ~2·E·d·4 B): GIN ≈ 0.9 ms → ~68 ms/epoch; GCN also re-normalizes
-    (~10 kernels over E per layer) ≈ 0.7 ms → ~54 ms/epoch.
-  bit_spmm (b-bit features): every stored tile reads 32 B per column per plane: 14,000·d·b·32 B
-    (4-bit: 179 MB at d=100, 115 MB at d=64, ~3x less than fp32 CSR's gathers) → ~50 / 33 µs; 1-bit ~4x less.
-  The layers as they stand in the tree (fused bit_spmm epilogue for the aggregation, bitmm_affine for
-  QuantLinear, weight codes cached): each QuantLinear still runs an isfinite check (5 kernels and a host
-  sync), per-row ranges (~10 small kernels), a pack, bitmm_int, two code-sum passes, four expand copies and
-  the epilogue; QGINConv requantizes its output (another ~12).  Counted on the CPU (ops that do work):
-  QGINConv stack ≈ 150-190 kernels a batch, QGCNConv stack ≈ 120-150, pq-kernels ≈ 50-60, PyG CSR ≈ 25-35.
-  Each small kernel costs ~2-5 µs on the GPU and ~5-8 µs of Python/dispatch on the host, so:
-    ⇒ pyg_quant GIN 4-bit: GPU ≈ 0.6-0.8 ms/batch (spmm ~0.12, the rest small kernels) → graph replay
-      ≈ 45-60 ms/epoch; eager is host-bound (~170 launches + 6 syncs) ≈ 1.3 ms → ~100 ms/epoch:
-      2-4x SLOWER than PyG's CSR path (target: 5x faster; at 2.2% tile fill the aggregation itself can be at
-      most ~3x faster than fp32 CSR at 4 bits, and GIN spends ~half its PyG time outside the aggregation).
-    ⇒ pyg_quant GCN 4-bit: graph ≈ 35 ms/epoch, eager ≈ 75 ms/epoch (PyG CSR ≈ 14).
-    Bit width changes little: the small kernels dominate (8-bit ≈ +10%, 1-bit ≈ −5%).
-  pq-kernels (bit_spmm fused + fp32 dense, ~50 kernels): GIN ≈ 0.3 ms/batch → ~23 ms/epoch (~1.3x faster
-    than PyG CSR), GCN ≈ 0.2 ms → ~15 ms/epoch (parity): the ceiling of the aggregation kernel here.
-  +H2D: add the transfer times above (serial on the compute stream).
-
-Training (forward + backward + Adam, +H2D):
-  PyG fp32 edge_index: GIN ≈ 2.8 ms/batch → ~210 ms/epoch (+50 H2D); GCN ≈ 2 ms → ~150 (+50).
-  PyG fp32 CSR: GIN ≈ 1.2 ms → ~90 ms (+42 H2D).
-  QAT (4 bits, stochastic rounding, last layer fp32) runs the float path: one fused fake-quantize op per
-  quantizer and one MSE range op per aggregation quantizer, the aggregation as CSR products with A and a
-  prebuilt Aᵀ (one pair a batch, 2 sorts), one index-range sync a new batch.  Host-bound at ~230 ops a step
-  (~20-30 µs each on the lent hosts): predicted ≈ 5-6 ms/batch → 0.8-1.0x PyG fp32 edge_index (GPU-bound on its
-  edge gather), ~1.7x PyG fp32 CSR (measured 2026-11-23 on an H200: 0.81x / 0.99x and 1.68x / 1.94x, GIN / GCN).
-
-The device call: ~10 s imports and CUDA start, ~10 s graph and batch build (7 GB of pinned host copies),
-~60 s inference (22 variants, CUDA graphs and profiles included), ~20 s training, ~5 s transfers:
-about 2 minutes predicted; ``--time-budget`` (280 s) stops starting new configurations after that, so a
-slow run still ends inside 6 minutes with everything measured so far in the JSON.
-Device memory: ~8 GB of batches in every format plus ~10 GB transient while building the graph.
+``--time-budget`` (280 s) stops starting new configurations, so that a slow run still ends inside 6 minutes with
+everything measured so far in the JSON.  Device memory: ~8 GB of batches in every format plus ~10 GB transient
+while building the graph.
 """
 import contextlib
 import datetime
@@ -143,7 +82,8 @@ from workload import (Data, Net, Recorder, Runner, build_formats, build_graph, c
 from pyg_quant.loader import QuantBatch
 from pyg_quant.nn._quantize import quantize as pq_quantize  # the layers' quantizer: no host checks
 
-# Predicted ms per epoch on an H100 at the default (products) scale: see the docstring.
+# Predicted ms per epoch on an H100 at the default (products) scale, before the first run (the tables'
+# "predicted" column).
 PREDICTED = {
     ("GIN", "PyG fp32 CSR", "resident"): 32, ("GIN", "PyG fp32 CSR", "+H2D"): 74,
     ("GIN", "PyG fp32 edge_index", "resident"): 68, ("GIN", "PyG fp32 edge_index", "+H2D"): 118,
@@ -879,10 +819,8 @@ def main(argv=None):
             f"{torch.cuda.max_memory_allocated() / 2**30:.1f} GiB peak")
         rec.data["meta"]["device_memory_after_build_gib"] = torch.cuda.memory_allocated() / 2**30
 
-    # Every variant runs on one dedicated stream, not on torch's legacy default stream: there, once other streams
-    # exist in the process (each graph capture makes one), every graph launch waited 20-40 us more on the device
-    # (H100, 75 per-batch graphs: PyG fp32 CSR 427 -> 449 us a batch, pyg_quant 4-bit 196 -> 222-235; 4-5 us
-    # between graphs on a stream of its own, for both).  The same stream for PyG and pyg_quant.
+    # Every variant runs on one dedicated stream, the same for PyG and pyg_quant: on torch's legacy default stream,
+    # once other streams exist (each graph capture makes one), every graph launch waits longer (RESULTS.md, section 3).
     stream = torch.cuda.Stream(device) if device.type == "cuda" else None
     rec.data["meta"]["stream"] = "dedicated (torch.cuda.Stream)" if stream is not None else None
     if stream is not None:
