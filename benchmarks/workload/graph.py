@@ -127,11 +127,11 @@ def build_formats(args, device, data: Data, rec: Recorder, runner: Runner) -> No
 
     * ``csr_gin``: ``(crow, col, val)`` of A (int64, int64, fp32 ones); ``csr_gcn``: of ``D^-1/2 (A+I) D^-1/2`` with
       ``gcn_norm``'s float32 steps (PyG's GCN on a pre-normalized ``adj_t``, ``normalize=False``); ``*_v16``: their
-      values in bf16; ``x16``: ``x`` in bf16.
+      values in bf16; ``x16``: ``x`` in bf16 (``[nb, n, features]``).
     * ``plan_gin`` / ``plan_gcn``: the adjacency's compact tile plan built on the host (a byte an edge; GCN with
       ``self_loops=1``), what ``QuantClusterLoader`` ships.
-    * ``feats[bits]`` for each of ``args.bits``: the features as ``BitTensor`` s (``dim=0``, ``layout="col"``, the
-      ranges ``feat_lo`` / ``feat_hi``), ``n × features`` each.
+    * ``feats[bits]`` for each of ``args.bits``: each batch's features as an ``n × features`` ``BitTensor``
+      (``dim=0``, ``layout="col"``, the ranges ``feat_lo`` / ``feat_hi``).
     * Host copies, pinned on the GPU (one allocation a kind, per-batch views) and the same tensors on the CPU:
       ``x_host``, ``x16_host``, ``y_host``, ``ei_host``, ``csr_gin_host`` / ``csr_gcn_host``, ``*_v16_host``.
 

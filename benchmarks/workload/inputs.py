@@ -26,7 +26,7 @@ def pq_host_batches(data: Data, kind: str, bits: int, pinned: bool, indices=None
 
 
 def pq_inputs(data: Data, kind: str, bits: int, device, pinned: bool) -> Inputs:
-    """pyg_quant's inputs at ``bits``: ``host`` the loader's ``QuantBatch`` es (:func:`pq_host_batches`, pinned when
+    """pyg_quant's inputs at ``bits``: ``host`` the loader's batches (:func:`pq_host_batches`, pinned when
     ``pinned``), ``resident`` ``(x, adj)`` of each decoded on ``device`` once (``BitTensor`` features and the
     ``--adjacency`` form), ``load`` a copy of the batch's one buffer and its decode, ``copies`` that one buffer; and
     ``wire`` the device buffers with their layout, for a CUDA graph that decodes what it was copied."""

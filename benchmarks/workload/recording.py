@@ -52,6 +52,7 @@ class Recorder:
         self.save()
 
     def save(self) -> None:
+        """Writes the document (with the run's elapsed seconds) to ``path`` through a temporary file."""
         if not self.path:
             return
         self.data["meta"]["elapsed_s"] = round(time.perf_counter() - T0, 1)
@@ -85,23 +86,25 @@ def cuda_alive() -> bool:
 
 
 class Runner:
-    """Timed epochs under ``args.time_budget``, ``args.reps`` and ``args.warmup``: ``measure(fn)`` gives the
-    median (and min, max, each) of the timed calls of ``fn``, CUDA events around each on the GPU and the wall clock
-    on the CPU; ``allowed(label, need_s)`` records a configuration as skipped once the budget or the CUDA context
-    is spent."""
+    """Timed epochs of a run on ``device`` under ``args.time_budget``, ``args.reps`` and ``args.warmup``, with
+    skipped configurations recorded in ``rec``."""
 
     def __init__(self, args, device, rec: Recorder):
         self.args, self.device, self.rec = args, device, rec
         self.cuda = device.type == "cuda"
 
     def sync(self) -> None:
+        """Waits for the GPU (nothing on the CPU)."""
         if self.cuda:
             torch.cuda.synchronize()
 
     def time_left(self) -> float:
+        """Seconds left of ``args.time_budget``, counted from the run's start."""
         return self.args.time_budget - (time.perf_counter() - T0)
 
     def allowed(self, label: str, need_s: float = 0.0) -> bool:
+        """Whether ``label`` may start (``need_s`` seconds left and the CUDA context alive); if not, it is recorded
+        under ``skipped`` with the reason."""
         if self.rec.cuda_broken:
             reason = f"skipped: CUDA context broken earlier ({self.rec.cuda_broken[:80]})"
         elif self.time_left() < need_s:
@@ -113,6 +116,7 @@ class Runner:
         return False
 
     def epoch_ms(self, fn) -> float:
+        """Milliseconds of one call of ``fn``: CUDA events on the current stream, or the wall clock on the CPU."""
         if self.cuda:
             start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
