@@ -1,29 +1,19 @@
 r"""End-to-end benchmark against PyG: inference and training epochs on products-scale cluster batches (issue 8).
 
-One device call: builds an ogbn-products-sized synthetic graph on the GPU, cuts it into Cluster-GCN
-batches, and times whole epochs (all batches) of PyG's GCN / GIN against pyg_quant's QGCNConv /
-QGINConv stacks, in inference (with and without the host-to-device copy of every batch, eagerly and as
-per-batch CUDA-graph replays) and in training (PyG fp32 vs ``pyg_quant.qat.prepare(model, bits=4)``).
-Prints markdown tables, writes ``--out`` JSON after every configuration and a PNG plot at the end.
+One device call: builds the workload of ``benchmarks/workload`` on the GPU (an ogbn-products-sized synthetic graph
+in 75 Cluster-GCN batches of 32,000 nodes and ~1.27M edges; GCN 3 layers 100 → 16 → 16 → 47, GIN 3 layers of
+hidden 64) and times whole epochs (all batches) of PyG's GCN / GIN against pyg_quant's QGCNConv / QGINConv stacks,
+in inference (with and without the host-to-device copy of every batch, eagerly and as per-batch CUDA-graph
+replays) and in training (PyG fp32 vs ``pyg_quant.qat.prepare(model, bits=4)``).  Prints markdown tables, writes
+``--out`` JSON after every configuration and a PNG plot at the end.  Measurements: ``benchmarks/RESULTS.md``.
 
 Usage (repository root; the extension must be built for the device's torch first)::
 
     python benchmarks/e2e.py --out $OUT/e2e.json          # GPU, products scale (< 6 min)
     python benchmarks/e2e.py --small                       # CPU check: 40K nodes, < 2 min
 
-Workload
+Variants
 --------
-* Graph: planted partition, 1,500 parts × 1,600 nodes = 2.4M nodes; 60M random undirected pairs
-  (80% inside the first endpoint's part), both directions, self-loops and repeats dropped: ~120M directed
-  edges (products: 2.45M nodes, 123.7M).  100 float features, 47 classes (the label is the argmax of the
-  first 47 features, so training has something to learn).  Nodes are numbered part by part, as after
-  ``ClusterData``'s reordering; the planted parts are the clusters (no METIS).
-* Batches: a fixed random permutation of the parts, 20 parts a batch → 75 batches of 32,000 nodes.  A
-  batch's graph is every edge with both ends in its parts (links between its 20 parts included), as
-  ``ClusterLoader`` builds it: ~1.27M edges (99.7% inside parts).  Built once, reused every epoch.
-* Models (QGTC's settings): GCN 3 layers, 100 → 16 → 16 → 47, ReLU between; GIN 3 layers,
-  hidden 64, each ``nn`` = Linear-ReLU-Linear, plus the ReLU between layers written as the last module of
-  the hidden layers' ``nn`` (same function; it lets ``out_bits`` carry it, see below).
 * PyG: ``GCNConv`` / ``GINConv`` in fp32 and bf16, with ``edge_index`` (GCN normalizes every call, as in
   PyG's Cluster-GCN example) and with a torch CSR ``adj_t`` (GCN: pre-normalized ``D^-1/2 (A+I) D^-1/2``
   built once per batch, ``normalize=False``: PyG's fastest path).
@@ -41,6 +31,12 @@ Workload
 * ``pq-kernels``: not a layer of the package, a diagnostic: the same models written directly on
   ``pyg_quant.bit_spmm`` with its fused epilogue (GIN: ``A·X̃ + (1+ε)X̃`` in the kernel; GCN:
   ``relu(D^-1/2 (A+I) X̃ + b)`` in the kernel) and fp32 dense layers, to show what the kernels allow.
+* Training (forward + backward + Adam): PyG fp32 on ``edge_index`` and on CSR, and QAT at ``--qat-bits`` on
+  ``edge_index`` (also fed the loader's bit features), eagerly, under ``torch.compile`` (on the GPU by default) and
+  as a ``pyg_quant.CapturedTrainStep``; ``--train-variants`` picks some.
+
+Method
+------
 * Transfer: every batch sits in pinned host memory and is copied per batch with ``non_blocking`` copies
   on the compute stream (no prefetch overlap, for every variant alike): PyG fp32 ships float32 ``x`` +
   int64 ``edge_index`` or CSR (int64 ``crow``/``col``, fp32 values); bf16 ships bf16 ``x`` / values;
@@ -57,108 +53,37 @@ Workload
 * Several streams ("3 streams" columns, ``--streams``, default 3): the graph variants again, with batch i's graph
   captured from pool i % 3 and replayed on stream i % 3 (for +H2D its copies too, on that stream), so that one
   batch's kernels can run beside the next ones' and its copies beside the other streams' kernels; the epoch ends
-  when every stream is done.  (H200, 2026-11-26: pyg_quant GIN 4-bit 10.62 / 10.68 / 10.71 ms on 2 / 3 / 4 streams,
-  GCN 8.05 / 7.11 / 7.12; PyG fp32 CSR GIN 27.45 / 26.81 / 26.68.)  Same for PyG's graphs and ours; "PyG's
-  fastest" takes the best of all its columns.  Predicted (count below): pyg_quant's kernels are bound by per-row
-  latency with SMs partly idle (quant_mlp at ~40% achieved occupancy), so resident epochs 10-30% shorter, PyG's
-  bandwidth-bound SpMMs <10%; +H2D hides the copies under
-  the other stream's kernels: pyg_quant 4-bit ≈ its resident time + ~1 ms (copies 9 ms an epoch), PyG bf16 CSR
-  ≈ max(33 ms kernels, 28 ms copies) + a few ms.
-* Stream: every variant runs on one dedicated stream.  On torch's legacy default stream, once other
-  streams existed in the process, each graph launch waited 20-40 µs more on the device (measured, H100,
-  2026-11-25: PyG fp32 CSR 427 → 449 µs a batch, pyg_quant 4-bit 196 → 222-235); ``graph_profile`` in the
-  JSON gives, per batch, the kernels' time, the span and the gaps inside and between graphs.
+  when every stream is done.  Same for PyG's graphs and ours; "PyG's fastest" takes the best of all its columns.
+* Stream: every variant runs on one dedicated stream, because on torch's legacy default stream each graph launch
+  waits longer once other streams exist (``benchmarks/RESULTS.md``, section 3); ``graph_profile`` in the JSON gives,
+  per batch, the kernels' time, the span and the gaps inside and between graphs.
+* The tables' "predicted" column: the ms an epoch predicted for an H100 at products scale before the first run
+  (``PREDICTED``; how they were derived is in this file's history).
 
-Plan: counts first, then predictions (H100; facts: H200 fp32 CSR SpMM A·X at d=64 takes 94 µs on this
-batch, PyG GIN 3×64 fp32 CSR 29.8 ms/epoch on H200; copy bandwidth ~3 TB/s; pinned H2D ~50 GB/s)
------------------------------------------------------------------------------------------------------
-Per batch: n = 32,000 nodes, E ≈ 1.27M edges, F = 100.
-
-Bytes a batch ships (H2D):
-  PyG fp32 CSR      x 12.8 MB + col int64 10.2 MB + val fp32 5.1 MB + crow 0.26 MB = 28.3 MB (GCN: +0.4 MB for I)
-  PyG fp32 ei       x 12.8 MB + edge_index int64 20.3 MB                            = 33.1 MB
-  PyG bf16 CSR      x 6.4 MB + col 10.2 MB + val 2.5 MB                             = 19.2 MB
-  pyg_quant b bits  BitAdjacency: ~14,000 tiles × 512 B = 7.2 MB (fill 2.2%: 45 bits per edge) +
-                    residual 0.27 MB + row_sums 0.26 MB (+ diag 0.13 MB for GCN) = 7.8 MB;
-                    features b × 128 (100 padded) × 1000 words × 4 B = 0.51·b MB  → 4 bits: 9.8 MB
-  ⇒ 4-bit H2D bytes are ~2.9x fewer than PyG fp32 CSR (target 8x: missed by construction, the tile
-    format spends 45 bits per edge at this density, against 96 for int64+fp32 CSR and 16 for int16 CSR).
-  Per epoch (×75): PyG fp32 CSR 2.1 GB → 42 ms at 50 GB/s; edge_index 2.5 GB → 50 ms; pq 4-bit 0.74 GB → 15 ms.
-
-Work per batch and predicted GPU time (resident):
-  fp32 CSR SpMM: gathers E·d·4 B from L2 (d=100: 508 MB; d=64: 325 MB): 94 µs at d=64 (measured, H200),
-    ~150 µs at d=100, ~30 µs at d=16, ~70 µs at d=47.  Dense parts are tiny (GIN MLP 0.7 GFLOP).
-    PyG GIN CSR ≈ 150 + 2·94 + ~120 (MLPs, elementwise) ≈ 0.45 ms → 30-35 ms/epoch.
-    PyG GCN CSR ≈ 30 + 30 + 70 + ~50 ≈ 0.19 ms → ~14 ms/epoch.
-  edge_index (gather + scatter-add, ~2·E·d·4 B): GIN ≈ 0.9 ms → ~68 ms/epoch; GCN also re-normalizes
-    (~10 kernels over E per layer) ≈ 0.7 ms → ~54 ms/epoch.
-  bit_spmm (b-bit features): every stored tile reads 32 B per column per plane: 14,000·d·b·32 B
-    (4-bit: 179 MB at d=100, 115 MB at d=64, ~3x less than fp32 CSR's gathers) → ~50 / 33 µs; 1-bit ~4x less.
-  The layers as they stand in the tree (fused bit_spmm epilogue for the aggregation, bitmm_affine for
-  QuantLinear, weight codes cached): each QuantLinear still runs an isfinite check (5 kernels and a host
-  sync), per-row ranges (~10 small kernels), a pack, bitmm_int, two code-sum passes, four expand copies and
-  the epilogue; QGINConv requantizes its output (another ~12).  Counted on the CPU (ops that do work):
-  QGINConv stack ≈ 150-190 kernels a batch, QGCNConv stack ≈ 120-150, pq-kernels ≈ 50-60, PyG CSR ≈ 25-35.
-  Each small kernel costs ~2-5 µs on the GPU and ~5-8 µs of Python/dispatch on the host, so:
-    ⇒ pyg_quant GIN 4-bit: GPU ≈ 0.6-0.8 ms/batch (spmm ~0.12, the rest small kernels) → graph replay
-      ≈ 45-60 ms/epoch; eager is host-bound (~170 launches + 6 syncs) ≈ 1.3 ms → ~100 ms/epoch:
-      2-4x SLOWER than PyG's CSR path (target: 5x faster; at 2.2% tile fill the aggregation itself can be at
-      most ~3x faster than fp32 CSR at 4 bits, and GIN spends ~half its PyG time outside the aggregation).
-    ⇒ pyg_quant GCN 4-bit: graph ≈ 35 ms/epoch, eager ≈ 75 ms/epoch (PyG CSR ≈ 14).
-    Bit width changes little: the small kernels dominate (8-bit ≈ +10%, 1-bit ≈ −5%).
-  pq-kernels (bit_spmm fused + fp32 dense, ~50 kernels): GIN ≈ 0.3 ms/batch → ~23 ms/epoch (~1.3x faster
-    than PyG CSR), GCN ≈ 0.2 ms → ~15 ms/epoch (parity): the ceiling of the aggregation kernel here.
-  +H2D: add the transfer times above (serial on the compute stream).
-
-Training (forward + backward + Adam, +H2D):
-  PyG fp32 edge_index: GIN ≈ 2.8 ms/batch → ~210 ms/epoch (+50 H2D); GCN ≈ 2 ms → ~150 (+50).
-  PyG fp32 CSR: GIN ≈ 1.2 ms → ~90 ms (+42 H2D).
-  QAT (4 bits, stochastic rounding, last layer fp32) runs the float path: one fused fake-quantize op per
-  quantizer and one MSE range op per aggregation quantizer, the aggregation as CSR products with A and a
-  prebuilt Aᵀ (one pair a batch, 2 sorts), one index-range sync a new batch.  Host-bound at ~230 ops a step
-  (~20-30 µs each on the lent hosts): predicted ≈ 5-6 ms/batch → 0.8-1.0x PyG fp32 edge_index (GPU-bound on its
-  edge gather), ~1.7x PyG fp32 CSR (measured 2026-11-23 on an H200: 0.81x / 0.99x and 1.68x / 1.94x, GIN / GCN).
-
-The device call: ~10 s imports and CUDA start, ~10 s graph and batch build (7 GB of pinned host copies),
-~60 s inference (22 variants, CUDA graphs and profiles included), ~20 s training, ~5 s transfers:
-about 2 minutes predicted; ``--time-budget`` (280 s) stops starting new configurations after that, so a
-slow run still ends inside 6 minutes with everything measured so far in the JSON.
-Device memory: ~8 GB of batches in every format plus ~10 GB transient while building the graph.
+``--time-budget`` (280 s) stops starting new configurations, so that a slow run still ends inside 6 minutes with
+everything measured so far in the JSON.  Device memory: ~8 GB of batches in every format plus ~10 GB transient
+while building the graph.
 """
-import argparse
 import contextlib
 import datetime
-import json
 import os
-import platform
-import statistics
 import sys
 import time
-import traceback
 import warnings
 
 import torch
 import torch.nn.functional as F
-from torch.nn import Linear, ReLU, Sequential
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-try:
-    import pyg_quant as pq
-except ImportError:  # run from a checkout without an install
-    sys.path.insert(0, os.path.dirname(HERE))
-    import pyg_quant as pq
-import torch_geometric  # noqa: E402
-from torch_geometric.nn import GCNConv, GINConv  # noqa: E402
+# The workload first: it finds pyg_quant in a checkout without an install.
+from workload import (Data, Net, Recorder, Runner, build_formats, build_graph, count_syncs, device_name, kernel_totals,
+                      log, make_pq, make_pyg, parse_args, pq, pq_host_batches, pq_inputs, profile_batch,
+                      pyg_inputs, rel_err, torch_geometric)
 
-from pyg_quant import ops  # noqa: E402
-from pyg_quant.graph.adjacency_form import ADJACENCY_FORMS, DEFAULT_ADJACENCY  # noqa: E402
-from pyg_quant.loader import QuantBatch  # noqa: E402
-from pyg_quant.quantization.quantize import quantize as pq_quantize  # noqa: E402  (the layers' quantizer: no host checks)
+from pyg_quant.loader import QuantBatch
+from pyg_quant.quantization.quantize import quantize as pq_quantize  # the layers' quantizer: no host checks
 
-T0 = time.perf_counter()
-BITS = (8, 4, 2, 1)
-
-# Predicted ms per epoch on an H100 at the default (products) scale: see the docstring.
+# Predicted ms per epoch on an H100 at the default (products) scale, before the first run (the tables'
+# "predicted" column).
 PREDICTED = {
     ("GIN", "PyG fp32 CSR", "resident"): 32, ("GIN", "PyG fp32 CSR", "+H2D"): 74,
     ("GIN", "PyG fp32 edge_index", "resident"): 68, ("GIN", "PyG fp32 edge_index", "+H2D"): 118,
@@ -177,360 +102,7 @@ PREDICTED = {
 }
 
 
-def log(msg: str) -> None:
-    print(f"[{time.perf_counter() - T0:7.1f}s] {msg}", flush=True)
-
-
-def first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0][:300] if text else ''}"
-
-
-# --- recording ---------------------------------------------------------------------------------------
-class Recorder:
-    """The result document, rewritten (atomically) after every configuration."""
-
-    def __init__(self, path, meta, device_type: str = "cpu"):
-        self.path, self.device_type = path, device_type
-        self.data = dict(meta=meta, graph={}, batches={}, inference=[], transfer=[], training=[],
-                         profiles=[], errors=[], skipped=[], timeline={}, summary={})
-        self.cuda_broken = None
-
-    def finish(self, tables_markdown: str) -> None:
-        """Prints the recorded errors and skipped configurations, keeps the tables in the document and saves it."""
-        if self.data["errors"]:
-            print(f"\n{len(self.data['errors'])} error(s) recorded: " +
-                  "; ".join(f"{e['where']}: {e['error'][:100]}" for e in self.data["errors"][:8]))
-        if self.data["skipped"]:
-            print(f"{len(self.data['skipped'])} configuration(s) skipped (see JSON 'skipped')")
-        self.data["tables_markdown"] = tables_markdown
-        self.save()
-
-    def save(self) -> None:
-        if not self.path:
-            return
-        self.data["meta"]["elapsed_s"] = round(time.perf_counter() - T0, 1)
-        tmp = self.path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(self.data, f, indent=1, default=str)
-        os.replace(tmp, self.path)
-
-    def error(self, where: str, error: BaseException) -> str:
-        message = first_line(error)
-        self.data["errors"].append(dict(where=where, error=message,
-                                        traceback=traceback.format_exc(limit=6)[-2500:]))
-        print(f"    ERROR in {where}: {message}", flush=True)
-        if self.device_type == "cuda" and not cuda_alive():
-            self.cuda_broken = message  # a sticky error: later GPU work would only fail again
-            print("    the CUDA context is broken: the remaining GPU configurations are skipped", flush=True)
-        self.save()
-        return message
-
-
-def cuda_alive() -> bool:
-    """Whether the CUDA context still runs work (an illegal address or a device assert is sticky)."""
-    try:
-        torch.cuda.synchronize()
-        value = (torch.ones(1, device="cuda") + 1).item()
-        return value == 2.0
-    except Exception:  # noqa: BLE001
-        return False
-
-
-class Runner:
-    def __init__(self, args, device, rec: Recorder):
-        self.args, self.device, self.rec = args, device, rec
-        self.cuda = device.type == "cuda"
-
-    def sync(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize()
-
-    def time_left(self) -> float:
-        return self.args.time_budget - (time.perf_counter() - T0)
-
-    def allowed(self, label: str, need_s: float = 0.0) -> bool:
-        if self.rec.cuda_broken:
-            reason = f"skipped: CUDA context broken earlier ({self.rec.cuda_broken[:80]})"
-        elif self.time_left() < need_s:
-            reason = f"skipped: time budget ({self.args.time_budget:.0f} s) reached"
-        else:
-            return True
-        self.rec.data["skipped"].append(dict(what=label, reason=reason))
-        print(f"    {label}: {reason}", flush=True)
-        return False
-
-    def epoch_ms(self, fn) -> float:
-        if self.cuda:
-            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            stop.record()
-            stop.synchronize()
-            return start.elapsed_time(stop)
-        t = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t) * 1e3
-
-    def measure(self, fn, reps=None, warmup=None) -> dict:
-        """Warm-up epochs, then the median of ``reps`` timed epochs (fewer if the budget runs short)."""
-        reps = self.args.reps if reps is None else reps
-        warmup = self.args.warmup if warmup is None else warmup
-        t = time.perf_counter()
-        for _ in range(warmup):
-            fn()
-        self.sync()
-        first = (time.perf_counter() - t) / max(warmup, 1)
-        times = []
-        for i in range(reps):
-            if i >= 1 and self.time_left() < 2 * first + 5:
-                break  # keep what we have; the budget guard will skip what follows
-            times.append(self.epoch_ms(fn))
-        return dict(median_ms=statistics.median(times), min_ms=min(times), max_ms=max(times),
-                    times_ms=[round(v, 3) for v in times], reps=len(times))
-
-
-# --- graph -------------------------------------------------------------------------------------------
-class Data:
-    """Everything built once: the batches in every format, on the device and in (pinned) host memory."""
-
-
-def build_graph(args, device, rec: Recorder) -> Data:
-    g = torch.Generator(device=device)
-    g.manual_seed(args.seed)
-    parts, size, ppb = args.num_parts, args.part_size, args.parts_per_batch
-    if parts % ppb:
-        raise ValueError(f"--num-parts ({parts}) must be a multiple of --parts-per-batch ({ppb})")
-    n_all = parts * size
-    pairs = n_all * args.avg_degree // 2
-    t = time.perf_counter()
-    u = torch.randint(n_all, (pairs,), device=device, generator=g)
-    inside = torch.rand(pairs, device=device, generator=g) < args.inside
-    v = torch.where(inside, u // size * size + torch.randint(size, (pairs,), device=device, generator=g),
-                    torch.randint(n_all, (pairs,), device=device, generator=g))
-    del inside
-    src, dst = torch.cat([u, v]), torch.cat([v, u])
-    del u, v
-    keys = dst * n_all + src  # target-major, so each batch's edges come out in CSR (adj_t) order
-    keys = keys[src != dst]
-    del src, dst
-    keys = torch.unique(keys)  # sorted; repeated pairs dropped (a coalesced graph, like products)
-    num_edges = keys.numel()
-    dst, src = keys // n_all, keys % n_all
-    del keys
-    part_dst, part_src = dst // size, src // size
-    intra = float((part_dst == part_src).float().mean())
-
-    nb = parts // ppb
-    n = ppb * size
-    perm = torch.randperm(parts, device=device, generator=g)
-    batch_of_part = torch.empty(parts, dtype=torch.int64, device=device)
-    slot_of_part = torch.empty(parts, dtype=torch.int64, device=device)
-    batch_of_part[perm] = torch.arange(parts, device=device) // ppb
-    slot_of_part[perm] = torch.arange(parts, device=device) % ppb
-    b_dst = batch_of_part[part_dst]
-    keep = b_dst == batch_of_part[part_src]
-    local_dst = slot_of_part[part_dst] * size + dst % size
-    local_src = slot_of_part[part_src] * size + src % size
-    del dst, src, part_dst, part_src
-    key2 = ((b_dst * n + local_dst) * n + local_src)[keep]
-    del b_dst, local_dst, local_src, keep
-    key2 = torch.sort(key2).values
-    counts = torch.bincount(key2 // (n * n), minlength=nb).tolist()
-    edge_index = []
-    for chunk in key2.split(counts):
-        local = chunk % (n * n)
-        edge_index.append(torch.stack([local % n, local // n]))  # [src; dst], sorted by (dst, src)
-    del key2
-
-    x = torch.randn(n_all, args.features, device=device, generator=g)
-    y = x[:, :args.classes].argmax(1)
-    node = (perm.view(nb, ppb, 1) * size + torch.arange(size, device=device)).view(nb, n)
-    data = Data()
-    data.n, data.nb, data.num_edges = n, nb, num_edges
-    data.x = x[node]  # [nb, n, F]: batch b's rows, part by part
-    data.y = y[node]
-    data.feat_lo = x.amin(0, keepdim=True)  # QuantizedFeatures: one range per column over all nodes
-    data.feat_hi = x.amax(0, keepdim=True)
-    del x, y, node
-    data.edge_index = edge_index
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    e = torch.tensor(counts, dtype=torch.float64)
-    rec.data["graph"] = dict(nodes=n_all, directed_edges=num_edges, edges_per_node=num_edges / n_all,
-                             intra_part_fraction=intra, parts=parts, part_size=size, parts_per_batch=ppb,
-                             batches=nb, batch_nodes=n, batch_edges_mean=float(e.mean()),
-                             batch_edges_min=int(e.min()), batch_edges_max=int(e.max()),
-                             batch_edges_total=int(e.sum()), features=args.features, classes=args.classes,
-                             build_s=round(time.perf_counter() - t, 2))
-    log(f"graph: {n_all:,} nodes, {num_edges:,} directed edges ({intra:.1%} inside parts), {nb} batches of "
-        f"{n:,} nodes, {e.mean():,.0f} edges a batch ({time.perf_counter() - t:.1f} s)")
-    return data
-
-
-def nbytes(*tensors) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
-
-
-def host_copy(t: torch.Tensor, pinned: bool) -> torch.Tensor:
-    if not pinned:
-        return t  # CPU run: "host" and "device" are the same memory
-    out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-    out.copy_(t)
-    return out
-
-
-def build_formats(args, device, data: Data, rec: Recorder, runner: Runner) -> None:
-    """Per batch: CSR (GIN: A; GCN: normalized A+I), bit adjacency, bit features; pinned host copies."""
-    pinned = device.type == "cuda"
-    n, nb = data.n, data.nb
-    t = time.perf_counter()
-    data.csr_gin, data.csr_gcn = [], []
-    for ei in data.edge_index:
-        src, dst = ei[0], ei[1]
-        counts = torch.bincount(dst, minlength=n)
-        crow = torch.zeros(n + 1, dtype=torch.int64, device=device)
-        crow[1:] = torch.cumsum(counts, 0)
-        data.csr_gin.append((crow, src.clone(), torch.ones(src.numel(), device=device)))
-        # gcn_norm's D^-1/2 (A + I) D^-1/2 with the same float32 steps (deg at the target, w = 1)
-        dinv = (counts.to(torch.float32) + 1).pow(-0.5)
-        loop = torch.arange(n, device=device)
-        rows, cols = torch.cat([dst, loop]), torch.cat([src, loop])
-        vals = torch.cat([dinv[src] * dinv[dst], dinv * dinv])
-        order = torch.argsort(rows * n + cols)
-        crow2 = torch.zeros(n + 1, dtype=torch.int64, device=device)
-        crow2[1:] = torch.cumsum(counts + 1, 0)
-        data.csr_gcn.append((crow2, cols[order].contiguous(), vals[order].contiguous()))
-    runner.sync()
-    csr_s = time.perf_counter() - t
-
-    # Packing on the device is timed over every batch; only batch 0's result is kept (for its sizes): the
-    # benchmark's batches are the host plans below, decoded where they land.
-    t = time.perf_counter()
-    a = None
-    for ei in data.edge_index:
-        packed = pq.BitAdjacency.from_edge_index(ei, n)
-        a = packed if a is None else a
-    runner.sync()
-    pack_s = time.perf_counter() - t
-    gcn_extra_diag_bytes = pq.BitAdjacency.from_edge_index(data.edge_index[0], n, self_loops=1).nbytes - a.nbytes
-    # What QuantClusterLoader ships: the adjacency's tile plan (a byte an edge), built on the host.
-    t = time.perf_counter()
-    data.plan_gin = [pq.BitAdjacency.compact_from_edge_index(ei.cpu(), n) for ei in data.edge_index]
-    plan_s = time.perf_counter() - t
-    data.plan_gcn = [pq.BitAdjacency.compact_from_edge_index(ei.cpu(), n, self_loops=1) for ei in data.edge_index]
-    data.feats = {}
-    t = time.perf_counter()
-    for bits in args.bits:
-        scale = (data.feat_hi - data.feat_lo) / torch.full_like(data.feat_hi, float(2**bits - 1))
-        inv = torch.where(scale > 0, torch.ones_like(scale) / scale, torch.zeros_like(scale))
-        feats = []
-        for b in range(nb):
-            planes = ops.quantize_pack(data.x[b].contiguous(), data.feat_lo, inv, bits, True, None)
-            feats.append(pq.BitTensor(planes, (n, args.features), bits, "col", data.feat_lo.reshape(-1),
-                                      scale.reshape(-1), 0))
-        data.feats[bits] = feats
-    runner.sync()
-    feat_s = time.perf_counter() - t
-
-    tiles = [plan.num_tiles for plan in data.plan_gin]
-    rec.data["batches"] = dict(
-        csr_build_ms_per_batch=1e3 * csr_s / nb, bit_adjacency_pack_ms_per_batch=1e3 * pack_s / nb,
-        compact_plan_host_ms_per_batch=1e3 * plan_s / nb, compact_bytes_gin=data.plan_gin[0].nbytes,
-        compact_bytes_gcn=data.plan_gcn[0].nbytes,
-        feature_pack_ms_per_batch_all_bits=1e3 * feat_s / nb,
-        tiles_mean=sum(tiles) / nb, tiles_min=min(tiles), tiles_max=max(tiles),
-        batch0=dict(tiles=a.num_tiles, fill=a.fill_ratio, residual_entries=a.res_nnz, nnz=a.nnz,
-                    bits=a.bits, nbytes=a.nbytes, tile_bytes=nbytes(a.tile_bits),
-                    residual_bytes=nbytes(a.res_ptr, a.res_col, a.res_val),
-                    index_bytes=nbytes(a.window_ptr, a.tile_col), row_sums_bytes=nbytes(a.row_sums),
-                    bits_per_edge=8 * a.nbytes / max(a.nnz, 1),
-                    gcn_extra_diag_bytes=gcn_extra_diag_bytes,
-                    feature_bytes={str(bits): data.feats[bits][0].nbytes for bits in args.bits},
-                    csr_gin_bytes=nbytes(*data.csr_gin[0]), csr_gcn_bytes=nbytes(*data.csr_gcn[0]),
-                    edge_index_bytes=nbytes(data.edge_index[0]), x_fp32_bytes=nbytes(data.x[0])))
-    log(f"formats: CSR {1e3 * csr_s / nb:.2f} ms/batch, BitAdjacency pack {1e3 * pack_s / nb:.2f} ms/batch on "
-        f"{device.type}; batch 0: {a.num_tiles} tiles (fill {a.fill_ratio:.3f}), {a.res_nnz} residual, "
-        f"{a.nbytes / 1e6:.2f} MB = {8 * a.nbytes / max(a.nnz, 1):.1f} bits/edge")
-
-    # Pinned host copies of the PyG formats (one allocation per kind; per-batch views of it).
-    t = time.perf_counter()
-    data.x16 = data.x.to(torch.bfloat16)
-    data.x_host = host_copy(data.x, pinned)
-    data.x16_host = host_copy(data.x16, pinned)
-    data.y_host = host_copy(data.y, pinned)
-
-    def flat_host(tensors):
-        if not pinned:
-            return tensors
-        flat = torch.cat([t.reshape(-1) for t in tensors])
-        flat_h = host_copy(flat, True)
-        out, offset = [], 0
-        for t in tensors:
-            out.append(flat_h[offset:offset + t.numel()].view(t.shape))
-            offset += t.numel()
-        return out
-
-    data.ei_host = flat_host(data.edge_index)
-    for name in ("csr_gin", "csr_gcn"):
-        triples = getattr(data, name)
-        crows, cols, vals = (flat_host([tr[i] for tr in triples]) for i in range(3))
-        setattr(data, name + "_host", list(zip(crows, cols, vals)))
-        vals16 = [tr[2].to(torch.bfloat16) for tr in triples]
-        setattr(data, name + "_v16", vals16)
-        setattr(data, name + "_v16_host", flat_host(vals16))
-    runner.sync()
-    log(f"host copies ({'pinned' if pinned else 'CPU run: shared'}): {time.perf_counter() - t:.1f} s")
-
-
-# --- models ------------------------------------------------------------------------------------------
-class Net(torch.nn.Module):
-    def __init__(self, convs, relu_between: bool):
-        super().__init__()
-        self.convs = torch.nn.ModuleList(convs)
-        self.relu_between = relu_between
-
-    def forward(self, x, adj):
-        last = len(self.convs) - 1
-        for i, conv in enumerate(self.convs):
-            x = conv(x, adj)
-            if self.relu_between and i < last:
-                x = F.relu(x)
-        return x
-
-
-def gin_mlp(cin: int, hidden: int, cout: int, last: bool) -> Sequential:
-    layers = [Linear(cin, hidden), ReLU(), Linear(hidden, cout)]
-    return Sequential(*layers) if last else Sequential(*layers, ReLU())
-
-
-def gcn_dims(args):
-    return [args.features] + [args.gcn_hidden] * (args.layers - 1) + [args.classes]
-
-
-def gin_dims(args):
-    return [args.features] + [args.gin_hidden] * (args.layers - 1) + [args.classes]
-
-
-def make_pyg(args, kind: str, normalize: bool = True) -> Net:
-    if kind == "GCN":
-        d = gcn_dims(args)
-        return Net([GCNConv(d[i], d[i + 1], normalize=normalize) for i in range(args.layers)], True)
-    d = gin_dims(args)
-    return Net([GINConv(gin_mlp(d[i], args.gin_hidden, d[i + 1], i == args.layers - 1))
-                for i in range(args.layers)], False)
-
-
-def make_pq(args, kind: str, bits: int) -> Net:
-    if kind == "GCN":
-        d = gcn_dims(args)
-        return Net([pq.QGCNConv(d[i], d[i + 1], bits=bits) for i in range(args.layers)], True)
-    d = gin_dims(args)
-    last = args.layers - 1
-    return Net([pq.QGINConv(gin_mlp(d[i], args.gin_hidden, d[i + 1], i == last), bits=bits,
-                            out_bits=None if i == last else bits) for i in range(args.layers)], False)
-
-
+# --- the pq-kernels diagnostic, CUDA graphs ----------------------------------------------------------
 class KernelNet(torch.nn.Module):
     """pq-kernels: the PyG model's weights run on bit_spmm's fused epilogue + fp32 dense layers."""
 
@@ -556,7 +128,6 @@ class KernelNet(torch.nn.Module):
         return h
 
 
-# --- helpers -----------------------------------------------------------------------------------------
 @contextlib.contextmanager
 def no_finite_checks():
     """The layers' isfinite checks are host syncs, which a CUDA graph capture refuses: off while capturing."""
@@ -572,95 +143,6 @@ def no_finite_checks():
         for m, fn in saved:
             m.check_finite = fn
 
-
-def rel_err(out, ref) -> float:
-    out = pq.to_val(out) if isinstance(out, pq.BitTensor) else out
-    out, ref = out.double(), ref.double()
-    if not bool(torch.isfinite(out).all()):
-        return float("nan")
-    return float((out - ref).norm() / ref.norm().clamp_min(1e-300))
-
-
-def count_syncs(runner: Runner, fn):
-    if not runner.cuda:
-        return None
-    runner.sync()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            fn()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    runner.sync()
-    return sum("synchroniz" in str(w.message).lower() for w in caught)
-
-
-def kernel_category(name: str) -> str:
-    low = name.lower()
-    if "bit_spmm" in low:
-        return "pq bit_spmm"
-    if "bitmm_affine" in low:
-        return "pq bitmm epilogue"
-    if "bitmm" in low:
-        return "pq bitmm"
-    if "quantize_pack" in low:
-        return "pq quantize_pack"
-    if "unpack" in low or "code_sums" in low:
-        return "pq unpack/code_sums"
-    if "spmm" in low or "csrmm" in low or "sparse" in low or "cusparse" in low:
-        return "float SpMM (cuSPARSE)"
-    if "gemm" in low or "cutlass" in low or "sm90_" in low or "sm80_" in low or "ampere" in low:
-        return "dense GEMM"
-    if "scatter" in low or "index" in low or "gather" in low:
-        return "gather/scatter/index"
-    if "reduce" in low:
-        return "reductions"
-    if "elementwise" in low or "vectorized" in low or "copy" in low or "fill" in low:
-        return "elementwise/copy"
-    return "other"
-
-
-def kernel_totals(kernels, key) -> dict:
-    """``{key(event): [count, µs]}`` over profiled device kernels."""
-    totals = {}
-    for e in kernels:
-        entry = totals.setdefault(key(e), [0, 0.0])
-        entry[0] += 1
-        entry[1] += e.time_range.elapsed_us()
-    return totals
-
-
-def profile_batch(runner: Runner, fn) -> dict:
-    """Device kernels (count, time, top names) of one call of ``fn``; CPU: top-level ops."""
-    from torch.profiler import ProfilerActivity, profile
-    from torch.autograd import DeviceType
-    fn()
-    runner.sync()
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if runner.cuda else [])
-    t = time.perf_counter()
-    with profile(activities=activities) as prof:
-        fn()
-        runner.sync()
-    wall_ms = (time.perf_counter() - t) * 1e3
-    events = prof.events()
-    top_level = sum(1 for e in events if e.cpu_parent is None and e.device_type == DeviceType.CPU
-                    and "::" in e.name)
-    if not runner.cuda:
-        return dict(device="cpu", top_level_ops=top_level, profiled_wall_ms=wall_ms)
-    device_events = [e for e in events if e.device_type == DeviceType.CUDA]
-    kernels = [e for e in device_events if not e.name.startswith(("Memcpy", "Memset"))]
-    launch_names = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
-    launches = sum(1 for e in events if e.device_type == DeviceType.CPU and e.name.startswith(launch_names))
-    by_name, by_cat = kernel_totals(kernels, lambda e: e.name[:90]), kernel_totals(kernels, lambda e: kernel_category(e.name))
-    top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:12]
-    note = None if kernels else "the profiler saw no device kernels (CUPTI unavailable?): count is top-level ops"
-    return dict(device="cuda", kernels=len(kernels) or None, launch_calls=launches, top_level_ops=top_level, note=note,
-                memcpy_memset=len(device_events) - len(kernels),
-                kernel_us=sum(v[1] for v in by_name.values()), profiled_wall_ms=wall_ms,
-                categories={k: dict(count=v[0], us=round(v[1], 1)) for k, v in
-                            sorted(by_cat.items(), key=lambda kv: -kv[1][1])},
-                top_kernels=[dict(name=k, count=v[0], us=round(v[1], 1)) for k, v in top])
 
 
 def profile_graph_epoch(runner: Runner, replay_epoch, batches: int) -> dict:
@@ -736,78 +218,14 @@ class GraphSet:
             main.wait_stream(stream)
 
 
+
 # --- inference ---------------------------------------------------------------------------------------
-class Inputs:
-    """One variant's batches: ``resident`` (args of the forward, on the device), ``host`` (pinned),
-    ``load(hb)`` (host batch -> forward args, non-blocking copies) and ``copies`` (per batch, the
-    (device tensor, host tensor) pairs that refill the resident inputs: a CUDA graph's H2D)."""
-
-    def __init__(self, resident, host, load, copies, bytes_of):
-        self.resident, self.host, self.load, self.copies = resident, host, load, copies
-        self.bytes_per_batch = [bytes_of(h) for h in host]
-        self.wire = None  # pyg_quant: (device buffer, specs, meta) per batch, decoded inside the graph
-
-
-def pq_host_batches(data: Data, kind: str, bits: int, pinned: bool, indices=None):
-    """The loader's batches (all, or those of ``indices``): the adjacency's tile plan and the bit features in one
-    (pinned) wire buffer, decoded in the form ``--adjacency`` names (the wire bytes are the same for every form)."""
-    plans = data.plan_gcn if kind == "GCN" else data.plan_gin
-    return [QuantBatch.from_fields({"adj": plans[b], "x": data.feats[bits][b].to("cpu")}, pin_memory=pinned,
-                                   adjacency=data.adjacency) for b in (range(data.nb) if indices is None else indices)]
-
-
 def pq_calibration_batches(data: Data, kind: str, bits: int, device, count: int):
     """``(x, adj)`` of the epoch's last ``count`` batches on ``device``, for ``pyg_quant.nn.calibrate``."""
     for host in pq_host_batches(data, kind, bits, False, range(max(data.nb - count, 0), data.nb)):
         batch = host.to(device)
         yield batch.x, batch.adj
 
-
-def pq_inputs(data: Data, kind: str, bits: int, device, pinned: bool) -> Inputs:
-    host = pq_host_batches(data, kind, bits, pinned)
-    batches = [h.to(device) for h in host]  # what QuantClusterLoader + .to(device) hands over
-    resident = [(b.x, b.adj) for b in batches]  # decoded on the device once, kept
-
-    def load(hb):
-        b = hb.to(device)  # one copy of the batch's buffer, then the decode kernels
-        return b.x, b.adj
-    copies = [[(b.buffer, h.buffer)] for b, h in zip(batches, host)]
-    inputs = Inputs(resident, host, load, copies, lambda h: h.nbytes)
-    # For a CUDA graph fed by copies: the decode is captured with the forward (it reads the buffer).
-    inputs.wire = [(b.buffer, b._specs, b._meta) for b in batches]
-    return inputs
-
-
-def pyg_inputs(data: Data, kind: str, adjacency: str, precision: str, device) -> Inputs:
-    n, bf16 = data.n, precision == "bf16"
-    x_dev = data.x16 if bf16 else data.x
-    x_host = data.x16_host if bf16 else data.x_host
-    bytes_of = lambda hb: sum(t.numel() * t.element_size() for t in hb)  # noqa: E731
-    if adjacency == "edge_index":
-        resident = [(x_dev[b], data.edge_index[b]) for b in range(data.nb)]
-        host = [(x_host[b], data.ei_host[b]) for b in range(data.nb)]
-
-        def load(hb):
-            return hb[0].to(device, non_blocking=True), hb[1].to(device, non_blocking=True)
-        copies = [list(zip(r, h)) for r, h in zip(resident, host)]
-        return Inputs(resident, host, load, copies, bytes_of)
-    name = "csr_gcn" if kind == "GCN" else "csr_gin"
-    dev_triples, host_triples = getattr(data, name), getattr(data, name + "_host")
-    v_dev = getattr(data, name + "_v16") if bf16 else [tr[2] for tr in dev_triples]
-    v_host = getattr(data, name + "_v16_host") if bf16 else [tr[2] for tr in host_triples]
-
-    def csr(crow, col, val):
-        return torch.sparse_csr_tensor(crow, col, val, (n, n))
-
-    dev = [(x_dev[b], dev_triples[b][0], dev_triples[b][1], v_dev[b]) for b in range(data.nb)]
-    host = [(x_host[b], host_triples[b][0], host_triples[b][1], v_host[b]) for b in range(data.nb)]
-    resident = [(d[0], csr(*d[1:])) for d in dev]
-
-    def load(hb):
-        x, crow, col, val = (t.to(device, non_blocking=True) for t in hb)
-        return x, csr(crow, col, val)
-    copies = [list(zip(d, h)) for d, h in zip(dev, host)]
-    return Inputs(resident, host, load, copies, bytes_of)
 
 
 def run_inference(args, device, data: Data, rec: Recorder, runner: Runner) -> None:
@@ -1356,83 +774,8 @@ def finish_plot(fig, rec: Recorder, path: str) -> None:
     plt.close(fig)
 
 
-def device_name(device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return platform.processor() or platform.machine()
-
-
-def add_workload_arguments(p, part_size=None, avg_degree=None) -> None:
-    """The workload's options (graph, batches, models), shared by the benchmarks built on this one."""
-    p.add_argument("--num-parts", type=int, default=None)
-    p.add_argument("--part-size", type=int, default=part_size)
-    p.add_argument("--parts-per-batch", type=int, default=None)
-    p.add_argument("--avg-degree", type=int, default=avg_degree, help="directed edges per node before dropping repeats")
-    p.add_argument("--inside", type=float, default=0.8, help="fraction of edges inside a part")
-    p.add_argument("--features", type=int, default=100)
-    p.add_argument("--classes", type=int, default=47)
-    p.add_argument("--layers", type=int, default=3)
-    p.add_argument("--gcn-hidden", type=int, default=16)
-    p.add_argument("--gin-hidden", type=int, default=64)
-
-
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--small", action="store_true",
-                   help="CPU check: 25 parts of 1,600 nodes, 5 parts a batch (5 batches of 8,000 nodes)")
-    add_workload_arguments(p, part_size=1600, avg_degree=50)
-    p.add_argument("--bits", default="8,4,2,1")
-    p.add_argument("--kernel-bits", default="8,4,1", help="bit widths of the pq-kernels diagnostic")
-    p.add_argument("--static-bits", default="8,4", help="bit widths run again with calibrated (static) ranges")
-    p.add_argument("--calibration-batches", type=int, default=4)
-    p.add_argument("--adjacency", default=DEFAULT_ADJACENCY, choices=ADJACENCY_FORMS,
-                   help="form of the decoded pyg_quant batches: bit tiles, tile-free CSR, or by tile fill")
-    p.add_argument("--qat-bits", type=int, default=4)
-    p.add_argument("--models", default="GIN,GCN")
-    p.add_argument("--sections", default="inference,training,transfer")
-    p.add_argument("--no-graphs", dest="graphs", action="store_false", help="skip the CUDA-graph variants")
-    p.add_argument("--streams", type=int, default=3,
-                   help="graph variants again with batch i on stream i %% STREAMS (<= 1: skip them)")
-    p.add_argument("--reps", type=int, default=None, help="timed epochs per measurement (median)")
-    p.add_argument("--train-reps", type=int, default=None)
-    p.add_argument("--train-variants", default=None, type=lambda s: s.split(","),
-                   help="only the training variants whose label contains one of these (comma-separated)")
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--lr", type=float, default=0.01)
-    p.add_argument("--time-budget", type=float, default=None,
-                   help="seconds after which configurations are skipped (default 280 on the GPU, 110 --small)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=None,
-                   help="CPU threads (default: 1 for a CPU run: on a shared machine OpenMP's waiting threads "
-                        "slowed the bit kernels 10-25x; torch's default on a GPU run)")
-    p.add_argument("--out", default=None, help="JSON path (default benchmarks/out/e2e[_small].json); '' for none")
-    p.add_argument("--png", default=None, help="plot path (default: the JSON path with .png)")
-    args = p.parse_args(argv)
-    if args.num_parts is None:
-        args.num_parts = 25 if args.small else 1500
-    if args.parts_per_batch is None:
-        args.parts_per_batch = 5 if args.small else 20
-    if args.reps is None:
-        args.reps = 1 if args.small else 3
-    if args.train_reps is None:
-        args.train_reps = 1 if args.small else 3
-    if args.time_budget is None:
-        args.time_budget = 110.0 if args.small else 280.0
-    args.bits = tuple(int(b) for b in args.bits.split(",") if b)
-    args.kernel_bits = tuple(int(b) for b in args.kernel_bits.split(",") if b and int(b) in args.bits)
-    args.static_bits = tuple(int(b) for b in args.static_bits.split(",") if b and int(b) in args.bits)
-    args.models = tuple(m.strip().upper() for m in args.models.split(",") if m.strip())
-    args.sections = tuple(s.strip() for s in args.sections.split(",") if s.strip())
-    if args.out is None:
-        args.out = os.path.join(HERE, "out", "e2e_small.json" if args.small else "e2e.json")
-    if args.out and args.png is None:
-        args.png = os.path.splitext(args.out)[0] + ".png"
-    return args
-
-
 def main(argv=None):
-    args = parse_args(argv)
+    args = parse_args(argv, description=__doc__.split("\n\n")[0])
     device = torch.device(args.device)
     if args.threads is None and device.type == "cpu":
         args.threads = 1
@@ -1476,10 +819,8 @@ def main(argv=None):
             f"{torch.cuda.max_memory_allocated() / 2**30:.1f} GiB peak")
         rec.data["meta"]["device_memory_after_build_gib"] = torch.cuda.memory_allocated() / 2**30
 
-    # Every variant runs on one dedicated stream, not on torch's legacy default stream: there, once other streams
-    # exist in the process (each graph capture makes one), every graph launch waited 20-40 us more on the device
-    # (H100, 75 per-batch graphs: PyG fp32 CSR 427 -> 449 us a batch, pyg_quant 4-bit 196 -> 222-235; 4-5 us
-    # between graphs on a stream of its own, for both).  The same stream for PyG and pyg_quant.
+    # Every variant runs on one dedicated stream, the same for PyG and pyg_quant: on torch's legacy default stream,
+    # once other streams exist (each graph capture makes one), every graph launch waits longer (RESULTS.md, section 3).
     stream = torch.cuda.Stream(device) if device.type == "cuda" else None
     rec.data["meta"]["stream"] = "dedicated (torch.cuda.Stream)" if stream is not None else None
     if stream is not None:

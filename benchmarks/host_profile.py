@@ -1,6 +1,6 @@
 r"""Host time of one eager forward, and where it goes: Python, each op's dispatch, the kernels (issue 37 item 1).
 
-One products-scale cluster batch (``benchmarks/e2e.py``'s builder with ``--num-parts 20 --parts-per-batch 20``:
+One products-scale cluster batch (``benchmarks/workload``'s builder with ``--num-parts 20 --parts-per-batch 20``:
 32,000 nodes, ~1.27M edges), the models of ``benchmarks/user_paths.py`` (GIN 3×64, GCN 3×16; PyG fp32 CSR and
 pyg_quant 8/4-bit on the loader's decoded batch) in ``eval()`` under ``torch.inference_mode()``.  Per forward:
 
@@ -29,8 +29,8 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import e2e  # noqa: E402
-from e2e import pq  # noqa: E402
+import workload  # noqa: E402
+from workload import pq  # noqa: E402
 
 
 def profile_forward(model, args_, runner, reps: int) -> dict:
@@ -142,9 +142,9 @@ def training_syncs(kind: str, args, data, device, steps: int = 3) -> dict:
     import warnings
     import torch.nn.functional as F
     torch.manual_seed(args.seed)
-    model = pq.qat.prepare(e2e.make_pyg(args, kind, normalize=True).to(device), bits=4).train()
+    model = pq.qat.prepare(workload.make_pyg(args, kind, normalize=True).to(device), bits=4).train()
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
-    x, edge_index = e2e.pyg_inputs(data, kind, "edge_index", "fp32", device).resident[0]
+    x, edge_index = workload.pyg_inputs(data, kind, "edge_index", "fp32", device).resident[0]
     y = data.y[0]
 
     def step():
@@ -188,25 +188,25 @@ def main(argv=None):
     own, rest = p.parse_known_args(argv)
     base = ["--num-parts", "20", "--parts-per-batch", "20"] if not own.small else \
         ["--small", "--num-parts", "2", "--parts-per-batch", "2", "--part-size", "250", "--avg-degree", "20"]
-    args = e2e.parse_args(base + rest + ["--out", ""])
+    args = workload.parse_args(base + rest + ["--out", ""])
     device = torch.device(args.device)
     torch.manual_seed(args.seed)
-    rec = e2e.Recorder("", {}, device.type)
-    runner = e2e.Runner(args, device, rec)
-    data = e2e.build_graph(args, device, rec)
+    rec = workload.Recorder("", {}, device.type)
+    runner = workload.Runner(args, device, rec)
+    data = workload.build_graph(args, device, rec)
     data.adjacency = args.adjacency
-    e2e.build_formats(args, device, data, rec, runner)
+    workload.build_formats(args, device, data, rec, runner)
     rows = []
     for kind in ("GIN", "GCN"):
         torch.manual_seed(args.seed)
-        pyg = e2e.make_pyg(args, kind, normalize=kind != "GCN").to(device).eval()
+        pyg = workload.make_pyg(args, kind, normalize=kind != "GCN").to(device).eval()
         state = pyg.state_dict()
-        variants = [("PyG fp32 CSR", pyg, e2e.pyg_inputs(data, kind, "CSR", "fp32", device).resident[0])]
+        variants = [("PyG fp32 CSR", pyg, workload.pyg_inputs(data, kind, "CSR", "fp32", device).resident[0])]
         for bits in (8, 4):
-            model = e2e.make_pq(args, kind, bits)
+            model = workload.make_pq(args, kind, bits)
             model.load_state_dict(state)
             variants.append((f"pyg_quant {bits}-bit", model.to(device).eval(),
-                             e2e.pq_inputs(data, kind, bits, device, False).resident[0]))
+                             workload.pq_inputs(data, kind, bits, device, False).resident[0]))
         for label, model, inputs in variants:
             row = dict(model=kind, label=label, **profile_forward(model, inputs, runner, own.reps))
             rows.append(row)
@@ -235,7 +235,7 @@ def main(argv=None):
     print(f"for scale: torch.empty {scale['empty_us']} us, aten::add (one element) {scale['add_us']} us", flush=True)
     if own.out:
         meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                    device=e2e.device_name(device), torch=torch.__version__, command=" ".join(sys.argv))
+                    device=workload.device_name(device), torch=torch.__version__, command=" ".join(sys.argv))
         with open(own.out, "w") as f:
             json.dump(dict(meta=meta, rows=rows, scale=scale), f, indent=1)
 

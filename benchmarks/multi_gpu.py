@@ -1,6 +1,6 @@
 r"""Several GPUs (issue 39 item 7): QAT training and inference epochs on 1 and 2 GPUs, pyg_quant against PyG fp32.
 
-One device call on two GPUs: the workload of ``benchmarks/e2e.py`` (its graph and batch builders and models are
+One device call on two GPUs: the workload of ``benchmarks/workload`` (its graph and batch builders and models are
 imported from there: a products-scale planted-partition graph cut into 75 Cluster-GCN batches of 32,000 nodes and
 ~1.27M edges; GIN 3 layers hidden 64 and GCN 3 layers 100 → 16 → 16 → 47), timed with one process per GPU
 (``torch.distributed``, NCCL) against one process on one GPU, in the same run.  Prints markdown tables and writes
@@ -35,19 +35,19 @@ ranges all-reduced each step, ``pyg_quant.distributed.seed_everything`` per rank
 batches ``r, r + R, ...``; with 75 batches and 2 ranks the shares are padded to 38 steps each as
 ``QuantClusterLoader``'s ``DistributedPartSampler`` pads (rank 1's last step repeats batch 0), so a 2-GPU epoch
 covers all 75 batches in 38 steps (ideal speedup 75 / 38 = 1.97x).  The loss is taken over 4 nodes in 5 of
-every batch (local index mod 5 != 0); the fifth is the test split of the planted classes (e2e.py's label: the
+every batch (local index mod 5 != 0); the fifth is the test split of the planted classes (the workload's label: the
 argmax of the first 47 features).  Recorded after the timed epochs: the mean training loss of every epoch
 (all ranks' steps), and the train / test accuracy of the trained model (``eval()``, every batch once, counts
 all-reduced).  ``--accuracy-seeds`` trains ``QAT 4-bit`` again from other seeds (as many epochs, untimed
 detail) on 1 and 2 GPUs, for the accuracy comparison.
 
 Inference (``infer`` rows): ``eval()`` under ``torch.inference_mode()``; ``pyg_quant N-bit`` (``QGCNConv`` /
-``QGINConv`` at ``--bits``, e2e.py's ``make_pq`` with the PyG model's weights, fed ``QuantBatch``es decoded on the
+``QGINConv`` at ``--bits``, ``workload.make_pq`` with the PyG model's weights, fed ``QuantBatch``es decoded on the
 GPU once: ``BitTensor`` features and ``BitAdjacency``), ``PyG fp32 CSR`` (as in training) and, on the GPU,
 ``pyg_quant 4-bit compile RO`` (``torch.compile(mode="reduce-overhead")``, compiled and recorded in untimed
 passes).  Rank ``r`` runs batches ``r, r + R, ...`` (75 = 38 + 37, as ``pyg_quant.distributed.sharded_inference``
 shares them), copies each output into its rows, then the outputs are all-gathered
-(``pyg_quant.distributed.all_gather_rows``) and rank 0 puts them in node order (the row order of e2e.py's
+(``pyg_quant.distributed.all_gather_rows``) and rank 0 puts them in node order (the row order of the workload's
 batch-major feature matrix: batch b's nodes at rows ``b·32000 ...``); one GPU does the same copy into node order.
 Each 2-GPU output is compared with the 1-GPU one (``max_abs_diff_vs_1gpu``).
 
@@ -86,8 +86,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import e2e  # noqa: E402  (the workload: graph, batches, models)
-from e2e import first_line, pq  # noqa: E402
+import workload  # noqa: E402  (the workload: graph, batches, models)
+from workload import first_line, pq  # noqa: E402
 
 from pyg_quant import distributed as pqd  # noqa: E402
 from pyg_quant.graph.adjacency_form import ADJACENCY_FORMS, DEFAULT_ADJACENCY  # noqa: E402
@@ -97,7 +97,7 @@ TRAIN_VARIANTS = ("QAT 4-bit", "PyG fp32 CSR")
 
 
 def log(msg: str) -> None:
-    print(f"[{time.perf_counter() - e2e.T0:7.1f}s] {msg}", flush=True)
+    print(f"[{time.perf_counter() - workload.T0:7.1f}s] {msg}", flush=True)
 
 
 class Skip(Exception):
@@ -195,9 +195,9 @@ class Bench:
     def build(self) -> None:
         args = self.args
         t = time.perf_counter()
-        data = e2e.build_graph(args, self.device, self.rec)
+        data = workload.build_graph(args, self.device, self.rec)
         data.adjacency = args.adjacency
-        e2e.build_formats(args, self.device, data, self.rec, e2e.Runner(args, self.device, self.rec))
+        workload.build_formats(args, self.device, data, self.rec, workload.Runner(args, self.device, self.rec))
         self.data = data
         n = data.n
         self.test_idx = torch.arange(0, n, 5, device=self.device)
@@ -229,7 +229,7 @@ class Bench:
     # --- models and inputs ---
     def init_state(self, kind: str, seed: int):
         torch.manual_seed(seed)
-        return e2e.make_pyg(self.args, kind).state_dict()  # e2e.py's initial weights, the same on every rank
+        return workload.make_pyg(self.args, kind).state_dict()  # e2e.py's initial weights, the same on every rank
 
     def release(self) -> None:
         if self.cuda:
@@ -240,7 +240,7 @@ class Bench:
         args, data, dev = self.args, self.data, self.device
         qat = variant.startswith("QAT")
         adjacency = "edge_index" if qat else "CSR"
-        model = e2e.make_pyg(args, kind, normalize=(qat or kind != "GCN"))  # GCN's CSR is pre-normalized
+        model = workload.make_pyg(args, kind, normalize=(qat or kind != "GCN"))  # GCN's CSR is pre-normalized
         model.load_state_dict(self.init_state(kind, seed))
         model = model.to(dev)
         if qat:
@@ -252,7 +252,7 @@ class Bench:
             net = DistributedDataParallel(model, device_ids=[dev.index] if self.cuda else None,
                                           process_group=self.solo if size < self.world else None)
         opt = torch.optim.Adam(net.parameters(), lr=args.lr)
-        inp = e2e.pyg_inputs(data, kind, adjacency, "fp32", dev)
+        inp = workload.pyg_inputs(data, kind, adjacency, "fp32", dev)
         share = train_share(data.nb, self.rank, size)
         tr = self.train_idx
 
@@ -306,7 +306,7 @@ class Bench:
     def accuracy(self, model, kind: str, adjacency: str, size: int) -> dict:
         """Train / test accuracy of the planted classes over every batch once (this rank's share), counts summed."""
         data = self.data
-        inp = e2e.pyg_inputs(data, kind, adjacency, "fp32", self.device)
+        inp = workload.pyg_inputs(data, kind, adjacency, "fp32", self.device)
         model.eval()
         counts = torch.zeros(3, dtype=torch.float64, device=self.device)  # train hits, test hits, batches
         for b in infer_share(data.nb, self.rank, size):
@@ -326,13 +326,13 @@ class Bench:
         state = self.init_state(kind, args.seed)
         if variant.startswith("pyg_quant"):
             bits = int(variant.split()[1].split("-")[0])
-            model = e2e.make_pq(args, kind, bits)
+            model = workload.make_pq(args, kind, bits)
             model.load_state_dict(state)
-            inputs = e2e.pq_inputs(self.data, kind, bits, self.device, self.cuda).resident
+            inputs = workload.pq_inputs(self.data, kind, bits, self.device, self.cuda).resident
         else:
-            model = e2e.make_pyg(args, kind, normalize=kind != "GCN")
+            model = workload.make_pyg(args, kind, normalize=kind != "GCN")
             model.load_state_dict(state)
-            inputs = e2e.pyg_inputs(self.data, kind, "CSR", "fp32", self.device).resident
+            inputs = workload.pyg_inputs(self.data, kind, "CSR", "fp32", self.device).resident
         return model.to(self.device).eval(), inputs
 
     def infer(self, kind: str, variant: str, size: int) -> dict:
@@ -681,17 +681,17 @@ def worker(rank: int, args, store: str, start_wall: float) -> None:
     ctrl = dist.new_group(backend="gloo", timeout=timeout)  # the script's own waits and decisions
     solo = dist.new_group([0]) if args.world > 1 else None  # "1 GPU under DDP"
     bench = Bench(rank, args, start_wall, ctrl, solo)
-    names = bench.gather_objects(e2e.device_name(bench.device))
+    names = bench.gather_objects(workload.device_name(bench.device))
     date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     meta = dict(date=date, world=args.world, backend=dist.get_backend(), device=args.device, device_names=names,
                 capability=".".join(map(str, torch.cuda.get_device_capability(rank))) if cuda else None,
                 torch=torch.__version__, cuda=torch.version.cuda,
                 nccl=nccl_version() if cuda else None,
-                torch_geometric=e2e.torch_geometric.__version__, pyg_quant=pq.__version__, backends=pq.backends(),
+                torch_geometric=workload.torch_geometric.__version__, pyg_quant=pq.__version__, backends=pq.backends(),
                 cpu_count=os.cpu_count(), threads_per_rank=torch.get_num_threads(), args=vars(args), command=args.command,
                 cpus_by_rank=bench.gather_objects(sorted(os.sched_getaffinity(0))), cpu_quota=cpu_quota(),
                 stream="default (a user's loop)", ddp="DistributedDataParallel defaults (broadcast_buffers=True)")
-    bench.rec = e2e.Recorder(args.out if rank == 0 else None, meta, args.device)
+    bench.rec = workload.Recorder(args.out if rank == 0 else None, meta, args.device)
     for key in ("inference", "transfer", "training", "profiles"):
         del bench.rec.data[key]  # e2e.py's sections; this script's are its rows
     bench.rec.data.update(rows=[], accuracy=[], targets=[])
@@ -757,7 +757,7 @@ def parse_args(argv=None):
                    help="ranks of the multi-GPU run (default 2; the GPUs there are if fewer; --small: 2 on the CPU)")
     p.add_argument("--small", action="store_true",
                    help="CPU check: gloo, 10 parts of 250 nodes, 2 parts a batch (5 batches of 500 nodes)")
-    e2e.add_workload_arguments(p)
+    workload.add_workload_arguments(p)
     p.add_argument("--bits", default="4,8", help="pyg_quant inference bit widths; the first is in the core set")
     p.add_argument("--qat-bits", type=int, default=4)
     p.add_argument("--adjacency", default=DEFAULT_ADJACENCY, choices=ADJACENCY_FORMS,

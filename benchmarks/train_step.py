@@ -1,7 +1,7 @@
 """Where a training step's time goes: PyG fp32 against pyg_quant QAT on one products-scale cluster batch.
 
 One cluster batch of ``benchmarks/layers.py`` (32,000 nodes, ~1.27M edges; 100 input features,
-47 classes), the models of ``benchmarks/e2e.py`` (GIN 3×64, GCN 3×16), one training step
+47 classes), the models of ``benchmarks/workload`` (GIN 3×64, GCN 3×16), one training step
 (forward, cross-entropy, backward, Adam) per variant:
 
 * ``step ms``: median wall time of a step with a device synchronisation after it;
@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from e2e import Net, gin_mlp  # noqa: E402
+from workload import Net, gin_mlp  # noqa: E402
 from layers import cluster_batch  # noqa: E402
 
 try:

@@ -1,9 +1,9 @@
 r"""User paths against PyG (issue 37 item 5): a user's inference loop, resident, with copies and compiled.
 
-One device call: the workload of ``benchmarks/e2e.py`` (its graph and batch builders and its models are imported
-from there: products-scale Cluster-GCN batches, 75 of 32,000 nodes and ~1.27M edges; GCN 3 layers 100 → 16 → 16 → 47,
-GIN 3 layers hidden 64), every variant in ``eval()`` under ``torch.inference_mode()``, each path timed over whole
-epochs.  Prints markdown tables and writes ``--out`` JSON after every configuration.
+One device call: the workload of ``benchmarks/workload`` (its graph, batches and models: products-scale Cluster-GCN
+batches, 75 of 32,000 nodes and ~1.27M edges; GCN 3 layers 100 → 16 → 16 → 47, GIN 3 layers hidden 64), every
+variant in ``eval()`` under ``torch.inference_mode()``, each path timed over whole epochs.  Prints markdown tables
+and writes ``--out`` JSON after every configuration.
 
 Usage (repository root; the extension built for the device's torch first)::
 
@@ -63,8 +63,8 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import e2e  # noqa: E402  (the workload: graph, batches, models, timing helpers)
-from e2e import first_line, log, pq  # noqa: E402
+import workload  # noqa: E402  (the workload: graph, batches, models, timing helpers)
+from workload import first_line, log, pq  # noqa: E402
 from torch_geometric.loader import PrefetchLoader  # noqa: E402
 
 from pyg_quant.graph.adjacency_form import ADJACENCY_FORMS, DEFAULT_ADJACENCY  # noqa: E402
@@ -86,10 +86,10 @@ class Paths:
         self.quant = label.startswith("pyg_quant")
         if self.quant:
             self.bits = int(label.split()[1].split("-")[0])
-            inp = e2e.pq_inputs(data, kind, self.bits, device, pinned)
+            inp = workload.pq_inputs(data, kind, self.bits, device, pinned)
         else:
             precision, adjacency = label.split()[1:3]
-            inp = e2e.pyg_inputs(data, kind, "CSR" if adjacency == "CSR" else "edge_index", precision, device)
+            inp = workload.pyg_inputs(data, kind, "CSR" if adjacency == "CSR" else "edge_index", precision, device)
             self.csr = adjacency == "CSR"
         self.pinned, self.resident, self.bytes_per_batch = inp.host, inp.resident, inp.bytes_per_batch
         self.nb = len(self.resident)
@@ -101,7 +101,7 @@ class Paths:
             if not self.is_pinned:
                 self._pageable = self.pinned  # a CPU run: host and device memory are the same
             elif self.quant:  # QuantClusterLoader's default batch: the same wire buffer, pageable
-                self._pageable = e2e.pq_host_batches(self.data, self.kind, self.bits, False)
+                self._pageable = workload.pq_host_batches(self.data, self.kind, self.bits, False)
             else:  # ClusterLoader's: clones of the pinned views
                 self._pageable = [tuple(t.clone() for t in hb) for hb in self.pinned]
         return self._pageable
@@ -150,12 +150,12 @@ def variant_labels(args):
 
 def make_model(args, kind: str, label: str, state, device):
     if label.startswith("pyg_quant"):
-        model = e2e.make_pq(args, kind, int(label.split()[1].split("-")[0]))
+        model = workload.make_pq(args, kind, int(label.split()[1].split("-")[0]))
         model.load_state_dict(state)
         return model.to(device).eval()
     precision, adjacency = label.split()[1:3]
     # GCN's CSR is pre-normalized (PyG's fastest path); edge_index and GIN normalize as PyG does.
-    model = e2e.make_pyg(args, kind, normalize=(adjacency != "CSR" or kind != "GCN"))
+    model = workload.make_pyg(args, kind, normalize=(adjacency != "CSR" or kind != "GCN"))
     model.load_state_dict(state)
     model = model.to(device).eval()
     return model.to(torch.bfloat16) if precision == "bf16" else model
@@ -182,12 +182,12 @@ def eager_path(args, runner, paths: Paths, model, path: str, ref) -> dict:
     with torch.inference_mode():
         out = {}
         if path == "resident":
-            out["rel_err_vs_pyg_fp32"] = e2e.rel_err(model(*paths.resident[0]), ref)
+            out["rel_err_vs_pyg_fp32"] = workload.rel_err(model(*paths.resident[0]), ref)
         out.update(runner.measure(lambda: paths.epoch(path, model)))
         k = min(args.profile_batches, paths.nb)
-        syncs = e2e.count_syncs(runner, lambda: paths.epoch(path, model, k))
+        syncs = workload.count_syncs(runner, lambda: paths.epoch(path, model, k))
         out["syncs_per_batch"] = None if syncs is None else syncs / k
-        prof = e2e.profile_batch(runner, lambda: paths.epoch(path, model, k))
+        prof = workload.profile_batch(runner, lambda: paths.epoch(path, model, k))
         for key in ("kernels", "launch_calls", "memcpy_memset", "top_level_ops", "kernel_us"):
             if prof.get(key) is not None:
                 out[f"{key}_per_batch"] = prof[key] / k
@@ -222,7 +222,7 @@ def compiled_path(args, runner, paths: Paths, model, mode, ref) -> dict:
             with context():
                 t = time.perf_counter()
                 first = compiled(*paths.resident[0])
-                out["rel_err_vs_pyg_fp32"] = e2e.rel_err(first, ref)
+                out["rel_err_vs_pyg_fp32"] = workload.rel_err(first, ref)
                 del first
                 runner.sync()
                 out["first_call_s"] = round(time.perf_counter() - t, 2)
@@ -336,7 +336,7 @@ def parse_args(argv=None):
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--small", action="store_true",
                    help="CPU check: 8 parts of 250 nodes, 2 parts a batch (4 batches of 500 nodes)")
-    e2e.add_workload_arguments(p)
+    workload.add_workload_arguments(p)
     p.add_argument("--bits", default=None, help="pyg_quant bit widths (default 8,4; --small: 4)")
     p.add_argument("--pyg", default=None,
                    help="PyG variants, comma-separated (default 'fp32 CSR,bf16 CSR,fp32 edge_index'; "
@@ -397,26 +397,26 @@ def main(argv=None):
     if device.type == "cuda":
         torch.cuda.init()
     date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    meta = dict(date=date, device=str(device), device_name=e2e.device_name(device), torch=torch.__version__,
+    meta = dict(date=date, device=str(device), device_name=workload.device_name(device), torch=torch.__version__,
                 cuda=torch.version.cuda, pyg_quant=pq.__version__, backends=pq.backends(),
                 threads=torch.get_num_threads(), args=vars(args), stream="default (a user's loop)",
                 command=" ".join([os.path.basename(sys.executable)] + sys.argv))
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    rec = e2e.Recorder(args.out, meta, device.type)
+    rec = workload.Recorder(args.out, meta, device.type)
     for key in ("inference", "transfer", "training", "profiles"):
         del rec.data[key]  # e2e.py's sections; this script's results are its rows
     rec.data["rows"] = []
-    runner = e2e.Runner(args, device, rec)
+    runner = workload.Runner(args, device, rec)
     print(f"# pyg_quant user paths ({date}): device {device} ({meta['device_name']}), torch {torch.__version__}, "
           f"backends {pq.backends()}, threads {torch.get_num_threads()}", flush=True)
     warnings.filterwarnings("ignore", message=".*[Ss]parse.*")  # PyG/torch beta-state notices, once per call
 
     try:
         t = time.perf_counter()
-        data = e2e.build_graph(args, device, rec)
+        data = workload.build_graph(args, device, rec)
         data.adjacency = args.adjacency
-        e2e.build_formats(args, device, data, rec, runner)
+        workload.build_formats(args, device, data, rec, runner)
         rec.data["timeline"]["build_s"] = round(time.perf_counter() - t, 1)
         rec.save()
     except Exception as error:  # noqa: BLE001  (nothing to measure without the batches)
@@ -429,7 +429,7 @@ def main(argv=None):
     plan = []
     for kind in args.models:
         torch.manual_seed(args.seed)
-        base = e2e.make_pyg(args, kind).to(device).eval()
+        base = workload.make_pyg(args, kind).to(device).eval()
         with torch.inference_mode():
             ref = base(data.x[0], data.edge_index[0]).float().clone()
         state = base.state_dict()
