@@ -6,11 +6,7 @@
 // off (-ffp-contract=off, -fmad=false), so the two backends agree bit for bit.
 #include <cmath>
 
-#if defined(__CUDACC__)
-#define PYG_QUANT_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define PYG_QUANT_HOST_DEVICE inline
-#endif
+#include "macros.h"
 
 namespace pyg_quant {
 

@@ -18,13 +18,8 @@
 #include <cmath>
 #include <optional>
 #include <tuple>
-#include <vector>
 
-#if defined(__CUDACC__)
-#define PQ_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define PQ_HOST_DEVICE inline
-#endif
+#include "macros.h"
 
 namespace pyg_quant {
 
@@ -35,12 +30,12 @@ struct AffineParams {
   float lo, scale, inv;
 };
 
-PQ_HOST_DEVICE AffineParams affine_params(float lo, float hi, float levels) {
+PYG_QUANT_HOST_DEVICE AffineParams affine_params(float lo, float hi, float levels) {
   const float scale = (hi - lo) / levels;
   return {lo, scale, scale > 0.0f ? 1.0f / scale : 0.0f};
 }
 
-PQ_HOST_DEVICE float fake_quantize_value(float x, const AffineParams& p, float u, float levels) {
+PYG_QUANT_HOST_DEVICE float fake_quantize_value(float x, const AffineParams& p, float u, float levels) {
   float t = (x - p.lo) * p.inv;
   t = floorf(t + u);
   t = t < 0.0f ? 0.0f : (t > levels ? levels : t);  // NaN falls through both tests
@@ -54,7 +49,7 @@ struct MseCandidate {
   float hi;
 };
 
-PQ_HOST_DEVICE MseCandidate mse_candidate(float lo, float hi, float shrink, float levels) {
+PYG_QUANT_HOST_DEVICE MseCandidate mse_candidate(float lo, float hi, float shrink, float levels) {
   float center = 0.0f < lo ? lo : 0.0f;  // std::min(std::max(0, lo), hi), as torch.clamp
   center = hi < center ? hi : center;
   const float c_lo = center + shrink * (lo - center);
@@ -63,31 +58,9 @@ PQ_HOST_DEVICE MseCandidate mse_candidate(float lo, float hi, float shrink, floa
 }
 
 // The squared error of one element under candidate p, exact in float64 (a float32 square fits in 48 bits).
-PQ_HOST_DEVICE double squared_error(float x, const AffineParams& p, float levels) {
+PYG_QUANT_HOST_DEVICE double squared_error(float x, const AffineParams& p, float levels) {
   const double e = static_cast<double>(fake_quantize_value(x, p, 0.5f, levels) - x);
   return e * e;
-}
-
-inline int64_t num_groups(const at::Tensor& x, int64_t dim) { return dim < 0 ? 1 : x.size(1 - dim); }
-
-inline void check_fake_quantize_args(const at::Tensor& x, const std::optional<at::Tensor>& lo,
-                                     const std::optional<at::Tensor>& hi, int64_t bits, int64_t dim,
-                                     const std::optional<at::Tensor>& noise) {
-  TORCH_CHECK_VALUE(x.dim() == 2 && x.scalar_type() == at::kFloat, "x must be a 2-D float32 tensor");
-  TORCH_CHECK_VALUE(x.numel() > 0, "x must not be empty");
-  TORCH_CHECK_VALUE(bits >= 1 && bits <= 8, "bits must be in 1..8, got ", bits);
-  TORCH_CHECK_VALUE(dim >= -1 && dim <= 1, "dim must be -1 (per tensor), 0 (per column) or 1 (per row), got ", dim);
-  TORCH_CHECK_VALUE(lo.has_value() == hi.has_value(), "lo and hi must be given together (or both None)");
-  for (const auto* range : {&lo, &hi}) {
-    if (!range->has_value()) continue;
-    const at::Tensor& t = **range;
-    TORCH_CHECK_VALUE(t.scalar_type() == at::kFloat && t.device() == x.device() && t.numel() == num_groups(x, dim),
-                      "lo and hi must be float32 on x's device with one value per group (", num_groups(x, dim),
-                      "), got ", t.numel());
-  }
-  TORCH_CHECK_VALUE(!noise || (noise->sizes() == x.sizes() && noise->scalar_type() == at::kFloat &&
-                               noise->device() == x.device()),
-                    "noise must be float32 with x's shape and device");
 }
 
 // The rounding noise: the given tensor, U[0, 1) drawn here from `generator` (torch's default one when None,
@@ -105,21 +78,6 @@ inline std::tuple<at::Tensor, at::Tensor> ranges_or_extrema(const at::Tensor& x,
   if (lo.has_value()) return {lo->contiguous().reshape(-1), hi->contiguous().reshape(-1)};
   if (dim < 0) return {x.amin().reshape(1), x.amax().reshape(1)};
   return {x.amin(dim), x.amax(dim)};
-}
-
-inline std::vector<float> check_mse_args(const at::Tensor& x, int64_t bits, int64_t dim, at::ArrayRef<double> grid) {
-  TORCH_CHECK_VALUE(x.dim() == 2 && x.scalar_type() == at::kFloat, "x must be a 2-D float32 tensor");
-  TORCH_CHECK_VALUE(x.numel() > 0, "x must not be empty");
-  TORCH_CHECK_VALUE(bits >= 1 && bits <= 8, "bits must be in 1..8, got ", bits);
-  TORCH_CHECK_VALUE(dim >= -1 && dim <= 1, "dim must be -1 (per tensor), 0 (per column) or 1 (per row), got ", dim);
-  TORCH_CHECK_VALUE(!grid.empty() && grid.size() <= static_cast<size_t>(kMaxMseCandidates),
-                    "grid must hold 1 to ", kMaxMseCandidates, " shrink factors, got ", grid.size());
-  std::vector<float> factors;
-  for (double a : grid) {
-    TORCH_CHECK_VALUE(a > 0.0 && a <= 1.0, "grid factors must lie in (0, 1], got ", a);
-    factors.push_back(static_cast<float>(a));
-  }
-  return factors;
 }
 
 }  // namespace pyg_quant

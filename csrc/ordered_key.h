@@ -16,7 +16,7 @@
 #include <cstring>
 #endif
 
-#include "epilogue.h"  // PYG_QUANT_HOST_DEVICE
+#include "macros.h"
 
 namespace pyg_quant {
 

@@ -11,7 +11,8 @@
 #include <vector>
 
 #include "col_keys.h"
-#include "row_codes.h"
+#include "layout.h"
+#include "quantize_args.h"
 
 namespace pyg_quant {
 
@@ -64,8 +65,9 @@ inline std::vector<int64_t> check_quant_mlp_layers(int64_t rows, int64_t cols, c
     per_channel(weight_sums[l], at::kLong, "weight_sums");
     const std::optional<at::Tensor> b = bias.get(l);
     if (b.has_value()) per_channel(*b, at::kFloat, "bias");
-    TORCH_CHECK_VALUE(act_bits[l] >= 1 && act_bits[l] <= 8, "act_bits[", l, "] must be in 1..8, got ", act_bits[l]);
-    TORCH_CHECK_VALUE(weight_bits[l] >= 1 && weight_bits[l] <= 8, "weight_bits[", l, "] must be in 1..8, got ",
+    TORCH_CHECK_VALUE(act_bits[l] >= 1 && act_bits[l] <= kMaxBits, "act_bits[", l, "] must be in 1..8, got ",
+                      act_bits[l]);
+    TORCH_CHECK_VALUE(weight_bits[l] >= 1 && weight_bits[l] <= kMaxBits, "weight_bits[", l, "] must be in 1..8, got ",
                       weight_bits[l]);
     const int64_t bound = widths.back() * ((int64_t{1} << act_bits[l]) - 1) * ((int64_t{1} << weight_bits[l]) - 1);
     TORCH_CHECK_VALUE(bound <= kQuantMlpInt32Max, "weight_codes[", l,
@@ -122,7 +124,7 @@ inline std::vector<int64_t> check_quant_mlp_planes_args(const at::Tensor& planes
 // with out_lo / out_inv_scale (float32 [out_cols] on `device`, quantize_pack's lo and inv_scale) to out_bits.
 inline void check_quant_mlp_out_codes(const at::Tensor& out_lo, const at::Tensor& out_inv_scale, int64_t out_bits,
                                       int64_t out_cols, const c10::Device& device, const char* input) {
-  TORCH_CHECK_VALUE(out_bits >= 1 && out_bits <= 8, "out_bits must be in 1..8, got ", out_bits);
+  TORCH_CHECK_VALUE(out_bits >= 1 && out_bits <= kMaxBits, "out_bits must be in 1..8, got ", out_bits);
   for (const auto& [t, name] : {std::pair<const at::Tensor*, const char*>{&out_lo, "out_lo"},
                                 std::pair<const at::Tensor*, const char*>{&out_inv_scale, "out_inv_scale"}}) {
     TORCH_CHECK_VALUE(t->dim() == 1 && t->size(0) == out_cols && t->scalar_type() == at::kFloat, name,

@@ -9,39 +9,15 @@
 #include <ATen/ops/ones_like.h>
 #include <ATen/ops/where.h>
 #include <ATen/ops/zeros_like.h>
-#include <c10/util/Exception.h>
 
 #include <optional>
 #include <tuple>
 
-#include "col_keys.h"
+#include "quantize_args.h"
 
 namespace pyg_quant {
 
 using QuantizedRanges = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;  // planes, lo, scale, code_sums
-
-inline void check_quantize_ranges_args(const at::Tensor& x, int64_t bits, int64_t dim,
-                                       const std::optional<at::Tensor>& noise) {
-  TORCH_CHECK_VALUE(x.dim() == 2 && x.scalar_type() == at::kFloat, "x must be a 2-D float32 tensor");
-  TORCH_CHECK_VALUE(x.size(0) > 0 && x.size(1) > 0, "x must not be empty");
-  TORCH_CHECK_VALUE(bits >= 1 && bits <= 8, "bits must be in 1..8, got ", bits);
-  TORCH_CHECK_VALUE(dim == 0 || dim == 1, "dim must be 0 (per column) or 1 (per row), got ", dim);
-  TORCH_CHECK_VALUE(!noise || (noise->sizes() == x.sizes() && noise->scalar_type() == at::kFloat &&
-                               noise->device() == x.device()),
-                    "noise must be float32 with x's shape and device");
-}
-
-// quantize_pack_ranges' arguments, col_keys included: keys describe columns, so they only stand for the ranges of
-// dim 0, and only the column layout's kernel reads them.
-inline void check_quantize_ranges_args(const at::Tensor& x, int64_t bits, int64_t dim, bool col_layout,
-                                       const std::optional<at::Tensor>& noise,
-                                       const std::optional<at::Tensor>& col_keys) {
-  check_quantize_ranges_args(x, bits, dim, noise);
-  if (!col_keys.has_value()) return;
-  TORCH_CHECK_VALUE(dim == 0 && col_layout, "col_keys needs per-column ranges in the column layout (dim=0, "
-                    "col_layout=True), got dim=", dim, ", col_layout=", col_layout ? "True" : "False");
-  check_col_keys(col_keys, x.size(1), x.device(), "x", "x");
-}
 
 // lo / hi, when given, are the ranges' ends (keepdim shape) in place of x.amin(dim) / x.amax(dim).
 template <typename Pack, typename Sums>

@@ -8,7 +8,7 @@
 // clamp comes before the truncation: for t >= 0 truncation is floor, for t < 0 both give 0, and a NaN t gives 0.
 #include <cstdint>
 
-#include "epilogue.h"  // PYG_QUANT_HOST_DEVICE
+#include "macros.h"
 
 namespace pyg_quant {
 

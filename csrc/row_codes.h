@@ -2,37 +2,19 @@
 // The packed row-code copy of a BitTensor (pyg_quant/layout.py, "Row codes"): node r's codes, column after column,
 // in containers of container_bits(bits) bits, LSB first, in a row of row_code_bytes(cols, bits) bytes.  It is what
 // the CSR part of bit_spmm gathers: one node's codes are contiguous, and at 4 bits a 64-feature row is 32 bytes.
+// container_bits and row_code_bytes, the format's sizes, are in layout.h.
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <optional>
 
-#if defined(__CUDACC__)
-#define PYG_QUANT_ROW_CODES_FN __host__ __device__ __forceinline__
-#else
-#define PYG_QUANT_ROW_CODES_FN inline
-#endif
+#include "layout.h"
 
 namespace pyg_quant {
 
-// 1, 2, 4 or 8: a power of two, so that a container never straddles a byte.
-constexpr PYG_QUANT_ROW_CODES_FN int container_bits(int64_t bits) { return bits <= 1 ? 1 : bits <= 2 ? 2 : bits <= 4 ? 4 : 8; }
-
-// Rows are padded to 16 bytes (128 bits) so that every gather load is an aligned vector load.
-PYG_QUANT_ROW_CODES_FN int64_t row_code_bytes(int64_t cols, int64_t bits) {
-  const int64_t used_bits = (cols > 1 ? cols : 1) * container_bits(bits);
-  return (used_bits + 127) / 128 * 16;
-}
-
-// The padded sizes of a column-layout tensor (layout.py; quantize_pack's): its nodes (the packed dimension) to 256,
-// its columns (the outer dimension) to 64.
-PYG_QUANT_ROW_CODES_FN int64_t padded_nodes(int64_t rows) { return ((rows > 1 ? rows : 1) + 255) / 256 * 256; }
-PYG_QUANT_ROW_CODES_FN int64_t padded_cols(int64_t cols) { return ((cols > 1 ? cols : 1) + 63) / 64 * 64; }
-
 // The code of column c in a packed row.
-PYG_QUANT_ROW_CODES_FN uint32_t row_code_at(const uint8_t* row, int64_t c, int container) {
+PYG_QUANT_HOST_DEVICE uint32_t row_code_at(const uint8_t* row, int64_t c, int container) {
   const int64_t bit = c * container;
   return (static_cast<uint32_t>(row[bit >> 3]) >> (bit & 7)) & ((1u << container) - 1u);
 }
@@ -46,55 +28,34 @@ struct RowCodesShape {
 inline RowCodesShape row_codes_shape(const at::Tensor& planes, int64_t cols, bool col_layout) {
   TORCH_CHECK_VALUE(planes.dim() == 3 && planes.scalar_type() == at::kInt, "planes must be int32[bits, outer, words]");
   const int64_t bits = planes.size(0), outer = planes.size(1), words = planes.size(2);
-  TORCH_CHECK_VALUE(bits >= 1 && bits <= 8, "planes must hold 1 to 8 bit planes");
-  TORCH_CHECK_VALUE(cols >= 0 && cols <= (col_layout ? outer : words * 32), "cols exceeds the planes' padded shape");
-  return {bits, outer, words, col_layout ? words * 32 : outer, row_code_bytes(cols, bits)};
+  TORCH_CHECK_VALUE(bits >= 1 && bits <= kMaxBits, "planes must hold 1 to 8 bit planes");
+  TORCH_CHECK_VALUE(cols >= 0 && cols <= (col_layout ? outer : words * kWordBits),
+                    "cols exceeds the planes' padded shape");
+  return {bits, outer, words, col_layout ? words * kWordBits : outer, row_code_bytes(cols, bits)};
 }
 
 // The planes of planes_from_row_codes(row_codes, rows, cols, bits): the column-layout planes (layout.py) of a
 // rows x cols tensor of `bits`-bit codes whose packed row codes are row_codes.
 struct PlanesFromRowCodesShape {
   int bits, cols, outer_pad, row_words;  // planes int32 [bits, outer_pad, words]; row_codes [words · 32, 4·row_words]
-  int64_t words;                         // a multiple of 8 (the nodes are padded to 256)
+  int64_t words;                         // a multiple of kPackAlignWords (the nodes are padded to 256)
 };
 
 inline PlanesFromRowCodesShape planes_from_row_codes_shape(const at::Tensor& row_codes, int64_t rows, int64_t cols,
                                                            int64_t bits) {
-  TORCH_CHECK_VALUE(bits >= 1 && bits <= 8, "bits must be in 1..8, got ", bits);
+  TORCH_CHECK_VALUE(bits >= 1 && bits <= kMaxBits, "bits must be in 1..8, got ", bits);
   TORCH_CHECK_VALUE(rows >= 0 && cols >= 1, "rows must be >= 0 and cols >= 1, got ", rows, " and ", cols);
   const int64_t row_bytes = row_code_bytes(cols, bits);
   TORCH_CHECK_VALUE(cols <= (int64_t{1} << 24), "cols must be at most 2^24, got ", cols);
   const PlanesFromRowCodesShape shape{static_cast<int>(bits), static_cast<int>(cols),
-                                      static_cast<int>(padded_cols(cols)), static_cast<int>(row_bytes / 4),
-                                      padded_nodes(rows) / 32};
+                                      static_cast<int>(padded_outer(cols)), static_cast<int>(row_bytes / 4),
+                                      packed_words(rows)};
   TORCH_CHECK_VALUE(row_codes.dim() == 2 && row_codes.scalar_type() == at::kByte && row_codes.is_contiguous() &&
                         row_codes.size(0) == shape.words * 32 && row_codes.size(1) == row_bytes,
                     "row_codes must be the contiguous uint8 packed row codes of ", rows, " x ", cols, " ", bits,
                     "-bit codes ([", shape.words * 32, ", ", row_bytes, "]), got ", row_codes.scalar_type(), " ",
                     row_codes.sizes());
   return shape;
-}
-
-// The planes of unpack_codes / dequantize: int32 [bits, outer, words] holding a rows x cols matrix.
-inline void check_unpack_shape(const at::Tensor& planes, int64_t rows, int64_t cols, bool col_layout) {
-  TORCH_CHECK_VALUE(planes.dim() == 3 && planes.scalar_type() == at::kInt, "planes must be int32[bits, outer, words]");
-  TORCH_CHECK_VALUE(planes.size(0) >= 1 && planes.size(0) <= 8, "planes must hold 1 to 8 bit planes");
-  TORCH_CHECK_VALUE(rows >= 0 && cols >= 0, "rows and cols must be non-negative");
-  TORCH_CHECK_VALUE(planes.size(1) >= (col_layout ? cols : rows) && planes.size(2) * 32 >= (col_layout ? rows : cols),
-                    "rows/cols exceed the planes' padded shape");
-}
-
-// The ranges of dequantize: float32 lo / scale with one entry per group, dim -1 (one), 0 (per column) or 1 (per
-// row), on the planes' device.
-inline void check_dequantize_ranges(const at::Tensor& planes, const at::Tensor& lo, const at::Tensor& scale,
-                                    int64_t rows, int64_t cols, int64_t dim) {
-  TORCH_CHECK_VALUE(dim >= -1 && dim <= 1, "dim must be -1 (per tensor), 0 (per column) or 1 (per row), got ", dim);
-  const int64_t groups = dim < 0 ? 1 : (dim == 0 ? cols : rows);
-  for (const auto* t : {&lo, &scale}) {
-    TORCH_CHECK_VALUE(t->scalar_type() == at::kFloat && t->numel() == groups,
-                      "lo and scale must be float32 with ", groups, " entries (dim=", dim, "), got ", t->numel());
-    TORCH_CHECK_VALUE(t->device() == planes.device(), "lo and scale must be on the planes' device");
-  }
 }
 
 // An x_codes argument of bit_spmm: the packed row codes of column-layout x_planes over `cols` features (as

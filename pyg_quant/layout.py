@@ -74,8 +74,9 @@ hold node ``r``'s codes one after the other in containers of
 Rows are padded with zero codes to a multiple of 16 bytes, so that a gathering
 thread reads its slice with one aligned vector load; ``nodes_pad`` is the
 planes' padded node count.  At 4 bits a 64-feature row is 32 bytes, one memory
-sector, where ``uint8`` codes took 64 and an fp32 row 256.  (``csrc/row_codes.h``
-holds the same definitions for the kernels.)
+sector, where ``uint8`` codes took 64 and an fp32 row 256.  (``csrc/layout.h``
+holds this module's constants and rules for the kernels, ``csrc/row_codes.h`` the row
+codes' access.)
 """
 
 PACK_ALIGN_BITS = 256

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import pyg_quant as pq
+from pyg_quant import layout as bit_layout
 from pyg_quant import ops
 from pyg_quant.ops import reference as ref
 
@@ -108,6 +109,35 @@ def test_layout_matches_numpy_packbits_and_padding(layout, shape, bits):
     decoded = decode_bits(bt.planes)
     assert not decoded[:, outer:, :].any(), "padded outer rows must hold zero codes"
     assert not decoded[:, :, packed:].any(), "padded packed positions must hold zero codes"
+
+
+@requires_compiled
+@pytest.mark.parametrize("rows,cols", [(1, 1), (31, 65), (256, 64), (257, 300)])
+def test_compiled_padding_and_tiles_follow_layout_py(rows, cols):
+    """csrc/layout.h's constants and rules, as the compiled ops apply them, are layout.py's: the planes' padding,
+    the row codes' row bytes and the adjacency's tile shape."""
+    x = randn(rows, cols, rows + cols)
+    lo, inv = to_bit_args(x, 3, None)
+    for col in (False, True):
+        outer, packed = (cols, rows) if col else (rows, cols)
+        shape = (3, bit_layout.padded_outer(outer), bit_layout.packed_words(packed))
+        assert torch.ops.pyg_quant.quantize_pack(x, lo, inv, 3, col, None).shape == shape
+        for dim in (0, 1):
+            assert torch.ops.pyg_quant.quantize_pack_ranges(x, 3, dim, col, None)[0].shape == shape
+    for bits in (1, 2, 3, 5, 8):
+        planes = torch.ops.pyg_quant.quantize_pack(x, lo, inv, bits, True, None)
+        codes = torch.ops.pyg_quant.pack_row_codes(planes, cols, True)
+        assert codes.shape == (bit_layout.packed_words(rows) * 32, bit_layout.row_code_bytes(cols, bits))
+        assert torch.ops.pyg_quant.planes_from_row_codes(codes, rows, cols, bits).shape == planes.shape
+    keys = torch.arange(0, rows * cols, 5)
+    tile_key, row_count, entry_col, _, res_row, _, _, _ = torch.ops.pyg_quant.tile_plan(
+        keys, torch.ones_like(keys), rows, cols, 1, 1)
+    window_ptr, tile_col, tile_bits, _, _ = torch.ops.pyg_quant.expand_tiles(
+        tile_key, row_count, entry_col, None, res_row, None, rows, cols, 1)
+    windows, col_tiles = -(-rows // bit_layout.TILE_ROWS), -(-cols // bit_layout.TILE_COLS)
+    assert row_count.shape[1:] == (bit_layout.TILE_ROWS,) and window_ptr.shape == (windows + 1,)
+    assert tile_bits.shape == (1, tile_key.numel(), bit_layout.TILE_ROWS, bit_layout.TILE_WORDS)
+    assert torch.equal(tile_col, tile_key % col_tiles) and int(tile_key.max()) < windows * col_tiles
 
 
 # --- compiled == reference, bit for bit -----------------------------------------------

@@ -12,9 +12,10 @@
 #include <cstring>
 #include <vector>
 
+#include "bitmm_args.h"
 #include "cpu_features.h"
+#include "epilogue.h"
 #include "popcount.h"
-#include "../epilogue.h"
 
 namespace pyg_quant {
 namespace {
@@ -177,13 +178,7 @@ void bitmm_int_avx512(const uint64_t* ap, int64_t a_plane, int s, const uint64_t
 }  // namespace
 
 at::Tensor bitmm_int_cpu(const at::Tensor& a_in, const at::Tensor& b_in, int64_t rows, int64_t cols, bool wide) {
-  TORCH_CHECK_VALUE(a_in.dim() == 3 && b_in.dim() == 3 && a_in.scalar_type() == at::kInt &&
-                        b_in.scalar_type() == at::kInt,
-                    "a_planes and b_planes must be int32[bits, outer, words]");
-  TORCH_CHECK_VALUE(a_in.size(2) == b_in.size(2) && a_in.size(2) % 2 == 0,
-                    "a_planes and b_planes must pack the same (even) number of words along K");
-  TORCH_CHECK_VALUE(a_in.size(0) <= 8 && b_in.size(0) <= 8, "at most 8 bit planes per operand");
-  TORCH_CHECK_VALUE(rows <= a_in.size(1) && cols <= b_in.size(1), "rows/cols exceed the padded operands");
+  check_bitmm_int_args(a_in, b_in, rows, cols, /*word_multiple=*/2);  // the planes are read as 64-bit words
   const auto a = a_in.contiguous();
   const auto b = b_in.contiguous();
   const int s = a.size(0), t = b.size(0);
@@ -219,35 +214,6 @@ at::Tensor bitmm_int_cpu(const at::Tensor& a_in, const at::Tensor& b_in, int64_t
     }
   });
   return out;
-}
-
-void check_bitmm_affine_args(const at::Tensor& product, const at::Tensor& row_sums, const at::Tensor& col_sums,
-                             const at::Tensor& a_lo, const at::Tensor& a_scale, const at::Tensor& b_lo,
-                             const at::Tensor& b_scale, int64_t k, const std::optional<at::Tensor>& bias) {
-  TORCH_CHECK_VALUE(product.dim() == 2 && (product.scalar_type() == at::kInt || product.scalar_type() == at::kLong),
-                    "product must be a 2-D int32 or int64 tensor");
-  const int64_t rows = product.size(0), cols = product.size(1);
-  TORCH_CHECK_VALUE(row_sums.dim() == 1 && row_sums.size(0) == rows && row_sums.scalar_type() == at::kLong,
-                    "row_sums must be int64 [", rows, "]");
-  TORCH_CHECK_VALUE(col_sums.dim() == 1 && col_sums.size(0) == cols && col_sums.scalar_type() == at::kLong,
-                    "col_sums must be int64 [", cols, "]");
-  for (const auto* t : {&a_lo, &a_scale}) {
-    TORCH_CHECK_VALUE(t->dim() == 1 && t->size(0) == rows && t->scalar_type() == at::kFloat,
-                      "a_lo and a_scale must be float32 [", rows, "]");
-  }
-  for (const auto* t : {&b_lo, &b_scale}) {
-    TORCH_CHECK_VALUE(t->dim() == 1 && t->size(0) == cols && t->scalar_type() == at::kFloat,
-                      "b_lo and b_scale must be float32 [", cols, "]");
-  }
-  if (bias.has_value()) {
-    TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == cols && bias->scalar_type() == at::kFloat,
-                      "bias must be float32 [", cols, "]");
-  }
-  TORCH_CHECK_VALUE(k >= 0, "k must be non-negative");
-  for (const auto* t : {&row_sums, &col_sums, &a_lo, &a_scale, &b_lo, &b_scale}) {
-    TORCH_CHECK_VALUE(t->device() == product.device(), "every operand must be on the product's device");
-  }
-  if (bias.has_value()) TORCH_CHECK_VALUE(bias->device() == product.device(), "bias must be on the product's device");
 }
 
 namespace {

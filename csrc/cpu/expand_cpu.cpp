@@ -11,9 +11,11 @@
 #include <cstring>
 #include <vector>
 
+#include "expand_args.h"
+#include "layout.h"
+
 namespace pyg_quant {
 namespace {
-constexpr int64_t kTileRows = 16, kTileWords = 8;  // pyg_quant/layout.py: 16 x 256 bit tiles
 
 int64_t count_at(const at::Tensor& row_count, const void* data, int64_t index) {
   return row_count.scalar_type() == at::kByte ? static_cast<const uint8_t*>(data)[index]
@@ -47,69 +49,6 @@ void row_bounds(const char* op, const int32_t* res_row, int64_t num_res, int64_t
   }
 }
 }  // namespace
-
-namespace {
-// The plan's shapes, dtypes and devices, shared by expand_tiles and expand_csr (`op` names the caller).
-void check_plan_args(const char* op, const at::Tensor& tile_key, const at::Tensor& row_count,
-                     const at::Tensor& entry_col, const std::optional<at::Tensor>& entry_val, const at::Tensor& res_row,
-                     const std::optional<at::Tensor>& res_val, int64_t num_rows, int64_t num_cols) {
-  TORCH_CHECK(num_rows > 0 && num_cols > 0, op, ": num_rows and num_cols must be positive");
-  TORCH_CHECK(tile_key.scalar_type() == at::kInt && tile_key.dim() == 1, op, ": tile_key must be int32 [T]");
-  TORCH_CHECK((row_count.scalar_type() == at::kByte || row_count.scalar_type() == at::kShort) &&
-                  row_count.dim() == 2 && row_count.size(0) == tile_key.size(0) && row_count.size(1) == kTileRows,
-              op, ": row_count must be uint8/int16 [T, 16]");
-  TORCH_CHECK(entry_col.scalar_type() == at::kByte && entry_col.dim() == 1, op, ": entry_col must be uint8");
-  TORCH_CHECK(!entry_val || (entry_val->scalar_type() == at::kByte && entry_val->sizes() == entry_col.sizes()), op,
-              ": entry_val must be uint8 like entry_col");
-  TORCH_CHECK(res_row.scalar_type() == at::kInt && res_row.dim() == 1, op, ": res_row must be int32");
-  TORCH_CHECK(!res_val || (res_val->scalar_type() == at::kInt && res_val->sizes() == res_row.sizes()), op,
-              ": res_val must be int32 like res_row");
-  const auto device = tile_key.device();
-  for (const at::Tensor* t : {&row_count, &entry_col, &res_row}) {
-    TORCH_CHECK(t->device() == device, op, ": all tensors must be on one device");
-  }
-  TORCH_CHECK((!entry_val || entry_val->device() == device) && (!res_val || res_val->device() == device), op,
-              ": all tensors must be on one device");
-}
-}  // namespace
-
-void check_expand_args(const at::Tensor& tile_key, const at::Tensor& row_count, const at::Tensor& entry_col,
-                       const std::optional<at::Tensor>& entry_val, const at::Tensor& res_row,
-                       const std::optional<at::Tensor>& res_val, int64_t num_rows, int64_t num_cols, int64_t planes) {
-  check_plan_args("expand_tiles", tile_key, row_count, entry_col, entry_val, res_row, res_val, num_rows, num_cols);
-  TORCH_CHECK(planes >= 1 && planes <= 8, "expand_tiles: planes must be in 1..8, got ", planes);
-  TORCH_CHECK(planes == 1 || entry_val, "expand_tiles: more than one plane needs entry_val");
-}
-
-void check_expand_csr_args(const at::Tensor& tile_key, const at::Tensor& row_count, const at::Tensor& entry_col,
-                           const std::optional<at::Tensor>& entry_val, const at::Tensor& res_row,
-                           const at::Tensor& res_col, const std::optional<at::Tensor>& res_val, int64_t num_rows,
-                           int64_t num_cols) {
-  check_plan_args("expand_csr", tile_key, row_count, entry_col, entry_val, res_row, res_val, num_rows, num_cols);
-  TORCH_CHECK(res_col.scalar_type() == at::kInt && res_col.sizes() == res_row.sizes(),
-              "expand_csr: res_col must be int32 like res_row");
-  TORCH_CHECK(res_col.device() == tile_key.device(), "expand_csr: all tensors must be on one device");
-}
-
-ExpandOperands expand_operands(const at::Tensor& tile_key, const at::Tensor& row_count, const at::Tensor& entry_col,
-                               const std::optional<at::Tensor>& entry_val, const at::Tensor& res_row,
-                               const std::optional<at::Tensor>& res_col, const std::optional<at::Tensor>& res_val,
-                               int64_t num_rows, int64_t num_cols) {
-  ExpandOperands o;
-  o.tile_key = tile_key.contiguous();
-  o.row_count = row_count.contiguous();
-  o.entry_col = entry_col.contiguous();
-  o.entry_val = entry_val ? entry_val->contiguous() : at::Tensor();
-  o.res_row = res_row.contiguous();
-  o.res_col = res_col ? res_col->contiguous() : at::Tensor();
-  o.res_val = res_val ? res_val->contiguous() : at::Tensor();
-  o.num_tiles = o.tile_key.size(0);
-  o.num_entries = o.entry_col.size(0);
-  o.num_res = o.res_row.size(0);
-  o.col_tiles = (num_cols + 255) / 256;
-  o.num_windows = (num_rows + kTileRows - 1) / kTileRows;
-  return o;
-}
 
 ExpandedTiles expand_tiles_cpu(const at::Tensor& tile_key_in, const at::Tensor& row_count_in,
                                const at::Tensor& entry_col_in, const std::optional<at::Tensor>& entry_val_in,
@@ -243,7 +182,7 @@ ExpandedCsr expand_csr_cpu(const at::Tensor& tile_key_in, const at::Tensor& row_
       ++o;
     };
     for (int64_t tile = wptr[w]; tile < wptr[w + 1]; ++tile) {
-      const int64_t base = static_cast<int64_t>(key[tile] % col_tiles) * 256;
+      const int64_t base = static_cast<int64_t>(key[tile] % col_tiles) * kTileCols;
       const int64_t end = e + count_at(row_count, counts, tile * kTileRows + r);
       for (; e < end; ++e) {
         const int64_t c = base + col[e];

@@ -1,7 +1,8 @@
 // Fake quantization and the MSE range search on the CPU (the maths: csrc/fake_quantize.h).
 #include "fake_quantize_cpu.h"
 
-#include "../fake_quantize.h"
+#include "fake_quantize.h"
+#include "fake_quantize_args.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>

@@ -4,9 +4,11 @@
 // backend produces the same codes.
 #include "quantize_cpu.h"
 
-#include "row_codes.h"
+#include "layout.h"
+#include "quantize_args.h"
 #include "quantize_ranges.h"
 #include "quantize_steps.h"
+#include "row_codes.h"
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
@@ -26,12 +28,6 @@
 
 namespace pyg_quant {
 namespace {
-
-constexpr int64_t kOuterAlign = 64;
-constexpr int64_t kPackAlignWords = 8;
-
-int64_t round_up(int64_t n, int64_t m) { return (std::max<int64_t>(n, 1) + m - 1) / m * m; }
-int64_t packed_words(int64_t n) { return round_up(n, kPackAlignWords * 32) / 32; }
 
 // The code of one element is quantize_steps.h's code_of: t = (x - lo) * inv + u clamped to [0, max_code]
 // (a NaN t to 0) and truncated.  The SSE2 path below computes exactly these float32 operations (subps,
@@ -121,23 +117,12 @@ constexpr int64_t kColTile = 256;
 
 at::Tensor quantize_pack_cpu(const at::Tensor& x_in, const at::Tensor& lo_in, const at::Tensor& inv_in,
                              int64_t bits, bool col_layout, const std::optional<at::Tensor>& noise_in) {
-  TORCH_CHECK_VALUE(x_in.dim() == 2 && x_in.scalar_type() == at::kFloat, "x must be a 2-D float32 tensor");
-  TORCH_CHECK_VALUE(bits >= 1 && bits <= 8, "bits must be in 1..8, got ", bits);
-  TORCH_CHECK_VALUE(lo_in.dim() == 2 && inv_in.dim() == 2, "lo and inv_scale must be 2-D (broadcastable to x)");
+  check_quantize_pack_args(x_in, lo_in, inv_in, bits, noise_in);
   const auto x = x_in.contiguous();
   const auto lo = lo_in.to(at::kFloat).contiguous();
   const auto inv = inv_in.to(at::kFloat).contiguous();
   const int64_t rows = x.size(0), cols = x.size(1);
-  for (const auto* t : {&lo, &inv}) {
-    TORCH_CHECK_VALUE((t->size(0) == 1 || t->size(0) == rows) && (t->size(1) == 1 || t->size(1) == cols),
-                      "lo and inv_scale must broadcast to x's shape");
-  }
-  at::Tensor noise;
-  if (noise_in.has_value()) {
-    noise = noise_in->contiguous();
-    TORCH_CHECK_VALUE(noise.sizes() == x.sizes() && noise.scalar_type() == at::kFloat,
-                      "noise must be float32 with x's shape");
-  }
+  const at::Tensor noise = noise_in.has_value() ? noise_in->contiguous() : at::Tensor();
   const float* xp = x.data_ptr<float>();
   const float* np = noise.defined() ? noise.data_ptr<float>() : nullptr;
   const float* lop = lo.data_ptr<float>();
@@ -151,7 +136,7 @@ at::Tensor quantize_pack_cpu(const at::Tensor& x_in, const at::Tensor& lo_in, co
   const int64_t outer = col_layout ? cols : rows;
   const int64_t packed = col_layout ? rows : cols;
   const int64_t words = packed_words(packed);
-  auto planes = at::zeros({bits, round_up(outer, kOuterAlign), words}, x.options().dtype(at::kInt));
+  auto planes = at::zeros({bits, padded_outer(outer), words}, x.options().dtype(at::kInt));
   uint32_t* out = reinterpret_cast<uint32_t*>(planes.data_ptr<int32_t>());
   const int64_t plane_stride = planes.stride(0);
   if (rows == 0 || cols == 0) return planes;
@@ -436,8 +421,8 @@ __attribute__((target("avx512f,avx512vpopcntdq"))) void code_sums_avx512(const u
 }  // namespace
 
 at::Tensor packed_code_sums_cpu(const at::Tensor& planes_in) {
-  TORCH_CHECK_VALUE(planes_in.dim() == 3 && planes_in.scalar_type() == at::kInt, "planes must be int32[bits, outer, words]");
-  TORCH_CHECK_VALUE(planes_in.size(2) % 2 == 0, "planes must have an even number of words");
+  check_code_sums_planes(planes_in);
+  TORCH_CHECK_VALUE(planes_in.size(2) % 2 == 0, "planes must have an even number of words");  // read as 64-bit words
   const auto planes = planes_in.contiguous();
   const int64_t bits = planes.size(0), outer = planes.size(1), words64 = planes.size(2) / 2;
   auto sums = at::empty({outer}, planes.options().dtype(at::kLong));

@@ -20,6 +20,7 @@
 
 #include "cpu_features.h"
 #include "epilogue.h"
+#include "layout.h"
 #include "popcount.h"
 #include "quantize_cpu.h"
 #include "row_codes.h"
@@ -27,8 +28,7 @@
 
 namespace pyg_quant {
 namespace {
-constexpr int64_t kTileRows = 16;
-constexpr int64_t kTileWords64 = 4;  // 256 columns
+constexpr int64_t kTileWords64 = kTileWords / 2;  // a tile row as 64-bit words
 // A walked set bit costs about one vectorised code row add (cols/8 instructions),
 // a popcounted tile about 16 rows × 4 words × cols × plane pairs popcounts: the
 // walk wins below ~64 set bits per plane pair.
@@ -53,7 +53,7 @@ bool sums_fit_31_bits(const at::Tensor& window_ptr, const at::Tensor& res_ptr, c
     most_tiles = (window_ptr.narrow(0, 1, windows) - window_ptr.narrow(0, 0, windows)).max().item<int64_t>();
   }
   const double bound = (static_cast<double>(longest_row) * static_cast<double>(largest_weight) +
-                        static_cast<double>(most_tiles) * 256.0 * static_cast<double>((1 << a_bits) - 1)) *
+                        static_cast<double>(most_tiles) * kTileCols * static_cast<double>((1 << a_bits) - 1)) *
                        static_cast<double>((1 << x_bits) - 1);
   return bound < 2147483648.0;
 }
@@ -113,26 +113,10 @@ at::Tensor bit_spmm_int_impl(const at::Tensor& window_ptr_in, const at::Tensor& 
                              const at::Tensor& tile_bits_in, const at::Tensor& res_ptr_in, const at::Tensor& res_col_in,
                              const std::optional<at::Tensor>& res_val_in, const at::Tensor& x_in, int64_t rows,
                              int64_t cols, bool wide, const std::optional<at::Tensor>& x_codes, at::Tensor* unpacked) {
-  TORCH_CHECK_VALUE(window_ptr_in.dim() == 1 && window_ptr_in.scalar_type() == at::kLong, "window_ptr must be int64[num_windows + 1]");
-  TORCH_CHECK_VALUE(tile_col_in.dim() == 1 && tile_col_in.scalar_type() == at::kInt, "tile_col must be int32[num_tiles]");
-  TORCH_CHECK_VALUE(tile_bits_in.dim() == 4 && tile_bits_in.scalar_type() == at::kInt && tile_bits_in.size(1) == tile_col_in.size(0) &&
-                        tile_bits_in.size(2) == kTileRows && tile_bits_in.size(3) == 2 * kTileWords64,
-                    "tile_bits must be int32[bits, num_tiles, 16, 8]");
-  TORCH_CHECK_VALUE(x_in.dim() == 3 && x_in.scalar_type() == at::kInt && x_in.size(2) % 8 == 0,
-                    "x_planes must be column-layout int32[bits, outer, words]");
-  TORCH_CHECK_VALUE(tile_bits_in.size(0) <= 8 && x_in.size(0) <= 8, "at most 8 bit planes per operand");
-  TORCH_CHECK_VALUE(cols <= x_in.size(1), "cols exceeds x_planes' padded feature count");
-  check_row_codes(x_codes, x_in, cols);  // checked for the schema's sake; the CPU walks its own unpacked codes
+  // x_codes is checked for the schema's sake: the CPU walks its own unpacked codes.
+  check_spmm_operands(window_ptr_in, tile_col_in, tile_bits_in, res_ptr_in, res_col_in, res_val_in, x_in, rows, cols,
+                      x_codes);
   const int64_t num_windows = window_ptr_in.size(0) - 1;
-  TORCH_CHECK_VALUE(num_windows * kTileRows >= rows, "rows exceeds the adjacency's row windows");
-
-  TORCH_CHECK_VALUE(res_ptr_in.dim() == 1 && res_ptr_in.scalar_type() == at::kLong && res_ptr_in.size(0) == rows + 1,
-                    "res_ptr must be int64[rows + 1]");
-  TORCH_CHECK_VALUE(res_col_in.dim() == 1 && res_col_in.scalar_type() == at::kInt, "res_col must be int32[res_nnz]");
-  if (res_val_in.has_value()) {
-    TORCH_CHECK_VALUE(res_val_in->scalar_type() == at::kInt && res_val_in->sizes() == res_col_in.sizes(),
-                      "res_val must be int32 with res_col's shape");
-  }
   const auto window_ptr = window_ptr_in.contiguous();
   const auto tile_col = tile_col_in.contiguous();
   const auto tile_bits = tile_bits_in.contiguous();
@@ -181,7 +165,7 @@ at::Tensor bit_spmm_int_impl(const at::Tensor& window_ptr_in, const at::Tensor& 
       std::vector<Acc> acc(kTileRows * cols);
       for (int64_t win = begin; win < end; ++win) {
         std::fill(acc.begin(), acc.end(), Acc(0));
-        const int64_t live_rows = std::min(kTileRows, rows - win * kTileRows);
+        const int64_t live_rows = std::min<int64_t>(kTileRows, rows - win * kTileRows);
         if (live_rows <= 0) continue;
         for (int64_t t = wptr[win]; t < wptr[win + 1]; ++t) {
           const uint64_t* tile = tiles + t * kTileRows * kTileWords64;
@@ -269,14 +253,6 @@ at::Tensor bit_spmm_int_cpu(const at::Tensor& window_ptr, const at::Tensor& tile
                            nullptr);
 }
 
-namespace {
-void check_vector(const std::optional<at::Tensor>& t, at::ScalarType dtype, int64_t n, const char* name) {
-  if (!t.has_value()) return;
-  TORCH_CHECK_VALUE(t->dim() == 1 && t->size(0) == n && t->scalar_type() == dtype && t->device().is_cpu(), name,
-                    " must be a 1-D ", c10::toString(dtype), " CPU tensor of ", n, " entries");
-}
-}  // namespace
-
 // The integer product, then csrc/epilogue.h row by row (the same arithmetic as the GPU's).
 at::Tensor bit_spmm_affine_cpu(const at::Tensor& window_ptr, const at::Tensor& tile_col, const at::Tensor& tile_bits,
                                const at::Tensor& res_ptr, const at::Tensor& res_col,
@@ -285,18 +261,11 @@ at::Tensor bit_spmm_affine_cpu(const at::Tensor& window_ptr, const at::Tensor& t
                                const std::optional<at::Tensor>& self_weight, const std::optional<at::Tensor>& row_scale,
                                const std::optional<at::Tensor>& bias, bool relu, int64_t rows, int64_t cols,
                                bool wide, const std::optional<at::Tensor>& x_codes) {
-  check_vector(lo, at::kFloat, cols, "lo");
-  check_vector(scale, at::kFloat, cols, "scale");
-  check_vector(row_sums, at::kLong, rows, "row_sums");
-  const int64_t self_len = self_weight_length(self_weight, rows);
-  check_vector(self_weight, at::kFloat, self_len, "self_weight");
-  check_vector(row_scale, at::kFloat, rows, "row_scale");
-  check_vector(bias, at::kFloat, cols, "bias");
+  const int64_t self_len = check_spmm_affine_vectors(lo, scale, row_sums, self_weight, row_scale, bias, x, rows, cols);
   at::Tensor codes;  // x's codes, unpacked once for the product and the self term
   const auto product = bit_spmm_int_impl(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x, rows, cols,
                                          /*wide=*/true, x_codes, &codes);
   if (self_weight.has_value()) {
-    TORCH_CHECK_VALUE(rows <= x.size(2) * 32, "self_weight needs a square adjacency (rows <= x's nodes)");
     if (!codes.defined()) codes = unpack_codes_cpu(x.contiguous(), x.size(2) * 32, cols, /*col_layout=*/true);
   } else {
     codes = at::Tensor();

@@ -11,11 +11,9 @@
 #include <cstring>
 #include <vector>
 
+#include "layout.h"
+
 namespace pyg_quant {
-namespace {
-constexpr int64_t kTileRows = 16;   // pyg_quant/layout.py: TILE_ROWS
-constexpr int64_t kTileCols = 256;  // TILE_COLS
-}  // namespace
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 tile_plan_cpu(const at::Tensor& keys, const at::Tensor& sums, int64_t num_rows, int64_t num_cols,
@@ -92,7 +90,7 @@ tile_plan_cpu(const at::Tensor& keys, const at::Tensor& sums, int64_t num_rows, 
       const int64_t local = row_in_window[e - start], col = col_of[e - start];
       row_sum[window * kTileRows + local] += sum[e];
       if (in_tile[e - start]) {
-        ++row_count[tile_of_block[col / kTileCols] * kTileRows + local];
+        ++row_count[static_cast<int64_t>(tile_of_block[col / kTileCols]) * kTileRows + local];
         entry_col.push_back(static_cast<uint8_t>(col % kTileCols));
         entry_val.push_back(static_cast<uint8_t>(sum[e]));
       } else {

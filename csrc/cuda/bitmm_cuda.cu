@@ -18,16 +18,18 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include "bitmm_args.h"
 #include "bmma.cuh"
 #include "device_limits.h"
-#include "../cpu/bitmm_cpu.h"
-#include "../epilogue.h"
+#include "epilogue.h"
+#include "layout.h"
 
 namespace pyg_quant {
 namespace {
 using namespace pyg_quant::cuda;
 
 constexpr int kBlockM = 64, kBlockN = 64, kThreads = 128;
+static_assert(kOuterAlign % kBlockM == 0 && kOuterAlign % kBlockN == 0, "padded planes are whole blocks");
 
 template <int kChunkSteps>
 struct Chunk {
@@ -191,15 +193,9 @@ void launch_bitmm(const at::Tensor& a, const at::Tensor& b, int64_t rows, int64_
 }  // namespace
 
 at::Tensor bitmm_int_cuda(const at::Tensor& a_in, const at::Tensor& b_in, int64_t rows, int64_t cols, bool wide) {
-  TORCH_CHECK_VALUE(a_in.dim() == 3 && b_in.dim() == 3 && a_in.scalar_type() == at::kInt &&
-                        b_in.scalar_type() == at::kInt,
-                    "a_planes and b_planes must be int32[bits, outer, words]");
-  TORCH_CHECK_VALUE(a_in.size(2) == b_in.size(2) && a_in.size(2) % 8 == 0,
-                    "a_planes and b_planes must pack the same number of words along K (a multiple of 8)");
-  TORCH_CHECK_VALUE(a_in.size(0) <= 8 && b_in.size(0) <= 8, "at most 8 bit planes per operand");
-  TORCH_CHECK_VALUE(a_in.size(1) % kBlockM == 0 && b_in.size(1) % kBlockN == 0, "planes' outer dimension must be padded to 64");
-  TORCH_CHECK_VALUE(rows <= a_in.size(1) && cols <= b_in.size(1), "rows/cols exceed the padded operands");
-  TORCH_CHECK_VALUE(a_in.device() == b_in.device(), "a_planes and b_planes must be on one device");
+  check_bitmm_int_args(a_in, b_in, rows, cols, /*word_multiple=*/kPackAlignWords);  // whole k256 steps
+  TORCH_CHECK_VALUE(a_in.size(1) % kBlockM == 0 && b_in.size(1) % kBlockN == 0,
+                    "planes' outer dimension must be padded to 64");
   TORCH_CHECK_VALUE((cols + kBlockN - 1) / kBlockN <= 65535, "too many output columns for one launch");
   const c10::cuda::CUDAGuard guard(a_in.device());
   // Both kernels copy 16-byte pieces of the planes (cp.async, TMA): a view that starts off a 16-byte boundary
@@ -238,8 +234,9 @@ __global__ void bitmm_affine_kernel(const P* __restrict__ product, const int64_t
        j += static_cast<int64_t>(gridDim.x) * kAffineCols) {
     const double col_sum = static_cast<double>(col_sums[j]);
     const float lb = b_lo[j], rb = b_scale[j], column_bias = bias ? bias[j] : 0.0f;
-    constexpr int64_t kTileRows = kAffineRows * kAffineRowsPerThread;
-    for (int64_t tile = static_cast<int64_t>(blockIdx.y) * kTileRows; tile < rows; tile += gridDim.y * kTileRows) {
+    constexpr int64_t kAffineTileRows = kAffineRows * kAffineRowsPerThread;
+    for (int64_t tile = static_cast<int64_t>(blockIdx.y) * kAffineTileRows; tile < rows;
+         tile += gridDim.y * kAffineTileRows) {
 #pragma unroll 4
       for (int t = 0; t < kAffineRowsPerThread; ++t) {
         const int64_t i = tile + threadIdx.y + static_cast<int64_t>(t) * kAffineRows;

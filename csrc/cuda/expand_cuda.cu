@@ -23,9 +23,11 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include "layout.h"
+
 namespace pyg_quant {
 namespace {
-constexpr int kTileRows = 16, kTileWords = 8, kWarp = 32, kThreads = kTileRows * kWarp;
+constexpr int kWarp = 32, kThreads = kTileRows * kWarp;
 
 // ptr[k] = first i with keys[i] / divisor >= k, for k in [0, m]; optionally rest[i] = keys[i] % divisor.
 __global__ void boundaries_kernel(const int32_t* __restrict__ keys, int64_t n, int64_t divisor, int64_t m,
@@ -144,7 +146,7 @@ __global__ void merge_kernel(const int32_t* __restrict__ tile_key, const int64_t
   int64_t e = max(o - k, int64_t{0});  // tile entries of the rows before this one
   int64_t sum = 0;
   for (int64_t t = first; t < last && o < o_end; ++t) {
-    const int64_t base = static_cast<int64_t>(tile_key[t] % col_tiles) * 256;
+    const int64_t base = static_cast<int64_t>(tile_key[t] % col_tiles) * kTileCols;
     const int64_t end = min(e + max(static_cast<int64_t>(counts[t * kTileRows + r]), int64_t{0}), num_entries);
     for (; e < end && o < o_end; ++e) {
       const int64_t c = base + entry_col[e];

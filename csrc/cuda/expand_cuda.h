@@ -1,5 +1,8 @@
 #pragma once
-#include "cpu/expand_cpu.h"
+#include <ATen/core/Tensor.h>
+#include <optional>
+
+#include "expand_args.h"
 
 namespace pyg_quant {
 

@@ -3,7 +3,8 @@
 // (no atomics), so a search gives the same range at every run.
 #include "fake_quantize_cuda.h"
 
-#include "../fake_quantize.h"
+#include "fake_quantize.h"
+#include "fake_quantize_args.h"
 
 #include <ATen/ATen.h>  // fake_quantize.h includes only the ATen ops it calls itself
 #include <c10/cuda/CUDAException.h>

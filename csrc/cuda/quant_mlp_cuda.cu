@@ -54,6 +54,7 @@
 #include <vector>
 
 #include "epilogue.h"
+#include "layout.h"
 #include "quant_mlp_args.h"
 #include "quantize_steps.h"
 #include "row_codes.h"
@@ -580,8 +581,6 @@ __global__ void __launch_bounds__(kThreads, kOut == kOutCodes ? quant_mlp_codes_
   }
 }
 
-int align_up(int n, int m) { return (n + m - 1) / m * m; }
-
 // The fixed output ranges of the row-codes ops (checked), and the row codes the kernel fills.
 struct OutCodes {
   at::Tensor lo, inv;
@@ -612,7 +611,7 @@ at::Tensor launch_quant_mlp(MlpInput input, int kind, const char* input_name, in
   if (codes == nullptr) {
     out = at::empty({rows, widths.back()}, options);
   } else {
-    const int64_t out_cols = widths.back(), groups = padded_nodes(rows) / 32;
+    const int64_t out_cols = widths.back(), groups = packed_words(rows);
     const int64_t row_bytes = row_code_bytes(out_cols, codes->bits);
     codes->row_codes = at::empty({groups * 32, row_bytes}, options.dtype(at::kByte));
     args.out_codes = reinterpret_cast<uint32_t*>(codes->row_codes.data_ptr<uint8_t>());
@@ -645,16 +644,16 @@ at::Tensor launch_quant_mlp(MlpInput input, int kind, const char* input_name, in
     }
     L.in = static_cast<int>(widths[l]);
     L.out = static_cast<int>(widths[l + 1]);
-    L.words = align_up((L.in + 3) / 4, 4);
+    L.words = round_up((L.in + 3) / 4, 4);
     const uintptr_t w_address = reinterpret_cast<uintptr_t>(L.w);
     L.aligned = L.in % 16 == 0 && w_address % 16 == 0 ? 2 : L.in % 4 == 0 && w_address % 4 == 0 ? 1 : 0;
     L.max_code = static_cast<float>((1 << act_bits[l]) - 1);
     L.relu = relu.get(l) ? 1 : 0;
-    offset = align_up(offset, 16);  // the kernel reads a weight group as one 16-byte load
+    offset = round_up(offset, 16);  // the kernel reads a weight group as one 16-byte load
     L.w_offset = offset;
     offset += L.words * L.out * 4;
     L.param_offset = offset;
-    offset = align_up(offset + 3 * L.out * 4, 8);
+    offset = round_up(offset + 3 * L.out * 4, 8);
     L.sums_offset = offset;
     offset += L.out * 8;
     max_width = std::max(max_width, std::max(L.in, L.out));
@@ -671,7 +670,7 @@ at::Tensor launch_quant_mlp(MlpInput input, int kind, const char* input_name, in
   // column codes gain from it (see benchmarks/RESULTS.md, Layers and kernels, quant_mlp).
   const bool wide_first = chunks == 4 && later_chunks <= 2 && kind != kRowPlanesInput;
   const int rows_per = rows_per_warp(chunks);
-  args.codes_offset = align_up(offset, 16);
+  args.codes_offset = round_up(offset, 16);
   // A row's code buffer holds 32 codes a chunk of the kernel's first layer (chunks: the wide-first kernels take
   // four, the others `chunks` throughout): the kernel's kStride.
   const int codes_stride = 32 * chunks;

@@ -1,4 +1,7 @@
 #pragma once
+// The quantize ops on the GPU: quantize_pack, unpack_codes, dequantize and packed_code_sums in
+// quantize_pack_cuda.cu, pack_row_codes and planes_from_row_codes in row_codes_cuda.cu, quantize_pack_ranges and
+// zeros_cuda in quantize_ranges_cuda.cu.
 #include <ATen/core/Tensor.h>
 #include <optional>
 #include <tuple>

@@ -36,6 +36,7 @@
 #include "bmma.cuh"
 #include "device_limits.h"
 #include "epilogue.h"
+#include "layout.h"
 #include "quantize_cuda.h"
 #include "row_codes.h"
 #include "spmm_args.h"
@@ -46,7 +47,7 @@ namespace pyg_quant {
 namespace {
 using namespace pyg_quant::cuda;
 
-constexpr int kTileRows = 16, kTileWords = 8, kWarpFeatures = 32, kWarpsPerBlock = 4;
+constexpr int kWarpFeatures = 32, kWarpsPerBlock = 4;
 constexpr int kResidualInFlight = 8;
 
 
@@ -225,36 +226,12 @@ Operands check_operands(const at::Tensor& window_ptr, const at::Tensor& tile_col
                         const at::Tensor& res_ptr, const at::Tensor& res_col, const std::optional<at::Tensor>& res_val,
                         const at::Tensor& x, int64_t rows, int64_t cols, bool need_codes,
                         const std::optional<at::Tensor>& x_codes) {
-  TORCH_CHECK_VALUE(window_ptr.dim() == 1 && window_ptr.scalar_type() == at::kLong, "window_ptr must be int64[num_windows + 1]");
-  TORCH_CHECK_VALUE(tile_col.dim() == 1 && tile_col.scalar_type() == at::kInt, "tile_col must be int32[num_tiles]");
-  TORCH_CHECK_VALUE(tile_bits.dim() == 4 && tile_bits.scalar_type() == at::kInt && tile_bits.size(1) == tile_col.size(0) &&
-                        tile_bits.size(2) == kTileRows && tile_bits.size(3) == kTileWords,
-                    "tile_bits must be int32[bits, num_tiles, 16, 8]");
-  TORCH_CHECK_VALUE(x.dim() == 3 && x.scalar_type() == at::kInt && x.size(2) % kTileWords == 0 && x.size(1) % 64 == 0,
-                    "x_planes must be column-layout int32[bits, outer (padded to 64), words]");
-  TORCH_CHECK_VALUE(tile_bits.size(0) >= 1 && tile_bits.size(0) <= 8 && x.size(0) >= 1 && x.size(0) <= 8,
-                    "1 to 8 bit planes per operand");
-  TORCH_CHECK_VALUE(cols >= 0 && cols <= x.size(1), "cols exceeds x_planes' padded feature count");
-  TORCH_CHECK_VALUE(rows >= 0 && res_ptr.dim() == 1 && res_ptr.scalar_type() == at::kLong && res_ptr.size(0) == rows + 1,
-                    "res_ptr must be int64[rows + 1]");
-  TORCH_CHECK_VALUE(res_col.dim() == 1 && res_col.scalar_type() == at::kInt, "res_col must be int32[res_nnz]");
+  check_spmm_operands(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x, rows, cols, x_codes);
   TORCH_CHECK_VALUE(res_col.size(0) <= std::numeric_limits<int32_t>::max(),
                     "res_col: at most 2^31 - 1 residual entries (the gather counts a row's entries in 32 bits)");
-  if (res_val.has_value()) {
-    TORCH_CHECK_VALUE(res_val->scalar_type() == at::kInt && res_val->sizes() == res_col.sizes(),
-                      "res_val must be int32 with res_col's shape");
-  }
-  TORCH_CHECK_VALUE((window_ptr.size(0) - 1) * kTileRows >= rows, "rows exceeds the adjacency's row windows");
-  for (const auto* t : {&window_ptr, &tile_col, &tile_bits, &res_ptr, &res_col}) {
-    TORCH_CHECK_VALUE(t->device() == x.device(), "the adjacency and x_planes must be on one device");
-  }
-  if (res_val.has_value()) TORCH_CHECK_VALUE(res_val->device() == x.device(), "res_val must be on x_planes' device");
   Operands o{window_ptr.contiguous(), tile_col.contiguous(), tile_bits.contiguous(), res_ptr.contiguous(),
              res_col.contiguous(),    res_val.has_value() ? res_val->contiguous() : at::Tensor(), x.contiguous(),
              at::Tensor()};
-  // Index bounds are the format's invariants (BitAdjacency builds them); they are
-  // not re-checked here because that would need a device-to-host copy.
-  check_row_codes(x_codes, o.x, cols);
   if (x_codes.has_value()) {
     o.codes = *x_codes;
   } else if (need_codes || o.res_col.numel() > 0) {
@@ -352,13 +329,6 @@ void launch(const Operands& o, SpmmArgs args, Acc* out_int) {
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-void check_vector(const std::optional<at::Tensor>& t, at::ScalarType dtype, int64_t n, const at::Tensor& x,
-                  const char* name) {
-  if (!t.has_value()) return;
-  TORCH_CHECK_VALUE(t->dim() == 1 && t->size(0) == n && t->scalar_type() == dtype && t->device() == x.device(), name,
-                    " must be a 1-D ", c10::toString(dtype), " tensor of ", n, " entries on x_planes' device");
-}
-
 }  // namespace
 
 at::Tensor bit_spmm_int_cuda(const at::Tensor& window_ptr, const at::Tensor& tile_col, const at::Tensor& tile_bits,
@@ -390,16 +360,7 @@ at::Tensor bit_spmm_affine_cuda(const at::Tensor& window_ptr, const at::Tensor& 
                                 bool relu, int64_t rows, int64_t cols, bool wide,
                                 const std::optional<at::Tensor>& x_codes) {
   const c10::cuda::CUDAGuard guard(x.device());
-  check_vector(lo, at::kFloat, cols, x, "lo");
-  check_vector(scale, at::kFloat, cols, x, "scale");
-  check_vector(row_sums, at::kLong, rows, x, "row_sums");
-  const int64_t self_len = self_weight_length(self_weight, rows);
-  check_vector(self_weight, at::kFloat, self_len, x, "self_weight");
-  check_vector(row_scale, at::kFloat, rows, x, "row_scale");
-  check_vector(bias, at::kFloat, cols, x, "bias");
-  if (self_weight.has_value()) {
-    TORCH_CHECK_VALUE(rows <= x.size(2) * 32, "self_weight needs a square adjacency (rows <= x's nodes)");
-  }
+  const int64_t self_len = check_spmm_affine_vectors(lo, scale, row_sums, self_weight, row_scale, bias, x, rows, cols);
   const auto o = check_operands(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x, rows, cols,
                                 self_weight.has_value(), x_codes);
   auto out = at::empty({rows, cols}, x.options().dtype(at::kFloat));

@@ -52,6 +52,7 @@
 
 #include "bitmm_cuda.h"
 #include "device_limits.h"
+#include "layout.h"
 #include "tensor_map.h"
 #include "tma.cuh"
 #include "wgmma.cuh"
@@ -60,9 +61,9 @@ namespace pyg_quant {
 namespace cuda {
 namespace {
 
-[[maybe_unused]] constexpr int kBlockRows = 128, kWindowRows = 16, kWindows = kBlockRows / kWindowRows, kThreads = 384;
-constexpr int kRowBytes = 32;  // one k256 step of a row
-[[maybe_unused]] constexpr uint32_t kTileBytes = kWindowRows * kRowBytes, kABytes = kBlockRows * kRowBytes;
+[[maybe_unused]] constexpr int kBlockRows = 128, kWindows = kBlockRows / kTileRows, kThreads = 384;
+constexpr int kRowBytes = kTileCols / 8;  // a tile row: one k256 step
+[[maybe_unused]] constexpr uint32_t kTileBytes = kTileRows * kRowBytes, kABytes = kBlockRows * kRowBytes;
 constexpr int kMaxStages = 8, kAlignSlack = 1024;
 // Tile columns of a unit kept in shared memory (loaded a unit ahead, kListRounds a lane); the rest are read from
 // global memory as the merge reaches them.
@@ -170,7 +171,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // next, two ahead), so that their round trips overlap the current unit's steps instead of starting each unit.
       auto unit_bound = [&](int64_t unit) -> int64_t {  // lane w <= 8: where window w of the unit's block starts
         if (unit >= work_units || lane > kWindows) return 0;
-        return __ldg(p.window_ptr + min(unit_rows(unit) / kWindowRows + lane, p.num_windows));
+        return __ldg(p.window_ptr + min(unit_rows(unit) / kTileRows + lane, p.num_windows));
       };
       auto load_columns = [&](int64_t bound, int32_t(&columns)[kListRounds]) {
         const int64_t first = __shfl_sync(0xffffffffu, bound, 0);
@@ -366,7 +367,7 @@ bool launch(const at::Tensor& tile_bits, const at::Tensor& x, const SpmmArgs& ar
   constexpr int kTileN = kBlockN / kStack;
   const int64_t num_tiles = tile_bits.size(1);
   CUtensorMap a_map, x_map;
-  if (!encode_planes(&a_map, tile_bits.view({num_tiles, kWindowRows, kRowBytes / 4}), kRowBytes / 4, kWindowRows) ||
+  if (!encode_planes(&a_map, tile_bits.view({num_tiles, kTileRows, kRowBytes / 4}), kRowBytes / 4, kTileRows) ||
       !encode_planes(&x_map, x, kRowBytes / 4, kTileN, static_cast<int>(x.size(0))))
     return false;
   const int device = x.device().index();
@@ -394,7 +395,7 @@ bool bit_spmm_wgmma(const at::Tensor& tile_bits, const at::Tensor& x, const Spmm
   const int64_t num_tiles = tile_bits.size(1);
   // A binary adjacency with tiles, int32 sums, coordinates the tensor maps' int32 take; otherwise the mma.sync
   // tile kernel runs.
-  if (tile_bits.size(0) != 1 || num_tiles == 0 || num_tiles * kWindowRows >= (int64_t{1} << 31) ||
+  if (tile_bits.size(0) != 1 || num_tiles == 0 || num_tiles * kTileRows >= (int64_t{1} << 31) ||
       x.size(1) >= (int64_t{1} << 31) || x.size(2) >= (int64_t{1} << 31))
     return false;
   switch (x.size(0)) {

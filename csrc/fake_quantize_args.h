@@ -1,0 +1,56 @@
+#pragma once
+// Argument checks of fake_quantize and mse_range, shared by the CPU and CUDA kernels.
+#include <ATen/core/Tensor.h>
+#include <c10/util/ArrayRef.h>
+#include <c10/util/Exception.h>
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "fake_quantize.h"  // kMaxMseCandidates
+#include "layout.h"
+
+namespace pyg_quant {
+
+// Ranges of a 2-D x: one (dim -1), one a column (dim 0) or one a row (dim 1).
+inline int64_t num_groups(const at::Tensor& x, int64_t dim) { return dim < 0 ? 1 : x.size(1 - dim); }
+
+// fake_quantize's arguments: lo and hi given together (one value a range) or not at all.
+inline void check_fake_quantize_args(const at::Tensor& x, const std::optional<at::Tensor>& lo,
+                                     const std::optional<at::Tensor>& hi, int64_t bits, int64_t dim,
+                                     const std::optional<at::Tensor>& noise) {
+  TORCH_CHECK_VALUE(x.dim() == 2 && x.scalar_type() == at::kFloat, "x must be a 2-D float32 tensor");
+  TORCH_CHECK_VALUE(x.numel() > 0, "x must not be empty");
+  TORCH_CHECK_VALUE(bits >= 1 && bits <= kMaxBits, "bits must be in 1..8, got ", bits);
+  TORCH_CHECK_VALUE(dim >= -1 && dim <= 1, "dim must be -1 (per tensor), 0 (per column) or 1 (per row), got ", dim);
+  TORCH_CHECK_VALUE(lo.has_value() == hi.has_value(), "lo and hi must be given together (or both None)");
+  for (const auto* range : {&lo, &hi}) {
+    if (!range->has_value()) continue;
+    const at::Tensor& t = **range;
+    TORCH_CHECK_VALUE(t.scalar_type() == at::kFloat && t.device() == x.device() && t.numel() == num_groups(x, dim),
+                      "lo and hi must be float32 on x's device with one value per group (", num_groups(x, dim),
+                      "), got ", t.numel());
+  }
+  TORCH_CHECK_VALUE(!noise || (noise->sizes() == x.sizes() && noise->scalar_type() == at::kFloat &&
+                               noise->device() == x.device()),
+                    "noise must be float32 with x's shape and device");
+}
+
+// mse_range's arguments; returns the grid's shrink factors as float32.
+inline std::vector<float> check_mse_args(const at::Tensor& x, int64_t bits, int64_t dim, at::ArrayRef<double> grid) {
+  TORCH_CHECK_VALUE(x.dim() == 2 && x.scalar_type() == at::kFloat, "x must be a 2-D float32 tensor");
+  TORCH_CHECK_VALUE(x.numel() > 0, "x must not be empty");
+  TORCH_CHECK_VALUE(bits >= 1 && bits <= kMaxBits, "bits must be in 1..8, got ", bits);
+  TORCH_CHECK_VALUE(dim >= -1 && dim <= 1, "dim must be -1 (per tensor), 0 (per column) or 1 (per row), got ", dim);
+  TORCH_CHECK_VALUE(!grid.empty() && grid.size() <= static_cast<size_t>(kMaxMseCandidates),
+                    "grid must hold 1 to ", kMaxMseCandidates, " shrink factors, got ", grid.size());
+  std::vector<float> factors;
+  for (double a : grid) {
+    TORCH_CHECK_VALUE(a > 0.0 && a <= 1.0, "grid factors must lie in (0, 1], got ", a);
+    factors.push_back(static_cast<float>(a));
+  }
+  return factors;
+}
+
+}  // namespace pyg_quant
