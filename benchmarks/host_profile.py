@@ -5,8 +5,8 @@ One products-scale cluster batch (``benchmarks/workload``'s builder with ``--num
 pyg_quant 8/4-bit on the loader's decoded batch) in ``eval()`` under ``torch.inference_mode()``.  Per forward:
 
 * ``host µs``: the time to issue ``--reps`` forwards back to back, without synchronizing, over ``--reps`` (the
-  launch queue does not fill at these counts, so this is the host's own time);
-* ``wall µs``: the same loop with a synchronization at the end, over ``--reps``;
+  launch queue does not fill at these counts, so this is the host's own time), the median of 7 such blocks;
+* ``wall µs``: the same loops with a synchronization at the end of each, over ``--reps`` (median);
 * ``kernel µs`` / ``kernels``: the device kernels' summed time and count (``torch.profiler``);
 * ``ops``: the top-level ops (those not called from another op) with their host µs each; ``Python µs`` is the host
   time they do not cover (the layers' own code, module calls).
@@ -22,6 +22,7 @@ import collections
 import datetime
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -33,17 +34,23 @@ import workload  # noqa: E402
 from workload import pq  # noqa: E402
 
 
+BLOCKS = 7  # each timing is the median of this many blocks of back-to-back calls: the host's speed drifts
+
+
 def profile_forward(model, args_, runner, reps: int) -> dict:
     with torch.inference_mode():
         for _ in range(10):
             model(*args_)
-        runner.sync()
-        t = time.perf_counter()
-        for _ in range(reps):
-            model(*args_)
-        host = (time.perf_counter() - t) / reps
-        runner.sync()
-        wall = (time.perf_counter() - t) / reps
+        hosts, walls = [], []
+        for _ in range(BLOCKS):
+            runner.sync()
+            t = time.perf_counter()
+            for _ in range(reps):
+                model(*args_)
+            hosts.append((time.perf_counter() - t) / reps)
+            runner.sync()
+            walls.append((time.perf_counter() - t) / reps)
+        host, wall = statistics.median(hosts), statistics.median(walls)
         activities = [torch.profiler.ProfilerActivity.CPU]
         if runner.cuda:
             activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -72,10 +79,13 @@ def host_us(fn, reps: int) -> float:
     """Host µs of one call of ``fn``: ``reps`` calls back to back without a synchronization."""
     for _ in range(5):
         fn()
-    t = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    return 1e6 * (time.perf_counter() - t) / reps
+    times = []
+    for _ in range(BLOCKS):
+        t = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        times.append((time.perf_counter() - t) / reps)
+    return 1e6 * statistics.median(times)
 
 
 _STEPS = ("bit_spmm_affine", "quant_mlp_keys", "quant_mlp_planes_keys", "quant_mlp", "quantize_pack_ranges")
@@ -216,7 +226,7 @@ def main(argv=None):
                   f"{row['kernels']:4.0f} ({row['kernel_us']:6.1f} us)  ops {row['ops']:4.0f} ({row['op_host_us']:6.1f} "
                   f"us)  Python {row['python_us']:6.1f} us | {top}", flush=True)
             if label.startswith("pyg_quant"):
-                row["layers"] = layer_breakdown(model, inputs, runner, own.reps * 10)
+                row["layers"] = layer_breakdown(model, inputs, runner, own.reps * 3)
                 for i, lr in enumerate(row["layers"]):
                     steps = ", ".join(f"{k} {v:.1f}" for k, v in lr["steps"].items())
                     print(f"    layer {i}: call {lr['call_us']:6.1f} us = op {lr['op_us']:6.1f} + Python "
