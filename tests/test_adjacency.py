@@ -332,7 +332,7 @@ def test_adjacency_to_cpu():
 def test_from_edge_index_bad_inputs():
     ei = random_edges(10, 10, 30, 1)
     build_ = pq.BitAdjacency.from_edge_index
-    with pytest.raises(ValueError):
+    with pytest.raises(TypeError, match="edge_index must be int64 or int32"):
         build_(ei.float(), 10)
     with pytest.raises(ValueError):
         build_(torch.cat([ei, ei[:1]]), 10)  # [3, E]

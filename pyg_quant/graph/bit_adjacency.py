@@ -59,14 +59,19 @@ def distinct_entries(keys: torch.Tensor):
     return torch.from_numpy(ordered[starts]), torch.from_numpy(counts)
 
 
-def _check_edge_index(edge_index, num_src: int, num_dst: int) -> torch.Tensor:
+def check_edge_index_form(edge_index, name: str = "edge_index") -> torch.Tensor:
+    """``edge_index`` checked to be an int64 or int32 tensor of shape ``[2, num_edges]`` (errors name ``name``)."""
     if not isinstance(edge_index, torch.Tensor):
-        raise TypeError(f"edge_index must be a torch.Tensor, got {type(edge_index).__name__}")
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(edge_index).__name__}")
     if edge_index.dtype not in (torch.int64, torch.int32):
-        raise ValueError(f"edge_index must be int64 or int32, got {edge_index.dtype}")
+        raise TypeError(f"{name} must be int64 or int32, got {edge_index.dtype}")
     if edge_index.dim() != 2 or edge_index.size(0) != 2:
-        raise ValueError(f"edge_index must have shape [2, num_edges], got {tuple(edge_index.shape)}")
-    edge_index = edge_index.long()
+        raise ValueError(f"{name} must have shape [2, num_edges], got {tuple(edge_index.shape)}")
+    return edge_index
+
+
+def _check_edge_index(edge_index, num_src: int, num_dst: int) -> torch.Tensor:
+    edge_index = check_edge_index_form(edge_index).long()
     if edge_index.numel() > 0:
         if int(edge_index.min()) < 0:
             raise ValueError("edge_index holds negative node indices")

@@ -13,6 +13,7 @@ from torch_geometric.loader import ClusterData
 from torch_geometric.utils import select
 
 from ..distributed.partition import partition_once
+from ..graph.bit_adjacency import check_edge_index_form
 from ..distributed.group import world, world_size
 from ..layout import check_bits
 from . import cache
@@ -30,13 +31,7 @@ def _check_edge_index(data: Data, num_nodes: int) -> torch.Tensor:
     edge_index = getattr(data, "edge_index", None)
     if edge_index is None:
         raise ValueError("data.edge_index is required (ClusterData partitions the graph's edges)")
-    if not isinstance(edge_index, torch.Tensor):
-        raise TypeError(f"data.edge_index must be a torch.Tensor, got {type(edge_index).__name__}")
-    if edge_index.dtype not in (torch.int64, torch.int32):
-        raise TypeError(f"data.edge_index must be int64 or int32, got {edge_index.dtype}")
-    if edge_index.dim() != 2 or edge_index.size(0) != 2:
-        raise ValueError(f"data.edge_index must have shape [2, num_edges], got {tuple(edge_index.shape)}")
-    edge_index = edge_index.detach().to("cpu", torch.int64)
+    edge_index = check_edge_index_form(edge_index, "data.edge_index").detach().to("cpu", torch.int64)
     if edge_index.numel() and (int(edge_index.min()) < 0 or int(edge_index.max()) >= num_nodes):
         raise ValueError(f"data.edge_index holds node indices outside [0, num_nodes={num_nodes})")
     return edge_index
