@@ -107,7 +107,7 @@ def _flatten(fields: Dict[str, object]) -> Tuple[Dict[str, torch.Tensor], Dict[s
 
 
 def _view(buffer: torch.Tensor, dtype: torch.dtype, shape: Tuple[int, ...], offset: int) -> torch.Tensor:
-    size = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    size = math.prod(shape) * dtype.itemsize
     return buffer[offset:offset + size].view(dtype).view(shape)
 
 
