@@ -95,66 +95,62 @@ def layer_breakdown(model, args_, runner, reps: int) -> list:
     """Per layer: host µs of the call, of its op alone, of each of the op's steps alone (see the module docstring)."""
     from pyg_quant import ops
     from pyg_quant.ops import reference
-    names = ("gin_conv_eval", "gcn_conv_eval")
-    calls = []
-    originals = {n: getattr(ops, n) for n in names}
-    for n in names:
-        setattr(ops, n, lambda *a, _n=n: calls.append((_n, a)) or originals[_n](*a))
-    layer_inputs = []
-    hooks = [conv.register_forward_pre_hook(lambda m, inp: layer_inputs.append((m, inp)))
-             for conv in model.convs]
+
+    def patched(module, names, record):
+        """``module``'s functions ``names`` replaced by ``record(name, args)`` for the block; the originals back after."""
+        saved = {n: getattr(module, n) for n in names}
+        for n in names:
+            setattr(module, n, lambda *a, _n=n: record(_n, a))
+        return saved
+
+    # Each layer's input and its op's arguments, from one forward.
+    convs = ("gin_conv_eval", "gcn_conv_eval")
+    calls, layer_inputs = [], []
+    saved = patched(ops, convs, lambda n, a: calls.append((n, a)) or saved[n](*a))
+    hooks = [conv.register_forward_pre_hook(lambda m, inp: layer_inputs.append((m, inp))) for conv in model.convs]
     try:
         with torch.inference_mode():
             model(*args_)
     finally:
-        for n in names:
-            setattr(ops, n, originals[n])
+        for n, f in saved.items():
+            setattr(ops, n, f)
         for h in hooks:
             h.remove()
-    steps, saved = [], {n: getattr(reference, n) for n in _STEPS}
-    for n in _STEPS:  # the reference composition, each step the compiled op
-        setattr(reference, n, lambda *a, _n=n: steps.append((_n, a)) or getattr(torch.ops.pyg_quant, _n).default(*a))
-    rows = []
+    # Each op's steps: the reference composition with every step the compiled op, their arguments recorded.
+    steps_of = []
+    saved_steps = patched(reference, _STEPS, lambda n, a: steps_of[-1].append((n, a)) or
+                          getattr(torch.ops.pyg_quant, n).default(*a))
     try:
         with torch.inference_mode():
-            for (conv, inp), (name, op_args) in zip(layer_inputs, calls):
-                del steps[:]
+            for name, op_args in calls:
+                steps_of.append([])
                 getattr(reference, name)(*op_args)
-                runner.sync()
-                step_args = list(steps)
-                for n in _STEPS:
-                    setattr(reference, n, saved[n])
-                hooked = conv._forward_pre_hooks
-                conv._forward_pre_hooks = type(hooked)()  # the call as the model makes it, without this hook
-                row = dict(layer=type(conv).__name__, call_us=host_us(lambda: conv(*inp), reps),
-                           op_us=host_us(lambda: getattr(torch.ops.pyg_quant, name).default(*op_args), reps),
-                           steps={})
-                conv._forward_pre_hooks = hooked
-                for n, a in step_args:
-                    op = getattr(torch.ops.pyg_quant, n).default
-                    row["steps"][n] = round(row["steps"].get(n, 0.0) + host_us(lambda: op(*a), reps), 1)
-                runner.sync()
-                row["python_us"] = row["call_us"] - row["op_us"]
-                rows.append({k: round(v, 1) if isinstance(v, float) else v for k, v in row.items()})
-                for n in _STEPS:
-                    setattr(reference, n, lambda *a, _n=n: steps.append((_n, a)) or
-                            getattr(torch.ops.pyg_quant, _n).default(*a))
     finally:
-        for n in _STEPS:
-            setattr(reference, n, saved[n])
+        for n, f in saved_steps.items():
+            setattr(reference, n, f)
+    rows = []
+    with torch.inference_mode():
+        for (conv, inp), (name, op_args), steps in zip(layer_inputs, calls, steps_of):
+            op = getattr(torch.ops.pyg_quant, name).default
+            call_us, op_us = host_us(lambda: conv(*inp), reps), host_us(lambda: op(*op_args), reps)
+            step_us = collections.Counter()
+            for n, a in steps:
+                step = getattr(torch.ops.pyg_quant, n).default
+                step_us[n] += host_us(lambda: step(*a), reps)
+            runner.sync()
+            rows.append(dict(layer=type(conv).__name__, call_us=round(call_us, 1), op_us=round(op_us, 1),
+                             python_us=round(call_us - op_us, 1), steps={n: round(v, 1) for n, v in step_us.items()}))
     return rows
 
 
-def training_syncs(kind: str, args, data, device, steps: int = 3) -> dict:
+def training_syncs(kind: str, args, data, runner, steps: int = 3) -> dict:
     """Host synchronizations in one eager QAT training step (forward, backward, Adam) on an ``edge_index`` batch, as
-    e2e.py's QAT epoch runs it, and where they come from (the innermost pyg_quant frame of each)."""
-    import traceback
-    import warnings
+    e2e.py's QAT epoch runs it, and where they come from."""
     import torch.nn.functional as F
     torch.manual_seed(args.seed)
-    model = pq.qat.prepare(workload.make_pyg(args, kind, normalize=True).to(device), bits=4).train()
+    model = pq.qat.prepare(workload.make_pyg(args, kind, normalize=True).to(runner.device), bits=4).train()
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
-    x, edge_index = workload.pyg_inputs(data, kind, "edge_index", "fp32", device).resident[0]
+    x, edge_index = workload.pyg_inputs(data, kind, "edge_index", "fp32", runner.device).resident[0]
     y = data.y[0]
 
     def step():
@@ -165,29 +161,8 @@ def training_syncs(kind: str, args, data, device, steps: int = 3) -> dict:
     for _ in range(2):
         step()
     sites = collections.Counter()
-    shown = warnings.showwarning
-
-    def record(message, category, filename, lineno, file=None, line=None):
-        frames = [f for f in traceback.extract_stack()[:-1] if "pyg_quant" in f.filename or "benchmarks" in f.filename]
-        where = frames[-1] if frames else None
-        sites[f"{os.path.relpath(where.filename, os.path.dirname(HERE))}:{where.lineno}" if where else "?"] += 1
-    cuda = device.type == "cuda"
-    if cuda:
-        torch.cuda.synchronize()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("always")
-            warnings.showwarning = record
-            if cuda:
-                torch.cuda.set_sync_debug_mode("warn")
-            for _ in range(steps):
-                step()
-    finally:
-        if cuda:
-            torch.cuda.set_sync_debug_mode(0)
-        warnings.showwarning = shown
-    return dict(syncs_per_step=sum(sites.values()) / steps,
-                sites={k: v / steps for k, v in sites.most_common()})
+    count = workload.count_syncs(runner, lambda: [step() for _ in range(steps)], sites)
+    return dict(syncs_per_step=count / steps, sites={k: v / steps for k, v in sites.most_common()})
 
 
 def main(argv=None):
@@ -233,7 +208,7 @@ def main(argv=None):
                           f"{lr['python_us']:6.1f} | steps alone: {steps}", flush=True)
     if runner.cuda:
         for kind in ("GIN", "GCN"):
-            found = training_syncs(kind, args, data, device)
+            found = training_syncs(kind, args, data, runner)
             rows.append(dict(model=kind, label="QAT 4-bit training step (edge_index)", **found))
             sites = ", ".join(f"{k} {v:g}x" for k, v in list(found["sites"].items())[:8])
             print(f"{kind} QAT 4-bit training step: {found['syncs_per_step']:g} host syncs | {sites}", flush=True)

@@ -66,14 +66,16 @@ class BitTensor:
                              f"got {tuple(lo.shape)} and {tuple(scale.shape)}")
 
     @classmethod
-    def _of_op(cls, shape: Tuple[int, int], bits: int, dim: int, planes: torch.Tensor, lo: torch.Tensor,
-               scale: torch.Tensor, code_sums: torch.Tensor, row_codes: torch.Tensor) -> "BitTensor":
-        """The BitTensor of a quantizer op's result (``ops.quantize_pack_ranges``: per-column ranges, ``dim`` 0, in
-        the column layout, per-row ones in the row layout), with the row codes or the code sums it came with
-        (whichever is not empty).  The op has checked what the constructor would: nothing is checked again, as the
-        layers' eager forward makes one of these a call."""
+    def from_quantized(cls, packed: Tuple[torch.Tensor, ...], shape: Tuple[int, int], bits: int,
+                       dim: int) -> "BitTensor":
+        """The BitTensor ``shape`` ``(rows, cols)`` of ``ops.quantize_pack_ranges``' result ``packed`` = ``(planes,
+        lo, scale, code_sums, row_codes)`` (column layout for ranges per column, ``dim`` 0; row layout per row),
+        with the row codes or the code sums it came with (whichever is not empty).  The op has checked what the
+        constructor would, so nothing is checked again: the layers' eager forward makes one of these a call."""
+        planes, lo, scale, code_sums, row_codes = packed
         out = object.__new__(cls)
-        out._planes, out.shape, out.bits, out.lo, out.scale, out.dim = planes, shape, bits, lo, scale, dim
+        out._planes, out.shape, out.bits, out.lo, out.scale, out.dim = (
+            planes, (int(shape[0]), int(shape[1])), int(bits), lo, scale, dim)
         out.layout = "col" if dim == 0 else "row"
         out._other_layout = None
         has_codes = row_codes.numel() > 0

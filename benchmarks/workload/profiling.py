@@ -1,13 +1,19 @@
 """What one call costs besides its time: its error against a reference, its host synchronizations, its device
 kernels."""
+import collections
+import os
 import time
+import traceback
 import warnings
+from typing import Optional
 
 import torch
 
 import pyg_quant as pq
 
 from .recording import Runner
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def rel_err(out, ref) -> float:
@@ -20,21 +26,34 @@ def rel_err(out, ref) -> float:
     return float((out - ref).norm() / ref.norm().clamp_min(1e-300))
 
 
-def count_syncs(runner: Runner, fn):
+def count_syncs(runner: Runner, fn, sites: Optional[collections.Counter] = None):
     """Host synchronizations in one call of ``fn`` (``torch.cuda.set_sync_debug_mode``'s warnings); None on the
-    CPU."""
+    CPU.  With ``sites``, each one is also counted there under the innermost pyg_quant or benchmark frame that made
+    it (``file:line``, or ``"?"``)."""
     if not runner.cuda:
         return None
+    count = 0
+
+    def record(message, *args, **kwargs):
+        nonlocal count
+        if "synchroniz" not in str(message).lower():
+            return
+        count += 1
+        if sites is not None:
+            frames = [f for f in traceback.extract_stack()[:-1] if "pyg_quant" in f.filename or "benchmarks" in f.filename]
+            sites[f"{os.path.relpath(frames[-1].filename, ROOT)}:{frames[-1].lineno}" if frames else "?"] += 1
+
     runner.sync()
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings():
         warnings.simplefilter("always")
+        warnings.showwarning = record  # catch_warnings puts the previous one back
         torch.cuda.set_sync_debug_mode("warn")
         try:
             fn()
         finally:
             torch.cuda.set_sync_debug_mode("default")
     runner.sync()
-    return sum("synchroniz" in str(w.message).lower() for w in caught)
+    return count
 
 
 def kernel_category(name: str) -> str:

@@ -31,8 +31,9 @@ from .._utils import check_finite, is_compiling
 from ..bit_tensor import BitTensor
 from ..graph.bit_adjacency import BitAdjacency
 from ..graph.spmm import gather_operands
-from ..quantization.quantize import bit_tensor_of, quantize, values_finite
+from ..quantization.quantize import quantize, values_finite
 from .calibration import STATIC_RANGE
+from ._common import kept
 from .explain import explaining
 from .quant_linear import QuantLinear, _runs_fused, call_end, chain_args, fused_mlp_plan
 
@@ -115,21 +116,7 @@ def _mlp_chain(conv, container, width: int) -> Optional[tuple]:
     return chain
 
 
-def _kept(conv, name: str, tensor: Tensor, make) -> Tensor:
-    """``make(tensor)`` for a layer's parameter or buffer ``tensor``, kept on ``conv`` under ``name`` while it is the
-    same tensor with the same storage and version (an inference tensor, which has no version counter, gets it made
-    at every call)."""
-    kept = conv.__dict__.get(name)
-    if kept is not None and kept[0] is tensor and kept[1] == tensor.data_ptr() and kept[2] == tensor._version:
-        return kept[3]
-    if tensor.is_inference():
-        return make(tensor)
-    value = make(tensor)
-    conv.__dict__[name] = (tensor, tensor.data_ptr(), tensor._version, value)
-    return value
-
-
-def _one_plus_eps(eps: Tensor) -> Tensor:
+def _self_weight(eps: Tensor) -> Tensor:
     return (1 + eps.detach()).reshape(1)
 
 
@@ -163,7 +150,7 @@ def _output(result, rows: int, bits: Optional[int], dim: Optional[int]):
         return result[0]
     if dim is None:  # ranges per tensor: the general quantizer (the op quantizes per column or per row)
         return quantize(result[0], bits, None, "row")
-    return bit_tensor_of(result[1:], (rows, result[0].size(1)), bits, dim)
+    return BitTensor.from_quantized(result[1:], (rows, result[0].size(1)), bits, dim)
 
 
 def _adjacency_args(adj: BitAdjacency) -> tuple:
@@ -185,7 +172,7 @@ def gin_eval(conv, x, adj, size) -> Optional[object]:
     chain = _mlp_chain(conv, nn, x.cols)
     if chain is None:
         return None
-    self_term = _kept(conv, "_eval_self_term", eps, _one_plus_eps)  # GIN's 1 + eps, float32 [1]
+    self_term = kept(conv, "_eval_self_term", eps, _self_weight)  # GIN's 1 + eps, float32 [1]
     if adj.diag is not None:
         self_term = adj.diag + self_term
     cols = x.cols
@@ -241,7 +228,7 @@ def gcn_eval(conv, x, adj, edge_weight, deg_inv_sqrt) -> Optional[object]:
             check_finite(x, "x")  # no host synchronization on the CPU
         x_args = (x.contiguous(), None, None, x.size(0))
     bits, dim = conv.out_bits, conv.out_dim
-    bias = None if bias is None else _kept(conv, "_eval_bias", bias, _detached)
+    bias = None if bias is None else kept(conv, "_eval_bias", bias, _detached)
     result = ops.gcn_conv_eval(*_adjacency_args(adj), adj.diag, dinv, bias,
                                conv.act_bits, adj.wide_sums(conv.act_bits), *x_args, *chain,
                                0 if bits is None or dim is None else bits, 0 if dim is None else dim)

@@ -17,7 +17,8 @@ from ..graph.quant_graph import QuantGraph
 from ..quantization.bits import UNSET, check_optional_bits, resolve_bits
 from ..quantization.fixed import quantize_fixed
 from ..quantization.quantize import dequantize, fake_quantize, fits, quantize
-from ._common import check_aggr, check_node_dim, check_out_dim, node_matrix, quant_options_repr, requantize_output
+from ._common import (check_aggr, check_node_dim, check_out_dim, kept, node_matrix, quant_options_repr,
+                      requantize_output)
 from ._eval_path import gin_eval
 from .calibration import StaticRange
 from .explain import explain_edge_mask
@@ -35,6 +36,10 @@ def quantize_linears(module: Callable, **quant_kwargs) -> Callable:
             if swapped is not child:
                 setattr(module, name, swapped)
     return module
+
+
+def _plus_one(t: Tensor) -> Tensor:
+    return 1 + t
 
 
 class QGINConv(StaticRange, MessagePassing):
@@ -245,13 +250,9 @@ class QGINConv(StaticRange, MessagePassing):
         """``1 + eps``, made once while ``eps`` is a constant buffer (one op fewer a call, every step); a trained
         ``eps`` (or an inference tensor, which has no version counter) gets it made at every call."""
         eps = self.eps
-        if is_compiling() or eps.requires_grad or eps.is_inference():
+        if is_compiling() or eps.requires_grad:
             return 1 + eps
-        key = (eps.data_ptr(), eps._version, eps.device)  # a loaded state or .to() changes one of them
-        cached = self.__dict__.get("_one_plus_eps_cache")
-        if cached is None or cached[0] != key:
-            cached = self.__dict__["_one_plus_eps_cache"] = (key, 1 + eps)
-        return cached[1]
+        return kept(self, "_one_plus_eps_cache", eps, _plus_one)
 
     def _nn_output(self, x, bit_kernels: bool):
         """``self.nn(x)``, requantized when ``out_bits`` says.  With the bit kernels, a Sequential of QuantLinear

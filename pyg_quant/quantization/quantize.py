@@ -51,14 +51,7 @@ def quantize(x: torch.Tensor, bits: int, dim: Optional[int], layout: str,
     # the code sums, which bit_spmm never reads (BitTensor.code_sums() makes them if a bitmm asks).
     row_codes = x32.is_cuda and dim == 0 and layout == "col"
     packed = ops.quantize_pack_ranges(x32, bits, dim, layout == "col", None, row_codes, col_keys, not row_codes)
-    return bit_tensor_of(packed, (x32.size(0), x32.size(1)), bits, dim)
-
-
-def bit_tensor_of(packed, shape, bits: int, dim: int) -> BitTensor:
-    """The :class:`BitTensor` ``shape`` ``(rows, cols)`` of ``ops.quantize_pack_ranges``' result ``(planes, lo,
-    scale, code_sums, row_codes)`` (column layout for ranges per column, ``dim`` 0; row layout per row), with the
-    row codes or the code sums it came with (whichever is not empty)."""
-    return BitTensor._of_op((int(shape[0]), int(shape[1])), int(bits), dim, *packed)
+    return BitTensor.from_quantized(packed, (x32.size(0), x32.size(1)), bits, dim)
 
 
 def fake_values(x: torch.Tensor, lo, scale, inv_scale, bits: int, offset) -> torch.Tensor:
