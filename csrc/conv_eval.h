@@ -8,13 +8,11 @@
 //
 // Results: [out] with out_bits == 0, else [out, planes, lo, scale, code_sums, row_codes].  `out` is the layer's
 // float32 output; the next five are quantize_pack_ranges of it (ranges per column, out_dim 0, in the column layout;
-// per row, out_dim 1, in the row layout), as pyg_quant.nn._quantize.quantize makes them: on CUDA the per-column
-// codes come with their row codes (what the next aggregation gathers) and no code sums, elsewhere with code sums.
-// A list, so that a float output costs no placeholder tensors.
+// per row, out_dim 1, in the row layout), as pyg_quant.quantization.quantize.quantize makes them: on CUDA the
+// per-column codes come with their row codes (what the next aggregation gathers) and no code sums, elsewhere with
+// code sums.  A list, so that a float output costs no placeholder tensors.
 #include <ATen/core/List.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
 
 #include <optional>
 #include <tuple>
@@ -36,7 +34,7 @@ using RangesKernel = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, 
 using ConvEvalResult = std::vector<at::Tensor>;
 
 // The quantizer's call for codes with ranges along `dim` (0: per column, in the column layout), as
-// pyg_quant.nn._quantize.quantize makes them (see above).
+// pyg_quant.quantization.quantize.quantize makes them (see above).
 template <RangesKernel Ranges>
 ConvEvalResult quantize_output(const at::Tensor& out, int64_t bits, int64_t dim,
                                const std::optional<at::Tensor>& col_keys) {
