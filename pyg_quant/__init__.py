@@ -4,7 +4,8 @@ Values are stored as bit planes (:mod:`pyg_quant.layout`), products run as
 AND + popcount on the planes (C++ on the CPU, 1-bit tensor cores on the GPU).
 """
 from ._extension import backends
-from .bit_tensor import BitTensor, to_bit, to_val
+from .bit_tensor import BitTensor, to_val
+from .quantization.quantize import to_bit
 from .bitmm import bitmm, bitmm_int
 from .graph import BitAdjacency, bit_spmm
 from . import loader  # noqa: E402  (pyg_quant.loader: QuantClusterData, QuantClusterLoader)

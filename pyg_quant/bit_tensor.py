@@ -4,16 +4,11 @@ from typing import Optional, Tuple
 import torch
 
 from . import ops
-from .layout import LAYOUTS, check_bits, packed_words, row_code_bytes
+from .layout import check_bits, check_layout, packed_words, row_code_bytes
 
 
-def _check_layout(layout) -> str:
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    return layout
-
-
-def _check_dim(dim) -> Optional[int]:
+def check_dim(dim) -> Optional[int]:
+    """The dimension ranges are reduced over, ``None``, 0 or 1 (-2 and -1 taken as 0 and 1), else a ValueError."""
     if dim is None:
         return None
     if isinstance(dim, bool) or not isinstance(dim, int) or dim not in (0, 1, -1, -2):
@@ -53,10 +48,10 @@ class BitTensor:
         self._planes: Optional[torch.Tensor] = planes
         self.shape = (int(shape[0]), int(shape[1]))
         self.bits = check_bits(bits)
-        self.layout = _check_layout(layout)
+        self.layout = check_layout(layout)
         self.lo = lo
         self.scale = scale
-        self.dim = _check_dim(dim)
+        self.dim = check_dim(dim)
         self._other_layout: Optional["BitTensor"] = None
         self._code_sums: Optional[torch.Tensor] = None  # packed_code_sums(planes), when the quantizer made them
         self._row_codes: Optional[torch.Tensor] = None  # pack_row_codes(planes), once asked for
@@ -67,16 +62,17 @@ class BitTensor:
 
     @classmethod
     def from_quantized(cls, packed: Tuple[torch.Tensor, ...], shape: Tuple[int, int], bits: int,
-                       dim: int) -> "BitTensor":
+                       dim: int, layout: Optional[str] = None) -> "BitTensor":
         """The BitTensor ``shape`` ``(rows, cols)`` of ``ops.quantize_pack_ranges``' result ``packed`` = ``(planes,
-        lo, scale, code_sums, row_codes)`` (column layout for ranges per column, ``dim`` 0; row layout per row),
-        with the row codes or the code sums it came with (whichever is not empty).  The op has checked what the
-        constructor would, so nothing is checked again: the layers' eager forward makes one of these a call."""
+        lo, scale, code_sums, row_codes)`` packed in ``layout`` (by default the column layout for ranges per column,
+        ``dim`` 0, and the row layout per row), with the row codes or the code sums it came with (whichever is not
+        empty).  The op has checked what the constructor would, so nothing is checked again: the layers' eager
+        forward makes one of these a call."""
         planes, lo, scale, code_sums, row_codes = packed
         out = object.__new__(cls)
         out._planes, out.shape, out.bits, out.lo, out.scale, out.dim = (
             planes, (int(shape[0]), int(shape[1])), int(bits), lo, scale, dim)
-        out.layout = "col" if dim == 0 else "row"
+        out.layout = layout if layout is not None else "col" if dim == 0 else "row"
         out._other_layout = None
         has_codes = row_codes.numel() > 0
         out._row_codes = row_codes if has_codes else None
@@ -176,7 +172,7 @@ class BitTensor:
 
     def as_layout(self, layout: str) -> "BitTensor":
         """The same codes packed in ``layout``; repacked once and cached."""
-        if _check_layout(layout) == self.layout:
+        if check_layout(layout) == self.layout:
             return self
         def repacked() -> "BitTensor":
             codes = self.codes().float()
@@ -190,59 +186,6 @@ class BitTensor:
         granularity = {None: "tensor", 0: "column", 1: "row"}[self.dim]
         return (f"BitTensor(shape={self.shape}, bits={self.bits}, layout={self.layout!r}, "
                 f"scale_per={granularity}, device={self.device}, nbytes={self.nbytes})")
-
-
-def to_bit(x: torch.Tensor, bits: int, dim: Optional[int] = None, stochastic: bool = False,
-           generator: Optional[torch.Generator] = None, layout: str = "row") -> BitTensor:
-    r"""Quantizes a 2-D float tensor to ``bits`` bits and packs its bit planes.
-
-    ``x ≈ lo + scale · q``, ``q ∈ [0, 2**bits − 1]``, ``lo = min``,
-    ``scale = (max − min) / (2**bits − 1)``, the ranges reduced over ``dim``
-    (``None``: the whole tensor; ``0``: over rows, one range per column; ``1``:
-    over columns, one per row).  Rounding is to nearest, or stochastic
-    (``q = floor(v + u)``, ``u ~ U[0, 1)`` drawn from ``generator``: unbiased,
-    ``E[to_val(to_bit(x))] = x``, and the same seed gives the same codes).
-
-    Args:
-        x (Tensor): ``[rows, cols]`` floating point, finite, non-empty.
-        bits (int): 1..8.
-        dim (int, optional): the reduction dimension of the ranges.
-        stochastic (bool): stochastic instead of nearest rounding.
-        generator (torch.Generator, optional): the noise source for stochastic rounding.
-        layout (str): ``"row"`` or ``"col"``, the packing (see :mod:`pyg_quant.layout`).
-    """
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise TypeError(f"x must be a floating-point tensor, got {x.dtype}")
-    if x.dim() != 2:
-        raise ValueError(f"x must be 2-D [rows, cols], got shape {tuple(x.shape)}")
-    if x.numel() == 0:
-        raise ValueError(f"x must be non-empty, got shape {tuple(x.shape)}")
-    bits, dim, layout = check_bits(bits), _check_dim(dim), _check_layout(layout)
-    if generator is not None and not stochastic:
-        raise ValueError("generator is only used with stochastic=True")
-    x32 = x.detach().to(torch.float32)
-    if not bool(torch.isfinite(x32).all()):
-        raise ValueError("x must be finite (it holds NaN or inf)")
-    if dim is None:
-        lo, hi = x32.min().view(1, 1), x32.max().view(1, 1)
-    else:
-        lo, hi = x32.amin(dim, keepdim=True), x32.amax(dim, keepdim=True)
-    # Tensor-by-tensor divisions are correctly rounded on every backend (a
-    # division by a Python scalar may become a multiplication by its reciprocal
-    # on the GPU), so the ranges, and therefore the codes, agree bit for bit.
-    scale = (hi - lo) / torch.full_like(hi, float(2**bits - 1))
-    if not bool(torch.isfinite(scale).all()):
-        raise ValueError("x's range max - min overflows float32; rescale x before quantizing")
-    inv_scale = torch.where(scale > 0, torch.ones_like(scale) / scale, torch.zeros_like(scale))
-    noise = None
-    if stochastic:
-        if generator is not None and generator.device.type != x32.device.type:
-            raise ValueError(f"generator is on {generator.device} but x is on {x32.device}")
-        noise = torch.rand(x32.shape, generator=generator, device=x32.device, dtype=torch.float32)
-    planes = ops.quantize_pack(x32.contiguous(), lo, inv_scale, bits, layout == "col", noise)
-    return BitTensor(planes, tuple(x32.shape), bits, layout, lo.reshape(-1), scale.reshape(-1), dim)
 
 
 def to_val(bt: BitTensor) -> torch.Tensor:

@@ -15,7 +15,8 @@ import torch
 
 from . import ops
 from ._utils import INT32_MAX
-from .bit_tensor import BitTensor, to_bit
+from .bit_tensor import BitTensor
+from .quantization.quantize import to_bit
 
 
 def _check_operands(a, b):

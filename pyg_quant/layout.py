@@ -99,6 +99,13 @@ def check_bits(bits, name: str = "bits") -> int:
     return bits
 
 
+def check_layout(layout) -> str:
+    """``layout`` if it is one of :data:`LAYOUTS`, else a ValueError naming the argument."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    return layout
+
+
 def round_up(n: int, multiple: int) -> int:
     return (n + multiple - 1) // multiple * multiple
 

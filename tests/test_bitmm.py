@@ -102,6 +102,30 @@ def test_bitmm_int_padding_garbage_free():
     assert (full[5:] == 0).all() and (full[:, 3:] == 0).all()
 
 
+def code_operand(codes, bits, layout):
+    """The BitTensor of integer ``codes`` themselves (lo 0, scale 1, ranges per tensor)."""
+    one = torch.ones(1, 1)
+    planes = torch.ops.pyg_quant.quantize_pack(codes.float(), one - 1, one, bits, layout == "col", None)
+    return pq.BitTensor(planes, tuple(codes.shape), bits, layout, torch.zeros(1), torch.ones(1), None)
+
+
+@requires_compiled
+@pytest.mark.parametrize("bits", [(4, 4), (7, 7), (1, 3), (8, 4), (2, 8)], ids=lambda b: f"{b[0]}x{b[1]}")
+def test_bitmm_int_many_rows_and_unused_words(bits):
+    """More rows than the CPU's int8 path unpacks at once, and a B whose codes are zero past some K (the words that
+    path leaves out), or everywhere."""
+    s, t = bits
+    g = gen(5 + s * t)
+    A = torch.randint(0, 2**s, (2500, 700), generator=g)
+    B = torch.randint(0, 2**t, (700, 9), generator=g)
+    a = code_operand(A, s, "row")
+    for zero_from in (700, 300, 0):
+        Bz = B.clone()
+        Bz[zero_from:] = 0
+        got = pq.bitmm_int(a, code_operand(Bz, t, "col"))
+        assert torch.equal(got.long(), A @ Bz), zero_from
+
+
 @pytest.mark.parametrize("out_dim", [None, 0, 1])
 @pytest.mark.parametrize("out_layout", ["row", "col"])
 @pytest.mark.parametrize("out_bits", [1, 4, 8])

@@ -33,12 +33,15 @@ def test_bad_rank(shape):
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
 def test_non_finite(bad, dtype):
+    """Judged from the ranges: every granularity's range that holds the value is non-finite."""
     x = X.clone().to(dtype)
     x[2, 3] = bad
-    with pytest.raises(ValueError):
-        pq.to_bit(x, 4)
-    with pytest.raises(ValueError):
-        pq.to_bit(x, 4, stochastic=True)
+    for dim in (None, 0, 1):
+        for layout in ("row", "col"):
+            with pytest.raises(ValueError, match="must be finite"):
+                pq.to_bit(x, 4, dim=dim, layout=layout)
+            with pytest.raises(ValueError, match="must be finite"):
+                pq.to_bit(x, 4, dim=dim, layout=layout, stochastic=True)
 
 
 def test_float64_overflowing_float32_is_rejected():

@@ -20,6 +20,7 @@ Oracles:
   allowance).  Stochastic rounding moves a value by less than one step: ``s`` replaces ``s/2``.
 """
 import copy
+import pickle
 
 import pytest
 import torch
@@ -673,3 +674,30 @@ def test_layers_on_one_bit_adjacency_share_its_normalization(monkeypatch, mode):
         bare = pq.BitAdjacency.from_edge_index(edge_index, 120)
         run(bare)
     assert len(calls) == 3
+
+
+def test_float_layer_on_bit_adjacency_decodes_it_once(monkeypatch):
+    """A float QGCNConv (bits=None: a QAT model's last layer) on a BitAdjacency decodes it and builds its CSR
+    matrices once, kept on the adjacency for every layer and call (and not in inference mode for the others)."""
+    import pyg_quant.graph.input_formats as input_formats
+
+    x, edge_index, _ = graph()
+    ref, conv = pair(None)
+    conv.eval()
+    adj = pq.BitAdjacency.from_edge_index(edge_index, 300, self_loops=1)
+    calls = []
+    decode = input_formats.decode_bit_adjacency
+    monkeypatch.setattr(input_formats, "decode_bit_adjacency", lambda a: calls.append(a) or decode(a))
+    with torch.no_grad():
+        first = conv(x, adj)
+        assert torch.equal(conv(x, adj), first) and torch.equal(conv(conv(x, adj)[:, :16], adj), conv(first[:, :16], adj))
+    assert len(calls) == 1
+    with torch.no_grad():
+        torch.testing.assert_close(first, ref(x, edge_index), rtol=1e-5, atol=1e-5)
+    with torch.inference_mode():
+        assert torch.equal(conv(x, adj), first)
+    assert len(calls) == 2
+    # what is kept (sparse CSR matrices among it) is left out of copies and pickles, which rebuild it
+    for twin in (copy.deepcopy(adj), pickle.loads(pickle.dumps(adj))):
+        with torch.no_grad():
+            assert torch.equal(conv(x, twin), first)

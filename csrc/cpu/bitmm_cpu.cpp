@@ -6,9 +6,12 @@
 // the per-pair counts stay below K and combine into int64 at the end.
 #include "bitmm_cpu.h"
 
+#include <ATen/ops/_int_mm.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -80,6 +83,81 @@ PYG_QUANT_TARGET_AVX512 void unpack_row_avx512(const uint64_t* planes, int64_t p
                                                int64_t words, uint8_t* dst) {
   for (int64_t w = 0; w < words; ++w) {
     _mm512_storeu_si512(dst + w * 64, codes_of_64(planes + r * words + w, plane_stride, bits));
+  }
+}
+
+// The codes of the first `used` words of rows [r0, r1) of row-layout planes (`words` words a row), used·64 bytes a
+// row, row r at dst + (r − r0)·used·64.
+PYG_QUANT_TARGET_AVX512 void unpack_rows_avx512(const uint64_t* planes, int64_t plane_stride, int bits, int64_t r0,
+                                                int64_t r1, int64_t words, int64_t used, uint8_t* dst) {
+  for (int64_t r = r0; r < r1; ++r) {
+    uint8_t* row = dst + (r - r0) * used * 64;
+    for (int64_t w = 0; w < used; ++w) {
+      _mm512_storeu_si512(row + w * 64, codes_of_64(planes + r * words + w, plane_stride, bits));
+    }
+  }
+}
+
+// 1 + the last word any plane of B sets a bit in along K (0 for none): the words past it add nothing to a product,
+// and K's padding to 256 bits is up to three such words a row.
+int64_t used_words(const uint64_t* planes, int64_t plane_stride, int bits, int64_t cols, int64_t words) {
+  int64_t used = 0;
+  for (int p = 0; p < bits; ++p) {
+    for (int64_t c = 0; c < cols; ++c) {
+      const uint64_t* row = planes + p * plane_stride + c * words;
+      for (int64_t w = words - 1; w >= used; --w) {
+        if (row[w] != 0) {
+          used = w + 1;
+          break;
+        }
+      }
+    }
+  }
+  return used;
+}
+
+// The int8 path's unpacked codes: B's and a chunk of A's rows, at most kInt8ChunkRows and about kInt8ChunkBytes.
+constexpr int64_t kInt8ChunkRows = 1024;
+constexpr int64_t kInt8ChunkBytes = int64_t{4} << 20;
+// Scratch up to this size is kept by the calling thread between calls: a fresh allocation of it a call would be
+// fresh pages from the kernel, whose first touch costs about as much as the unpacking itself.
+constexpr int64_t kKeptScratchBytes = int64_t{16} << 20;
+
+uint8_t* thread_buffer(int64_t bytes) {
+  thread_local std::vector<uint8_t> buffer;
+  if (static_cast<int64_t>(buffer.size()) < bytes) buffer.resize(bytes);
+  return buffer.data();
+}
+
+// The int32 product from both operands' codes unpacked to int8 (codes of at most 7 bits fit), by torch's int8 GEMM
+// (oneDNN: AMX or VNNI, blocked for the cache), a few times faster than the one-row loop below, over the words of K
+// that B uses.
+void bitmm_int_int8(const uint64_t* ap, int64_t a_plane, int s, const uint64_t* bp, int64_t b_plane, int t,
+                    int64_t words, int64_t rows, int64_t cols, const at::Tensor& out) {
+  const int64_t used = used_words(bp, b_plane, t, cols, words);
+  if (used == 0) {
+    out.zero_();
+    return;
+  }
+  const int64_t row_bytes = used * 64;
+  const int64_t chunk_rows = std::min({rows, kInt8ChunkRows, std::max<int64_t>(16, kInt8ChunkBytes / row_bytes)});
+  const int64_t scratch_bytes = (chunk_rows + cols) * row_bytes;
+  at::Tensor scratch;  // past kKeptScratchBytes: allocated for this call only
+  if (scratch_bytes > kKeptScratchBytes) scratch = at::empty({scratch_bytes}, out.options().dtype(at::kByte));
+  uint8_t* b_codes = scratch.defined() ? scratch.data_ptr<uint8_t>() : thread_buffer(scratch_bytes);
+  uint8_t* a_codes = b_codes + cols * row_bytes;
+  at::parallel_for(0, cols, 16, [&](int64_t begin, int64_t end) {
+    unpack_rows_avx512(bp, b_plane, t, begin, end, words, used, b_codes + begin * row_bytes);
+  });
+  const auto bytes = out.options().dtype(at::kChar);
+  const at::Tensor b_t = at::from_blob(b_codes, {row_bytes, cols}, {1, row_bytes}, bytes);
+  for (int64_t r0 = 0; r0 < rows; r0 += chunk_rows) {
+    const int64_t n = std::min(chunk_rows, rows - r0);
+    at::parallel_for(r0, r0 + n, 16, [&](int64_t begin, int64_t end) {
+      unpack_rows_avx512(ap, a_plane, s, begin, end, words, used, a_codes + (begin - r0) * row_bytes);
+    });
+    at::Tensor chunk = out.narrow(0, r0, n);
+    at::_int_mm_out(chunk, at::from_blob(a_codes, {n, row_bytes}, bytes), b_t);
   }
 }
 
@@ -192,6 +270,10 @@ at::Tensor bitmm_int_cpu(const at::Tensor& a_in, const at::Tensor& b_in, int64_t
   int32_t* out32 = wide ? nullptr : out.data_ptr<int32_t>();
   if (rows == 0 || cols == 0) return out;
 #if defined(PYG_QUANT_X86_DISPATCH)
+  if (cpu_has_avx512_vnni() && !wide && s <= 7 && t <= 7) {
+    bitmm_int_int8(ap, a_plane, s, bp, b_plane, t, words, rows, cols, out);
+    return out;
+  }
   if (cpu_has_avx512_vnni() && (s <= 7 || t <= 7)) {
     bitmm_int_avx512(ap, a_plane, s, bp, b_plane, t, words, rows, cols, out32, out64);
     return out;

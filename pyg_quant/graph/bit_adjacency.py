@@ -41,6 +41,7 @@ from .. import ops
 from .._utils import INT32_MAX
 from ..layout import TILE_COLS, TILE_ROWS
 from .adjacency_form import DEFAULT_MIN_TILE_NNZ, check_adjacency_form, tiles_wanted
+from .float_csr import RebuiltOnCopy
 
 MAX_ADJ_PLANES = 8  # bit planes per entry that the bit_spmm kernels accept
 
@@ -151,7 +152,7 @@ class BitAdjacency:
                                    and not getattr(self, "_captured", False)):
             return value
         if table is None:
-            table = self._derived = {}
+            table = self._derived = RebuiltOnCopy()  # copies and pickles recompute (sparse CSR values cannot copy)
         table[key] = value
         return value
 

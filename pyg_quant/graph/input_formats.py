@@ -52,7 +52,9 @@ class EdgeSet:
         """The same graph with ``src``/``dst``/``count`` filled in from ``bit_adj``."""
         if self.src is not None:
             return self
-        src, dst, count = decode_bit_adjacency(self.bit_adj)
+        adj = self.bit_adj
+        # decoded once per adjacency: every layer of a model reads the same batch's
+        src, dst, count = adj.derived("entries", lambda: torch.stack(decode_bit_adjacency(adj))).unbind(0)
         return EdgeSet(self.num_src, self.num_dst, src, dst, None, count, self.loop_rule, self.bit_adj)
 
 

@@ -201,14 +201,28 @@ class QuantGraph:
         cache = self.__dict__.setdefault("_csr", RebuiltOnCopy())
         if dtype in cache:
             return cache[dtype]
-        coef = self.edge_coefficients(dtype)  # decodes the edges if needed
-        if coef is not None and coef.requires_grad:
-            return None
-        edges = self.edges
-        pair = (csr_matrix(edges.dst, edges.src, coef, self.num_dst, self.num_src, dtype),
-                csr_matrix(edges.src, edges.dst, coef, self.num_src, self.num_dst, dtype))
+        prebuilt = self.prebuilt
+        if prebuilt is not None and not self.weighted and self.keep is None:
+            # A user's BitAdjacency is one graph for every layer and call: its matrices are kept on it.
+            pair = tuple(prebuilt.derived(f"csr_{name}_{dtype}", lambda transpose=transpose: self._csr_matrix(dtype, transpose))
+                         for name, transpose in (("a", False), ("a_t", True)))
+        else:
+            coef = self.edge_coefficients(dtype)  # decodes the edges if needed
+            if coef is not None and coef.requires_grad:
+                return None
+            pair = (self._csr_matrix(dtype, False, coef), self._csr_matrix(dtype, True, coef))
         cache[dtype] = pair
         return pair
+
+    def _csr_matrix(self, dtype: torch.dtype, transpose: bool, coef: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``A`` (``Aᵀ`` with ``transpose``) as a CSR matrix of ``dtype``, its entries ``coef``
+        (:meth:`edge_coefficients` when None)."""
+        if coef is None:
+            coef = self.edge_coefficients(dtype)
+        edges = self.edges
+        if transpose:
+            return csr_matrix(edges.src, edges.dst, coef, self.num_src, self.num_dst, dtype)
+        return csr_matrix(edges.dst, edges.src, coef, self.num_dst, self.num_src, dtype)
 
     def column(self, values: Optional[torch.Tensor], dtype: torch.dtype) -> Optional[torch.Tensor]:
         """A per-node vector of this graph (``deg_inv_sqrt``, ``diag``) as an ``[N, 1]`` column of ``dtype``.

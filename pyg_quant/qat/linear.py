@@ -48,7 +48,7 @@ from torch import Tensor
 from ..bit_tensor import BitTensor, to_val
 from ..bitmm import bitmm
 from ..nn.quant_linear import QuantLinear, bit_kernels_apply, warn_weight_not_cached
-from ..quantization.quantize import exact_values
+from ..quantization.quantize import exact_values, ranges_finite
 from .fake_quantize import FakeQuantize
 from .observers import check_finite
 from .qconfig import QConfig
@@ -183,12 +183,19 @@ class QATLinear(QuantLinear):
             raise ValueError(f"protect needs 2-D node features, got x of shape {tuple(x.shape)}")
         # A 2-D input is passed on as the same object, so that its codes can be reused (FakeQuantize.quantize).
         lead, x2 = x.shape[:-1], (x if x.dim() == 2 else x.reshape(-1, x.size(-1)))
-        if fq_in is not None and not self.training:
-            # NaN/inf would give silent garbage codes in evaluation; in training they reach the loss.
+        bit_path = (fq_w is not None and fq_in is not None and fq_w.quantizes and fq_in.quantizes
+                    and bit_kernels_apply(self, x2, self.weight, self.bias))
+        # NaN/inf would give silent garbage codes in evaluation (here, or in a static range downstream); in training
+        # they reach the loss.  On the CPU, dynamic ranges on the bit path are checked below, on the ranges (which
+        # NaN and inf reach) instead of every element.
+        by_ranges = bit_path and fq_in.dynamic and x2.device.type == "cpu"
+        if fq_in is not None and not self.training and not by_ranges:
             check_finite(x2, "x")
-        if (fq_w is not None and fq_in is not None and fq_w.quantizes and fq_in.quantizes
-                and bit_kernels_apply(self, x2, self.weight, self.bias)):
-            out = bitmm(fq_in.quantize(x2, "row"), self.packed_weight())
+        if bit_path:
+            codes = fq_in.quantize(x2, "row")
+            if by_ranges and not self.training and not ranges_finite(codes):
+                check_finite(x2, "x")  # a NaN or inf made its row's range non-finite: find which, and raise
+            out = bitmm(codes, self.packed_weight())
             if self.bias is not None:
                 out = out + self.bias
         else:

@@ -18,7 +18,8 @@ import torch
 
 from .. import ops
 from .._utils import is_compiling
-from ..bit_tensor import BitTensor, to_val
+from ..bit_tensor import BitTensor, check_dim, to_val
+from ..layout import check_bits, check_layout
 from .affine import RANGE_VIEW, affine_params
 from .ranges import tensor_range
 
@@ -30,9 +31,10 @@ def _own_params(x32: torch.Tensor, bits: int, dim: Optional[int]):
 
 
 def quantize(x: torch.Tensor, bits: int, dim: Optional[int], layout: str,
-             col_keys: Optional[torch.Tensor] = None) -> BitTensor:
-    """Round-to-nearest :class:`BitTensor` of a 2-D float ``x`` over its own ranges (reduced over ``dim``), packed in
-    ``layout``: the codes of ``pq.to_bit(x, bits, dim, layout=layout)``.
+             col_keys: Optional[torch.Tensor] = None, noise: Optional[torch.Tensor] = None) -> BitTensor:
+    """The :class:`BitTensor` of a 2-D float ``x`` over its own ranges (reduced over ``dim``), packed in ``layout``,
+    rounded to nearest, or stochastically with ``noise`` (``U[0, 1)``, ``x``'s shape): the codes of
+    ``pq.to_bit(x, bits, dim, layout=layout)``, without its input checks.
 
     ``col_keys`` (per-column ranges in the column layout only): the column keys of ``x`` as the kernel that made
     it gave them (:func:`pyg_quant.ops.quant_mlp`'s), which spare the quantizer its own pass over ``x`` for the
@@ -44,14 +46,61 @@ def quantize(x: torch.Tensor, bits: int, dim: Optional[int], layout: str,
                          f"dim={dim}, layout={layout!r}")
     if dim is None or x32.numel() == 0:
         lo, scale, inv_scale = _own_params(x32, bits, dim)
-        planes = ops.quantize_pack(x32, lo, inv_scale, bits, layout == "col", None)
+        planes = ops.quantize_pack(x32, lo, inv_scale, bits, layout == "col", noise)
         return BitTensor(planes, (x32.size(0), x32.size(1)), bits, layout, lo.reshape(-1), scale.reshape(-1), dim)
     # Ranges, codes and code sums in one op (one kernel for per-row ranges in row layout on the GPU).  Per-column
     # codes on the GPU are what bit_spmm gathers as row codes: the quantizer writes those in the same pass, and skips
     # the code sums, which bit_spmm never reads (BitTensor.code_sums() makes them if a bitmm asks).
     row_codes = x32.is_cuda and dim == 0 and layout == "col"
-    packed = ops.quantize_pack_ranges(x32, bits, dim, layout == "col", None, row_codes, col_keys, not row_codes)
-    return BitTensor.from_quantized(packed, (x32.size(0), x32.size(1)), bits, dim)
+    packed = ops.quantize_pack_ranges(x32, bits, dim, layout == "col", noise, row_codes, col_keys, not row_codes)
+    return BitTensor.from_quantized(packed, (x32.size(0), x32.size(1)), bits, dim, layout)
+
+
+def to_bit(x: torch.Tensor, bits: int, dim: Optional[int] = None, stochastic: bool = False,
+           generator: Optional[torch.Generator] = None, layout: str = "row") -> BitTensor:
+    r"""Quantizes a 2-D float tensor to ``bits`` bits and packs its bit planes.
+
+    ``x ≈ lo + scale · q``, ``q ∈ [0, 2**bits − 1]``, ``lo = min``,
+    ``scale = (max − min) / (2**bits − 1)``, the ranges reduced over ``dim``
+    (``None``: the whole tensor; ``0``: over rows, one range per column; ``1``:
+    over columns, one per row).  Rounding is to nearest, or stochastic
+    (``q = floor(v + u)``, ``u ~ U[0, 1)`` drawn from ``generator``: unbiased,
+    ``E[to_val(to_bit(x))] = x``, and the same seed gives the same codes).
+
+    Args:
+        x (Tensor): ``[rows, cols]`` floating point, finite, non-empty.
+        bits (int): 1..8.
+        dim (int, optional): the reduction dimension of the ranges.
+        stochastic (bool): stochastic instead of nearest rounding.
+        generator (torch.Generator, optional): the noise source for stochastic rounding.
+        layout (str): ``"row"`` or ``"col"``, the packing (see :mod:`pyg_quant.layout`).
+
+    Raises a ValueError if ``x`` holds NaN or inf, judged from the ranges (a NaN or an inf makes the range that
+    holds it non-finite), so the check costs no pass over ``x`` but one host synchronization on a GPU.
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"x must be a floating-point tensor, got {x.dtype}")
+    if x.dim() != 2:
+        raise ValueError(f"x must be 2-D [rows, cols], got shape {tuple(x.shape)}")
+    if x.numel() == 0:
+        raise ValueError(f"x must be non-empty, got shape {tuple(x.shape)}")
+    bits, dim, layout = check_bits(bits), check_dim(dim), check_layout(layout)
+    if generator is not None and not stochastic:
+        raise ValueError("generator is only used with stochastic=True")
+    x32 = x.detach().to(torch.float32)
+    noise = None
+    if stochastic:
+        if generator is not None and generator.device.type != x32.device.type:
+            raise ValueError(f"generator is on {generator.device} but x is on {x32.device}")
+        noise = torch.rand(x32.shape, generator=generator, device=x32.device, dtype=torch.float32)
+    codes = quantize(x32, bits, dim, layout, noise=noise)
+    if not bool(torch.isfinite(codes.lo).all() & torch.isfinite(codes.scale).all()):
+        if not bool(torch.isfinite(x32).all()):
+            raise ValueError("x must be finite (it holds NaN or inf)")
+        raise ValueError("x's range max - min overflows float32; rescale x before quantizing")
+    return codes
 
 
 def fake_values(x: torch.Tensor, lo, scale, inv_scale, bits: int, offset) -> torch.Tensor:
@@ -101,6 +150,15 @@ def values_finite(x: BitTensor) -> bool:
     lo, scale = x.lo.detach(), x.scale.detach()
     ends = torch.stack((lo + scale * 0.0, lo + scale * float(2**x.bits - 1)))
     return bool(torch.isfinite(ends).all())
+
+
+def ranges_finite(x: BitTensor) -> bool:
+    """Whether ``x``'s ranges (``lo`` and ``scale``) are finite: for ranges reduced over the values themselves (their
+    min/max, which NaN and inf reach), whether those values were, at the cost of a few small ops.  True wherever
+    :func:`pyg_quant._utils.check_finite` does not check (traced code, a GPU: there non-finite values propagate)."""
+    if is_compiling() or x.lo.device.type != "cpu":
+        return True
+    return bool(torch.isfinite((x.lo + x.scale).sum()))
 
 
 def fits(x: BitTensor, bits: Optional[int], dims) -> bool:
