@@ -11,7 +11,8 @@ pyg_quant 8/4-bit on the loader's decoded batch) in ``eval()`` under ``torch.inf
 * ``ops``: the top-level ops (those not called from another op) with their host µs each; ``Python µs`` is the host
   time they do not cover (the layers' own code, module calls).
 
-Then, per pyg_quant layer, where a layer call's host time goes: the call, its one op alone (``torch.ops``, the same
+The same 4-bit models reached by the QAT route (``qat.prepare``, three training steps, ``qat.convert``) run as a
+last variant, with the host synchronizations of a forward.  Then, per pyg_quant layer, where a layer call's host time goes: the call, its one op alone (``torch.ops``, the same
 arguments), each step of the op alone (the op's kernels' own ops, called one by one as ``ops/reference.py`` composes
 them) and, for scale, an empty allocation and a one-element ``aten::add`` on the device.
 
@@ -143,6 +144,29 @@ def layer_breakdown(model, args_, runner, reps: int) -> list:
     return rows
 
 
+def inference_forward(model, inputs) -> None:
+    with torch.inference_mode():
+        model(*inputs)
+
+
+def converted_qat(kind: str, args, data, device):
+    """The QAT route to the same 4-bit model: ``qat.prepare`` on the PyG model, three training steps on the batch (so
+    that the static ranges have observed data), ``qat.convert``; it runs on the loader's batch as the others do."""
+    import warnings
+    import torch.nn.functional as F
+    torch.manual_seed(args.seed)
+    model = pq.qat.prepare(workload.make_pyg(args, kind, normalize=True).to(device), bits=4).train()
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    x, edge_index = workload.pyg_inputs(data, kind, "edge_index", "fp32", device).resident[0]
+    for _ in range(3):
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x, edge_index), data.y[0]).backward()
+        opt.step()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return pq.qat.convert(model)
+
+
 def training_syncs(kind: str, args, data, runner, steps: int = 3) -> dict:
     """Host synchronizations in one eager QAT training step (forward, backward, Adam) on an ``edge_index`` batch, as
     e2e.py's QAT epoch runs it, and where they come from."""
@@ -192,14 +216,18 @@ def main(argv=None):
             model.load_state_dict(state)
             variants.append((f"pyg_quant {bits}-bit", model.to(device).eval(),
                              workload.pq_inputs(data, kind, bits, device, False).resident[0]))
+        variants.append(("qat.convert 4-bit", converted_qat(kind, args, data, device),
+                         workload.pq_inputs(data, kind, 4, device, False).resident[0]))
         for label, model, inputs in variants:
             row = dict(model=kind, label=label, **profile_forward(model, inputs, runner, own.reps))
+            if runner.cuda:
+                row["syncs"] = workload.count_syncs(runner, lambda: inference_forward(model, inputs))
             rows.append(row)
             top = ", ".join(f"{k.split('::')[-1]} {v['calls']:g}x {v['host_us']:.0f}" for k, v in
                             list(row["by_op"].items())[:6])
             print(f"{kind} {label:16s} host {row['host_us']:7.1f} us  wall {row['wall_us']:7.1f}  kernels "
                   f"{row['kernels']:4.0f} ({row['kernel_us']:6.1f} us)  ops {row['ops']:4.0f} ({row['op_host_us']:6.1f} "
-                  f"us)  Python {row['python_us']:6.1f} us | {top}", flush=True)
+                  f"us)  Python {row['python_us']:6.1f} us  syncs {row.get('syncs')} | {top}", flush=True)
             if label.startswith("pyg_quant"):
                 row["layers"] = layer_breakdown(model, inputs, runner, own.reps * 3)
                 for i, lr in enumerate(row["layers"]):

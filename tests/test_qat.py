@@ -948,6 +948,32 @@ def test_convert_uses_bit_kernels(monkeypatch):
     assert inference.conv1.lin.packed_weight() is packed  # packed once
 
 
+def test_converted_static_ranges_keep_their_parameters_until_edited():
+    """A frozen stored range's (lo, hi, scale, inv_scale) are made once and kept; an in-place edit of the range (a
+    load_state_dict) or new range tensors make them again, so the outputs follow."""
+    data = planted_graph(nodes=200, seed=2)
+    torch.manual_seed(0)
+    prepared = train(qat.prepare(GCN(16, 8, 4), bits=4, skip_last=False, agg_observer="ema"), data, epochs=2)
+    inference = qat.convert(prepared)
+    fq = inference.conv1.agg_quant
+    first = fq.qparams()
+    assert all(a is b for a, b in zip(fq.qparams(), first))
+    with torch.no_grad():
+        out = inference(data.x, data.edge_index)
+        state = {k: v.clone() for k, v in inference.state_dict().items()}
+        fq.observer.max_val.mul_(2)  # in place: the version moves
+        widened = fq.qparams()
+        assert not any(a is b for a, b in zip(widened, first))
+        torch.testing.assert_close(widened[1], first[1] * 2)
+        assert not torch.equal(inference(data.x, data.edge_index), out)
+        inference.load_state_dict(state)
+        assert torch.equal(fq.qparams()[1], first[1]) and torch.equal(inference(data.x, data.edge_index), out)
+        fq.observer.max_val = fq.observer.max_val * 3  # another tensor
+        torch.testing.assert_close(fq.qparams()[1], first[1] * 3)
+    # while observing (a prepared model in training), nothing is kept
+    assert prepared.conv1.agg_quant._frozen_state() is None
+
+
 def test_convert_warns_about_unobserved_ranges():
     prepared = qat.prepare(GCN(8, 4, 2), bits=4)
     with pytest.warns(UserWarning, match="observed no data"):

@@ -206,12 +206,13 @@ def test_qat_linear_takes_fitting_codes_as_they_are(monkeypatch):
     real_bitmm = qat_linear.bitmm
     monkeypatch.setattr(qat_linear, "bitmm", lambda a, b, **k: seen.append(a) or real_bitmm(a, b, **k))
     with torch.no_grad():
-        expected = inference(data.x, adj)
-        assert len(calls) == 1  # the float input is quantized by the layer
+        expected = inference(data.x, adj)  # the float input: quantized in the fused kernel (qat/eval_path.py)
         xq = pq.to_bit(data.x, 4, dim=1, layout="row")  # the codes the dynamic per-node quantizer makes
         out = inference(xq, adj)
-    assert len(calls) == 1, "a BitTensor that fits the input quantizer must not be quantized again"
-    assert seen[-2] is xq  # conv1's bit GEMM read the input's own codes (conv2's GEMM is the last call)
+        assert not calls, "a BitTensor that fits the input quantizer must not be quantized again"
+        assert seen[-1] is xq  # conv1's bit GEMM read the input's own codes
+        inference(data.x, data.edge_index)  # the general path quantizes a float input itself
+    assert len(calls) == 1
     assert torch.equal(out, expected)
     with torch.inference_mode():
         assert torch.equal(inference(xq, adj), expected)

@@ -317,6 +317,10 @@ class QuantGraph:
         """
         if y.dim not in (None, 0):
             raise ValueError("aggregate_bits needs features scaled per column or per tensor")
+        if dtype == torch.float32:
+            fused = self.aggregate_bits_fused(y)  # the same float64 sum in one kernel's epilogue, where it can
+            if fused is not None:
+                return fused
         y = y.as_layout("col")
         mask_products, code_products = self._code_products(y)
         lo_y, scale_y = y.lo.double().view(1, -1), y.scale.double().view(1, -1)

@@ -35,7 +35,7 @@ from ..quantization.quantize import quantize, values_finite
 from .calibration import STATIC_RANGE
 from ._common import kept
 from .explain import explaining
-from .quant_linear import QuantLinear, _runs_fused, call_end, chain_args, fused_mlp_plan
+from .quant_linear import QuantLinear, call_end, chain_args, fused_mlp_plan, runs_fused
 
 
 _module_hooks = torch.nn.modules.module
@@ -125,11 +125,11 @@ def _detached(t: Tensor) -> Tensor:
 
 
 def _fuses(linears, width: int) -> bool:
-    """Whether the chain of ``linears`` runs fused on ``width`` input columns now (:func:`_runs_fused`), with
+    """Whether the chain of ``linears`` runs fused on ``width`` input columns now (:func:`runs_fused`), with
     parameters that are not inference tensors (which keep no version counter to tell an edit by)."""
     for lin in linears:
         weight, bias = lin.weight, lin.bias
-        if not _runs_fused(lin, None, width) or weight.is_inference() or (bias is not None and bias.is_inference()):
+        if not runs_fused(lin, None, width) or weight.is_inference() or (bias is not None and bias.is_inference()):
             return False
         width = weight.size(0)
     return True

@@ -343,7 +343,7 @@ def _no_hooks(*modules) -> bool:
     return not any(global_hooks) and not any(_has_hooks(m) for m in modules)
 
 
-def _runs_fused(lin: "QuantLinear", x: Optional[Tensor], width: int) -> bool:
+def runs_fused(lin: "QuantLinear", x: Optional[Tensor], width: int) -> bool:
     """Whether ``lin`` takes a fused ``quant_mlp`` layer on ``x`` (``width`` columns; None: an input without a
     gradient) now: eval without a gradient asked for, float32 weight, the kernel's widths."""
     weight = lin.weight
@@ -371,13 +371,13 @@ def run_row_scaled_linear(lin, x, row_scale: Tensor, col_keys: bool = False,
             or row_scale.dtype != torch.float32 or not isinstance(x, (Tensor, BitTensor))):
         return None
     if isinstance(x, BitTensor):
-        if fits(x, lin.act_bits, (None, 1)) or not _runs_fused(lin, None, x.cols):
+        if fits(x, lin.act_bits, (None, 1)) or not runs_fused(lin, None, x.cols):
             return None  # codes the layer multiplies as they are, or a layer that does not fuse now
         if row_scale.numel() == x.rows and _reads_codes(lin, x):
             return run(x)
         x = dequantize(x)  # what the layer reads
     if (x.dtype != torch.float32 or x.is_sparse or x.dim() != 2 or row_scale.numel() != x.size(0)
-            or not _runs_fused(lin, x, x.size(1))):
+            or not runs_fused(lin, x, x.size(1))):
         return None
     check_finite(x, "x", always=out_codes is not None)
     return run(x)
@@ -401,7 +401,7 @@ def run_fused_mlp(module, x, col_keys: bool = False, out_codes: Optional[FixedRa
         return None
     width = x.size(-1)
     for lin in linears:
-        if not _runs_fused(lin, x, width):
+        if not runs_fused(lin, x, width):
             return None
         width = lin.weight.size(0)
     check_finite(x, "x", always=out_codes is not None)

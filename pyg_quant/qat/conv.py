@@ -54,6 +54,7 @@ from ..nn.quant_linear import bit_kernels_apply
 from ..quantization.fixed import FixedRanges, fake_quantize_fixed, quantize_fixed
 from ..quantization.quantize import exact_values
 from .degree_quant import protect_mask
+from .eval_path import gcn_eval
 from .linear import QATLinear, _check_qconfig, observe_only, quantized_already
 from .observers import check_finite
 from .qconfig import QConfig
@@ -190,6 +191,9 @@ class QATGCNConv(_QATConvMixin, QGCNConv):
             edge_index: edge indices, a sparse adjacency ``adj_t`` or a :class:`~pyg_quant.BitAdjacency`.
             edge_weight (Tensor, optional): edge weights for ``edge_index``.
         """
+        fast = gcn_eval(self, x, edge_index, edge_weight)
+        if fast is not None:
+            return fast
         if isinstance(x, (tuple, list)):  # PyG's error (to_hetero passes pairs on bipartite edge types)
             raise ValueError(f"'{self.__class__.__name__}' received a tuple of node features as input while this "
                              f"layer does not support bipartite message passing. Please try other layers such as "

@@ -277,11 +277,39 @@ class FakeQuantize(torch.nn.Module):
         return collapse_narrow_range(*self.observer.range(x))
 
     def qparams(self, x: Optional[torch.Tensor] = None):
-        """``(lo, hi, scale, inv_scale)`` for ``x``, float32, shaped to broadcast against ``x``."""
+        """``(lo, hi, scale, inv_scale)`` for ``x``, float32, shaped to broadcast against ``x``.
+
+        A frozen stored range gives the same four tensors at every call (a converted model's): they are kept, and
+        made again only when the range's tensors change (other objects, or edited in place).
+        """
+        state = self._frozen_state()
+        if state is not None:
+            kept = self.__dict__.get("_frozen_qparams")
+            if (kept is not None and kept[0][1:] == state[1:]
+                    and all(a is b for a, b in zip(kept[0][0], state[0]))):
+                return kept[1]
         lo, hi = self.range(x)
         scale, inv_scale = affine_params(lo.to(torch.float32), hi.to(torch.float32), self.bits)
         view = RANGE_VIEW[self.dim]
-        return lo.view(view), hi.view(view), scale.view(view), inv_scale.view(view)
+        params = lo.view(view), hi.view(view), scale.view(view), inv_scale.view(view)
+        if state is not None:
+            self.__dict__["_frozen_qparams"] = (state, params)
+        return params
+
+    def _frozen_state(self) -> Optional[tuple]:
+        """``(range tensors, their versions and storage, bits, dim)`` of a stored range that cannot move now, which
+        :meth:`qparams` depends on alone; None where it may move or its parameters must not be kept (observing,
+        dynamic or not yet observed, a range that takes a gradient, inference tensors, which keep no version
+        counter, tracing, a CUDA graph capture, where what is made lives in the capture's pool)."""
+        if self._observe or self.dynamic or not self.observer.initialized or torch.compiler.is_compiling():
+            return None
+        tensors = tuple(self.observer.range_tensors())
+        marks = []
+        for t in tensors:
+            if t.requires_grad or t.is_inference() or (t.is_cuda and torch.cuda.is_current_stream_capturing()):
+                return None
+            marks.append((t._version, t.data_ptr()))
+        return tensors, tuple(marks), self.bits, self.dim
 
     def _range_buffers_stale(self) -> bool:
         """Whether ``lo`` / ``scale`` may differ from the range in use: the observer moved since they were written,

@@ -45,6 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .. import ops
 from ..bit_tensor import BitTensor, to_val
 from ..bitmm import bitmm
 from ..nn.quant_linear import QuantLinear, bit_kernels_apply, warn_weight_not_cached
@@ -151,6 +152,22 @@ class QATLinear(QuantLinear):
                            None if w.dim is None else 0)
         self._packed = (key, packed) if fq.frozen and version is not None else None
         return packed
+
+    def quantized_weight(self) -> BitTensor:
+        """:meth:`packed_weight`: the weight quantizer's codes are what the bit kernels multiply."""
+        return self.packed_weight()
+
+    def fused_weight(self):
+        r"""The codes of :meth:`packed_weight` as :func:`pyg_quant.ops.quant_mlp` takes them (see
+        :meth:`QuantLinear.fused_weight <pyg_quant.nn.QuantLinear.fused_weight>`), kept with them."""
+        packed = self.packed_weight()
+        kept = self.__dict__.get("_fused")
+        if kept is not None and kept[0] is packed:
+            return kept[1]
+        codes = ops.unpack_codes(packed.planes, packed.cols, packed.rows, False)  # W [out, in]: Wᵀ's planes
+        fused = (codes, packed.lo.contiguous(), packed.scale.contiguous(), packed.code_sums().contiguous())
+        self.__dict__["_fused"] = (packed, fused)
+        return fused
 
     def takes_as_quantized(self, x) -> bool:
         """Whether ``x`` is used as this layer's quantized input as it is (see the module docstring)."""

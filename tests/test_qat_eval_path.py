@@ -1,0 +1,136 @@
+"""A converted QAT GCN on a BitAdjacency runs pyg_quant/qat/eval_path.py: the general forward's bit path, bit for bit.
+
+Each case compares the short path with the layer's general forward (the short path switched off) on the same
+inputs: float features and the loader's per-column codes, static ranges per channel and per tensor and dynamic ones,
+2 to 8 bits.  Then what must not take it, and what non-finite inputs do.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch_geometric.nn import GCNConv
+
+import pyg_quant as pq
+import pyg_quant.qat.conv as qat_conv
+from pyg_quant import qat
+
+from conftest import gen, requires_compiled
+
+pytestmark = requires_compiled
+
+
+class GCN(torch.nn.Module):
+    def __init__(self, channels=24, hidden=32, classes=5):
+        super().__init__()
+        self.conv1, self.conv2, self.conv3 = GCNConv(channels, hidden), GCNConv(hidden, hidden), GCNConv(hidden, classes)
+
+    def forward(self, x, adj):
+        return self.conv3(F.relu(self.conv2(F.relu(self.conv1(x, adj)), adj)), adj)
+
+
+def converted(device, bits=4, seed=0, **observers):
+    """A trained-for-three-steps, converted QAT GCN, its data and its BitAdjacency (A + I)."""
+    g = gen(seed)
+    n = 400
+    edge_index = torch.randint(n, (2, 3000), generator=g)
+    x = torch.randn(n, 24, generator=g) * 2 + 0.5
+    y = torch.randint(5, (n,), generator=g)
+    torch.manual_seed(seed)
+    model = qat.prepare(GCN(), bits=bits, seed=seed, **observers).to(device)
+    x, edge_index, y = x.to(device), edge_index.to(device), y.to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    for _ in range(3):
+        opt.zero_grad()
+        F.cross_entropy(model(x, edge_index), y).backward()
+        opt.step()
+    adj = pq.BitAdjacency.from_edge_index(edge_index, n, self_loops=1)
+    return qat.convert(model), x, adj, edge_index
+
+
+def general(model, *args):
+    """``model(*args)`` with the short path off."""
+    saved = qat_conv.gcn_eval
+    qat_conv.gcn_eval = lambda *a: None
+    try:
+        return model(*args)
+    finally:
+        qat_conv.gcn_eval = saved
+
+
+def short_calls(monkeypatch):
+    import pyg_quant.qat.eval_path as eval_path
+    calls = []
+    real = eval_path.gcn_eval
+    monkeypatch.setattr(qat_conv, "gcn_eval", lambda *a: calls.append(real(*a)) or calls[-1])
+    return calls
+
+
+@pytest.mark.parametrize("observers", [{}, {"agg_observer": "ema"}, {"agg_observer": "minmax", "agg_granularity":
+                                                                        "tensor"}, {"agg_observer": "dynamic"},
+                                       {"weight_observer": "learned"}],
+                         ids=["mse", "ema", "minmax-tensor", "dynamic", "learned-weights"])
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_short_path_is_the_general_path(device, bits, observers, monkeypatch):
+    model, x, adj, _ = converted(device, bits, **observers)
+    xq = pq.to_bit(x, bits, dim=0, layout="col")  # what the loader ships
+    for mode in (torch.no_grad, torch.inference_mode):
+        with mode():
+            for inp in (x, xq):
+                want = general(model, inp, adj)
+                calls = short_calls(monkeypatch)
+                got = model(inp, adj)
+                monkeypatch.undo()
+                assert sum(c is not None for c in calls) == 2  # both quantized layers (the last stays fp32)
+                assert torch.equal(got, want)
+    # grad mode on, nothing asks for one (a converted model's parameters): the bit kernels, the same numbers
+    assert torch.equal(model(x, adj), general(model, x, adj))
+
+
+def test_what_keeps_the_general_path(monkeypatch):
+    model, x, adj, edge_index = converted("cpu")
+    calls = short_calls(monkeypatch)
+    with torch.no_grad():
+        model(x, pq.BitAdjacency.from_edge_index(edge_index, x.size(0)))  # no diagonal: self-loops added by the rule
+        assert calls == [None, None]
+        model(pq.to_bit(x, 4, dim=1), adj)  # the input quantizer's own codes: conv1 multiplies them as they are
+        assert calls[2] is None and calls[3] is not None
+        model(x, edge_index)  # not a BitAdjacency
+        assert calls[4:] == [None, None]
+    model.conv1.lin.register_forward_hook(lambda *a: None)
+    with torch.no_grad():
+        model(x, adj)
+    assert calls[6] is None and calls[7] is not None
+    model, x, adj, _ = converted("cpu", input_observer="dynamic_mse")
+    calls = short_calls(monkeypatch)
+    with torch.no_grad():
+        model(x, adj)
+    assert calls == [None, None]
+    prepared_in_eval = qat.prepare(GCN(), bits=4).eval()  # observers still on: ranges may move
+    calls = short_calls(monkeypatch)
+    with torch.no_grad():
+        prepared_in_eval(x, adj)
+    assert calls == [None, None]
+
+
+def test_stored_keys_follow_the_range(monkeypatch):
+    model, x, adj, _ = converted("cpu", agg_observer="ema")
+    with torch.no_grad():
+        first = model(x, adj)
+        model.conv1.agg_quant.observer.max_val.mul_(0.5)  # narrower: more values clamp
+        narrowed = model(x, adj)
+        assert torch.equal(narrowed, general(model, x, adj)) and not torch.equal(narrowed, first)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_input(device, bad):
+    """The CPU raises as the general path does; a GPU runs on without a host synchronization, and the value makes
+    its row's range, so its row of ``D^-1/2 X W``, so every channel's range non-finite: no output comes out
+    finite (the stored ranges would have given finite codes)."""
+    model, x, adj, _ = converted(device, agg_observer="ema")
+    x = x.clone()
+    x[7, 3] = bad
+    with torch.no_grad():
+        if device == "cpu":
+            with pytest.raises(ValueError, match="NaN or inf"):
+                model(x, adj)
+        else:
+            assert not torch.isfinite(model.conv1(x, adj)).any()
