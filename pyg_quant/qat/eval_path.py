@@ -117,11 +117,12 @@ def gcn_eval(conv, x, adj, edge_weight) -> Optional[Tensor]:
     else:
         h, keys = ops.quant_mlp(x.contiguous(), *chain, dinv, True)
     if stored is not None or not cuda:
-        non_finite = (keys.view(2, channels) >= _NON_FINITE_KEY).any(0)
+        slots = keys.view(2, channels)  # max slots, then min slots
+        non_finite = slots.amax(0, keepdim=True) >= _NON_FINITE_KEY  # [1, channels]
         if not cuda and bool(non_finite.any()):
             check_finite(to_val(x) if isinstance(x, BitTensor) else x, "x")  # raises where the general path does
         if stored is not None:
-            keys = torch.where(non_finite.repeat(2), keys, stored)
+            keys = torch.where(non_finite, slots, stored.view(2, channels)).view(-1)
     packed = ops.quantize_pack_ranges(h, fq_agg.bits, 0, True, None, cuda, keys, not cuda)
     codes = BitTensor.from_quantized(packed, (rows, channels), fq_agg.bits, 0)
     out = bit_spmm(adj, codes)
