@@ -87,14 +87,21 @@ PYG_QUANT_TARGET_AVX512 void unpack_row_avx512(const uint64_t* planes, int64_t p
 }
 
 // The codes of the first `used` words of rows [r0, r1) of row-layout planes (`words` words a row), used·64 bytes a
-// row, row r at dst + (r − r0)·used·64.
+// row, row r at dst + (r − r0)·used·64; with `shift`, each code less 128 (an 8-bit code as an int8), and the row's
+// sum of the codes stored (unshifted) in sums[r − r0].
 PYG_QUANT_TARGET_AVX512 void unpack_rows_avx512(const uint64_t* planes, int64_t plane_stride, int bits, int64_t r0,
-                                                int64_t r1, int64_t words, int64_t used, uint8_t* dst) {
+                                                int64_t r1, int64_t words, int64_t used, uint8_t* dst,
+                                                bool shift = false, int64_t* sums = nullptr) {
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80)), zero = _mm512_setzero_si512();
   for (int64_t r = r0; r < r1; ++r) {
     uint8_t* row = dst + (r - r0) * used * 64;
+    __m512i total = zero;
     for (int64_t w = 0; w < used; ++w) {
-      _mm512_storeu_si512(row + w * 64, codes_of_64(planes + r * words + w, plane_stride, bits));
+      const __m512i v = codes_of_64(planes + r * words + w, plane_stride, bits);
+      if (sums != nullptr) total = _mm512_add_epi64(total, _mm512_sad_epu8(v, zero));
+      _mm512_storeu_si512(row + w * 64, shift ? _mm512_xor_si512(v, flip) : v);
     }
+    if (sums != nullptr) sums[r - r0] = _mm512_reduce_add_epi64(total);
   }
 }
 
@@ -129,9 +136,11 @@ uint8_t* thread_buffer(int64_t bytes) {
   return buffer.data();
 }
 
-// The int32 product from both operands' codes unpacked to int8 (codes of at most 7 bits fit), by torch's int8 GEMM
-// (oneDNN: AMX or VNNI, blocked for the cache), a few times faster than the one-row loop below, over the words of K
-// that B uses.
+// The int32 product from both operands' codes unpacked to int8, by torch's int8 GEMM (oneDNN: AMX or VNNI, blocked
+// for the cache), several times faster than the one-row loops below, over the words of K that B uses.  An 8-bit
+// operand's codes go in less 128: with a = a' + 128 and b = b' + 128 (each where shifted), over the Kp unpacked
+// positions Σ a·b = Σ a'·b' + 128·Σ b·[a shifted] + 128·Σ a·[b shifted] − 128²·Kp·[both], every term exact (the
+// caller keeps K·(2^s − 1)·(2^t − 1), and so |Σ a'·b'|, within int32 on this path).
 void bitmm_int_int8(const uint64_t* ap, int64_t a_plane, int s, const uint64_t* bp, int64_t b_plane, int t,
                     int64_t words, int64_t rows, int64_t cols, const at::Tensor& out) {
   const int64_t used = used_words(bp, b_plane, t, cols, words);
@@ -139,6 +148,7 @@ void bitmm_int_int8(const uint64_t* ap, int64_t a_plane, int s, const uint64_t* 
     out.zero_();
     return;
   }
+  const bool shift_a = s == 8, shift_b = t == 8;
   const int64_t row_bytes = used * 64;
   const int64_t chunk_rows = std::min({rows, kInt8ChunkRows, std::max<int64_t>(16, kInt8ChunkBytes / row_bytes)});
   const int64_t scratch_bytes = (chunk_rows + cols) * row_bytes;
@@ -146,18 +156,33 @@ void bitmm_int_int8(const uint64_t* ap, int64_t a_plane, int s, const uint64_t* 
   if (scratch_bytes > kKeptScratchBytes) scratch = at::empty({scratch_bytes}, out.options().dtype(at::kByte));
   uint8_t* b_codes = scratch.defined() ? scratch.data_ptr<uint8_t>() : thread_buffer(scratch_bytes);
   uint8_t* a_codes = b_codes + cols * row_bytes;
+  std::vector<int64_t> b_sums(shift_a ? cols : 0), a_sums(shift_b ? chunk_rows : 0);
   at::parallel_for(0, cols, 16, [&](int64_t begin, int64_t end) {
-    unpack_rows_avx512(bp, b_plane, t, begin, end, words, used, b_codes + begin * row_bytes);
+    unpack_rows_avx512(bp, b_plane, t, begin, end, words, used, b_codes + begin * row_bytes, shift_b,
+                       shift_a ? b_sums.data() + begin : nullptr);
   });
   const auto bytes = out.options().dtype(at::kChar);
   const at::Tensor b_t = at::from_blob(b_codes, {row_bytes, cols}, {1, row_bytes}, bytes);
+  const int64_t both = shift_a && shift_b ? 128 * 128 * row_bytes : 0;
   for (int64_t r0 = 0; r0 < rows; r0 += chunk_rows) {
     const int64_t n = std::min(chunk_rows, rows - r0);
     at::parallel_for(r0, r0 + n, 16, [&](int64_t begin, int64_t end) {
-      unpack_rows_avx512(ap, a_plane, s, begin, end, words, used, a_codes + (begin - r0) * row_bytes);
+      unpack_rows_avx512(ap, a_plane, s, begin, end, words, used, a_codes + (begin - r0) * row_bytes, shift_a,
+                         shift_b ? a_sums.data() + (begin - r0) : nullptr);
     });
     at::Tensor chunk = out.narrow(0, r0, n);
     at::_int_mm_out(chunk, at::from_blob(a_codes, {n, row_bytes}, bytes), b_t);
+    if (shift_a || shift_b) {
+      int32_t* o = chunk.data_ptr<int32_t>();
+      at::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+          const int64_t row_term = shift_b ? 128 * a_sums[i] : 0;
+          for (int64_t c = 0; c < cols; ++c) {
+            o[i * cols + c] = static_cast<int32_t>(o[i * cols + c] + row_term + (shift_a ? 128 * b_sums[c] : 0) - both);
+          }
+        }
+      });
+    }
   }
 }
 
@@ -270,7 +295,7 @@ at::Tensor bitmm_int_cpu(const at::Tensor& a_in, const at::Tensor& b_in, int64_t
   int32_t* out32 = wide ? nullptr : out.data_ptr<int32_t>();
   if (rows == 0 || cols == 0) return out;
 #if defined(PYG_QUANT_X86_DISPATCH)
-  if (cpu_has_avx512_vnni() && !wide && s <= 7 && t <= 7) {
+  if (cpu_has_avx512_vnni() && !wide) {
     bitmm_int_int8(ap, a_plane, s, bp, b_plane, t, words, rows, cols, out);
     return out;
   }
