@@ -62,6 +62,18 @@ OPS_SCRIPT = textwrap.dedent("""
                         out[f"spmm {n} {e} {cols} {min_tile} {weighted} {b} {wide}"] = ops.bit_spmm_int(
                             adj.window_ptr, adj.tile_col, adj.tile_bits, adj.res_ptr, adj.res_col,
                             values if weighted else None, y.planes, adj.num_rows, cols, wide, None)
+    from pyg_quant.nn.quant_linear import QuantLinear, chain_args
+    for bits in (2, 4, 7, 8):
+        for rows, widths in [(1, (5, 3)), (37, (40, 17, 9)), (300, (256, 64, 64)), (2500, (33, 64))]:
+            torch.manual_seed(bits + rows)
+            layers = [QuantLinear(a, b, bits=bits) for a, b in zip(widths[:-1], widths[1:])]
+            relus = [i < len(layers) - 1 for i in range(len(layers))]
+            x = torch.randn(rows, widths[0], generator=g) * 3
+            x[0, 0] = -0.0
+            scale = torch.rand(rows, generator=g)
+            for row_scale in (None, scale):
+                got = ops.quant_mlp(x, *chain_args(layers, relus), row_scale)
+                out[f"quant_mlp {bits} {rows} {widths} {row_scale is None}"] = got.view(torch.int32)
     torch.save(out, sys.argv[1])
 """)
 

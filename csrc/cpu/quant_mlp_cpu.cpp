@@ -16,7 +16,9 @@
 #include <emmintrin.h>
 #endif
 
+#include "cpu_features.h"
 #include "epilogue.h"
+#include "epilogue_avx512.h"
 #include "ordered_key.h"
 #include "quant_mlp_args.h"
 #include "quantize_cpu.h"
@@ -60,9 +62,8 @@ inline int32_t dot_u8(const uint8_t* a, const uint8_t* w, int64_t n) {
   return acc;
 }
 
-// A row's range (amin / amax: a NaN anywhere makes both NaN, as they do), its codes and their sum.
-template <typename Code>
-int64_t quantize_row(const float* h, int64_t in, float max_code, Code* codes, Range* range) {
+// A row's range: amin / amax (a NaN anywhere makes both NaN, as they do).
+inline Range row_range(const float* h, int64_t in, float max_code) {
   float mn = h[0], mx = h[0];
   bool nan = false;
   for (int64_t c = 0; c < in; ++c) {
@@ -72,7 +73,13 @@ int64_t quantize_row(const float* h, int64_t in, float max_code, Code* codes, Ra
     mx = v > mx ? v : mx;
   }
   if (nan) mn = mx = NAN;
-  *range = range_of(mn, mx, max_code);
+  return range_of(mn, mx, max_code);
+}
+
+// A row's range, its codes and their sum.
+template <typename Code>
+int64_t quantize_row(const float* h, int64_t in, float max_code, Code* codes, Range* range) {
+  *range = row_range(h, in, max_code);
   int64_t row_sum = 0;
   for (int64_t c = 0; c < in; ++c) {
     const uint32_t q = code_of(h[c], *range, 0.5f, max_code);
@@ -81,6 +88,26 @@ int64_t quantize_row(const float* h, int64_t in, float max_code, Code* codes, Ra
   }
   return row_sum;
 }
+
+#if defined(PYG_QUANT_X86_DISPATCH)
+// quantize_row's codes and their sum, 16 values at a time: the same float32 steps as code_of (x − lo, times inv, plus
+// one half, each rounded; a NaN or a negative goes to 0 and the top clamps to max_code, as its two comparisons do),
+// truncated to int32 (the value is in [0, max_code]).
+PYG_QUANT_TARGET_AVX512 int64_t codes_avx512(const float* h, int64_t in, Range range, float max_code, int8_t* codes) {
+  const __m512 lo = _mm512_set1_ps(range.lo), inv = _mm512_set1_ps(range.inv), half = _mm512_set1_ps(0.5f);
+  const __m512 zero = _mm512_setzero_ps(), top = _mm512_set1_ps(max_code);
+  __m512i total = _mm512_setzero_si512();
+  for (int64_t c = 0; c < in; c += 16) {
+    const __mmask16 m = static_cast<__mmask16>(in - c >= 16 ? 0xffff : (1u << (in - c)) - 1u);
+    __m512 t = _mm512_add_ps(_mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, h + c), lo), inv), half);
+    t = _mm512_min_ps(_mm512_max_ps(t, zero), top);  // max(NaN, 0) is 0: maxps returns its second operand
+    const __m512i q = _mm512_maskz_cvttps_epi32(m, t);
+    total = _mm512_add_epi32(total, q);
+    _mm_mask_storeu_epi8(codes + c, m, _mm512_cvtepi32_epi8(q));
+  }
+  return _mm512_reduce_add_epi32(total);
+}
+#endif
 
 // Whether every layer's codes fit int8 (at most 7 bits a side), which torch's int8 GEMM multiplies; its products are
 // exact in int32 as the row loop's are (check_quant_mlp_args bounds them).
@@ -162,6 +189,10 @@ at::Tensor quant_mlp_cpu(const at::Tensor& x_in, at::TensorList weight_codes, at
     std::vector<int8_t> codes(block * max_width);
     std::vector<Range> ranges(block);
     std::vector<int64_t> row_sums(block);
+    std::vector<float> row_lo(block), row_scale(block);
+#if defined(PYG_QUANT_X86_DISPATCH)
+    const bool vector = cpu_has_avx512_vnni(), vector_epilogue = cpu_has_avx512_dq();
+#endif
     at::Tensor products = at::empty({block * max_width}, x.options().dtype(at::kInt));
     std::vector<uint32_t> all_keys(keys != nullptr ? 2 * out_cols : 0, 0u);
     for (int64_t r0 = 0; r0 < rows; r0 += block) {
@@ -173,8 +204,20 @@ at::Tensor quant_mlp_cpu(const at::Tensor& x_in, at::TensorList weight_codes, at
         float* next = last ? op + r0 * out_cols : (l % 2 == 0 ? buffer_a.data() : buffer_b.data());
         at::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {
           for (int64_t i = begin; i < end; ++i) {
-            row_sums[i] = quantize_row(h + i * layer.in, layer.in, layer.max_code, codes.data() + i * layer.in,
-                                       &ranges[i]);
+            const float* row = h + i * layer.in;
+            int8_t* row_codes = codes.data() + i * layer.in;
+#if defined(PYG_QUANT_X86_DISPATCH)
+            if (vector) {
+              ranges[i] = row_range(row, layer.in, layer.max_code);
+              row_sums[i] = codes_avx512(row, layer.in, ranges[i], layer.max_code, row_codes);
+              row_lo[i] = ranges[i].lo;
+              row_scale[i] = ranges[i].scale;
+              continue;
+            }
+#endif
+            row_sums[i] = quantize_row(row, layer.in, layer.max_code, row_codes, &ranges[i]);
+            row_lo[i] = ranges[i].lo;
+            row_scale[i] = ranges[i].scale;
           }
         });
         at::Tensor product = products.narrow(0, 0, n * layer.out).view({n, layer.out});
@@ -182,6 +225,13 @@ at::Tensor quant_mlp_cpu(const at::Tensor& x_in, at::TensorList weight_codes, at
         const int32_t* pp = product.data_ptr<int32_t>();
         const double k = static_cast<double>(layer.in);
         at::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {
+#if defined(PYG_QUANT_X86_DISPATCH)
+          if (vector_epilogue) {
+            bitmm_affine_rows_avx512(pp, row_sums.data(), layer.sums, row_lo.data(), row_scale.data(), layer.lo,
+                                     layer.scale, layer.bias, k, layer.relu, layer.out, begin, end, next);
+            return;
+          }
+#endif
           for (int64_t i = begin; i < end; ++i) {
             const double rs = static_cast<double>(row_sums[i]);
             for (int64_t o = 0; o < layer.out; ++o) {
