@@ -70,6 +70,11 @@ OPS_SCRIPT = textwrap.dedent("""
             relus = [i < len(layers) - 1 for i in range(len(layers))]
             x = torch.randn(rows, widths[0], generator=g) * 3
             x[0, 0] = -0.0
+            if rows >= 3 and widths[0] >= 7:  # zero extrema of both signs: the sign of the row's first zero
+                x[1] = x[1].abs()
+                x[1, 3], x[1, 5] = -0.0, 0.0
+                x[2] = -x[2].abs()
+                x[2, 4], x[2, 6] = 0.0, -0.0
             scale = torch.rand(rows, generator=g)
             for row_scale in (None, scale):
                 got = ops.quant_mlp(x, *chain_args(layers, relus), row_scale)

@@ -90,6 +90,30 @@ int64_t quantize_row(const float* h, int64_t in, float max_code, Code* codes, Ra
 }
 
 #if defined(PYG_QUANT_X86_DISPATCH)
+// row_range 16 values at a time.  The extrema are order-free but for the sign of a zero: the scalar loop keeps the
+// first of equal values, so a zero extremum takes the sign of the row's first zero.
+PYG_QUANT_TARGET_AVX512 Range row_range_avx512(const float* h, int64_t in, float max_code) {
+  const __m512 first = _mm512_set1_ps(h[0]);  // past the row's end: a value of the row, neutral for both extrema
+  __m512 mn = first, mx = first;
+  __mmask16 nan = 0;
+  for (int64_t c = 0; c < in; c += 16) {
+    const __mmask16 m = static_cast<__mmask16>(in - c >= 16 ? 0xffff : (1u << (in - c)) - 1u);
+    const __m512 v = _mm512_mask_loadu_ps(first, m, h + c);
+    nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    mn = _mm512_min_ps(mn, v);
+    mx = _mm512_max_ps(mx, v);
+  }
+  if (nan) return range_of(NAN, NAN, max_code);
+  float lo = _mm512_reduce_min_ps(mn), hi = _mm512_reduce_max_ps(mx);
+  if (lo == 0.0f || hi == 0.0f) {
+    int64_t c = 0;
+    while (h[c] != 0.0f) ++c;  // there is one: an extremum is 0
+    lo = lo == 0.0f ? h[c] : lo;
+    hi = hi == 0.0f ? h[c] : hi;
+  }
+  return range_of(lo, hi, max_code);
+}
+
 // quantize_row's codes and their sum, 16 values at a time: the same float32 steps as code_of (x − lo, times inv, plus
 // one half, each rounded; a NaN or a negative goes to 0 and the top clamps to max_code, as its two comparisons do),
 // truncated to int32 (the value is in [0, max_code]).
@@ -208,7 +232,7 @@ at::Tensor quant_mlp_cpu(const at::Tensor& x_in, at::TensorList weight_codes, at
             int8_t* row_codes = codes.data() + i * layer.in;
 #if defined(PYG_QUANT_X86_DISPATCH)
             if (vector) {
-              ranges[i] = row_range(row, layer.in, layer.max_code);
+              ranges[i] = row_range_avx512(row, layer.in, layer.max_code);
               row_sums[i] = codes_avx512(row, layer.in, ranges[i], layer.max_code, row_codes);
               row_lo[i] = ranges[i].lo;
               row_scale[i] = ranges[i].scale;
