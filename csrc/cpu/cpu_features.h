@@ -10,9 +10,10 @@
 #define PYG_QUANT_X86_DISPATCH 1
 #include <immintrin.h>
 #if !defined(__clang__)
-// GCC 12 reports its own AVX-512 intrinsics (their _mm512_undefined_* idiom) as maybe-uninitialized where they
-// are inlined: a false positive, silenced in the files that use them.
+// GCC 12 reports its own AVX-512 intrinsics (their _mm512_undefined_* idiom, in the reductions among others) as
+// (maybe-)uninitialized where they are inlined: a false positive, silenced in the files that use them.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 // The AVX-512 subset our vector kernels use: byte/word ops (BW), 512-bit VNNI (vpdpbusd) and the 256-bit forms (VL).
 #define PYG_QUANT_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))

@@ -1,5 +1,6 @@
-// quant_mlp on the CPU: rows in parallel, each row carried through every layer in thread-local buffers
-// (float32 values, uint8 codes), int32 dot products against the uint8 weight codes.
+// quant_mlp on the CPU: a block of rows through every layer at once, each layer's integer products one int8 GEMM of
+// the rows' codes and the weight codes (torch's), the per-row quantization and the affine epilogue in AVX-512 where
+// the CPU has it (the portable loops otherwise, with the same results).
 #include "quant_mlp_cpu.h"
 
 #include <ATen/ops/_int_mm.h>
@@ -11,10 +12,6 @@
 #include <cmath>
 #include <mutex>
 #include <vector>
-
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
 
 #include "cpu_features.h"
 #include "epilogue.h"
@@ -38,29 +35,6 @@ struct Layer {
   float max_code;
   bool relu;
 };
-
-// Σ_k a[k]·w[k] over uint8 codes, exact in int32 (check_quant_mlp_args bounds in·(2^a − 1)·(2^w − 1)).
-// SSE2: 16 codes at a time widened to int16 (codes <= 255 fit) and multiplied pairwise into int32 (pmaddwd: at
-// most 2·255² each).
-inline int32_t dot_u8(const uint8_t* a, const uint8_t* w, int64_t n) {
-  int64_t k = 0;
-  int32_t acc = 0;
-#if defined(__SSE2__)
-  const __m128i zero = _mm_setzero_si128();
-  __m128i sum = zero;
-  for (; k + 16 <= n; k += 16) {
-    const __m128i va = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + k));
-    const __m128i vw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + k));
-    sum = _mm_add_epi32(sum, _mm_madd_epi16(_mm_unpacklo_epi8(va, zero), _mm_unpacklo_epi8(vw, zero)));
-    sum = _mm_add_epi32(sum, _mm_madd_epi16(_mm_unpackhi_epi8(va, zero), _mm_unpackhi_epi8(vw, zero)));
-  }
-  alignas(16) int32_t lanes[4];
-  _mm_store_si128(reinterpret_cast<__m128i*>(lanes), sum);
-  acc = lanes[0] + lanes[1] + lanes[2] + lanes[3];
-#endif
-  for (; k < n; ++k) acc += static_cast<int32_t>(a[k]) * static_cast<int32_t>(w[k]);
-  return acc;
-}
 
 // A row's range: amin / amax (a NaN anywhere makes both NaN, as they do).
 inline Range row_range(const float* h, int64_t in, float max_code) {
@@ -117,7 +91,9 @@ PYG_QUANT_TARGET_AVX512 Range row_range_avx512(const float* h, int64_t in, float
 // quantize_row's codes and their sum, 16 values at a time: the same float32 steps as code_of (x − lo, times inv, plus
 // one half, each rounded; a NaN or a negative goes to 0 and the top clamps to max_code, as its two comparisons do),
 // truncated to int32 (the value is in [0, max_code]).
-PYG_QUANT_TARGET_AVX512 int64_t codes_avx512(const float* h, int64_t in, Range range, float max_code, int8_t* codes) {
+PYG_QUANT_TARGET_AVX512 int64_t codes_avx512(const float* h, int64_t in, Range range, float max_code, int8_t* codes,
+                                             bool shift) {
+  const __m512i flip = _mm512_set1_epi32(shift ? 0x80 : 0);
   const __m512 lo = _mm512_set1_ps(range.lo), inv = _mm512_set1_ps(range.inv), half = _mm512_set1_ps(0.5f);
   const __m512 zero = _mm512_setzero_ps(), top = _mm512_set1_ps(max_code);
   __m512i total = _mm512_setzero_si512();
@@ -127,20 +103,41 @@ PYG_QUANT_TARGET_AVX512 int64_t codes_avx512(const float* h, int64_t in, Range r
     t = _mm512_min_ps(_mm512_max_ps(t, zero), top);  // max(NaN, 0) is 0: maxps returns its second operand
     const __m512i q = _mm512_maskz_cvttps_epi32(m, t);
     total = _mm512_add_epi32(total, q);
-    _mm_mask_storeu_epi8(codes + c, m, _mm512_cvtepi32_epi8(q));
+    _mm_mask_storeu_epi8(codes + c, m, _mm512_cvtepi32_epi8(_mm512_xor_si512(q, flip)));  // 8-bit: less 128
   }
   return _mm512_reduce_add_epi32(total);
 }
 #endif
 
-// Whether every layer's codes fit int8 (at most 7 bits a side), which torch's int8 GEMM multiplies; its products are
-// exact in int32 as the row loop's are (check_quant_mlp_args bounds them).
-bool int8_products(at::IntArrayRef act_bits, at::IntArrayRef weight_bits) {
-  for (size_t l = 0; l < act_bits.size(); ++l) {
-    if (act_bits[l] > 7 || weight_bits[l] > 7) return false;
+// Scratch memory for one call, carved in 64-byte aligned pieces: kept by the calling thread between calls up to
+// kKeptScratchBytes (a fresh allocation of this size a call is fresh pages, whose first touch costs as much as a
+// small batch's whole MLP), allocated for the call beyond.
+constexpr int64_t kKeptScratchBytes = int64_t{16} << 20;
+
+class Scratch {
+ public:
+  explicit Scratch(int64_t bytes) {
+    thread_local std::vector<uint8_t> kept;
+    if (bytes <= kKeptScratchBytes) {
+      if (static_cast<int64_t>(kept.size()) < bytes) kept.resize(bytes);
+      base_ = kept.data();
+    } else {
+      own_.resize(bytes);
+      base_ = own_.data();
+    }
   }
-  return true;
-}
+  template <typename T>
+  T* take(int64_t count) {
+    T* p = reinterpret_cast<T*>(base_ + used_);
+    used_ += (count * static_cast<int64_t>(sizeof(T)) + 63) / 64 * 64;
+    return p;
+  }
+
+ private:
+  uint8_t* base_ = nullptr;
+  int64_t used_ = 0;
+  std::vector<uint8_t> own_;
+};
 
 // Rows of the int8 path a block: its buffers stay a few MB however many rows x has.
 constexpr int64_t kInt8BlockRows = 2048;
@@ -199,60 +196,89 @@ at::Tensor quant_mlp_cpu(const at::Tensor& x_in, at::TensorList weight_codes, at
     const std::lock_guard<std::mutex> lock(keys_mutex);
     for (int64_t i = 0; i < 2 * out_cols; ++i) keys[i] = std::max<int64_t>(keys[i], task_keys[i]);
   };
-  if (int8_products(act_bits, weight_bits)) {
-    // A block of rows at a time, layer by layer: the rows' codes (int8: at most 7 bits), one int8 GEMM against the
-    // layer's weight codes (torch's: oneDNN, AMX or VNNI) for the integer products, then each row's epilogue; the
-    // same integers and the same epilogue as the row-at-a-time loop below, several times faster.
+  {
+    // A block of rows at a time, layer by layer: the rows' codes (int8; 8-bit codes less 128), one int8 GEMM against
+    // the layer's weight codes (torch's: oneDNN, AMX or VNNI) for the integer products, then each row's epilogue;
+    // the same integers and the same epilogue as a row-at-a-time loop, several times faster.  With a = a' + 128 and
+    // w = w' + 128 where shifted, Σ a·w = Σ a'·w' + 128·Σ w·[a shifted] + 128·Σ a·[w shifted] − 128²·K·[both],
+    // every term exact in int32 (check_quant_mlp_args bounds K·(2^a − 1)·(2^w − 1)).
     const auto int8 = x.options().dtype(at::kChar);
-    std::vector<at::Tensor> weights_t;  // [in, out] views of the [out, in] weight codes
-    for (const Layer& layer : plan) {
-      weights_t.push_back(at::from_blob(const_cast<uint8_t*>(layer.w), {layer.in, layer.out}, {1, layer.in}, int8));
-    }
     const int64_t block = std::min(rows, kInt8BlockRows);
-    std::vector<float> buffer_a(block * max_width), buffer_b(block * max_width);
-    std::vector<int8_t> codes(block * max_width);
-    std::vector<Range> ranges(block);
-    std::vector<int64_t> row_sums(block);
-    std::vector<float> row_lo(block), row_scale(block);
+    int64_t weight_bytes = 0;
+    for (const Layer& layer : plan) weight_bytes += layer.in * layer.out;
+    Scratch scratch(2 * block * max_width * sizeof(float) + block * max_width * (1 + sizeof(int32_t)) +
+                    block * (sizeof(Range) + sizeof(int64_t) + 2 * sizeof(float)) + weight_bytes + (8 + layers) * 64);
+    float* buffer_a = scratch.take<float>(block * max_width);
+    float* buffer_b = scratch.take<float>(block * max_width);
+    int8_t* codes = scratch.take<int8_t>(block * max_width);
+    int32_t* products = scratch.take<int32_t>(block * max_width);
+    Range* ranges = scratch.take<Range>(block);
+    int64_t* row_sums = scratch.take<int64_t>(block);
+    float* row_lo = scratch.take<float>(block);
+    float* row_scale = scratch.take<float>(block);
+    std::vector<at::Tensor> weights_t;  // [in, out] views of the [out, in] weight codes (8-bit ones less 128)
+    for (int64_t l = 0; l < layers; ++l) {
+      const Layer& layer = plan[l];
+      const uint8_t* w = layer.w;
+      if (weight_bits[l] == 8) {
+        uint8_t* shifted = reinterpret_cast<uint8_t*>(scratch.take<int8_t>(layer.in * layer.out));
+        for (int64_t i = 0; i < layer.in * layer.out; ++i) shifted[i] = w[i] ^ 0x80u;
+        w = shifted;
+      }
+      weights_t.push_back(at::from_blob(const_cast<uint8_t*>(w), {layer.in, layer.out}, {1, layer.in}, int8));
+    }
 #if defined(PYG_QUANT_X86_DISPATCH)
     const bool vector = cpu_has_avx512_vnni(), vector_epilogue = cpu_has_avx512_dq();
 #endif
-    at::Tensor products = at::empty({block * max_width}, x.options().dtype(at::kInt));
     std::vector<uint32_t> all_keys(keys != nullptr ? 2 * out_cols : 0, 0u);
     for (int64_t r0 = 0; r0 < rows; r0 += block) {
       const int64_t n = std::min(block, rows - r0);
       const float* h = xp + r0 * widths[0];
       for (int64_t l = 0; l < layers; ++l) {
         const Layer& layer = plan[l];
-        const bool last = l + 1 == layers;
-        float* next = last ? op + r0 * out_cols : (l % 2 == 0 ? buffer_a.data() : buffer_b.data());
+        const bool last = l + 1 == layers, shift_a = act_bits[l] == 8, shift_w = weight_bits[l] == 8;
+        float* next = last ? op + r0 * out_cols : (l % 2 == 0 ? buffer_a : buffer_b);
         at::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {
           for (int64_t i = begin; i < end; ++i) {
             const float* row = h + i * layer.in;
-            int8_t* row_codes = codes.data() + i * layer.in;
+            int8_t* row_codes = codes + i * layer.in;
 #if defined(PYG_QUANT_X86_DISPATCH)
             if (vector) {
               ranges[i] = row_range_avx512(row, layer.in, layer.max_code);
-              row_sums[i] = codes_avx512(row, layer.in, ranges[i], layer.max_code, row_codes);
+              row_sums[i] = codes_avx512(row, layer.in, ranges[i], layer.max_code, row_codes, shift_a);
               row_lo[i] = ranges[i].lo;
               row_scale[i] = ranges[i].scale;
               continue;
             }
 #endif
-            row_sums[i] = quantize_row(row, layer.in, layer.max_code, row_codes, &ranges[i]);
+            row_sums[i] = quantize_row(row, layer.in, layer.max_code, reinterpret_cast<uint8_t*>(row_codes),
+                                       &ranges[i]);
+            if (shift_a) {
+              for (int64_t c = 0; c < layer.in; ++c) row_codes[c] = static_cast<int8_t>(row_codes[c] ^ 0x80);
+            }
             row_lo[i] = ranges[i].lo;
             row_scale[i] = ranges[i].scale;
           }
         });
-        at::Tensor product = products.narrow(0, 0, n * layer.out).view({n, layer.out});
-        at::_int_mm_out(product, at::from_blob(codes.data(), {n, layer.in}, int8), weights_t[l]);
-        const int32_t* pp = product.data_ptr<int32_t>();
+        at::Tensor product = at::from_blob(products, {n, layer.out}, x.options().dtype(at::kInt));
+        at::_int_mm_out(product, at::from_blob(codes, {n, layer.in}, int8), weights_t[l]);
+        const int32_t* pp = products;
         const double k = static_cast<double>(layer.in);
         at::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {
+          if (shift_a || shift_w) {
+            const int64_t both = shift_a && shift_w ? 128 * 128 * layer.in : 0;
+            for (int64_t i = begin; i < end; ++i) {
+              const int64_t row_term = shift_w ? 128 * row_sums[i] : 0;
+              for (int64_t o = 0; o < layer.out; ++o) {
+                products[i * layer.out + o] = static_cast<int32_t>(
+                    products[i * layer.out + o] + row_term + (shift_a ? 128 * layer.sums[o] : 0) - both);
+              }
+            }
+          }
 #if defined(PYG_QUANT_X86_DISPATCH)
           if (vector_epilogue) {
-            bitmm_affine_rows_avx512(pp, row_sums.data(), layer.sums, row_lo.data(), row_scale.data(), layer.lo,
-                                     layer.scale, layer.bias, k, layer.relu, layer.out, begin, end, next);
+            bitmm_affine_rows_avx512(pp, row_sums, layer.sums, row_lo, row_scale, layer.lo, layer.scale, layer.bias,
+                                     k, layer.relu, layer.out, begin, end, next);
             return;
           }
 #endif
@@ -273,31 +299,6 @@ at::Tensor quant_mlp_cpu(const at::Tensor& x_in, at::TensorList weight_codes, at
     merge_keys(all_keys);
     return out;
   }
-  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
-    std::vector<float> buffer_a(max_width), buffer_b(max_width);
-    std::vector<uint8_t> codes(max_width);
-    std::vector<uint32_t> task_keys(keys != nullptr ? 2 * out_cols : 0, 0u);
-    for (int64_t r = begin; r < end; ++r) {
-      const float* h = xp + r * widths[0];
-      for (int64_t l = 0; l < layers; ++l) {
-        const Layer& layer = plan[l];
-        float* next = l + 1 == layers ? op + r * out_cols : (l % 2 == 0 ? buffer_a.data() : buffer_b.data());
-        Range range;
-        const int64_t row_sum = quantize_row(h, layer.in, layer.max_code, codes.data(), &range);
-        const double k = static_cast<double>(layer.in), rs = static_cast<double>(row_sum);
-        for (int64_t o = 0; o < layer.out; ++o) {
-          const int32_t product = dot_u8(codes.data(), layer.w + o * layer.in, layer.in);
-          next[o] = bitmm_affine_epilogue(static_cast<double>(product), rs, static_cast<double>(layer.sums[o]),
-                                          range.lo, range.scale, layer.lo[o], layer.scale[o], k,
-                                          layer.bias ? layer.bias[o] : 0.0f, layer.relu);
-        }
-        h = next;
-      }
-      finish_row(r, task_keys.data());
-    }
-    merge_keys(task_keys);
-  });
-  return out;
 }
 
 at::Tensor quant_mlp_planes_cpu(const at::Tensor& planes, int64_t rows, int64_t cols, bool col_layout,
