@@ -1,4 +1,5 @@
-"""A converted QAT GCN on a BitAdjacency runs pyg_quant/qat/eval_path.py: the general forward's bit path, bit for bit.
+"""Converted QAT GCN / GIN layers on a BitAdjacency run pyg_quant/qat/eval_path.py: the general forward's bit path, bit
+for bit.
 
 Each case compares the short path with the layer's general forward (the short path switched off) on the same
 inputs: float features and the loader's per-column codes, static ranges per channel and per tensor and dynamic ones,
@@ -7,7 +8,8 @@ inputs: float features and the loader's per-column codes, static ranges per chan
 import pytest
 import torch
 import torch.nn.functional as F
-from torch_geometric.nn import GCNConv
+from torch.nn import Linear, ReLU, Sequential
+from torch_geometric.nn import GCNConv, GINConv
 
 import pyg_quant as pq
 import pyg_quant.qat.conv as qat_conv
@@ -27,40 +29,52 @@ class GCN(torch.nn.Module):
         return self.conv3(F.relu(self.conv2(F.relu(self.conv1(x, adj)), adj)), adj)
 
 
-def converted(device, bits=4, seed=0, **observers):
-    """A trained-for-three-steps, converted QAT GCN, its data and its BitAdjacency (A + I)."""
+class GIN(torch.nn.Module):
+    def __init__(self, channels=24, hidden=32, classes=5):
+        super().__init__()
+        self.conv1 = GINConv(Sequential(Linear(channels, hidden), ReLU(), Linear(hidden, hidden)), train_eps=True)
+        self.conv2 = GINConv(Sequential(Linear(hidden, hidden), ReLU(), Linear(hidden, hidden)))
+        self.conv3 = GINConv(Sequential(Linear(hidden, classes)))
+
+    def forward(self, x, adj):
+        return self.conv3(F.relu(self.conv2(F.relu(self.conv1(x, adj)), adj)), adj)
+
+
+def converted(device, bits=4, seed=0, kind="gcn", **observers):
+    """A trained-for-three-steps, converted QAT GCN (or GIN), its data and its BitAdjacency (A + I; GIN: A)."""
     g = gen(seed)
     n = 400
     edge_index = torch.randint(n, (2, 3000), generator=g)
     x = torch.randn(n, 24, generator=g) * 2 + 0.5
     y = torch.randint(5, (n,), generator=g)
     torch.manual_seed(seed)
-    model = qat.prepare(GCN(), bits=bits, seed=seed, **observers).to(device)
+    model = qat.prepare(GCN() if kind == "gcn" else GIN(), bits=bits, seed=seed, **observers).to(device)
     x, edge_index, y = x.to(device), edge_index.to(device), y.to(device)
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     for _ in range(3):
         opt.zero_grad()
         F.cross_entropy(model(x, edge_index), y).backward()
         opt.step()
-    adj = pq.BitAdjacency.from_edge_index(edge_index, n, self_loops=1)
+    adj = pq.BitAdjacency.from_edge_index(edge_index, n, self_loops=1 if kind == "gcn" else 0)
     return qat.convert(model), x, adj, edge_index
 
 
 def general(model, *args):
-    """``model(*args)`` with the short path off."""
-    saved = qat_conv.gcn_eval
-    qat_conv.gcn_eval = lambda *a: None
+    """``model(*args)`` with the short paths off."""
+    saved = qat_conv.gcn_eval, qat_conv.gin_eval
+    qat_conv.gcn_eval = qat_conv.gin_eval = lambda *a: None
     try:
         return model(*args)
     finally:
-        qat_conv.gcn_eval = saved
+        qat_conv.gcn_eval, qat_conv.gin_eval = saved
 
 
-def short_calls(monkeypatch):
+def short_calls(monkeypatch, kind="gcn"):
     import pyg_quant.qat.eval_path as eval_path
     calls = []
-    real = eval_path.gcn_eval
-    monkeypatch.setattr(qat_conv, "gcn_eval", lambda *a: calls.append(real(*a)) or calls[-1])
+    name = f"{kind}_eval"
+    real = getattr(eval_path, name)
+    monkeypatch.setattr(qat_conv, name, lambda *a: calls.append(real(*a)) or calls[-1])
     return calls
 
 
@@ -126,6 +140,54 @@ def test_non_finite_input(device, bad):
     its row's range, so its row of ``D^-1/2 X W``, so every channel's range non-finite: no output comes out
     finite (the stored ranges would have given finite codes)."""
     model, x, adj, _ = converted(device, agg_observer="ema")
+    x = x.clone()
+    x[7, 3] = bad
+    with torch.no_grad():
+        if device == "cpu":
+            with pytest.raises(ValueError, match="NaN or inf"):
+                model(x, adj)
+        else:
+            assert not torch.isfinite(model.conv1(x, adj)).any()
+
+
+@pytest.mark.parametrize("observers", [{}, {"agg_observer": "ema"}, {"agg_observer": "minmax", "agg_granularity":
+                                                                        "tensor"}, {"agg_observer": "dynamic"},
+                                       {"weight_observer": "learned"}],
+                         ids=["mse", "ema", "minmax-tensor", "dynamic", "learned-weights"])
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_gin_short_path_is_the_general_path(device, bits, observers, monkeypatch):
+    model, x, adj, _ = converted(device, bits, kind="gin", **observers)
+    xq = pq.to_bit(x, bits, dim=0, layout="col")  # what the loader ships: the aggregation's operand as it is
+    for mode in (torch.no_grad, torch.inference_mode):
+        with mode():
+            for inp in (x, xq):
+                want = general(model, inp, adj)
+                calls = short_calls(monkeypatch, "gin")
+                got = model(inp, adj)
+                monkeypatch.undo()
+                assert sum(c is not None for c in calls) == 2  # both quantized layers (the last stays fp32)
+                assert torch.equal(got, want)
+
+
+def test_gin_what_keeps_the_general_path(monkeypatch):
+    model, x, adj, edge_index = converted("cpu", kind="gin")
+    calls = short_calls(monkeypatch, "gin")
+    with torch.no_grad():
+        model.conv1((x, x), adj)  # a pair
+        model.conv1(pq.to_bit(x, 4, dim=1), adj)  # codes per node: read as floats and quantized again
+        model.conv1(x, edge_index)
+    assert calls == [None, None, None]
+    model.conv1.nn[0].register_forward_pre_hook(lambda *a: None)
+    with torch.no_grad():
+        model(x, adj)
+    assert calls[3] is None and calls[4] is not None
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_gin_non_finite_input(device, bad):
+    """As the GCN's: the CPU raises; on a GPU the value's column takes a NaN range, so that column of the
+    aggregation is NaN in every row, and so is every row's MLP output: nothing comes out silently finite."""
+    model, x, adj, _ = converted(device, kind="gin", agg_observer="ema")
     x = x.clone()
     x[7, 3] = bad
     with torch.no_grad():

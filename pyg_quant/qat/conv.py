@@ -54,7 +54,7 @@ from ..nn.quant_linear import bit_kernels_apply
 from ..quantization.fixed import FixedRanges, fake_quantize_fixed, quantize_fixed
 from ..quantization.quantize import exact_values
 from .degree_quant import protect_mask
-from .eval_path import gcn_eval
+from .eval_path import gcn_eval, gin_eval
 from .linear import QATLinear, _check_qconfig, observe_only, quantized_already
 from .observers import check_finite
 from .qconfig import QConfig
@@ -296,6 +296,9 @@ class QATGINConv(_QATConvMixin, QGINConv):
             edge_index: edge indices, a sparse adjacency ``adj_t`` or a :class:`~pyg_quant.BitAdjacency`.
             size ((int, int), optional): ``(num_src, num_dst)``.
         """
+        fast = gin_eval(self, x, edge_index, size)
+        if fast is not None:
+            return fast
         if isinstance(x, (Tensor, BitTensor)):
             x = (x, x)
         if not isinstance(x, (tuple, list)) or len(x) != 2:

@@ -1,4 +1,4 @@
-r"""A QAT GCN layer's evaluation on a :class:`~pyg_quant.BitAdjacency` in four ops: what a converted model runs.
+r"""The evaluation of a converted QAT layer on a :class:`~pyg_quant.BitAdjacency` in a few ops.
 
 :class:`~pyg_quant.qat.QATGCNConv` without autograd on a ``BitAdjacency`` (what ``QuantClusterLoader`` batches and
 the README's tour hand it) computes, with the layer's frozen quantizers,
@@ -11,17 +11,19 @@ node over its own range (``input_observer="dynamic"``), ``Q_agg`` per channel ov
 ``agg_quant`` (or each channel's own, ``agg_observer="dynamic"``; a per-tensor range is every channel's).  Here they
 run as one fused MLP kernel (:func:`pyg_quant.ops.quant_mlp`, its row scale the ``D^{-1/2}`` multiply) that also
 gives the columns' extrema, the quantizer reading its ranges as column keys (:func:`pyg_quant.ops.quantize_pack_ranges`),
-the aggregation (:func:`pyg_quant.bit_spmm`) and the two float32 steps after it, instead of some thirty ops a layer;
-the results are the general path's bit for bit.
+the aggregation (:func:`pyg_quant.bit_spmm`) and the two float32 steps after it, instead of some thirty ops a layer.
+:class:`~pyg_quant.qat.QATGINConv` likewise (:func:`gin_eval`): ``h_Θ(A·Q_agg(X) + (1 + ε)·X)`` with each QAT linear
+layer of ``h_Θ`` a fused-kernel product and its bias and ReLU after it.  The results are the general path's bit for
+bit.
 
-Non-finite inputs: a NaN or inf in ``X`` makes its row's range, and so its row of ``D^{-1/2} X W``, non-finite; the
-column keys show which channels hold one, and those channels quantize over their own (non-finite) range instead of
-the stored one, so NaN reaches every output it touches, as in the float layers.  No host synchronization is needed
-for that on a GPU; on the CPU the layer raises a ValueError as its general path does.
+Non-finite inputs: a NaN or inf makes the range it is reduced into non-finite (a node's, so its row of
+``D^{-1/2} X W``; a channel's), and a channel that holds one quantizes over a NaN range instead of the stored one, so
+NaN reaches every output it touches, as in the float layers.  No host synchronization is needed for that on a GPU;
+on the CPU the layers raise a ValueError as their general path does.
 
-Everything else (training, autograd, other observers such as ``"dynamic_mse"``, calibrated ranges, inputs that
-are the input quantizer's own codes, hooks on the layer's quantizers or linear layer, an explainer's mask,
-``torch.compile``, other adjacency formats) takes the general forward: :func:`gcn_eval` returns None.
+Everything else (training, autograd, other observers such as ``"dynamic_mse"``, calibrated ranges, GCN inputs that
+are the input quantizer's own codes, hooks on the layer's quantizers or linear layers, an explainer's mask,
+``torch.compile``, other adjacency formats) takes the general forward: the functions return None.
 """
 from typing import Optional
 
@@ -37,8 +39,12 @@ from ..nn.calibration import STATIC_RANGE
 from ..nn.qgcn_conv import bit_adjacency_deg_inv_sqrt
 from ..nn.quant_linear import bit_kernels_apply, chain_args, runs_fused
 from ..ops.reference import ordered_keys
+from ..quantization.ranges import tensor_range
+from .linear import QATLinear
 from .observers import DynamicObserver
 
+# A column key that reads as NaN (a positive NaN's, in a max slot: see csrc/ordered_key.h).
+_NAN_KEY = 0xFFC00000
 # The smallest column key of a non-finite value: +inf's key in a max slot, -inf's complement in a min slot (NaNs key
 # beyond them; see csrc/ordered_key.h).
 _NON_FINITE_KEY = 0xFF800000
@@ -128,3 +134,90 @@ def gcn_eval(conv, x, adj, edge_weight) -> Optional[Tensor]:
     out = bit_spmm(adj, codes)
     out.mul_(dinv.view(-1, 1))
     return out if bias is None else out.add_(bias.detach())
+
+
+def _linear_steps(nn, width: int) -> Optional[list]:
+    """``[(QATLinear, relu after it)]`` of GIN's ``nn`` when it is a Sequential of QAT linear layers (each optionally
+    followed by a ReLU) that run on the fused kernel now, with plain dynamic input ranges and frozen weight codes,
+    and no hooks; None otherwise."""
+    if type(nn) is not torch.nn.Sequential or not _unhooked(nn, *nn._modules.values()):
+        return None
+    children, steps, i = tuple(nn._modules.values()), [], 0
+    while i < len(children):
+        lin = children[i]
+        relu = i + 1 < len(children) and type(children[i + 1]) is torch.nn.ReLU
+        i += 2 if relu else 1
+        if type(lin) is not QATLinear:
+            return None
+        fq_in, fq_w = lin.input_quant, lin.weight_quant
+        if (fq_in is None or fq_w is None or not (fq_in.quantizes and fq_w.quantizes) or not fq_w.frozen
+                or not _own_range(fq_in, 1) or fq_in.bits != lin.act_bits or fq_w.bits != lin.weight_bits
+                or not runs_fused(lin, None, width) or not _unhooked(fq_in, fq_w)):
+            return None
+        steps.append((lin, relu))
+        width = lin.weight.size(0)
+    return steps or None
+
+
+def gin_eval(conv, x, adj, size) -> Optional[Tensor]:
+    r"""``conv(x, adj)`` for a :class:`~pyg_quant.qat.QATGINConv` without autograd on a :class:`BitAdjacency`, or
+    None (the general forward runs).
+
+    The general path's bit steps, as few ops: the source features quantized per channel (the frozen stored range,
+    read as column keys, a channel holding a NaN or inf over its own; or each channel's own range), the aggregation
+    (:func:`pyg_quant.bit_spmm`), ``+ (1 + eps)·x`` on the float features, then each QAT linear layer's product on
+    the fused kernel without its bias, the bias and the ReLU added after the product's rounding, as the layer does.
+    """
+    if (type(adj) is not BitAdjacency or size is not None or is_compiling() or adj.num_rows != adj.num_cols
+            or conv._buffers.get(STATIC_RANGE) is not None or conv.__dict__.get("_calibration") is not None):
+        return None
+    fq = conv.agg_quant
+    if fq is None or not fq.quantizes or not _unhooked(fq):
+        return None
+    if isinstance(x, BitTensor):
+        if not (x.bits <= fq.bits and x.dim in (None, 0) and x.layout == "col"):
+            return None  # codes the general path reads as floats and quantizes again
+        rows, width = x.rows, x.cols
+    elif isinstance(x, Tensor) and x.dtype == torch.float32 and x.dim() == 2 and not x.is_sparse:
+        rows, width = x.size(0), x.size(1)
+    else:
+        return None
+    eps = conv.eps
+    if (rows != adj.num_cols or x.device != adj.device or eps.device != x.device or eps.dtype != torch.float32
+            or not bit_kernels_apply(conv, x if isinstance(x, Tensor) else None, eps)):
+        return None
+    if _own_range(fq, 0):
+        stored = None
+    elif not fq.dynamic and fq.dim in (None, 0):
+        stored = _stored_keys(conv, fq, width)
+        if stored is None:
+            return None
+    else:
+        return None
+    steps = _linear_steps(conv.nn, width)
+    if steps is None:
+        return None
+    cuda = x.device.type == "cuda"
+    if isinstance(x, BitTensor):
+        codes, x_dst = x, to_val(x)
+    else:
+        x = x.contiguous()
+        keys = None
+        if stored is not None:
+            # NaN where a column holds one (torch's CPU aminmax along a dim is the slower one there)
+            lo, hi = torch.aminmax(x, dim=0) if cuda else tensor_range(x, 0)
+            finite = torch.isfinite(lo) & torch.isfinite(hi)
+            keys = torch.where(finite, stored.view(2, width), _NAN_KEY).view(-1)
+        if not cuda:
+            check_finite(x, "x")  # the general path's check on the CPU
+        packed = ops.quantize_pack_ranges(x, fq.bits, 0, True, None, cuda, keys, not cuda)
+        codes, x_dst = BitTensor.from_quantized(packed, (rows, width), fq.bits, 0), x
+    h = torch.addcmul(bit_spmm(adj, codes), conv._one_plus_eps(), x_dst)
+    for lin, relu in steps:
+        weights = chain_args((lin,), (False,))
+        h = ops.quant_mlp(h, *weights[:4], [None], *weights[5:])
+        if lin.bias is not None:
+            h = h + lin.bias.detach()
+        if relu:
+            h = torch.relu(h)
+    return h
