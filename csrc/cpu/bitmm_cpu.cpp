@@ -20,6 +20,7 @@
 #include "epilogue.h"
 #include "epilogue_avx512.h"
 #include "popcount.h"
+#include "scratch.h"
 
 namespace pyg_quant {
 namespace {
@@ -79,14 +80,6 @@ PYG_QUANT_TARGET_AVX512 inline __m512i codes_of_64(const uint64_t* word, int64_t
   return v;
 }
 
-// The codes of row r of A, words·64 bytes.
-PYG_QUANT_TARGET_AVX512 void unpack_row_avx512(const uint64_t* planes, int64_t plane_stride, int bits, int64_t r,
-                                               int64_t words, uint8_t* dst) {
-  for (int64_t w = 0; w < words; ++w) {
-    _mm512_storeu_si512(dst + w * 64, codes_of_64(planes + r * words + w, plane_stride, bits));
-  }
-}
-
 // The codes of the first `used` words of rows [r0, r1) of row-layout planes (`words` words a row), used·64 bytes a
 // row, row r at dst + (r − r0)·used·64; with `shift`, each code less 128 (an 8-bit code as an int8), and the row's
 // sum of the codes stored (unshifted) in sums[r − r0].
@@ -127,15 +120,6 @@ int64_t used_words(const uint64_t* planes, int64_t plane_stride, int bits, int64
 // The int8 path's unpacked codes: B's and a chunk of A's rows, at most kInt8ChunkRows and about kInt8ChunkBytes.
 constexpr int64_t kInt8ChunkRows = 1024;
 constexpr int64_t kInt8ChunkBytes = int64_t{4} << 20;
-// Scratch up to this size is kept by the calling thread between calls: a fresh allocation of it a call would be
-// fresh pages from the kernel, whose first touch costs about as much as the unpacking itself.
-constexpr int64_t kKeptScratchBytes = int64_t{16} << 20;
-
-uint8_t* thread_buffer(int64_t bytes) {
-  thread_local std::vector<uint8_t> buffer;
-  if (static_cast<int64_t>(buffer.size()) < bytes) buffer.resize(bytes);
-  return buffer.data();
-}
 
 // The int32 product from both operands' codes unpacked to int8, by torch's int8 GEMM (oneDNN: AMX or VNNI, blocked
 // for the cache), several times faster than the one-row loops below, over the words of K that B uses.  An 8-bit
@@ -152,11 +136,9 @@ void bitmm_int_int8(const uint64_t* ap, int64_t a_plane, int s, const uint64_t* 
   const bool shift_a = s == 8, shift_b = t == 8;
   const int64_t row_bytes = used * 64;
   const int64_t chunk_rows = std::min({rows, kInt8ChunkRows, std::max<int64_t>(16, kInt8ChunkBytes / row_bytes)});
-  const int64_t scratch_bytes = (chunk_rows + cols) * row_bytes;
-  at::Tensor scratch;  // past kKeptScratchBytes: allocated for this call only
-  if (scratch_bytes > kKeptScratchBytes) scratch = at::empty({scratch_bytes}, out.options().dtype(at::kByte));
-  uint8_t* b_codes = scratch.defined() ? scratch.data_ptr<uint8_t>() : thread_buffer(scratch_bytes);
-  uint8_t* a_codes = b_codes + cols * row_bytes;
+  Scratch scratch(cols * row_bytes + chunk_rows * row_bytes + 2 * 64);
+  uint8_t* b_codes = scratch.take<uint8_t>(cols * row_bytes);
+  uint8_t* a_codes = scratch.take<uint8_t>(chunk_rows * row_bytes);
   std::vector<int64_t> b_sums(shift_a ? cols : 0), a_sums(shift_b ? chunk_rows : 0);
   at::parallel_for(0, cols, 16, [&](int64_t begin, int64_t end) {
     unpack_rows_avx512(bp, b_plane, t, begin, end, words, used, b_codes + begin * row_bytes, shift_b,
@@ -241,7 +223,7 @@ PYG_QUANT_TARGET_AVX512 void bitmm_rows_avx512(const uint64_t* ap, int64_t a_pla
                                                int64_t* out64, uint8_t* a_codes) {
   alignas(64) int32_t lanes[16];
   for (int64_t r = r0; r < r1; ++r) {
-    unpack_row_avx512(ap, a_plane, s, r, words, a_codes);
+    unpack_rows_avx512(ap, a_plane, s, r, r + 1, words, words, a_codes);
     for (int64_t c0 = 0; c0 < cols; c0 += 16) {
       const uint8_t* b = b_codes + c0 * words * 64;
       const int64_t live = std::min<int64_t>(16, cols - c0);

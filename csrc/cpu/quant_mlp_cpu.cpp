@@ -21,6 +21,7 @@
 #include "quantize_cpu.h"
 #include "quantize_steps.h"
 #include "row_codes.h"
+#include "scratch.h"
 
 namespace pyg_quant {
 namespace {
@@ -108,36 +109,6 @@ PYG_QUANT_TARGET_AVX512 int64_t codes_avx512(const float* h, int64_t in, Range r
   return _mm512_reduce_add_epi32(total);
 }
 #endif
-
-// Scratch memory for one call, carved in 64-byte aligned pieces: kept by the calling thread between calls up to
-// kKeptScratchBytes (a fresh allocation of this size a call is fresh pages, whose first touch costs as much as a
-// small batch's whole MLP), allocated for the call beyond.
-constexpr int64_t kKeptScratchBytes = int64_t{16} << 20;
-
-class Scratch {
- public:
-  explicit Scratch(int64_t bytes) {
-    thread_local std::vector<uint8_t> kept;
-    if (bytes <= kKeptScratchBytes) {
-      if (static_cast<int64_t>(kept.size()) < bytes) kept.resize(bytes);
-      base_ = kept.data();
-    } else {
-      own_.resize(bytes);
-      base_ = own_.data();
-    }
-  }
-  template <typename T>
-  T* take(int64_t count) {
-    T* p = reinterpret_cast<T*>(base_ + used_);
-    used_ += (count * static_cast<int64_t>(sizeof(T)) + 63) / 64 * 64;
-    return p;
-  }
-
- private:
-  uint8_t* base_ = nullptr;
-  int64_t used_ = 0;
-  std::vector<uint8_t> own_;
-};
 
 // Rows of the int8 path a block: its buffers stay a few MB however many rows x has.
 constexpr int64_t kInt8BlockRows = 2048;

@@ -35,10 +35,7 @@ from ..quantization.quantize import quantize, values_finite
 from .calibration import STATIC_RANGE
 from ._common import kept
 from .explain import explaining
-from .quant_linear import QuantLinear, call_end, chain_args, fused_mlp_plan, runs_fused
-
-
-_module_hooks = torch.nn.modules.module
+from .quant_linear import QuantLinear, call_end, chain_args, fused_mlp_plan, no_hooks, runs_fused
 
 
 class _Plan(NamedTuple):
@@ -50,17 +47,6 @@ class _Plan(NamedTuple):
     # act_bits); a missing bias has data_ptr and version None
     params: tuple
     chain: tuple  # the weight arguments of the op
-
-
-def _unhooked(container: torch.nn.Module, children) -> bool:
-    """Whether no forward hook (global, on ``container`` or on one of ``children``) would run in a call."""
-    if (_module_hooks._global_forward_hooks or _module_hooks._global_forward_pre_hooks
-            or container._forward_hooks or container._forward_pre_hooks):
-        return False
-    for child in children:
-        if child._forward_hooks or child._forward_pre_hooks:
-            return False
-    return True
 
 
 def _plan_holds(plan: _Plan, container, width: int) -> bool:
@@ -93,8 +79,8 @@ def _mlp_chain(conv, container, width: int) -> Optional[tuple]:
     does not fuse into one call or a forward hook would run (the general path then runs)."""
     plan = conv.__dict__.get("_eval_plan")
     if plan is not None and _plan_holds(plan, container, width):
-        return plan.chain if _unhooked(container, plan.children) else None
-    if not _unhooked(container, container._modules.values()):
+        return plan.chain if no_hooks(container, *plan.children) else None
+    if not no_hooks(container, *container._modules.values()):
         return None
     if isinstance(container, QuantLinear):
         linears, relus = (container,), (False,)

@@ -62,6 +62,14 @@ QUANT_MLP_MAX_LAYERS = 8
 _QUANT_MLP_LAYER_BYTES = 88 * 1024
 
 
+def fused_codes(w: BitTensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    r"""A layer's packed weight ``Wᵀ`` (column layout, ``[in, out]``) as :func:`pyg_quant.ops.quant_mlp` takes it:
+    ``(codes uint8 [out, in], lo float32 [out], scale float32 [out], code sums int64 [out])``; its planes are ``W``'s
+    ``[out, in]`` row layout."""
+    codes = ops.unpack_codes(w.planes, w.cols, w.rows, False)
+    return codes, w.lo.contiguous(), w.scale.contiguous(), w.code_sums().contiguous()
+
+
 def _layer_bytes(in_channels: int, out_channels: int) -> int:
     """Shared memory of one layer in the CUDA kernel: weight codes (rows padded to 16 codes, starting on a 16-byte
     boundary), lo, scale and bias (float32) and the code sums (float64) of each output channel."""
@@ -171,9 +179,7 @@ class QuantLinear(Linear):
         return value
 
     def _unpack_weight(self, weight: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-        w = self.quantized_weight()  # Wᵀ [in, out]: its planes are W's [out, in] row layout
-        codes = ops.unpack_codes(w.planes, w.cols, w.rows, False)
-        return codes, w.lo.contiguous(), w.scale.contiguous(), w.code_sums().contiguous()
+        return fused_codes(self.quantized_weight())
 
     def _fusable(self) -> bool:
         """Whether the bit path of a float input may run as one ``ops.quant_mlp`` layer (same result)."""
@@ -337,7 +343,8 @@ def _has_hooks(module: torch.nn.Module) -> bool:
     return bool(module._forward_hooks or module._forward_pre_hooks)
 
 
-def _no_hooks(*modules) -> bool:
+def no_hooks(*modules) -> bool:
+    """Whether no forward hook (global, or on one of ``modules``) would run in a call: a fused call skips them."""
     global_hooks = (getattr(torch.nn.modules.module, "_global_forward_hooks", None),
                     getattr(torch.nn.modules.module, "_global_forward_pre_hooks", None))
     return not any(global_hooks) and not any(_has_hooks(m) for m in modules)
@@ -367,7 +374,7 @@ def run_row_scaled_linear(lin, x, row_scale: Tensor, col_keys: bool = False,
             return _quant_mlp(x_in, (lin,), (False,), row_scale.reshape(-1), False, out_codes)
         return _quant_mlp(x_in, (lin,), (False,), row_scale.reshape(-1), col_keys)
 
-    if (not isinstance(lin, QuantLinear) or lin.weight_bits is None or lin.act_bits is None or not _no_hooks(lin)
+    if (not isinstance(lin, QuantLinear) or lin.weight_bits is None or lin.act_bits is None or not no_hooks(lin)
             or row_scale.dtype != torch.float32 or not isinstance(x, (Tensor, BitTensor))):
         return None
     if isinstance(x, BitTensor):
@@ -397,7 +404,7 @@ def run_fused_mlp(module, x, col_keys: bool = False, out_codes: Optional[FixedRa
             or (out_codes is not None and x.dim() != 2)):
         return None
     linears, relus = plan
-    if not _no_hooks(module, *module._modules.values()):
+    if not no_hooks(module, *module._modules.values()):
         return None
     width = x.size(-1)
     for lin in linears:

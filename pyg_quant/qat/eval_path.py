@@ -37,7 +37,7 @@ from ..graph.bit_adjacency import BitAdjacency
 from ..graph.spmm import bit_spmm
 from ..nn.calibration import STATIC_RANGE
 from ..nn.qgcn_conv import bit_adjacency_deg_inv_sqrt
-from ..nn.quant_linear import bit_kernels_apply, chain_args, runs_fused
+from ..nn.quant_linear import bit_kernels_apply, chain_args, no_hooks, runs_fused
 from ..ops.reference import ordered_keys
 from ..quantization.ranges import tensor_range
 from .linear import QATLinear
@@ -55,28 +55,44 @@ def _own_range(fq, dim) -> bool:
     return type(fq.observer) is DynamicObserver and fq.dim == dim
 
 
-def _unhooked(*modules) -> bool:
-    hooks = torch.nn.modules.module
-    if hooks._global_forward_hooks or hooks._global_forward_pre_hooks:
-        return False
-    return not any(m is not None and (m._forward_hooks or m._forward_pre_hooks) for m in modules)
+def _fused_linear(lin, width: int) -> bool:
+    """Whether the QAT linear layer ``lin`` on ``width`` input columns is one fused-kernel product: quantizing, input
+    ranges per node over its own min/max, frozen weight codes, the kernel's widths, and no hooks to run."""
+    fq_in, fq_w = getattr(lin, "input_quant", None), getattr(lin, "weight_quant", None)
+    return (fq_in is not None and fq_w is not None and fq_in.quantizes and fq_w.quantizes and fq_w.frozen
+            and _own_range(fq_in, 1) and fq_in.bits == lin.act_bits and fq_w.bits == lin.weight_bits
+            and runs_fused(lin, None, width) and no_hooks(lin, fq_in, fq_w))
 
 
-def _stored_keys(conv, fq, cols: int) -> Optional[Tensor]:
-    """The column keys of ``fq``'s frozen stored range for ``cols`` channels (a per-tensor range repeated), kept on
-    ``conv`` while the range's tensors stay the same; None where the range may move."""
-    state = fq._frozen_state()
-    if state is None:
-        return None
-    kept = conv.__dict__.get("_eval_agg_keys")
-    if (kept is not None and kept[0][1:] == state[1:] and kept[1].numel() == 2 * cols
-            and all(a is b for a, b in zip(kept[0][0], state[0]))):
-        return kept[1]
-    lo, hi = fq.range()  # the range in use (narrow ones collapsed), as qparams takes it
-    lo, hi = lo.to(torch.float32).reshape(-1).expand(cols), hi.to(torch.float32).reshape(-1).expand(cols)
-    keys = torch.cat([ordered_keys(hi), ordered_keys(lo) ^ 0xFFFFFFFF])
-    conv.__dict__["_eval_agg_keys"] = (state, keys)
-    return keys
+def _aggregation_keys(fq, cols: int):
+    """How ``fq`` quantizes the aggregation's ``cols`` channels here: ``(True, None)`` over each channel's own range,
+    ``(True, keys)`` over its frozen stored range as column keys (a per-tensor range repeated; kept on ``fq`` while
+    the range's tensors stay the same), ``(False, None)`` where the short path does not apply."""
+    if fq is None or not fq.quantizes or not no_hooks(fq):
+        return False, None
+    if _own_range(fq, 0):
+        return True, None
+    if fq.dynamic or fq.dim not in (None, 0):
+        return False, None
+
+    def make():
+        lo, hi = fq.range()  # the range in use (narrow ones collapsed), as qparams takes it
+        lo, hi = lo.to(torch.float32).reshape(-1).expand(cols), hi.to(torch.float32).reshape(-1).expand(cols)
+        return torch.cat([ordered_keys(hi), ordered_keys(lo) ^ 0xFFFFFFFF])
+
+    keys = fq.kept_while_frozen(("col_keys", cols), make)
+    return keys is not None, keys
+
+
+def _with_nan_ranges(stored: Tensor, finite: Tensor) -> Tensor:
+    """The column keys ``stored`` with a NaN range for every channel where ``finite`` (``[channels]`` or ``[1,
+    channels]``) is False."""
+    channels = stored.numel() // 2
+    return torch.where(finite, stored.view(2, channels), _NAN_KEY).view(-1)
+
+
+def _float_matrix(x) -> bool:
+    return isinstance(x, Tensor) and x.dtype == torch.float32 and x.dim() == 2 and not x.is_sparse
 
 
 def gcn_eval(conv, x, adj, edge_weight) -> Optional[Tensor]:
@@ -86,33 +102,23 @@ def gcn_eval(conv, x, adj, edge_weight) -> Optional[Tensor]:
             or adj.diag is None or adj.num_rows != adj.num_cols or conv._buffers.get(STATIC_RANGE) is not None
             or conv.__dict__.get("_calibration") is not None):
         return None
-    lin, fq_agg, bias = conv.lin, conv.agg_quant, conv.bias
-    fq_in, fq_w = getattr(lin, "input_quant", None), getattr(lin, "weight_quant", None)
-    if (fq_in is None or fq_w is None or fq_agg is None or not (fq_in.quantizes and fq_w.quantizes and fq_agg.quantizes)
-            or not fq_w.frozen or not _own_range(fq_in, 1) or fq_in.bits != lin.act_bits
-            or fq_w.bits != lin.weight_bits or (bias is not None and bias.dtype != torch.float32)
-            or not _unhooked(lin, fq_in, fq_w, fq_agg)):
+    lin, bias = conv.lin, conv.bias
+    if (bias is not None and bias.dtype != torch.float32) or not isinstance(lin, QATLinear):
         return None
     if isinstance(x, BitTensor):
         if lin.takes_as_quantized(x) or x.lo.dtype != torch.float32 or x.scale.dtype != torch.float32:
             return None  # its own codes are the product's operand: the general path multiplies them
         rows, width = x.rows, x.cols
-    elif isinstance(x, Tensor) and x.dtype == torch.float32 and x.dim() == 2 and not x.is_sparse:
+    elif _float_matrix(x):
         rows, width = x.size(0), x.size(1)
     else:
         return None
-    if (rows != adj.num_cols or x.device != adj.device or not runs_fused(lin, None, width)
+    channels = lin.weight.size(0)
+    applies, stored = _aggregation_keys(conv.agg_quant, channels)
+    if (not applies or rows != adj.num_cols or x.device != adj.device or not _fused_linear(lin, width)
             or not bit_kernels_apply(conv, x if isinstance(x, Tensor) else None, lin.weight, bias)):
         return None
-    channels = lin.weight.size(0)
-    if _own_range(fq_agg, 0):
-        stored = None
-    elif not fq_agg.dynamic and fq_agg.dim in (None, 0):
-        stored = _stored_keys(conv, fq_agg, channels)
-        if stored is None:
-            return None
-    else:
-        return None
+    bits = conv.agg_quant.bits
     cuda = x.device.type == "cuda"
     dinv = bit_adjacency_deg_inv_sqrt(adj)
     chain = chain_args((lin,), (False,))
@@ -123,14 +129,13 @@ def gcn_eval(conv, x, adj, edge_weight) -> Optional[Tensor]:
     else:
         h, keys = ops.quant_mlp(x.contiguous(), *chain, dinv, True)
     if stored is not None or not cuda:
-        slots = keys.view(2, channels)  # max slots, then min slots
-        non_finite = slots.amax(0, keepdim=True) >= _NON_FINITE_KEY  # [1, channels]
-        if not cuda and bool(non_finite.any()):
+        finite = keys.view(2, channels).amax(0, keepdim=True) < _NON_FINITE_KEY  # of max slots and min slots
+        if not cuda and not bool(finite.all()):
             check_finite(to_val(x) if isinstance(x, BitTensor) else x, "x")  # raises where the general path does
         if stored is not None:
-            keys = torch.where(non_finite, slots, stored.view(2, channels)).view(-1)
-    packed = ops.quantize_pack_ranges(h, fq_agg.bits, 0, True, None, cuda, keys, not cuda)
-    codes = BitTensor.from_quantized(packed, (rows, channels), fq_agg.bits, 0)
+            keys = _with_nan_ranges(stored, finite)
+    packed = ops.quantize_pack_ranges(h, bits, 0, True, None, cuda, keys, not cuda)
+    codes = BitTensor.from_quantized(packed, (rows, channels), bits, 0)
     out = bit_spmm(adj, codes)
     out.mul_(dinv.view(-1, 1))
     return out if bias is None else out.add_(bias.detach())
@@ -140,19 +145,14 @@ def _linear_steps(nn, width: int) -> Optional[list]:
     """``[(QATLinear, relu after it)]`` of GIN's ``nn`` when it is a Sequential of QAT linear layers (each optionally
     followed by a ReLU) that run on the fused kernel now, with plain dynamic input ranges and frozen weight codes,
     and no hooks; None otherwise."""
-    if type(nn) is not torch.nn.Sequential or not _unhooked(nn, *nn._modules.values()):
+    if type(nn) is not torch.nn.Sequential or not no_hooks(nn, *nn._modules.values()):
         return None
     children, steps, i = tuple(nn._modules.values()), [], 0
     while i < len(children):
         lin = children[i]
         relu = i + 1 < len(children) and type(children[i + 1]) is torch.nn.ReLU
         i += 2 if relu else 1
-        if type(lin) is not QATLinear:
-            return None
-        fq_in, fq_w = lin.input_quant, lin.weight_quant
-        if (fq_in is None or fq_w is None or not (fq_in.quantizes and fq_w.quantizes) or not fq_w.frozen
-                or not _own_range(fq_in, 1) or fq_in.bits != lin.act_bits or fq_w.bits != lin.weight_bits
-                or not runs_fused(lin, None, width) or not _unhooked(fq_in, fq_w)):
+        if type(lin) is not QATLinear or not _fused_linear(lin, width):
             return None
         steps.append((lin, relu))
         width = lin.weight.size(0)
@@ -172,27 +172,18 @@ def gin_eval(conv, x, adj, size) -> Optional[Tensor]:
             or conv._buffers.get(STATIC_RANGE) is not None or conv.__dict__.get("_calibration") is not None):
         return None
     fq = conv.agg_quant
-    if fq is None or not fq.quantizes or not _unhooked(fq):
-        return None
     if isinstance(x, BitTensor):
-        if not (x.bits <= fq.bits and x.dim in (None, 0) and x.layout == "col"):
+        if fq is None or not (x.bits <= fq.bits and x.dim in (None, 0) and x.layout == "col"):
             return None  # codes the general path reads as floats and quantizes again
         rows, width = x.rows, x.cols
-    elif isinstance(x, Tensor) and x.dtype == torch.float32 and x.dim() == 2 and not x.is_sparse:
+    elif _float_matrix(x):
         rows, width = x.size(0), x.size(1)
     else:
         return None
     eps = conv.eps
-    if (rows != adj.num_cols or x.device != adj.device or eps.device != x.device or eps.dtype != torch.float32
-            or not bit_kernels_apply(conv, x if isinstance(x, Tensor) else None, eps)):
-        return None
-    if _own_range(fq, 0):
-        stored = None
-    elif not fq.dynamic and fq.dim in (None, 0):
-        stored = _stored_keys(conv, fq, width)
-        if stored is None:
-            return None
-    else:
+    applies, stored = _aggregation_keys(fq, width)
+    if (not applies or rows != adj.num_cols or x.device != adj.device or eps.device != x.device
+            or eps.dtype != torch.float32 or not bit_kernels_apply(conv, x if isinstance(x, Tensor) else None, eps)):
         return None
     steps = _linear_steps(conv.nn, width)
     if steps is None:
@@ -206,8 +197,7 @@ def gin_eval(conv, x, adj, size) -> Optional[Tensor]:
         if stored is not None:
             # NaN where a column holds one (torch's CPU aminmax along a dim is the slower one there)
             lo, hi = torch.aminmax(x, dim=0) if cuda else tensor_range(x, 0)
-            finite = torch.isfinite(lo) & torch.isfinite(hi)
-            keys = torch.where(finite, stored.view(2, width), _NAN_KEY).view(-1)
+            keys = _with_nan_ranges(stored, torch.isfinite(lo) & torch.isfinite(hi))
         if not cuda:
             check_finite(x, "x")  # the general path's check on the CPU
         packed = ops.quantize_pack_ranges(x, fq.bits, 0, True, None, cuda, keys, not cuda)

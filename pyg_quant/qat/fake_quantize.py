@@ -57,8 +57,8 @@ from ..bit_tensor import BitTensor
 from ..distributed import group as _group
 from ..layout import check_bits
 from ..quantization.affine import RANGE_VIEW, affine_params, affine_scale, collapse_narrow_range
-from ..quantization.quantize import exact_values
-from .observers import OBSERVERS, Observer, check_dim, check_matrix, learned_step, make_observer
+from ..quantization.quantize import check_matrix, exact_values
+from .observers import OBSERVERS, Observer, check_dim, learned_step, make_observer
 
 #: The buffers that hold a copy of the range in use, written when read (see ``FakeQuantize._store_range``).
 RANGE_BUFFERS = ("lo", "scale")
@@ -279,22 +279,31 @@ class FakeQuantize(torch.nn.Module):
     def qparams(self, x: Optional[torch.Tensor] = None):
         """``(lo, hi, scale, inv_scale)`` for ``x``, float32, shaped to broadcast against ``x``.
 
-        A frozen stored range gives the same four tensors at every call (a converted model's): they are kept, and
-        made again only when the range's tensors change (other objects, or edited in place).
+        A frozen stored range gives the same four tensors at every call (a converted model's): they are kept
+        (:meth:`kept_while_frozen`).
         """
+        def make():
+            lo, hi = self.range(x)
+            scale, inv_scale = affine_params(lo.to(torch.float32), hi.to(torch.float32), self.bits)
+            view = RANGE_VIEW[self.dim]
+            return lo.view(view), hi.view(view), scale.view(view), inv_scale.view(view)
+
+        kept = self.kept_while_frozen("qparams", make)
+        return make() if kept is None else kept
+
+    def kept_while_frozen(self, key, make):
+        """``make()`` (a function of the stored range alone), kept under ``key`` and made again only when the range's
+        tensors change (other objects, or edited in place); None where the range may move (:meth:`_frozen_state`)."""
         state = self._frozen_state()
-        if state is not None:
-            kept = self.__dict__.get("_frozen_qparams")
-            if (kept is not None and kept[0][1:] == state[1:]
-                    and all(a is b for a, b in zip(kept[0][0], state[0]))):
-                return kept[1]
-        lo, hi = self.range(x)
-        scale, inv_scale = affine_params(lo.to(torch.float32), hi.to(torch.float32), self.bits)
-        view = RANGE_VIEW[self.dim]
-        params = lo.view(view), hi.view(view), scale.view(view), inv_scale.view(view)
-        if state is not None:
-            self.__dict__["_frozen_qparams"] = (state, params)
-        return params
+        if state is None:
+            return None
+        table = self.__dict__.setdefault("_kept_while_frozen", {})
+        kept = table.get(key)
+        if kept is not None and kept[0][1:] == state[1:] and all(a is b for a, b in zip(kept[0][0], state[0])):
+            return kept[1]
+        value = make()
+        table[key] = (state, value)
+        return value
 
     def _frozen_state(self) -> Optional[tuple]:
         """``(range tensors, their versions and storage, bits, dim)`` of a stored range that cannot move now, which

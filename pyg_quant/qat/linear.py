@@ -45,10 +45,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .. import ops
 from ..bit_tensor import BitTensor, to_val
 from ..bitmm import bitmm
-from ..nn.quant_linear import QuantLinear, bit_kernels_apply, warn_weight_not_cached
+from ..nn.quant_linear import QuantLinear, bit_kernels_apply, fused_codes, warn_weight_not_cached
 from ..quantization.quantize import exact_values, ranges_finite
 from .fake_quantize import FakeQuantize
 from .observers import check_finite
@@ -164,8 +163,7 @@ class QATLinear(QuantLinear):
         kept = self.__dict__.get("_fused")
         if kept is not None and kept[0] is packed:
             return kept[1]
-        codes = ops.unpack_codes(packed.planes, packed.cols, packed.rows, False)  # W [out, in]: Wᵀ's planes
-        fused = (codes, packed.lo.contiguous(), packed.scale.contiguous(), packed.code_sums().contiguous())
+        fused = fused_codes(packed)
         self.__dict__["_fused"] = (packed, fused)
         return fused
 

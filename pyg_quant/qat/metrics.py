@@ -18,8 +18,9 @@ from typing import Dict, Iterable, Optional
 import torch
 
 from ..layout import check_bits
+from ..quantization.quantize import check_matrix
 from .fake_quantize import FakeQuantize
-from .observers import check_dim, check_matrix
+from .observers import check_dim
 
 
 def quantization_error(x: torch.Tensor, bits: int, dim: Optional[int] = None) -> float:

@@ -58,6 +58,7 @@ from .._utils import check_finite as _check_finite
 from ..distributed import ranges as _ranks
 from ..layout import check_bits
 from ..quantization.affine import MIN_RANGE_WIDTH
+from ..quantization.quantize import check_matrix
 from ..quantization.ranges import masked_mse_ranges, masked_tensor_range, mse_ranges, tensor_quantiles, tensor_range
 
 OBSERVERS = ("dynamic", "minmax", "ema", "percentile", "mse", "dynamic_mse", "learned")
@@ -69,18 +70,6 @@ def check_dim(dim) -> Optional[int]:
     if isinstance(dim, bool) or not isinstance(dim, int) or dim not in (0, 1):
         raise ValueError(f"dim must be None, 0 or 1, got {dim!r}")
     return dim
-
-
-def check_matrix(x, name: str = "x") -> torch.Tensor:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")
-    if x.dim() != 2:
-        raise ValueError(f"{name} must be 2-D [rows, cols], got shape {tuple(x.shape)}")
-    if x.numel() == 0:
-        raise ValueError(f"{name} must be non-empty, got shape {tuple(x.shape)}")
-    return x
 
 
 def check_finite(x: torch.Tensor, name: str = "x") -> None:

@@ -56,6 +56,20 @@ def quantize(x: torch.Tensor, bits: int, dim: Optional[int], layout: str,
     return BitTensor.from_quantized(packed, (x32.size(0), x32.size(1)), bits, dim, layout)
 
 
+def check_matrix(x, name: str = "x") -> torch.Tensor:
+    """``x`` if it is a non-empty 2-D floating-point tensor (what every quantizer takes), else a TypeError or
+    ValueError naming the argument ``name``."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")
+    if x.dim() != 2:
+        raise ValueError(f"{name} must be 2-D [rows, cols], got shape {tuple(x.shape)}")
+    if x.numel() == 0:
+        raise ValueError(f"{name} must be non-empty, got shape {tuple(x.shape)}")
+    return x
+
+
 def to_bit(x: torch.Tensor, bits: int, dim: Optional[int] = None, stochastic: bool = False,
            generator: Optional[torch.Generator] = None, layout: str = "row") -> BitTensor:
     r"""Quantizes a 2-D float tensor to ``bits`` bits and packs its bit planes.
@@ -78,14 +92,7 @@ def to_bit(x: torch.Tensor, bits: int, dim: Optional[int] = None, stochastic: bo
     Raises a ValueError if ``x`` holds NaN or inf, judged from the ranges (a NaN or an inf makes the range that
     holds it non-finite), so the check costs no pass over ``x`` but one host synchronization on a GPU.
     """
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise TypeError(f"x must be a floating-point tensor, got {x.dtype}")
-    if x.dim() != 2:
-        raise ValueError(f"x must be 2-D [rows, cols], got shape {tuple(x.shape)}")
-    if x.numel() == 0:
-        raise ValueError(f"x must be non-empty, got shape {tuple(x.shape)}")
+    check_matrix(x)
     bits, dim, layout = check_bits(bits), check_dim(dim), check_layout(layout)
     if generator is not None and not stochastic:
         raise ValueError("generator is only used with stochastic=True")
