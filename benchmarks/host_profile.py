@@ -89,7 +89,8 @@ def host_us(fn, reps: int) -> float:
     return 1e6 * statistics.median(times)
 
 
-_STEPS = ("bit_spmm_affine", "quant_mlp_keys", "quant_mlp_planes_keys", "quant_mlp", "quantize_pack_ranges")
+_STEPS = ("bit_spmm_affine", "quant_mlp_keys", "quant_mlp_planes_keys", "quant_mlp", "quantize_pack_ranges",
+          "dequantize")
 
 
 def layer_breakdown(model, args_, runner, reps: int) -> list:
@@ -105,7 +106,7 @@ def layer_breakdown(model, args_, runner, reps: int) -> list:
         return saved
 
     # Each layer's input and its op's arguments, from one forward.
-    convs = ("gin_conv_eval", "gcn_conv_eval")
+    convs = ("gin_conv_eval", "gcn_conv_eval", "qat_gin_conv_eval", "qat_gcn_conv_eval")
     calls, layer_inputs = [], []
     saved = patched(ops, convs, lambda n, a: calls.append((n, a)) or saved[n](*a))
     hooks = [conv.register_forward_pre_hook(lambda m, inp: layer_inputs.append((m, inp))) for conv in model.convs]
@@ -228,7 +229,7 @@ def main(argv=None):
             print(f"{kind} {label:16s} host {row['host_us']:7.1f} us  wall {row['wall_us']:7.1f}  kernels "
                   f"{row['kernels']:4.0f} ({row['kernel_us']:6.1f} us)  ops {row['ops']:4.0f} ({row['op_host_us']:6.1f} "
                   f"us)  Python {row['python_us']:6.1f} us  syncs {row.get('syncs')} | {top}", flush=True)
-            if label.startswith("pyg_quant"):
+            if label.startswith(("pyg_quant", "qat")):
                 row["layers"] = layer_breakdown(model, inputs, runner, own.reps * 3)
                 for i, lr in enumerate(row["layers"]):
                     steps = ", ".join(f"{k} {v:.1f}" for k, v in lr["steps"].items())

@@ -13,6 +13,10 @@
 // code sums.  A list, so that a float output costs no placeholder tensors.
 #include <ATen/core/List.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/addcmul.h>
+#include <ATen/ops/aminmax.h>
+#include <ATen/ops/isfinite.h>
+#include <ATen/ops/where.h>
 
 #include <optional>
 #include <tuple>
@@ -31,6 +35,8 @@ using SpmmAffineKernel = at::Tensor (*)(const at::Tensor&, const at::Tensor&, co
 using RangesKernel = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> (*)(
     const at::Tensor&, int64_t, int64_t, bool, const std::optional<at::Tensor>&, bool,
     const std::optional<at::Tensor>&, bool);
+using DequantizeKernel = at::Tensor (*)(const at::Tensor&, int64_t, int64_t, bool, const at::Tensor&,
+                                        const at::Tensor&, int64_t);
 using ConvEvalResult = std::vector<at::Tensor>;
 
 // The quantizer's call for codes with ranges along `dim` (0: per column, in the column layout), as
@@ -109,6 +115,123 @@ ConvEvalResult gcn_conv_eval(const at::Tensor& window_ptr, const at::Tensor& til
                               row_sums, diag, deg_inv_sqrt, bias, false, rows, channels, wide, gathered);
   if (out_bits == 0) return {out};
   return quantize_output<Ranges>(out, out_bits, out_dim, std::nullopt);
+}
+
+// qat_gcn_conv_eval and qat_gin_conv_eval: a converted QAT layer's eval forward on a BitAdjacency as one op, the
+// steps of pyg_quant/qat/conv.py's bit path (hence its float32 roundings: the QAT layers add GCN's normalization and
+// bias, and GIN's float self term, after the aggregation's rounding, as their training forward does).  The
+// aggregation's quantizer reads `agg_keys` (its frozen stored range as column keys) where given, else each channel's
+// own range; a channel whose values hold a NaN or inf takes a NaN range instead of the stored one, so that the NaN
+// reaches the output with no host synchronization (the callers raise on the CPU).
+
+// A column key pair that reads as a NaN range (a positive NaN in both slots: see ordered_key.h), and the least key
+// of a non-finite value in either slot.
+constexpr int64_t kNanColumnKey = 0xFFC00000LL;
+constexpr int64_t kNonFiniteKey = 0xFF800000LL;
+
+// `stored` (int64 [2·cols]) with a NaN range for every column where `finite` ([cols] bool) is false.
+inline at::Tensor keys_with_nan_ranges(const at::Tensor& stored, const at::Tensor& finite) {
+  const int64_t cols = stored.numel() / 2;
+  return at::where(finite, stored.view({2, cols}), kNanColumnKey).view({-1});
+}
+
+template <SpmmAffineKernel Spmm, MlpKernel Mlp, MlpPlanesKernel MlpPlanes, RangesKernel Ranges>
+at::Tensor qat_gcn_conv_eval(const at::Tensor& window_ptr, const at::Tensor& tile_col, const at::Tensor& tile_bits,
+                             const at::Tensor& res_ptr, const at::Tensor& res_col,
+                             const std::optional<at::Tensor>& res_val, const at::Tensor& row_sums,
+                             const at::Tensor& diag, const at::Tensor& deg_inv_sqrt,
+                             const std::optional<at::Tensor>& bias, int64_t agg_bits, bool wide,
+                             const std::optional<at::Tensor>& agg_keys, const at::Tensor& x,
+                             const std::optional<at::Tensor>& x_lo, const std::optional<at::Tensor>& x_scale,
+                             int64_t x_rows, int64_t x_cols, bool x_col_layout, int64_t x_dim,
+                             at::TensorList weight_codes, at::TensorList weight_lo, at::TensorList weight_scale,
+                             at::TensorList weight_sums, const c10::List<std::optional<at::Tensor>>& weight_bias,
+                             at::IntArrayRef act_bits, at::IntArrayRef weight_bits, const c10::List<bool>& relu) {
+  TORCH_CHECK_VALUE(res_ptr.dim() == 1 && res_ptr.size(0) >= 1, "res_ptr must be int64[rows + 1]");
+  TORCH_CHECK_VALUE(!weight_codes.empty(), "weight_codes must hold the linear layer");
+  TORCH_CHECK_VALUE(x_lo.has_value() == x_scale.has_value(), "x_lo and x_scale go together (codes of x)");
+  const int64_t rows = res_ptr.size(0) - 1, channels = weight_codes.back().size(0);
+  TORCH_CHECK_VALUE(!agg_keys.has_value() || agg_keys->numel() == 2 * channels,
+                    "agg_keys must hold 2 keys a channel (", 2 * channels, "), got ", agg_keys->numel());
+  const bool cuda = x.is_cuda();
+  // D^-1/2 (X W) and its column keys, from the fused MLP kernel (codes of x are read by the kernel itself)
+  at::Tensor keys = new_col_keys(x, weight_codes);
+  const at::Tensor h =
+      x_lo.has_value()
+          ? MlpPlanes(x, x_rows, x_cols, x_col_layout, *x_lo, *x_scale, x_dim, weight_codes, weight_lo, weight_scale,
+                      weight_sums, weight_bias, act_bits, weight_bits, relu, deg_inv_sqrt, keys)
+          : Mlp(x, weight_codes, weight_lo, weight_scale, weight_sums, weight_bias, act_bits, weight_bits, relu,
+                deg_inv_sqrt, keys);
+  if (agg_keys.has_value()) {
+    // a channel is finite when neither of its slots holds a non-finite value's key
+    keys = keys_with_nan_ranges(*agg_keys, keys.view({2, channels}).amax(0).lt(kNonFiniteKey));
+  }
+  auto [planes, lo, scale, sums, codes] = Ranges(h, agg_bits, 0, true, std::nullopt, cuda, keys, !cuda);
+  at::Tensor out = Spmm(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, planes, lo, scale, row_sums, diag,
+                        std::nullopt, std::nullopt, false, rows, channels, wide,
+                        cuda ? std::optional<at::Tensor>(codes) : std::nullopt);
+  out.mul_(deg_inv_sqrt.view({-1, 1}));
+  if (bias.has_value()) out.add_(*bias);
+  return out;
+}
+
+template <SpmmAffineKernel Spmm, MlpKernel Mlp, RangesKernel Ranges, DequantizeKernel Dequantize>
+at::Tensor qat_gin_conv_eval(const at::Tensor& window_ptr, const at::Tensor& tile_col, const at::Tensor& tile_bits,
+                             const at::Tensor& res_ptr, const at::Tensor& res_col,
+                             const std::optional<at::Tensor>& res_val, const at::Tensor& row_sums,
+                             const std::optional<at::Tensor>& diag, bool wide, const at::Tensor& x,
+                             const std::optional<at::Tensor>& x_lo, const std::optional<at::Tensor>& x_scale,
+                             const std::optional<at::Tensor>& x_codes, int64_t x_cols, int64_t x_dim,
+                             int64_t agg_bits,
+                             const std::optional<at::Tensor>& agg_keys, const at::Tensor& one_plus_eps,
+                             at::TensorList weight_codes, at::TensorList weight_lo, at::TensorList weight_scale,
+                             at::TensorList weight_sums, const c10::List<std::optional<at::Tensor>>& bias,
+                             at::IntArrayRef act_bits, at::IntArrayRef weight_bits, const c10::List<bool>& relu) {
+  TORCH_CHECK_VALUE(res_ptr.dim() == 1 && res_ptr.size(0) >= 1, "res_ptr must be int64[rows + 1]");
+  TORCH_CHECK_VALUE(x_lo.has_value() == x_scale.has_value(), "x_lo and x_scale go together (codes of x)");
+  const int64_t rows = res_ptr.size(0) - 1;
+  const bool cuda = x.is_cuda();
+  at::Tensor planes, lo, scale, values;
+  std::optional<at::Tensor> gathered;
+  int64_t cols;
+  if (x_lo.has_value()) {
+    // codes of x (column layout, ranges per column or per tensor): the aggregation's operand as they are, and
+    // their values the self term
+    TORCH_CHECK_VALUE(x_dim == 0 || x_dim == -1, "x_dim must be 0 (per column) or -1 (per tensor), got ", x_dim);
+    TORCH_CHECK_VALUE(x_lo->dim() == 1, "x_lo must be 1-D");
+    TORCH_CHECK_VALUE(x.dim() == 3, "x must hold bit planes [bits, cols_pad, words] when x_lo is given");
+    TORCH_CHECK_VALUE(x_lo->numel() == (x_dim == 0 ? x_cols : 1), "x_lo must hold one range a column (x_dim 0) or ",
+                      "one for the tensor (x_dim -1), got ", x_lo->numel());
+    cols = x_cols;
+    planes = x;
+    lo = x_dim == 0 ? *x_lo : x_lo->expand({cols}).contiguous();
+    scale = x_dim == 0 ? *x_scale : x_scale->expand({cols}).contiguous();
+    gathered = x_codes;
+    values = Dequantize(x, rows, cols, true, *x_lo, *x_scale, x_dim);
+  } else {
+    TORCH_CHECK_VALUE(x.dim() == 2, "x must be float32 [rows, cols] without x_lo");
+    cols = x.size(1);
+    std::optional<at::Tensor> keys;
+    if (agg_keys.has_value()) {
+      TORCH_CHECK_VALUE(agg_keys->numel() == 2 * cols, "agg_keys must hold 2 keys a column (", 2 * cols, "), got ",
+                        agg_keys->numel());
+      if (cuda) {  // on the CPU the caller has checked x finite
+        auto [mn, mx] = at::aminmax(x, 0);
+        keys = keys_with_nan_ranges(*agg_keys, at::isfinite(mn).logical_and_(at::isfinite(mx)));
+      } else {
+        keys = *agg_keys;
+      }
+    }
+    auto [p, l, s, sums, codes] = Ranges(x, agg_bits, 0, true, std::nullopt, cuda, keys, !cuda);
+    planes = p, lo = l, scale = s, values = x;
+    if (cuda) gathered = codes;
+  }
+  at::Tensor out = Spmm(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, planes, lo, scale, row_sums, diag,
+                        std::nullopt, std::nullopt, false, rows, cols, wide, gathered);
+  // + (1 + eps)·x on the float values, then the MLP with its biases and ReLUs
+  out = at::addcmul(out, one_plus_eps, values);
+  return Mlp(out, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits, weight_bits, relu, std::nullopt,
+             std::nullopt);
 }
 
 }  // namespace pyg_quant

@@ -89,6 +89,18 @@ TORCH_LIBRARY(pyg_quant, m) {
       "Tensor[] weight_scale, Tensor[] weight_sums, Tensor?[] weight_bias, int[] mlp_act_bits, int[] weight_bits, "
       "bool[] relu, int out_bits, int out_dim) -> Tensor[]");
   m.def(
+      "qat_gcn_conv_eval(Tensor window_ptr, Tensor tile_col, Tensor tile_bits, Tensor res_ptr, Tensor res_col, "
+      "Tensor? res_val, Tensor row_sums, Tensor diag, Tensor deg_inv_sqrt, Tensor? bias, int agg_bits, bool wide, "
+      "Tensor? agg_keys, Tensor x, Tensor? x_lo, Tensor? x_scale, int x_rows, int x_cols, bool x_col_layout, "
+      "int x_dim, Tensor[] weight_codes, Tensor[] weight_lo, Tensor[] weight_scale, Tensor[] weight_sums, "
+      "Tensor?[] weight_bias, int[] act_bits, int[] weight_bits, bool[] relu) -> Tensor");
+  m.def(
+      "qat_gin_conv_eval(Tensor window_ptr, Tensor tile_col, Tensor tile_bits, Tensor res_ptr, Tensor res_col, "
+      "Tensor? res_val, Tensor row_sums, Tensor? diag, bool wide, Tensor x, Tensor? x_lo, Tensor? x_scale, "
+      "Tensor? x_codes, int x_cols, int x_dim, int agg_bits, Tensor? agg_keys, Tensor one_plus_eps, "
+      "Tensor[] weight_codes, Tensor[] weight_lo, Tensor[] weight_scale, Tensor[] weight_sums, Tensor?[] bias, "
+      "int[] act_bits, int[] weight_bits, bool[] relu) -> Tensor");
+  m.def(
       "expand_csr(Tensor tile_key, Tensor row_count, Tensor entry_col, Tensor? entry_val, Tensor res_row, "
       "Tensor res_col, Tensor? res_val, int num_rows, int num_cols) -> (Tensor, Tensor, Tensor, Tensor)");
 }
@@ -130,6 +142,13 @@ TORCH_LIBRARY_IMPL(pyg_quant, CPU, m) {
   m.impl("gcn_conv_eval",
          &pyg_quant::gcn_conv_eval<&pyg_quant::bit_spmm_affine_cpu, &pyg_quant::quant_mlp_cpu,
                                    &pyg_quant::quant_mlp_planes_cpu, &pyg_quant::quantize_pack_ranges_cpu>);
+  // qat_gcn_conv_eval and qat_gin_conv_eval (a converted QAT layer's eval forward on a BitAdjacency in one op)
+  m.impl("qat_gcn_conv_eval",
+         &pyg_quant::qat_gcn_conv_eval<&pyg_quant::bit_spmm_affine_cpu, &pyg_quant::quant_mlp_cpu,
+                                       &pyg_quant::quant_mlp_planes_cpu, &pyg_quant::quantize_pack_ranges_cpu>);
+  m.impl("qat_gin_conv_eval",
+         &pyg_quant::qat_gin_conv_eval<&pyg_quant::bit_spmm_affine_cpu, &pyg_quant::quant_mlp_cpu,
+                                       &pyg_quant::quantize_pack_ranges_cpu, &pyg_quant::dequantize_cpu>);
 }
 
 #ifdef WITH_CUDA
@@ -160,6 +179,12 @@ TORCH_LIBRARY_IMPL(pyg_quant, CUDA, m) {
   m.impl("gcn_conv_eval",
          &pyg_quant::gcn_conv_eval<&pyg_quant::bit_spmm_affine_cuda, &pyg_quant::quant_mlp_cuda,
                                    &pyg_quant::quant_mlp_planes_cuda, &pyg_quant::quantize_pack_ranges_cuda>);
+  m.impl("qat_gcn_conv_eval",
+         &pyg_quant::qat_gcn_conv_eval<&pyg_quant::bit_spmm_affine_cuda, &pyg_quant::quant_mlp_cuda,
+                                       &pyg_quant::quant_mlp_planes_cuda, &pyg_quant::quantize_pack_ranges_cuda>);
+  m.impl("qat_gin_conv_eval",
+         &pyg_quant::qat_gin_conv_eval<&pyg_quant::bit_spmm_affine_cuda, &pyg_quant::quant_mlp_cuda,
+                                       &pyg_quant::quantize_pack_ranges_cuda, &pyg_quant::dequantize_cuda>);
 }
 #endif
 

@@ -26,7 +26,7 @@ _OPS = ("quantize_pack", "quantize_pack_ranges", "fake_quantize", "mse_range", "
         "packed_code_sums", "pack_row_codes", "bitmm_int", "bitmm_affine", "bit_spmm_int", "bit_spmm_affine",
         "tile_plan", "expand_tiles", "quant_mlp", "quant_mlp_keys", "quant_mlp_planes", "quant_mlp_planes_keys",
         "quant_mlp_row_codes", "quant_mlp_planes_row_codes", "planes_from_row_codes", "expand_csr", "gin_conv_eval",
-        "gcn_conv_eval")
+        "gcn_conv_eval", "qat_gcn_conv_eval", "qat_gin_conv_eval")
 _DISPATCH_KEYS = {"cpu": "CPU", "cuda": "CUDA"}
 # Filled once at import (the dispatcher query touches no device), so that
 # torch.compile traces has_kernel as a plain dict lookup.

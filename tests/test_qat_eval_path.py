@@ -165,3 +165,33 @@ def test_gin_what_keeps_the_general_path(monkeypatch):
     with torch.no_grad():
         model(x, adj)
     assert calls[3] is None and calls[4] is not None
+
+
+@pytest.mark.parametrize("kind", ["gcn", "gin"])
+def test_ops_equal_their_reference(device, kind, monkeypatch):
+    """qat_gcn_conv_eval / qat_gin_conv_eval, as the layers call them (float features and per-column and per-tensor
+    codes; stored ranges and each channel's own), against pyg_quant/ops/reference.py's composition, and opcheck
+    (schema, fake kernel) on the CPU.  On a GPU, a NaN in a column with stored ranges too."""
+    from pyg_quant import ops
+    from pyg_quant.ops import reference
+
+    name = f"qat_{kind}_conv_eval"
+    recorded = []
+    real = getattr(ops, name)
+    monkeypatch.setattr(ops, name, lambda *a: recorded.append(a) or real(*a))
+    for observers in ({"agg_observer": "ema"}, {"agg_observer": "dynamic"}):
+        model, x, adj, _ = converted(device, 4, kind=kind, **observers)
+        bad = x.clone()
+        bad[7, 3] = float("nan")
+        inputs = [x, pq.to_bit(x, 4, dim=0, layout="col"), pq.to_bit(x, 3, dim=None, layout="col")]
+        with torch.no_grad():
+            for inp in inputs + ([bad] if device == "cuda" else []):
+                model.conv1(inp, adj)
+    assert len(recorded) == (6 if device == "cpu" else 8) - (2 if kind == "gcn" else 0)  # GCN: no per-tensor codes
+    op = getattr(torch.ops.pyg_quant, name).default
+    for args in recorded:
+        got, want = op(*args), getattr(reference, name)(*args)
+        assert got.dtype == want.dtype == torch.float32 and torch.equal(got, want) or (
+            torch.isnan(got).equal(torch.isnan(want)) and torch.equal(got.nan_to_num(), want.nan_to_num()))
+        if device == "cpu":
+            torch.library.opcheck(op, args)

@@ -23,6 +23,7 @@ from torch_geometric.utils import is_torch_sparse_tensor, to_edge_index
 from .._utils import is_compiling
 from .bit_adjacency import BitAdjacency
 from .cache import deferred_index_check, host_read, index_bounds
+from .float_csr import csr_matrix
 from .packing import decode_bit_adjacency
 
 
@@ -54,8 +55,26 @@ class EdgeSet:
             return self
         adj = self.bit_adj
         # decoded once per adjacency: every layer of a model reads the same batch's
-        src, dst, count = adj.derived("entries", lambda: torch.stack(decode_bit_adjacency(adj))).unbind(0)
+        src, dst, count = bit_adjacency_entries(adj)
         return EdgeSet(self.num_src, self.num_dst, src, dst, None, count, self.loop_rule, self.bit_adj)
+
+
+def bit_adjacency_entries(adj: BitAdjacency):
+    """``(src, dst, count)`` of ``adj``'s stored entries (its diagonal term apart), decoded once per adjacency: every
+    layer of a model reads the same batch's."""
+    return adj.derived("entries", lambda: torch.stack(decode_bit_adjacency(adj))).unbind(0)
+
+
+def bit_adjacency_csr(adj: BitAdjacency, dtype: torch.dtype, transpose: bool = False) -> torch.Tensor:
+    """``adj``'s stored entries (``Aᵀ`` with ``transpose``; the diagonal term apart) as a CSR matrix of ``dtype``,
+    built once per adjacency and dtype."""
+    def make() -> torch.Tensor:
+        src, dst, count = bit_adjacency_entries(adj)
+        if transpose:
+            return csr_matrix(src, dst, count.to(dtype), adj.num_cols, adj.num_rows, dtype)
+        return csr_matrix(dst, src, count.to(dtype), adj.num_rows, adj.num_cols, dtype)
+
+    return adj.derived(f"csr_{'a_t' if transpose else 'a'}_{dtype}", make)
 
 
 def _check_index_range(edge_index: torch.Tensor, flow: str, num_src: int, num_dst: int, name: str) -> None:

@@ -28,7 +28,7 @@ from ..bit_tensor import BitTensor, to_val
 from .adjacency_form import DEFAULT_MIN_TILE_NNZ, check_adjacency_form
 from .edge_ops import edge_bit_spmm, edge_spmm_int
 from .float_csr import RebuiltOnCopy, SparseProduct, csr_matrix
-from .input_formats import EdgeSet
+from .input_formats import EdgeSet, bit_adjacency_csr
 from .packing import pack_entries
 from .spmm import bit_spmm, bit_spmm_codes, gather_operands
 
@@ -204,8 +204,7 @@ class QuantGraph:
         prebuilt = self.prebuilt
         if prebuilt is not None and not self.weighted and self.keep is None:
             # A user's BitAdjacency is one graph for every layer and call: its matrices are kept on it.
-            pair = tuple(prebuilt.derived(f"csr_{name}_{dtype}", lambda transpose=transpose: self._csr_matrix(dtype, transpose))
-                         for name, transpose in (("a", False), ("a_t", True)))
+            pair = (bit_adjacency_csr(prebuilt, dtype), bit_adjacency_csr(prebuilt, dtype, transpose=True))
         else:
             coef = self.edge_coefficients(dtype)  # decodes the edges if needed
             if coef is not None and coef.requires_grad:

@@ -30,6 +30,8 @@ from .. import ops
 from .._utils import check_finite, is_compiling
 from ..bit_tensor import BitTensor
 from ..graph.bit_adjacency import BitAdjacency
+from ..graph.input_formats import bit_adjacency_entries, bit_adjacency_csr
+from ..graph.float_csr import csr_matrix
 from ..graph.spmm import gather_operands
 from ..quantization.quantize import quantize, values_finite
 from .calibration import STATIC_RANGE
@@ -143,8 +145,57 @@ def _adjacency_args(adj: BitAdjacency) -> tuple:
     return adj.window_ptr, adj.tile_col, adj.tile_bits, adj.res_ptr, adj.res_col, adj.res_val, adj.row_sums
 
 
+def _float_layer_applies(conv, x, adj) -> bool:
+    """Whether a float layer (no quantized operand, no requantized output) runs the float short path on ``adj``:
+    eval without autograd, float32 node features on the adjacency's device, nothing that changes the path."""
+    return (type(adj) is BitAdjacency and conv.act_bits is None and conv.weight_bits is None
+            and conv.out_bits is None and not conv.training and not torch.is_grad_enabled()
+            and conv._buffers.get(STATIC_RANGE) is None and conv.__dict__.get("_calibration") is None
+            and not explaining(conv) and not is_compiling() and type(x) is Tensor and x.dtype == torch.float32
+            and x.dim() == 2 and not x.is_sparse and x.size(0) == adj.num_cols and adj.num_rows == adj.num_cols
+            and x.device == adj.device)
+
+
+def _gin_float(conv, x: Tensor, adj: BitAdjacency) -> Optional[Tensor]:
+    """A float QGINConv on a BitAdjacency without a diagonal term: ``nn(A·x + (1 + eps)·x)``, the product on the
+    adjacency's float CSR matrix (built once per adjacency)."""
+    if adj.diag is not None or conv.eps.dtype != torch.float32:
+        return None
+    out = torch.addcmul(torch.mm(bit_adjacency_csr(adj, torch.float32), x), conv._one_plus_eps(), x)
+    return conv.nn(out)
+
+
+def gcn_normalized_csr(adj: BitAdjacency, deg_inv_sqrt) -> Tensor:
+    r""":math:`D^{-1/2} \hat{A} D^{-1/2}` of a BitAdjacency that holds its self loops, as one float32 CSR matrix
+    (its stored entries and its diagonal term, each scaled by ``D^-1/2`` of both ends), built once per adjacency:
+    a float GCN layer's aggregation in one product, as PyG's ``gcn_norm`` weights give it."""
+    def make() -> Tensor:
+        src, dst, count = bit_adjacency_entries(adj)
+        dinv = deg_inv_sqrt(adj).double()
+        loops = torch.arange(adj.num_rows, device=adj.device)
+        rows, cols = torch.cat([dst, loops]), torch.cat([src, loops])
+        weight = torch.cat([count.double(), adj.diag.double()])
+        values = (dinv[rows] * weight * dinv[cols]).to(torch.float32)
+        return csr_matrix(rows, cols, values, adj.num_rows, adj.num_cols, torch.float32)
+
+    return adj.derived("gcn_normalized_csr", make)
+
+
+def _gcn_float(conv, x: Tensor, adj: BitAdjacency, deg_inv_sqrt) -> Optional[Tensor]:
+    """A float QGCNConv on a BitAdjacency that holds its self loops: ``Â_norm · lin(x) + b`` (see
+    :func:`gcn_normalized_csr`)."""
+    bias = conv.bias
+    if (adj.diag is None or not conv.normalize or conv.cached or conv._cached_adj_t is not None
+            or conv._cached_edge_index is not None or (bias is not None and bias.dtype != torch.float32)):
+        return None
+    out = torch.mm(gcn_normalized_csr(adj, deg_inv_sqrt), conv.lin(x))
+    return out if bias is None else out.add_(bias)
+
+
 def gin_eval(conv, x, adj, size) -> Optional[object]:
     """``conv(x, adj)`` for a :class:`~pyg_quant.nn.QGINConv` in the case above, or None."""
+    if conv.act_bits is None and conv.weight_bits is None:
+        return _gin_float(conv, x, adj) if size is None and _float_layer_applies(conv, x, adj) else None
     if (size is not None or type(x) is not BitTensor or not _applies(conv, adj) or x.bits != conv.act_bits
             or x.dim not in (None, 0) or x.layout != "col" or x.rows != adj.num_cols or adj.num_rows != adj.num_cols
             or x.lo.dtype != torch.float32 or x.scale.dtype != torch.float32):
@@ -178,6 +229,9 @@ def gin_eval(conv, x, adj, size) -> Optional[object]:
 def gcn_eval(conv, x, adj, edge_weight, deg_inv_sqrt) -> Optional[object]:
     """``conv(x, adj)`` for a :class:`~pyg_quant.nn.QGCNConv` in the case above, or None.  ``deg_inv_sqrt(adj)``:
     the layer's ``D^-1/2`` of a BitAdjacency that holds its self loops."""
+    if conv.act_bits is None and conv.weight_bits is None:
+        return (_gcn_float(conv, x, adj, deg_inv_sqrt) if edge_weight is None and _float_layer_applies(conv, x, adj)
+                else None)
     if (edge_weight is not None or not _applies(conv, adj) or conv.cached or not conv.normalize
             or conv._cached_adj_t is not None or conv._cached_edge_index is not None
             or adj.diag is None or adj.num_rows != adj.num_cols):

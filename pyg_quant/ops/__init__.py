@@ -210,6 +210,35 @@ def gcn_conv_eval(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, ro
     return reference.gcn_conv_eval(*args)
 
 
+def qat_gcn_conv_eval(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, row_sums, diag, deg_inv_sqrt, bias,
+                      agg_bits: int, wide: bool, agg_keys, x, x_lo, x_scale, x_rows: int, x_cols: int,
+                      x_col_layout: bool, x_dim: int, weight_codes, weight_lo, weight_scale, weight_sums, weight_bias,
+                      act_bits, weight_bits, relu):
+    """A converted QATGCNConv layer's eval forward on a BitAdjacency that holds its self loops, in one op (see
+    :func:`reference.qat_gcn_conv_eval`); ``x`` float32 ``[N, C]``, or the planes of codes with ``x_lo`` /
+    ``x_scale``; ``agg_keys`` the aggregation quantizer's stored range as column keys (None: each channel's own)."""
+    args = (window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, row_sums, diag, deg_inv_sqrt, bias,
+            int(agg_bits), bool(wide), agg_keys, x, x_lo, x_scale, int(x_rows), int(x_cols), bool(x_col_layout),
+            int(x_dim), weight_codes, weight_lo, weight_scale, weight_sums, weight_bias, act_bits, weight_bits, relu)
+    if use_compiled("qat_gcn_conv_eval", x.device):
+        return torch.ops.pyg_quant.qat_gcn_conv_eval.default(*args)
+    return reference.qat_gcn_conv_eval(*args)
+
+
+def qat_gin_conv_eval(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, row_sums, diag, wide: bool, x,
+                      x_lo, x_scale, x_codes, x_cols: int, x_dim: int, agg_bits: int, agg_keys, one_plus_eps,
+                      weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits, weight_bits, relu):
+    """A converted QATGINConv layer's eval forward on a square BitAdjacency in one op (see
+    :func:`reference.qat_gin_conv_eval`); ``x`` float32 ``[N, C]`` (quantized here with ``agg_keys`` or each
+    column's own range), or the planes of per-column / per-tensor codes with ``x_lo`` / ``x_scale``."""
+    args = (window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, row_sums, diag, bool(wide), x, x_lo, x_scale,
+            x_codes, int(x_cols), int(x_dim), int(agg_bits), agg_keys, one_plus_eps, weight_codes, weight_lo,
+            weight_scale, weight_sums, bias, act_bits, weight_bits, relu)
+    if use_compiled("qat_gin_conv_eval", x.device):
+        return torch.ops.pyg_quant.qat_gin_conv_eval.default(*args)
+    return reference.qat_gin_conv_eval(*args)
+
+
 if LOADED:
 
     @torch.library.register_fake("pyg_quant::quantize_pack")
@@ -349,6 +378,18 @@ if LOADED:
           wide, x, x_lo, x_scale, x_rows, weight_codes, weight_lo, weight_scale, weight_sums, weight_bias,
           mlp_act_bits, weight_bits, relu, out_bits, out_dim):
         return _fake_conv_output(_fake_mlp_out(x, res_ptr.shape[0] - 1, weight_codes), out_bits, out_dim)
+
+    @torch.library.register_fake("pyg_quant::qat_gcn_conv_eval")
+    def _(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, row_sums, diag, deg_inv_sqrt, bias, agg_bits,
+          wide, agg_keys, x, x_lo, x_scale, x_rows, x_cols, x_col_layout, x_dim, weight_codes, weight_lo,
+          weight_scale, weight_sums, weight_bias, act_bits, weight_bits, relu):
+        return _fake_mlp_out(x, res_ptr.shape[0] - 1, weight_codes)
+
+    @torch.library.register_fake("pyg_quant::qat_gin_conv_eval")
+    def _(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, row_sums, diag, wide, x, x_lo, x_scale,
+          x_codes, x_cols, x_dim, agg_bits, agg_keys, one_plus_eps, weight_codes, weight_lo, weight_scale,
+          weight_sums, bias, act_bits, weight_bits, relu):
+        return _fake_mlp_out(x, res_ptr.shape[0] - 1, weight_codes)
 
     @torch.library.register_fake("pyg_quant::expand_csr")
     def _(tile_key, row_count, entry_col, entry_val, res_row, res_col, res_val, num_rows, num_cols):

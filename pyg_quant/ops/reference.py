@@ -610,3 +610,65 @@ def gcn_conv_eval(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, ro
                           diag, deg_inv_sqrt, bias, False, res_ptr.numel() - 1, weight_codes[-1].size(0), wide,
                           codes if x.is_cuda else None)
     return _conv_output(out, out_bits, out_dim)
+
+
+# A column key pair that reads as a NaN range, and the least key of a non-finite value (csrc/conv_eval.h).
+NAN_COLUMN_KEY = 0xFFC00000
+NON_FINITE_KEY = 0xFF800000
+
+
+def keys_with_nan_ranges(stored: torch.Tensor, finite: torch.Tensor) -> torch.Tensor:
+    """The column keys ``stored`` (int64 ``[2·cols]``) with a NaN range for every column where ``finite`` is
+    False."""
+    cols = stored.numel() // 2
+    return torch.where(finite.reshape(-1), stored.view(2, cols), NAN_COLUMN_KEY).view(-1)
+
+
+def qat_gcn_conv_eval(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, row_sums, diag, deg_inv_sqrt, bias,
+                      agg_bits: int, wide: bool, agg_keys, x, x_lo, x_scale, x_rows: int, x_cols: int,
+                      x_col_layout: bool, x_dim: int, weight_codes, weight_lo, weight_scale, weight_sums, weight_bias,
+                      act_bits, weight_bits, relu):
+    """A converted QATGCNConv layer's eval forward (csrc/conv_eval.h): ``D^-1/2 (X W)`` and its column keys by
+    :func:`quant_mlp_keys` (:func:`quant_mlp_planes_keys` for codes of ``x``), quantized per channel over
+    ``agg_keys`` (a channel holding NaN/inf over a NaN range) or each channel's own range, :func:`bit_spmm_affine`
+    with the diagonal, then ``· D^-1/2`` and ``+ bias`` in float32."""
+    chain = (weight_codes, weight_lo, weight_scale, weight_sums, weight_bias, act_bits, weight_bits, relu,
+             deg_inv_sqrt)
+    if x_lo is not None:
+        h, keys = quant_mlp_planes_keys(x, x_rows, x_cols, x_col_layout, x_lo, x_scale, x_dim, *chain)
+    else:
+        h, keys = quant_mlp_keys(x, *chain)
+    channels = weight_codes[-1].size(0)
+    if agg_keys is not None:
+        keys = keys_with_nan_ranges(agg_keys, keys.view(2, channels).amax(0) < NON_FINITE_KEY)
+    planes, lo, scale, _, codes = quantize_pack_ranges(h, agg_bits, 0, True, None, h.is_cuda, keys, not h.is_cuda)
+    out = bit_spmm_affine(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, planes, lo, scale, row_sums,
+                          diag, None, None, False, res_ptr.numel() - 1, channels, wide, codes if h.is_cuda else None)
+    out.mul_(deg_inv_sqrt.view(-1, 1))
+    return out if bias is None else out.add_(bias)
+
+
+def qat_gin_conv_eval(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, row_sums, diag, wide: bool, x,
+                      x_lo, x_scale, x_codes, x_cols: int, x_dim: int, agg_bits: int, agg_keys, one_plus_eps,
+                      weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits, weight_bits, relu):
+    """A converted QATGINConv layer's eval forward (csrc/conv_eval.h): the source features quantized per column
+    (over ``agg_keys``, a column holding NaN/inf on CUDA over a NaN range, or each column's own range; codes of
+    ``x`` as they are), :func:`bit_spmm_affine` (the adjacency's diagonal only), ``+ (1 + eps)·x`` on the float
+    values (:func:`dequantize` of codes), then :func:`quant_mlp` with its biases and ReLUs."""
+    rows = res_ptr.numel() - 1
+    if x_lo is not None:
+        lo, scale = x_lo.expand(x_cols).contiguous(), x_scale.expand(x_cols).contiguous()
+        planes, gathered = x, x_codes
+        values = dequantize(x, rows, x_cols, True, x_lo, x_scale, x_dim)
+    else:
+        keys = agg_keys
+        if agg_keys is not None and x.is_cuda:
+            mn, mx = torch.aminmax(x, dim=0)
+            keys = keys_with_nan_ranges(agg_keys, torch.isfinite(mn) & torch.isfinite(mx))
+        planes, lo, scale, _, codes = quantize_pack_ranges(x, agg_bits, 0, True, None, x.is_cuda, keys,
+                                                           not x.is_cuda)
+        gathered, values = (codes if x.is_cuda else None), x
+    out = bit_spmm_affine(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, planes, lo, scale, row_sums,
+                          diag, None, None, False, rows, x_cols, wide, gathered)
+    out = torch.addcmul(out, one_plus_eps, values)
+    return quant_mlp(out, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits, weight_bits, relu)

@@ -9,12 +9,13 @@ the README's tour hand it) computes, with the layer's frozen quantizers,
 the same steps as its general forward's bit path: the weight codes of ``lin.weight_quant``, ``X`` quantized per
 node over its own range (``input_observer="dynamic"``), ``Q_agg`` per channel over the frozen stored range of
 ``agg_quant`` (or each channel's own, ``agg_observer="dynamic"``; a per-tensor range is every channel's).  Here they
-run as one fused MLP kernel (:func:`pyg_quant.ops.quant_mlp`, its row scale the ``D^{-1/2}`` multiply) that also
-gives the columns' extrema, the quantizer reading its ranges as column keys (:func:`pyg_quant.ops.quantize_pack_ranges`),
-the aggregation (:func:`pyg_quant.bit_spmm`) and the two float32 steps after it, instead of some thirty ops a layer.
-:class:`~pyg_quant.qat.QATGINConv` likewise (:func:`gin_eval`): ``h_Θ(A·Q_agg(X) + (1 + ε)·X)`` with each QAT linear
-layer of ``h_Θ`` a fused-kernel product and its bias and ReLU after it.  The results are the general path's bit for
-bit.
+run as one op, :func:`pyg_quant.ops.qat_gcn_conv_eval` (composed in C++, ``csrc/conv_eval.h``): the fused MLP kernel
+(its row scale the ``D^{-1/2}`` multiply) that also gives the columns' extrema, the quantizer reading its ranges as
+column keys, the aggregation, and the two float32 steps after it.  :class:`~pyg_quant.qat.QATGINConv` likewise
+(:func:`gin_eval`, :func:`pyg_quant.ops.qat_gin_conv_eval`): ``h_Θ(A·Q_agg(X) + (1 + ε)·X)``, the self term on the
+float features after the aggregation's rounding and ``h_Θ``'s QAT linear layers one fused MLP call with their biases
+and ReLUs.  The results are the general path's bit for bit: the same kernels in the same order, one dispatch a layer
+instead of ten to thirty ops, because a layer's host time is what bounds an eager forward on a GPU.
 
 Non-finite inputs: a NaN or inf makes the range it is reduced into non-finite (a node's, so its row of
 ``D^{-1/2} X W``; a channel's), and a channel that holds one quantizes over a NaN range instead of the stored one, so
@@ -34,21 +35,13 @@ from .. import ops
 from .._utils import check_finite, is_compiling
 from ..bit_tensor import BitTensor, to_val
 from ..graph.bit_adjacency import BitAdjacency
-from ..graph.spmm import bit_spmm
+from ..graph.spmm import gathered_codes
 from ..nn.calibration import STATIC_RANGE
 from ..nn.qgcn_conv import bit_adjacency_deg_inv_sqrt
 from ..nn.quant_linear import bit_kernels_apply, chain_args, no_hooks, runs_fused
 from ..ops.reference import ordered_keys
-from ..quantization.ranges import tensor_range
 from .linear import QATLinear
 from .observers import DynamicObserver
-
-# A column key that reads as NaN (a positive NaN's, in a max slot: see csrc/ordered_key.h).
-_NAN_KEY = 0xFFC00000
-# The smallest column key of a non-finite value: +inf's key in a max slot, -inf's complement in a min slot (NaNs key
-# beyond them; see csrc/ordered_key.h).
-_NON_FINITE_KEY = 0xFF800000
-
 
 def _own_range(fq, dim) -> bool:
     """Whether ``fq`` quantizes each tensor over its own min/max reduced over ``dim`` (a plain dynamic observer)."""
@@ -84,11 +77,14 @@ def _aggregation_keys(fq, cols: int):
     return keys is not None, keys
 
 
-def _with_nan_ranges(stored: Tensor, finite: Tensor) -> Tensor:
-    """The column keys ``stored`` with a NaN range for every channel where ``finite`` (``[channels]`` or ``[1,
-    channels]``) is False."""
-    channels = stored.numel() // 2
-    return torch.where(finite, stored.view(2, channels), _NAN_KEY).view(-1)
+def _adjacency_args(adj: BitAdjacency) -> tuple:
+    return adj.window_ptr, adj.tile_col, adj.tile_bits, adj.res_ptr, adj.res_col, adj.res_val, adj.row_sums
+
+
+def _raise_if_not_finite(out: Tensor, x) -> None:
+    """On the CPU, the general path's ValueError where ``x`` holds NaN or inf (which makes ``out`` non-finite)."""
+    if not bool(torch.isfinite(out.sum())):
+        check_finite(to_val(x) if isinstance(x, BitTensor) else x, "x")
 
 
 def _float_matrix(x) -> bool:
@@ -118,27 +114,18 @@ def gcn_eval(conv, x, adj, edge_weight) -> Optional[Tensor]:
     if (not applies or rows != adj.num_cols or x.device != adj.device or not _fused_linear(lin, width)
             or not bit_kernels_apply(conv, x if isinstance(x, Tensor) else None, lin.weight, bias)):
         return None
-    bits = conv.agg_quant.bits
     cuda = x.device.type == "cuda"
     dinv = bit_adjacency_deg_inv_sqrt(adj)
-    chain = chain_args((lin,), (False,))
-    # D^-1/2 (X W) and its column keys, from the fused kernel
     if isinstance(x, BitTensor):
-        h, keys = ops.quant_mlp_planes(x.planes, x.rows, x.cols, x.layout == "col", x.lo, x.scale,
-                                       -1 if x.dim is None else x.dim, *chain, dinv, True)
+        x_args = (x.planes, x.lo, x.scale, x.rows, x.cols, x.layout == "col", -1 if x.dim is None else x.dim)
     else:
-        h, keys = ops.quant_mlp(x.contiguous(), *chain, dinv, True)
-    if stored is not None or not cuda:
-        finite = keys.view(2, channels).amax(0, keepdim=True) < _NON_FINITE_KEY  # of max slots and min slots
-        if not cuda and not bool(finite.all()):
-            check_finite(to_val(x) if isinstance(x, BitTensor) else x, "x")  # raises where the general path does
-        if stored is not None:
-            keys = _with_nan_ranges(stored, finite)
-    packed = ops.quantize_pack_ranges(h, bits, 0, True, None, cuda, keys, not cuda)
-    codes = BitTensor.from_quantized(packed, (rows, channels), bits, 0)
-    out = bit_spmm(adj, codes)
-    out.mul_(dinv.view(-1, 1))
-    return out if bias is None else out.add_(bias.detach())
+        x_args = (x.contiguous(), None, None, rows, width, True, 0)
+    bits = conv.agg_quant.bits
+    out = ops.qat_gcn_conv_eval(*_adjacency_args(adj), adj.diag, dinv, None if bias is None else bias.detach(), bits,
+                                adj.wide_sums(bits), stored, *x_args, *chain_args((lin,), (False,)))
+    if not cuda:
+        _raise_if_not_finite(out, x)
+    return out
 
 
 def _linear_steps(nn, width: int) -> Optional[list]:
@@ -189,25 +176,14 @@ def gin_eval(conv, x, adj, size) -> Optional[Tensor]:
     if steps is None:
         return None
     cuda = x.device.type == "cuda"
+    linears, relus = zip(*steps)
     if isinstance(x, BitTensor):
-        codes, x_dst = x, to_val(x)
+        x_args = (x.planes, x.lo, x.scale, gathered_codes(adj, x, adj.diag is not None), x.cols,
+                  -1 if x.dim is None else x.dim, x.bits)
     else:
         x = x.contiguous()
-        keys = None
-        if stored is not None:
-            # NaN where a column holds one (torch's CPU aminmax along a dim is the slower one there)
-            lo, hi = torch.aminmax(x, dim=0) if cuda else tensor_range(x, 0)
-            keys = _with_nan_ranges(stored, torch.isfinite(lo) & torch.isfinite(hi))
         if not cuda:
             check_finite(x, "x")  # the general path's check on the CPU
-        packed = ops.quantize_pack_ranges(x, fq.bits, 0, True, None, cuda, keys, not cuda)
-        codes, x_dst = BitTensor.from_quantized(packed, (rows, width), fq.bits, 0), x
-    h = torch.addcmul(bit_spmm(adj, codes), conv._one_plus_eps(), x_dst)
-    for lin, relu in steps:
-        weights = chain_args((lin,), (False,))
-        h = ops.quant_mlp(h, *weights[:4], [None], *weights[5:])
-        if lin.bias is not None:
-            h = h + lin.bias.detach()
-        if relu:
-            h = torch.relu(h)
-    return h
+        x_args = (x, None, None, None, width, 0, fq.bits)
+    return ops.qat_gin_conv_eval(*_adjacency_args(adj), adj.diag, adj.wide_sums(x_args[-1]), *x_args[:-1], fq.bits,
+                                 stored, conv._one_plus_eps(), *chain_args(linears, relus))
