@@ -62,6 +62,38 @@ OPS_SCRIPT = textwrap.dedent("""
                         out[f"spmm {n} {e} {cols} {min_tile} {weighted} {b} {wide}"] = ops.bit_spmm_int(
                             adj.window_ptr, adj.tile_col, adj.tile_bits, adj.res_ptr, adj.res_col,
                             values if weighted else None, y.planes, adj.num_rows, cols, wide, None)
+    # bit_spmm on tiles (sparse ones walked, dense ones popcounted: a third of the edges point into 64 columns) and
+    # the residual; weights that are non-negative, negative, or so large that rows sum in int64; a_bits > 1; column
+    # counts past one 256-column pass; the affine epilogue with and without each optional operand.
+    for n, e, cols in [(300, 6000, 16), (90, 3000, 300), (200, 4000, 23)]:
+        edge_index = torch.randint(n, (2, e), generator=g)
+        edge_index[1, : e // 3] %= 64
+        for min_tile in (None, 1):
+            adj = pq.BitAdjacency.from_edge_index(edge_index, n, self_loops=1, min_tile_nnz=min_tile)
+            for a_bits in (1, 3):
+                tiles = adj.tile_bits[:1].repeat(a_bits, 1, 1, 1)
+                if a_bits > 1:
+                    tiles &= bits(tiles.shape)
+                for weights in ("none", "small", "signed", "int64"):
+                    values = {"none": None,
+                              "small": torch.randint(0, 50, adj.res_col.shape, generator=g, dtype=torch.int32),
+                              "signed": torch.randint(-2**20, 2**20, adj.res_col.shape, generator=g, dtype=torch.int32),
+                              "int64": torch.randint(2**23, 2**25, adj.res_col.shape, generator=g, dtype=torch.int32)}[weights]
+                    operands = (adj.window_ptr, adj.tile_col, tiles, adj.res_ptr, adj.res_col, values)
+                    for b in (1, 4, 8):
+                        y = pq.to_bit(torch.randn(n, cols, generator=g), b, dim=0, layout="col")
+                        key = f"spmm2 {n} {e} {cols} {min_tile} {a_bits} {weights} {b}"
+                        for wide in (False, True):
+                            out[f"{key} {wide}"] = ops.bit_spmm_int(*operands, y.planes, n, cols, wide, None)
+                        lo, scale = torch.randn(cols, generator=g), torch.rand(cols, generator=g)
+                        row_sums = torch.randint(-1000, 1000, (n,), generator=g)
+                        for i, (self_w, row_scale, bias, relu) in enumerate([
+                                (None, None, None, False),
+                                (torch.randn(n, generator=g), torch.rand(n, generator=g), torch.randn(cols, generator=g), True),
+                                (torch.randn(1, generator=g), None, torch.randn(cols, generator=g), True)]):
+                            out[f"{key} affine {i}"] = ops.bit_spmm_affine(
+                                *operands, y.planes, lo, scale, row_sums, self_w, row_scale, bias, relu, n, cols, True,
+                                None).view(torch.int32)
     from pyg_quant.nn.quant_linear import QuantLinear, chain_args
     for bits in (2, 4, 7, 8):
         for rows, widths in [(1, (5, 3)), (37, (40, 17, 9)), (300, (256, 64, 64)), (2500, (33, 64))]:

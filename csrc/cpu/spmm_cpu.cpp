@@ -1,21 +1,23 @@
 // Aggregation over a block-sparse bit adjacency: out[i, d] = Σ_j A_ij · Q_jd.
 // Only stored (non-empty) tiles are visited: zero tiles cost nothing.  A tile
 // row of column tile c lines up with words 8c..8c+7 of every column-layout
-// feature plane (pyg_quant/layout.py), so features are read in place; each
-// tile is loaded once and used for every feature and every plane pair.
-// Entries of blocks too sparse for a tile come from the CSR residual: each adds
-// its source's codes (unpacked once per call) to its row.  On a CPU a sparse
-// tile is also cheaper walked bit by bit than popcounted (the popcount work of a
-// tile does not shrink with its fill), so tiles under kSparseTileBitsPerPlanePair
-// set bits per plane pair take that path; both paths give the same integers.
+// feature plane (pyg_quant/layout.py), so dense tiles are popcounted against the
+// features in place, per row window.  Every other entry (a set bit of a sparse
+// tile, or a CSR residual entry) adds its source's codes (unpacked once per call)
+// to its row: a row sums all its entries at once, its columns held in registers,
+// and the affine epilogue runs on the row right after.  A tile under
+// kSparseTileBitsPerPlanePair set bits per plane pair is walked bit by bit (the
+// popcount work of a tile does not shrink with its fill); both paths give the
+// same integers.
 #include "spmm_cpu.h"
 
-#include <ATen/TensorOperators.h>
 #include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
-#include <type_traits>
+#include <array>
+#include <cstdlib>
+#include <utility>
 #include <vector>
 
 #include "cpu_features.h"
@@ -29,34 +31,11 @@
 namespace pyg_quant {
 namespace {
 constexpr int64_t kTileWords64 = kTileWords / 2;  // a tile row as 64-bit words
-// A walked set bit costs about one vectorised code row add (cols/8 instructions),
-// a popcounted tile about 16 rows × 4 words × cols × plane pairs popcounts: the
-// walk wins below ~64 set bits per plane pair.
+// A walked set bit costs one vector add per 16 columns, a popcounted tile 16 rows × 4 words × cols × plane pairs
+// scalar popcounts: the walk wins below ~kSparseTileBitsPerPlanePair set bits per plane pair.
 constexpr int64_t kSparseTileBitsPerPlanePair = 64;
-}  // namespace
-
-namespace {
-
-// Whether every sum of a row's products stays below 2^31, so that 32-bit sums are exact: at most (the longest
-// residual row × its largest weight + the most tiles a window holds × 256 columns × (2^a_bits - 1)) × (2^x_bits - 1).
-// Weights (res_val) are the adjacency's non-negative codes; a negative one sends the caller to 64-bit sums.
-bool sums_fit_31_bits(const at::Tensor& window_ptr, const at::Tensor& res_ptr, const at::Tensor& res_val,
-                      int a_bits, int x_bits, int64_t rows) {
-  int64_t longest_row = 0, largest_weight = 1, most_tiles = 0;
-  if (rows > 0) longest_row = (res_ptr.narrow(0, 1, rows) - res_ptr.narrow(0, 0, rows)).max().item<int64_t>();
-  if (res_val.defined() && res_val.numel() > 0) {
-    if (res_val.min().item<int32_t>() < 0) return false;
-    largest_weight = res_val.max().item<int32_t>();
-  }
-  if (window_ptr.size(0) > 1) {
-    const int64_t windows = window_ptr.size(0) - 1;
-    most_tiles = (window_ptr.narrow(0, 1, windows) - window_ptr.narrow(0, 0, windows)).max().item<int64_t>();
-  }
-  const double bound = (static_cast<double>(longest_row) * static_cast<double>(largest_weight) +
-                        static_cast<double>(most_tiles) * kTileCols * static_cast<double>((1 << a_bits) - 1)) *
-                       static_cast<double>((1 << x_bits) - 1);
-  return bound < 2147483648.0;
-}
+// Columns one pass of a row sums: 16 int32 vectors, all held in registers while the row's entries are added.
+constexpr int64_t kColBlock = 256;
 
 // The least and the largest entry of an int32 tensor (n > 0) in one pass over its memory: a loop, not two ATen
 // reductions and their dispatch, for the bounds checks below.
@@ -66,61 +45,212 @@ std::pair<int32_t, int32_t> int32_extrema(const at::Tensor& t) {
   return {*lo, *hi};
 }
 
-#if defined(PYG_QUANT_X86_DISPATCH)
-// acc_row[d] += Σ_e weight_e · src_e[d] over residual entries [e0, e1) (weight 1 without rval), in uint32 lanes
-// that wrap as the scalar loop's uint32 sums do, 16 columns a vector held in a register across the entries.
-PYG_QUANT_TARGET_AVX512 void residual_row_avx512(uint32_t* acc_row, const uint8_t* code, int64_t cols,
-                                                 const int32_t* rcol, const int32_t* rval, int64_t e0, int64_t e1) {
-  for (int64_t d0 = 0; d0 < cols; d0 += 16) {
-    const int64_t live = std::min<int64_t>(16, cols - d0);
-    const __mmask16 m = static_cast<__mmask16>(live == 16 ? 0xffffu : (1u << live) - 1u);
-    __m512i acc = _mm512_maskz_loadu_epi32(m, acc_row + d0);
-    if (rval == nullptr) {
-      for (int64_t e = e0; e < e1; ++e) {
-        const uint8_t* src = code + static_cast<int64_t>(rcol[e]) * cols + d0;
-        acc = _mm512_add_epi32(acc, _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, src)));
+// One output row's operands: the row's tile bits in the sparse tiles of its window, its residual entries, and the
+// popcounted sums of its window's dense tiles (null when it has none).
+struct RowSource {
+  const uint8_t* code;        // unpacked x codes [nodes_pad, cols]
+  int64_t cols;
+  const uint64_t* tiles;      // tile_bits as 64-bit words
+  int64_t tile_plane;         // words of one adjacency bit plane
+  int a_bits;
+  const int32_t* tcol;
+  const int64_t* sparse;      // the window's walked tiles
+  int64_t num_sparse;
+  int64_t r;                  // the row within its window
+  const int32_t* rcol;
+  const int32_t* rval;        // null: every residual weight is 1
+  int64_t e0, e1;             // the row's residual entries
+  const int64_t* dense_row;   // [cols] or null
+};
+
+// The row's sums in uint32 lanes (wrapping: the exact sums' low 32 bits), columns [d0, d0 + live), to dst[0..live).
+void row_sums_generic(const RowSource& s, int64_t d0, int64_t live, uint32_t* dst) {
+  for (int64_t d = 0; d < live; ++d) dst[d] = s.dense_row ? static_cast<uint32_t>(s.dense_row[d0 + d]) : 0u;
+  for (int64_t i = 0; i < s.num_sparse; ++i) {
+    const int64_t t = s.sparse[i];
+    const uint64_t* trow = s.tiles + t * kTileRows * kTileWords64 + s.r * kTileWords64;
+    const uint8_t* base = s.code + static_cast<int64_t>(s.tcol[t]) * kTileCols * s.cols + d0;
+    for (int a = 0; a < s.a_bits; ++a) {
+      for (int64_t w = 0; w < kTileWords64; ++w) {
+        for (uint64_t v = trow[a * s.tile_plane + w]; v; v &= v - 1) {
+          const uint8_t* src = base + (w * 64 + __builtin_ctzll(v)) * s.cols;
+          for (int64_t d = 0; d < live; ++d) dst[d] += static_cast<uint32_t>(src[d]) << a;
+        }
       }
+    }
+  }
+  for (int64_t e = s.e0; e < s.e1; ++e) {
+    const uint8_t* src = s.code + static_cast<int64_t>(s.rcol[e]) * s.cols + d0;
+    const uint32_t weight = s.rval ? static_cast<uint32_t>(s.rval[e]) : 1u;
+    for (int64_t d = 0; d < live; ++d) dst[d] += weight * static_cast<uint32_t>(src[d]);
+  }
+}
+
+// The row's exact sums in int64, all columns, for rows whose sums may pass 2^31.
+void row_sums_int64(const RowSource& s, int64_t* dst) {
+  for (int64_t d = 0; d < s.cols; ++d) dst[d] = s.dense_row ? s.dense_row[d] : 0;
+  for (int64_t i = 0; i < s.num_sparse; ++i) {
+    const int64_t t = s.sparse[i];
+    const uint64_t* trow = s.tiles + t * kTileRows * kTileWords64 + s.r * kTileWords64;
+    const uint8_t* base = s.code + static_cast<int64_t>(s.tcol[t]) * kTileCols * s.cols;
+    for (int a = 0; a < s.a_bits; ++a) {
+      for (int64_t w = 0; w < kTileWords64; ++w) {
+        for (uint64_t v = trow[a * s.tile_plane + w]; v; v &= v - 1) {
+          const uint8_t* src = base + (w * 64 + __builtin_ctzll(v)) * s.cols;
+          for (int64_t d = 0; d < s.cols; ++d) dst[d] += static_cast<int64_t>(src[d]) << a;
+        }
+      }
+    }
+  }
+  for (int64_t e = s.e0; e < s.e1; ++e) {
+    const uint8_t* src = s.code + static_cast<int64_t>(s.rcol[e]) * s.cols;
+    const int64_t weight = s.rval ? static_cast<int64_t>(s.rval[e]) : 1;
+    for (int64_t d = 0; d < s.cols; ++d) dst[d] += weight * static_cast<int64_t>(src[d]);
+  }
+}
+
+#if defined(PYG_QUANT_X86_DISPATCH)
+// row_sums_generic's integers with NC int32 vectors of 16 columns kept in registers, entries in the outer loop so
+// that each entry's index and code row are read once; the last vector is masked to `live`.
+template <int NC>
+PYG_QUANT_TARGET_AVX512 void row_sums_avx512(const RowSource& s, int64_t d0, int64_t live, uint32_t* dst) {
+  const __mmask16 last = static_cast<__mmask16>(live - 16 * (NC - 1) >= 16 ? 0xffffu
+                                                                           : (1u << (live - 16 * (NC - 1))) - 1u);
+#define codes16(src, k)                                                                      \
+  _mm512_cvtepu8_epi32((k) == NC - 1 ? _mm_maskz_loadu_epi8(last, (src) + 16 * (k)) \
+                                     : _mm_loadu_si128(reinterpret_cast<const __m128i*>((src) + 16 * (k))))
+  __m512i acc[NC];
+#pragma GCC unroll 16
+  for (int k = 0; k < NC; ++k) {
+    if (s.dense_row != nullptr) {
+      // The int64 dense sums' low 32 bits, as the uint32 sums keep them.
+      const __mmask16 m = k == NC - 1 ? last : static_cast<__mmask16>(0xffffu);
+      const __m256i lo = _mm512_cvtepi64_epi32(_mm512_maskz_loadu_epi64(static_cast<__mmask8>(m),
+                                                                         s.dense_row + d0 + 16 * k));
+      const __m256i hi = _mm512_cvtepi64_epi32(_mm512_maskz_loadu_epi64(static_cast<__mmask8>(m >> 8),
+                                                                         s.dense_row + d0 + 16 * k + 8));
+      acc[k] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
     } else {
-      for (int64_t e = e0; e < e1; ++e) {
-        const uint8_t* src = code + static_cast<int64_t>(rcol[e]) * cols + d0;
-        acc = _mm512_add_epi32(acc, _mm512_mullo_epi32(_mm512_set1_epi32(rval[e]),
-                                                       _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, src))));
+      acc[k] = _mm512_setzero_si512();
+    }
+  }
+  for (int64_t i = 0; i < s.num_sparse; ++i) {
+    const int64_t t = s.sparse[i];
+    const uint64_t* trow = s.tiles + t * kTileRows * kTileWords64 + s.r * kTileWords64;
+    const uint8_t* base = s.code + static_cast<int64_t>(s.tcol[t]) * kTileCols * s.cols + d0;
+    for (int a = 0; a < s.a_bits; ++a) {
+      for (int64_t w = 0; w < kTileWords64; ++w) {
+        for (uint64_t v = trow[a * s.tile_plane + w]; v; v &= v - 1) {
+          const uint8_t* src = base + (w * 64 + __builtin_ctzll(v)) * s.cols;
+          if (a == 0) {
+#pragma GCC unroll 16
+            for (int k = 0; k < NC; ++k) acc[k] = _mm512_add_epi32(acc[k], codes16(src, k));
+          } else {
+#pragma GCC unroll 16
+            for (int k = 0; k < NC; ++k) acc[k] = _mm512_add_epi32(acc[k], _mm512_slli_epi32(codes16(src, k), a));
+          }
+        }
       }
     }
-    _mm512_mask_storeu_epi32(acc_row + d0, m, acc);
   }
-}
-#endif
-
-// Whether a row's residual entries were added by the vector kernel: uint32 sums on a CPU that has it.
-template <typename Acc>
-bool residual_row_vectorized(bool vector_residual, Acc* acc_row, const uint8_t* code, int64_t cols,
-                             const int32_t* rcol, const int32_t* rval, int64_t e0, int64_t e1) {
-#if defined(PYG_QUANT_X86_DISPATCH)
-  if constexpr (std::is_same_v<Acc, uint32_t>) {
-    if (vector_residual) {
-      residual_row_avx512(acc_row, code, cols, rcol, rval, e0, e1);
-      return true;
+  if (s.rval == nullptr) {
+    for (int64_t e = s.e0; e < s.e1; ++e) {
+      const uint8_t* src = s.code + static_cast<int64_t>(s.rcol[e]) * s.cols + d0;
+#pragma GCC unroll 16
+      for (int k = 0; k < NC; ++k) acc[k] = _mm512_add_epi32(acc[k], codes16(src, k));
+    }
+  } else {
+    for (int64_t e = s.e0; e < s.e1; ++e) {
+      const uint8_t* src = s.code + static_cast<int64_t>(s.rcol[e]) * s.cols + d0;
+      const __m512i weight = _mm512_set1_epi32(s.rval[e]);
+#pragma GCC unroll 16
+      for (int k = 0; k < NC; ++k) acc[k] = _mm512_add_epi32(acc[k], _mm512_mullo_epi32(weight, codes16(src, k)));
     }
   }
-#endif
-  return false;
+#undef codes16
+#pragma GCC unroll 16
+  for (int k = 0; k < NC; ++k) {
+    _mm512_mask_storeu_epi32(dst + 16 * k, k == NC - 1 ? last : static_cast<__mmask16>(0xffffu), acc[k]);
+  }
 }
 
-// bit_spmm_int; `unpacked` (if given) receives x's unpacked codes [nodes_pad, cols] when the product needed them
-// (undefined otherwise), so that the affine epilogue's self term does not unpack them again.
-at::Tensor bit_spmm_int_impl(const at::Tensor& window_ptr_in, const at::Tensor& tile_col_in,
-                             const at::Tensor& tile_bits_in, const at::Tensor& res_ptr_in, const at::Tensor& res_col_in,
-                             const std::optional<at::Tensor>& res_val_in, const at::Tensor& x_in, int64_t rows,
-                             int64_t cols, bool wide, const std::optional<at::Tensor>& x_codes, at::Tensor* unpacked) {
-  // x_codes is checked for the schema's sake: the CPU walks its own unpacked codes.
-  check_spmm_operands(window_ptr_in, tile_col_in, tile_bits_in, res_ptr_in, res_col_in, res_val_in, x_in, rows, cols,
-                      x_codes);
+using RowSumsFn = void (*)(const RowSource&, int64_t, int64_t, uint32_t*);
+
+template <int... NC>
+constexpr std::array<RowSumsFn, sizeof...(NC) + 1> row_sums_table(std::integer_sequence<int, NC...>) {
+  return {nullptr, &row_sums_avx512<NC + 1>...};
+}
+constexpr auto kRowSumsAvx512 = row_sums_table(std::make_integer_sequence<int, kColBlock / 16>{});
+
+// affine_epilogue on a row, 16 columns at a time: the same float64 and float32 operations in the same order (vector
+// IEEE operations round as scalar ones do, nothing is contracted), so the floats are bit-identical.  lo_d, scale_d
+// and bias_d are lo, scale and bias widened to float64 once per call; a missing row scale skips `v * 1.0`, which is
+// v itself.
+PYG_QUANT_TARGET_AVX512 void affine_row_avx512(const int32_t* sums, const float* lo, const float* scale,
+                                               const double* lo_d, const double* scale_d, const double* bias_d,
+                                               double row_sum, double self_w, const uint8_t* self_codes,
+                                               const float* row_scale, int64_t row, bool relu, int64_t cols,
+                                               float* o) {
+  const __m512d row_sum_v = _mm512_set1_pd(row_sum), self_w_v = _mm512_set1_pd(self_w);
+  const __m512d row_s_v = _mm512_set1_pd(row_scale != nullptr ? static_cast<double>(row_scale[row]) : 1.0);
+  for (int64_t d = 0; d < cols; d += 16) {
+    const __mmask16 m = static_cast<__mmask16>(cols - d >= 16 ? 0xffffu : (1u << (cols - d)) - 1u);
+    const __m512i product = _mm512_maskz_loadu_epi32(m, sums + d);
+    __m512 self_value;
+    if (self_codes != nullptr) {
+      const __m512 code = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, self_codes + d)));
+      self_value = _mm512_add_ps(_mm512_maskz_loadu_ps(m, lo + d),
+                                 _mm512_mul_ps(_mm512_maskz_loadu_ps(m, scale + d), code));
+    } else {
+      self_value = _mm512_add_ps(_mm512_maskz_loadu_ps(m, lo + d),
+                                 _mm512_mul_ps(_mm512_maskz_loadu_ps(m, scale + d), _mm512_setzero_ps()));
+    }
+    __m256 half[2];
+    for (int h = 0; h < 2; ++h) {
+      const __mmask8 mh = static_cast<__mmask8>(m >> (8 * h));
+      const __m512d p = _mm512_cvtepi32_pd(h == 0 ? _mm512_castsi512_si256(product)
+                                                  : _mm512_extracti64x4_epi64(product, 1));
+      const __m512d sv = _mm512_cvtps_pd(h == 0 ? _mm512_castps512_ps256(self_value)
+                                                : _mm256_castpd_ps(_mm512_extractf64x4_pd(
+                                                      _mm512_castps_pd(self_value), 1)));
+      __m512d v = _mm512_add_pd(_mm512_mul_pd(_mm512_maskz_loadu_pd(mh, lo_d + d + 8 * h), row_sum_v),
+                                _mm512_mul_pd(_mm512_maskz_loadu_pd(mh, scale_d + d + 8 * h), p));
+      v = _mm512_add_pd(v, _mm512_mul_pd(self_w_v, sv));
+      if (row_scale != nullptr) v = _mm512_mul_pd(v, row_s_v);
+      v = _mm512_add_pd(v, _mm512_maskz_loadu_pd(mh, bias_d + d + 8 * h));
+      half[h] = _mm512_cvtpd_ps(v);
+    }
+    __m512 f = _mm512_castpd_ps(
+        _mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(half[0])), _mm256_castps_pd(half[1]), 1));
+    if (relu) f = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(f, _mm512_setzero_ps(), _CMP_NLE_UQ), f);  // NaN kept
+    _mm512_mask_storeu_ps(o + d, m, f);
+  }
+}
+#endif
+
+// Where a row's sums go: the int32 or int64 product, or affine_epilogue's floats.
+struct RowSink {
+  int32_t* out32 = nullptr;
+  int64_t* out64 = nullptr;
+  float* out_f = nullptr;
+  const float *lo = nullptr, *scale = nullptr, *self_w = nullptr, *row_scale = nullptr, *bias = nullptr;
+  const int64_t* row_sums = nullptr;
+  const uint8_t* self_codes = nullptr;  // x's codes [nodes_pad, cols] for the self term, or null
+  int64_t self_len = 0;
+  bool relu = false;
+};
+
+// The integer product of bit_spmm_int (wide: exact int64, else the int32 low bits) or, with an affine sink, the
+// epilogue applied to each row right after its exact sums.  Rows sum in 32-bit lanes unless a bound on the row
+// (Σ|weights| · (2^x_bits - 1)) reaches 2^31 for an exact result, when they sum in int64.
+void bit_spmm_rows(const at::Tensor& window_ptr_in, const at::Tensor& tile_col_in, const at::Tensor& tile_bits_in,
+                   const at::Tensor& res_ptr_in, const at::Tensor& res_col_in,
+                   const std::optional<at::Tensor>& res_val_in, const at::Tensor& x, int64_t rows, int64_t cols,
+                   bool exact, const at::Tensor& codes, RowSink sink) {
   const int64_t num_windows = window_ptr_in.size(0) - 1;
   const auto window_ptr = window_ptr_in.contiguous();
   const auto tile_col = tile_col_in.contiguous();
   const auto tile_bits = tile_bits_in.contiguous();
-  const auto x = x_in.contiguous();
   const int a_bits = tile_bits.size(0), x_bits = x.size(0);
   const int64_t num_tiles = tile_bits.size(1);
   const int64_t x_words64 = x.size(2) / 2, x_outer = x.size(1);
@@ -130,63 +260,48 @@ at::Tensor bit_spmm_int_impl(const at::Tensor& window_ptr_in, const at::Tensor& 
   const uint64_t* xp = as_u64(x.data_ptr<int32_t>());
   const int64_t tile_plane = num_tiles * kTileRows * kTileWords64;
   const int64_t x_plane = x_outer * x_words64;
-  if (num_tiles > 0) {
-    const auto [min_col, max_col] = int32_extrema(tile_col);
-    TORCH_CHECK_VALUE(min_col >= 0 && (max_col + 1) * kTileWords64 <= x_words64,
-                      "tile_col points past x_planes' node words");
-  }
-
   const auto res_ptr = res_ptr_in.contiguous();
   const auto res_col = res_col_in.contiguous();
   const auto res_val = res_val_in.has_value() ? res_val_in->contiguous() : at::Tensor();
   const int64_t* rptr = res_ptr.data_ptr<int64_t>();
   const int32_t* rcol = res_col.data_ptr<int32_t>();
   const int32_t* rval = res_val.defined() ? res_val.data_ptr<int32_t>() : nullptr;
-  at::Tensor codes;  // [nodes_pad, cols] uint8
-  if (res_col.numel() > 0) {
-    const auto [min_col, max_col] = int32_extrema(res_col);
-    TORCH_CHECK_VALUE(min_col >= 0 && max_col < x_words64 * 64, "res_col points past x_planes' nodes");
-  }
-  if (res_col.numel() > 0 || num_tiles > 0) codes = unpack_codes_cpu(x, x_words64 * 64, cols, /*col_layout=*/true);
   const uint8_t* code = codes.defined() ? codes.data_ptr<uint8_t>() : nullptr;
+  const int64_t x_max = (int64_t{1} << x_bits) - 1;
+  const bool avx512 = cpu_has_avx512_vnni();
+  // The epilogue's per-column operands in float64 (exact widenings), for the vector epilogue.
+  std::vector<double> lo_d, scale_d, bias_d;
+  if (sink.out_f != nullptr) {
+    lo_d.resize(cols);
+    scale_d.resize(cols);
+    bias_d.assign(cols, 0.0);
+    for (int64_t d = 0; d < cols; ++d) {
+      lo_d[d] = sink.lo[d];
+      scale_d[d] = sink.scale[d];
+      if (sink.bias != nullptr) bias_d[d] = sink.bias[d];
+    }
+  }
 
-  // Every row is written below (each lies in a window), so the output needs no zero fill.
-  auto out = at::empty({rows, cols}, x.options().dtype(wide ? at::kLong : at::kInt));
-  int64_t* out64 = wide ? out.data_ptr<int64_t>() : nullptr;
-  int32_t* out32 = wide ? nullptr : out.data_ptr<int32_t>();
-
-  // The window loop, summing in Acc: uint32_t for int32 results (wrapping sums give the int64 sums' low 32 bits,
-  // which is what the int32 result keeps) or when no sum can reach 2^31 (sums_fit_31_bits), else int64_t.  A vector
-  // add of the residual's code rows then takes twice the lanes, each code widened to 32 bits instead of 64.
-  const bool vector_residual = cpu_has_avx512_vnni();
-  const auto run = [&](auto acc_tag) {
-    using Acc = decltype(acc_tag);
-    at::parallel_for(0, num_windows, 1, [&](int64_t begin, int64_t end) {
-      std::vector<Acc> acc(kTileRows * cols);
-      for (int64_t win = begin; win < end; ++win) {
-        std::fill(acc.begin(), acc.end(), Acc(0));
-        const int64_t live_rows = std::min<int64_t>(kTileRows, rows - win * kTileRows);
-        if (live_rows <= 0) continue;
-        for (int64_t t = wptr[win]; t < wptr[win + 1]; ++t) {
+  at::parallel_for(0, num_windows, 1, [&](int64_t begin, int64_t end) {
+    std::vector<int64_t> dense(kTileRows * cols), wide_row(cols), sparse, dense_tiles;
+    std::vector<uint32_t> sums(cols);
+    for (int64_t win = begin; win < end; ++win) {
+      const int64_t live_rows = std::min<int64_t>(kTileRows, rows - win * kTileRows);
+      if (live_rows <= 0) continue;
+      sparse.clear();
+      dense_tiles.clear();
+      for (int64_t t = wptr[win]; t < wptr[win + 1]; ++t) {
+        const uint64_t* tile = tiles + t * kTileRows * kTileWords64;
+        int64_t set_bits = 0;
+        for (int a = 0; a < a_bits; ++a)
+          for (int64_t w = 0; w < kTileRows * kTileWords64; ++w) set_bits += popcount64(tile[a * tile_plane + w]);
+        (set_bits < kSparseTileBitsPerPlanePair * a_bits * x_bits ? sparse : dense_tiles).push_back(t);
+      }
+      if (!dense_tiles.empty()) {
+        // Dense tiles: popcounts of tile rows against x's plane words, exact in int64.
+        std::fill(dense.begin(), dense.end(), int64_t{0});
+        for (const int64_t t : dense_tiles) {
           const uint64_t* tile = tiles + t * kTileRows * kTileWords64;
-          int64_t set_bits = 0;
-          for (int a = 0; a < a_bits; ++a)
-            for (int64_t w = 0; w < kTileRows * kTileWords64; ++w) set_bits += popcount64(tile[a * tile_plane + w]);
-          if (set_bits < kSparseTileBitsPerPlanePair * a_bits * x_bits) {
-            const int64_t first_node = static_cast<int64_t>(tcol[t]) * kTileWords64 * 64;
-            for (int a = 0; a < a_bits; ++a) {
-              for (int64_t r = 0; r < live_rows; ++r) {
-                Acc* acc_row = acc.data() + r * cols;
-                for (int64_t w = 0; w < kTileWords64; ++w) {
-                  for (uint64_t v = tile[a * tile_plane + r * kTileWords64 + w]; v; v &= v - 1) {
-                    const uint8_t* src = code + (first_node + w * 64 + __builtin_ctzll(v)) * cols;
-                    for (int64_t d = 0; d < cols; ++d) acc_row[d] += static_cast<Acc>(src[d]) << a;
-                  }
-                }
-              }
-            }
-            continue;
-          }
           const uint64_t* xcol = xp + static_cast<int64_t>(tcol[t]) * kTileWords64;
           for (int64_t d = 0; d < cols; ++d) {
             for (int q = 0; q < x_bits; ++q) {
@@ -194,109 +309,167 @@ at::Tensor bit_spmm_int_impl(const at::Tensor& window_ptr_in, const at::Tensor& 
               const uint64_t x0 = xv[0], x1 = xv[1], x2 = xv[2], x3 = xv[3];
               if ((x0 | x1 | x2 | x3) == 0) continue;
               for (int64_t r = 0; r < live_rows; ++r) {
-                Acc sum = 0;
+                int64_t sum = 0;
                 for (int a = 0; a < a_bits; ++a) {
                   const uint64_t* av = tile + a * tile_plane + r * kTileWords64;
-                  const Acc count = static_cast<Acc>(popcount64(av[0] & x0) + popcount64(av[1] & x1) +
-                                                     popcount64(av[2] & x2) + popcount64(av[3] & x3));
+                  const int64_t count = popcount64(av[0] & x0) + popcount64(av[1] & x1) + popcount64(av[2] & x2) +
+                                        popcount64(av[3] & x3);
                   sum += count << a;
                 }
-                acc[r * cols + d] += sum << q;
+                dense[r * cols + d] += sum << q;
               }
             }
           }
         }
-        for (int64_t r = 0; r < live_rows; ++r) {
-          const int64_t row = win * kTileRows + r;
-          Acc* __restrict__ acc_row = acc.data() + r * cols;
-          if (residual_row_vectorized(vector_residual, acc_row, code, cols, rcol, rval, rptr[row], rptr[row + 1])) {
-            // added by the vector kernel
-          } else if (rval == nullptr) {
-            for (int64_t e = rptr[row]; e < rptr[row + 1]; ++e) {
-              const uint8_t* __restrict__ src = code + static_cast<int64_t>(rcol[e]) * cols;
-              for (int64_t d = 0; d < cols; ++d) acc_row[d] += static_cast<Acc>(src[d]);
-            }
+      }
+      for (int64_t r = 0; r < live_rows; ++r) {
+        const int64_t row = win * kTileRows + r;
+        const RowSource src{code,  cols, tiles, tile_plane, a_bits, tcol,          sparse.data(),
+                            static_cast<int64_t>(sparse.size()),       r,    rcol, rval,
+                            rptr[row], rptr[row + 1], dense_tiles.empty() ? nullptr : dense.data() + r * cols};
+        // Whether 32-bit sums are exact: Σ over the row's entries of |weight| · (2^x_bits - 1) stays below 2^31
+        // (the loop stops once it cannot).
+        bool fits = true;
+        if (exact) {
+          constexpr int64_t kLimit = int64_t{1} << 31;
+          int64_t bound = 0;
+          for (int64_t t = wptr[win]; t < wptr[win + 1] && bound < kLimit; ++t) {
+            const uint64_t* trow = tiles + t * kTileRows * kTileWords64 + r * kTileWords64;
+            for (int a = 0; a < a_bits; ++a)
+              for (int64_t w = 0; w < kTileWords64; ++w)
+                bound += static_cast<int64_t>(popcount64(trow[a * tile_plane + w])) * x_max << a;
+          }
+          if (rval == nullptr) {
+            bound += (src.e1 - src.e0) * x_max;
           } else {
-            for (int64_t e = rptr[row]; e < rptr[row + 1]; ++e) {
-              const uint8_t* __restrict__ src = code + static_cast<int64_t>(rcol[e]) * cols;
-              const Acc weight = static_cast<Acc>(rval[e]);
-              for (int64_t d = 0; d < cols; ++d) acc_row[d] += weight * static_cast<Acc>(src[d]);
-            }
+            for (int64_t e = src.e0; e < src.e1 && bound < kLimit; ++e) bound += std::abs(int64_t{rval[e]}) * x_max;
           }
-          for (int64_t d = 0; d < cols; ++d) {
-            if (wide) {
-              out64[row * cols + d] = static_cast<int64_t>(acc_row[d]);
-            } else {
-              out32[row * cols + d] = static_cast<int32_t>(acc_row[d]);
+          fits = bound < kLimit;
+        }
+        int32_t* sums32 = sink.out32 != nullptr ? sink.out32 + row * cols : reinterpret_cast<int32_t*>(sums.data());
+        const int64_t* wide_sums = nullptr;
+        if (fits) {
+          for (int64_t d0 = 0; d0 < cols; d0 += kColBlock) {
+            const int64_t live = std::min<int64_t>(kColBlock, cols - d0);
+            uint32_t* dst = reinterpret_cast<uint32_t*>(sums32) + d0;
+#if defined(PYG_QUANT_X86_DISPATCH)
+            if (avx512) {
+              kRowSumsAvx512[(live + 15) / 16](src, d0, live, dst);
+              continue;
             }
+#endif
+            row_sums_generic(src, d0, live, dst);
           }
+          if (sink.out64 != nullptr) {
+            for (int64_t d = 0; d < cols; ++d) sink.out64[row * cols + d] = sums32[d];
+          }
+        } else {
+          int64_t* dst = sink.out64 != nullptr ? sink.out64 + row * cols : wide_row.data();
+          row_sums_int64(src, dst);
+          wide_sums = dst;
+        }
+        if (sink.out_f == nullptr) continue;
+        const double self_w = sink.self_w ? static_cast<double>(sink.self_w[sink.self_len == 1 ? 0 : row]) : 0.0;
+        const double row_s = sink.row_scale ? static_cast<double>(sink.row_scale[row]) : 1.0;
+        const double row_sum = static_cast<double>(sink.row_sums[row]);
+        const uint8_t* self_codes = sink.self_codes ? sink.self_codes + row * cols : nullptr;
+        float* o = sink.out_f + row * cols;
+#if defined(PYG_QUANT_X86_DISPATCH)
+        if (avx512 && wide_sums == nullptr) {
+          affine_row_avx512(sums32, sink.lo, sink.scale, lo_d.data(), scale_d.data(), bias_d.data(), row_sum, self_w,
+                            self_codes, sink.row_scale, row, sink.relu, cols, o);
+          continue;
+        }
+#endif
+        for (int64_t d = 0; d < cols; ++d) {
+          const double product = wide_sums ? static_cast<double>(wide_sums[d]) : static_cast<double>(sums32[d]);
+          o[d] = affine_epilogue(product, sink.lo[d], sink.scale[d], row_sum, self_w,
+                                 self_codes ? static_cast<float>(self_codes[d]) : 0.0f, row_s,
+                                 sink.bias ? static_cast<double>(sink.bias[d]) : 0.0, sink.relu);
         }
       }
-    });
-  };
-  if (!wide || sums_fit_31_bits(window_ptr, res_ptr, res_val, a_bits, x_bits, rows)) {
-    run(uint32_t{});
-  } else {
-    run(int64_t{});
+    }
+  });
+}
+
+// The checks of both ops, and x's unpacked codes [nodes_pad, cols] when the product (or the self term) reads them.
+at::Tensor check_and_unpack(const at::Tensor& window_ptr, const at::Tensor& tile_col, const at::Tensor& tile_bits,
+                            const at::Tensor& res_ptr, const at::Tensor& res_col,
+                            const std::optional<at::Tensor>& res_val, const at::Tensor& x, int64_t rows, int64_t cols,
+                            const std::optional<at::Tensor>& x_codes, bool self_term) {
+  // x_codes is checked for the schema's sake: the CPU walks its own unpacked codes.
+  check_spmm_operands(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x, rows, cols, x_codes);
+  const int64_t x_words64 = x.size(2) / 2;
+  if (tile_col.numel() > 0) {
+    const auto [min_col, max_col] = int32_extrema(tile_col.contiguous());
+    TORCH_CHECK_VALUE(min_col >= 0 && (max_col + 1) * kTileWords64 <= x_words64,
+                      "tile_col points past x_planes' node words");
   }
-  if (unpacked != nullptr) *unpacked = codes;
-  return out;
+  if (res_col.numel() > 0) {
+    const auto [min_col, max_col] = int32_extrema(res_col.contiguous());
+    TORCH_CHECK_VALUE(min_col >= 0 && max_col < x_words64 * 64, "res_col points past x_planes' nodes");
+  }
+  if (res_col.numel() > 0 || tile_col.numel() > 0 || self_term) {
+    return unpack_codes_cpu(x, x_words64 * 64, cols, /*col_layout=*/true);
+  }
+  return at::Tensor();
 }
 
 }  // namespace
 
 at::Tensor bit_spmm_int_cpu(const at::Tensor& window_ptr, const at::Tensor& tile_col, const at::Tensor& tile_bits,
                             const at::Tensor& res_ptr, const at::Tensor& res_col,
-                            const std::optional<at::Tensor>& res_val, const at::Tensor& x, int64_t rows, int64_t cols,
-                            bool wide, const std::optional<at::Tensor>& x_codes) {
-  return bit_spmm_int_impl(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x, rows, cols, wide, x_codes,
-                           nullptr);
+                            const std::optional<at::Tensor>& res_val, const at::Tensor& x_in, int64_t rows,
+                            int64_t cols, bool wide, const std::optional<at::Tensor>& x_codes) {
+  const auto x = x_in.contiguous();
+  const auto codes =
+      check_and_unpack(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x, rows, cols, x_codes, false);
+  // Every row is written (each lies in a window), so the output needs no zero fill.
+  auto out = at::empty({rows, cols}, x.options().dtype(wide ? at::kLong : at::kInt));
+  RowSink sink;
+  if (wide) {
+    sink.out64 = out.data_ptr<int64_t>();
+  } else {
+    sink.out32 = out.data_ptr<int32_t>();
+  }
+  bit_spmm_rows(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x, rows, cols, /*exact=*/wide, codes,
+                sink);
+  return out;
 }
 
-// The integer product, then csrc/epilogue.h row by row (the same arithmetic as the GPU's).
+// Each row's exact product, then csrc/epilogue.h on it while it is in cache (the same arithmetic as the GPU's).
 at::Tensor bit_spmm_affine_cpu(const at::Tensor& window_ptr, const at::Tensor& tile_col, const at::Tensor& tile_bits,
                                const at::Tensor& res_ptr, const at::Tensor& res_col,
-                               const std::optional<at::Tensor>& res_val, const at::Tensor& x, const at::Tensor& lo,
+                               const std::optional<at::Tensor>& res_val, const at::Tensor& x_in, const at::Tensor& lo,
                                const at::Tensor& scale, const at::Tensor& row_sums,
                                const std::optional<at::Tensor>& self_weight, const std::optional<at::Tensor>& row_scale,
                                const std::optional<at::Tensor>& bias, bool relu, int64_t rows, int64_t cols,
                                bool wide, const std::optional<at::Tensor>& x_codes) {
-  const int64_t self_len = check_spmm_affine_vectors(lo, scale, row_sums, self_weight, row_scale, bias, x, rows, cols);
-  at::Tensor codes;  // x's codes, unpacked once for the product and the self term
-  const auto product = bit_spmm_int_impl(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x, rows, cols,
-                                         /*wide=*/true, x_codes, &codes);
-  if (self_weight.has_value()) {
-    if (!codes.defined()) codes = unpack_codes_cpu(x.contiguous(), x.size(2) * 32, cols, /*col_layout=*/true);
-  } else {
-    codes = at::Tensor();
-  }
+  const int64_t self_len = check_spmm_affine_vectors(lo, scale, row_sums, self_weight, row_scale, bias, x_in, rows,
+                                                     cols);
+  const auto x = x_in.contiguous();
+  const auto codes = check_and_unpack(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x, rows, cols,
+                                      x_codes, self_weight.has_value());
   const auto lo_c = lo.contiguous(), scale_c = scale.contiguous(), row_sums_c = row_sums.contiguous();
   const auto self_c = self_weight.has_value() ? self_weight->contiguous() : at::Tensor();
   const auto row_scale_c = row_scale.has_value() ? row_scale->contiguous() : at::Tensor();
   const auto bias_c = bias.has_value() ? bias->contiguous() : at::Tensor();
-  const float* lo_p = lo_c.data_ptr<float>();
-  const float* scale_p = scale_c.data_ptr<float>();
-  const int64_t* row_sum_p = row_sums_c.data_ptr<int64_t>();
-  const float* self_p = self_c.defined() ? self_c.data_ptr<float>() : nullptr;
-  const float* row_scale_p = row_scale_c.defined() ? row_scale_c.data_ptr<float>() : nullptr;
-  const float* bias_p = bias_c.defined() ? bias_c.data_ptr<float>() : nullptr;
-  const uint8_t* code_p = codes.defined() ? codes.data_ptr<uint8_t>() : nullptr;
-  const int64_t* prod_p = product.data_ptr<int64_t>();
   auto out = at::empty({rows, cols}, x.options().dtype(at::kFloat));
-  float* out_p = out.data_ptr<float>();
-  at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
-    for (int64_t row = begin; row < end; ++row) {
-      const double self_w = self_p ? static_cast<double>(self_p[self_len == 1 ? 0 : row]) : 0.0;
-      const double row_s = row_scale_p ? static_cast<double>(row_scale_p[row]) : 1.0;
-      for (int64_t d = 0; d < cols; ++d) {
-        const float self_code = code_p ? static_cast<float>(code_p[row * cols + d]) : 0.0f;
-        out_p[row * cols + d] = affine_epilogue(static_cast<double>(prod_p[row * cols + d]), lo_p[d], scale_p[d],
-                                                static_cast<double>(row_sum_p[row]), self_w, self_code, row_s,
-                                                bias_p ? static_cast<double>(bias_p[d]) : 0.0, relu);
-      }
-    }
-  });
-  (void)wide;  // the product is exact whatever the caller's bound says: int64, from 32-bit sums only where they fit
+  RowSink sink;
+  sink.out_f = out.data_ptr<float>();
+  sink.lo = lo_c.data_ptr<float>();
+  sink.scale = scale_c.data_ptr<float>();
+  sink.row_sums = row_sums_c.data_ptr<int64_t>();
+  sink.self_w = self_c.defined() ? self_c.data_ptr<float>() : nullptr;
+  sink.row_scale = row_scale_c.defined() ? row_scale_c.data_ptr<float>() : nullptr;
+  sink.bias = bias_c.defined() ? bias_c.data_ptr<float>() : nullptr;
+  sink.self_codes = self_weight.has_value() ? codes.data_ptr<uint8_t>() : nullptr;
+  sink.self_len = self_len;
+  sink.relu = relu;
+  // The product is exact whatever the caller's bound says: 32-bit sums only for rows where they are.
+  (void)wide;
+  bit_spmm_rows(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x, rows, cols, /*exact=*/true, codes,
+                sink);
   return out;
 }
 
