@@ -14,9 +14,6 @@
 #include <ATen/core/List.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/addcmul.h>
-#include <ATen/ops/aminmax.h>
-#include <ATen/ops/isfinite.h>
-#include <ATen/ops/where.h>
 
 #include <optional>
 #include <tuple>
@@ -35,6 +32,10 @@ using SpmmAffineKernel = at::Tensor (*)(const at::Tensor&, const at::Tensor&, co
 using RangesKernel = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> (*)(
     const at::Tensor&, int64_t, int64_t, bool, const std::optional<at::Tensor>&, bool,
     const std::optional<at::Tensor>&, bool);
+// quantize_pack_ranges per column over stored column keys, a column holding NaN/inf over a NaN range
+// (quantize_pack_stored_ranges_cpu / _cuda).
+using StoredRangesKernel = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> (*)(
+    const at::Tensor&, int64_t, const std::optional<at::Tensor>&, const at::Tensor&, bool, bool);
 using DequantizeKernel = at::Tensor (*)(const at::Tensor&, int64_t, int64_t, bool, const at::Tensor&,
                                         const at::Tensor&, int64_t);
 using ConvEvalResult = std::vector<at::Tensor>;
@@ -124,18 +125,8 @@ ConvEvalResult gcn_conv_eval(const at::Tensor& window_ptr, const at::Tensor& til
 // own range; a channel whose values hold a NaN or inf takes a NaN range instead of the stored one, so that the NaN
 // reaches the output with no host synchronization (the callers raise on the CPU).
 
-// A column key pair that reads as a NaN range (a positive NaN in both slots: see ordered_key.h), and the least key
-// of a non-finite value in either slot.
-constexpr int64_t kNanColumnKey = 0xFFC00000LL;
-constexpr int64_t kNonFiniteKey = 0xFF800000LL;
-
-// `stored` (int64 [2·cols]) with a NaN range for every column where `finite` ([cols] bool) is false.
-inline at::Tensor keys_with_nan_ranges(const at::Tensor& stored, const at::Tensor& finite) {
-  const int64_t cols = stored.numel() / 2;
-  return at::where(finite, stored.view({2, cols}), kNanColumnKey).view({-1});
-}
-
-template <SpmmAffineKernel Spmm, MlpKernel Mlp, MlpPlanesKernel MlpPlanes, RangesKernel Ranges>
+template <SpmmAffineKernel Spmm, MlpKernel Mlp, MlpPlanesKernel MlpPlanes, RangesKernel Ranges,
+          StoredRangesKernel StoredRanges>
 at::Tensor qat_gcn_conv_eval(const at::Tensor& window_ptr, const at::Tensor& tile_col, const at::Tensor& tile_bits,
                              const at::Tensor& res_ptr, const at::Tensor& res_col,
                              const std::optional<at::Tensor>& res_val, const at::Tensor& row_sums,
@@ -155,18 +146,16 @@ at::Tensor qat_gcn_conv_eval(const at::Tensor& window_ptr, const at::Tensor& til
                     "agg_keys must hold 2 keys a channel (", 2 * channels, "), got ", agg_keys->numel());
   const bool cuda = x.is_cuda();
   // D^-1/2 (X W) and its column keys, from the fused MLP kernel (codes of x are read by the kernel itself)
-  at::Tensor keys = new_col_keys(x, weight_codes);
+  const at::Tensor keys = new_col_keys(x, weight_codes);
   const at::Tensor h =
       x_lo.has_value()
           ? MlpPlanes(x, x_rows, x_cols, x_col_layout, *x_lo, *x_scale, x_dim, weight_codes, weight_lo, weight_scale,
                       weight_sums, weight_bias, act_bits, weight_bits, relu, deg_inv_sqrt, keys)
           : Mlp(x, weight_codes, weight_lo, weight_scale, weight_sums, weight_bias, act_bits, weight_bits, relu,
                 deg_inv_sqrt, keys);
-  if (agg_keys.has_value()) {
-    // a channel is finite when neither of its slots holds a non-finite value's key
-    keys = keys_with_nan_ranges(*agg_keys, keys.view({2, channels}).amax(0).lt(kNonFiniteKey));
-  }
-  auto [planes, lo, scale, sums, codes] = Ranges(h, agg_bits, 0, true, std::nullopt, cuda, keys, !cuda);
+  auto [planes, lo, scale, sums, codes] = agg_keys.has_value()
+                                              ? StoredRanges(h, agg_bits, keys, *agg_keys, cuda, !cuda)
+                                              : Ranges(h, agg_bits, 0, true, std::nullopt, cuda, keys, !cuda);
   at::Tensor out = Spmm(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, planes, lo, scale, row_sums, diag,
                         std::nullopt, std::nullopt, false, rows, channels, wide,
                         cuda ? std::optional<at::Tensor>(codes) : std::nullopt);
@@ -175,7 +164,8 @@ at::Tensor qat_gcn_conv_eval(const at::Tensor& window_ptr, const at::Tensor& til
   return out;
 }
 
-template <SpmmAffineKernel Spmm, MlpKernel Mlp, RangesKernel Ranges, DequantizeKernel Dequantize>
+template <SpmmAffineKernel Spmm, MlpKernel Mlp, RangesKernel Ranges, StoredRangesKernel StoredRanges,
+          DequantizeKernel Dequantize>
 at::Tensor qat_gin_conv_eval(const at::Tensor& window_ptr, const at::Tensor& tile_col, const at::Tensor& tile_bits,
                              const at::Tensor& res_ptr, const at::Tensor& res_col,
                              const std::optional<at::Tensor>& res_val, const at::Tensor& row_sums,
@@ -211,18 +201,9 @@ at::Tensor qat_gin_conv_eval(const at::Tensor& window_ptr, const at::Tensor& til
   } else {
     TORCH_CHECK_VALUE(x.dim() == 2, "x must be float32 [rows, cols] without x_lo");
     cols = x.size(1);
-    std::optional<at::Tensor> keys;
-    if (agg_keys.has_value()) {
-      TORCH_CHECK_VALUE(agg_keys->numel() == 2 * cols, "agg_keys must hold 2 keys a column (", 2 * cols, "), got ",
-                        agg_keys->numel());
-      if (cuda) {  // on the CPU the caller has checked x finite
-        auto [mn, mx] = at::aminmax(x, 0);
-        keys = keys_with_nan_ranges(*agg_keys, at::isfinite(mn).logical_and_(at::isfinite(mx)));
-      } else {
-        keys = *agg_keys;
-      }
-    }
-    auto [p, l, s, sums, codes] = Ranges(x, agg_bits, 0, true, std::nullopt, cuda, keys, !cuda);
+    auto [p, l, s, sums, codes] = agg_keys.has_value()
+                                      ? StoredRanges(x, agg_bits, std::nullopt, *agg_keys, cuda, !cuda)
+                                      : Ranges(x, agg_bits, 0, true, std::nullopt, cuda, std::nullopt, !cuda);
     planes = p, lo = l, scale = s, values = x;
     if (cuda) gathered = codes;
   }

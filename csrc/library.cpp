@@ -145,10 +145,12 @@ TORCH_LIBRARY_IMPL(pyg_quant, CPU, m) {
   // qat_gcn_conv_eval and qat_gin_conv_eval (a converted QAT layer's eval forward on a BitAdjacency in one op)
   m.impl("qat_gcn_conv_eval",
          &pyg_quant::qat_gcn_conv_eval<&pyg_quant::bit_spmm_affine_cpu, &pyg_quant::quant_mlp_cpu,
-                                       &pyg_quant::quant_mlp_planes_cpu, &pyg_quant::quantize_pack_ranges_cpu>);
+                                       &pyg_quant::quant_mlp_planes_cpu, &pyg_quant::quantize_pack_ranges_cpu,
+                                       &pyg_quant::quantize_pack_stored_ranges_cpu>);
   m.impl("qat_gin_conv_eval",
          &pyg_quant::qat_gin_conv_eval<&pyg_quant::bit_spmm_affine_cpu, &pyg_quant::quant_mlp_cpu,
-                                       &pyg_quant::quantize_pack_ranges_cpu, &pyg_quant::dequantize_cpu>);
+                                       &pyg_quant::quantize_pack_ranges_cpu,
+                                       &pyg_quant::quantize_pack_stored_ranges_cpu, &pyg_quant::dequantize_cpu>);
 }
 
 #ifdef WITH_CUDA
@@ -181,10 +183,12 @@ TORCH_LIBRARY_IMPL(pyg_quant, CUDA, m) {
                                    &pyg_quant::quant_mlp_planes_cuda, &pyg_quant::quantize_pack_ranges_cuda>);
   m.impl("qat_gcn_conv_eval",
          &pyg_quant::qat_gcn_conv_eval<&pyg_quant::bit_spmm_affine_cuda, &pyg_quant::quant_mlp_cuda,
-                                       &pyg_quant::quant_mlp_planes_cuda, &pyg_quant::quantize_pack_ranges_cuda>);
+                                       &pyg_quant::quant_mlp_planes_cuda, &pyg_quant::quantize_pack_ranges_cuda,
+                                       &pyg_quant::quantize_pack_stored_ranges_cuda>);
   m.impl("qat_gin_conv_eval",
          &pyg_quant::qat_gin_conv_eval<&pyg_quant::bit_spmm_affine_cuda, &pyg_quant::quant_mlp_cuda,
-                                       &pyg_quant::quantize_pack_ranges_cuda, &pyg_quant::dequantize_cuda>);
+                                       &pyg_quant::quantize_pack_ranges_cuda,
+                                       &pyg_quant::quantize_pack_stored_ranges_cuda, &pyg_quant::dequantize_cuda>);
 }
 #endif
 

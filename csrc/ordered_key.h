@@ -20,6 +20,11 @@
 
 namespace pyg_quant {
 
+// The least key of a non-finite value in either slot of a column's keys (+inf's key in a max slot, -inf's
+// complement in a min slot; NaNs key beyond them), and a key that reads as NaN in either slot.
+constexpr uint32_t kNonFiniteKey = 0xFF800000u;
+constexpr uint32_t kNanKey = 0xFFC00000u;
+
 PYG_QUANT_HOST_DEVICE uint32_t float_bits(float v) {
 #if defined(__CUDA_ARCH__)
   return __float_as_uint(v);

@@ -5,12 +5,14 @@
 #include "quantize_cpu.h"
 
 #include "layout.h"
+#include "ordered_key.h"
 #include "quantize_args.h"
 #include "quantize_ranges.h"
 #include "quantize_steps.h"
 #include "row_codes.h"
 
 #include <ATen/ops/empty.h>
+#include <ATen/ops/where.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/Parallel.h>
 
@@ -460,6 +462,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_
   return with_row_codes(quantize_pack_ranges_composed(x, bits, dim, col_layout, noise, quantize_pack_cpu,
                                                       code_sums_if(code_sums, packed_code_sums_cpu), lo, hi),
                         x.size(1), col_layout, row_codes, pack_row_codes_cpu);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_pack_stored_ranges_cpu(
+    const at::Tensor& x, int64_t bits, const std::optional<at::Tensor>& col_keys, const at::Tensor& stored_keys,
+    bool row_codes, bool code_sums) {
+  check_quantize_ranges_args(x, bits, 0, true, std::nullopt, col_keys);
+  check_quantize_ranges_args(x, bits, 0, true, std::nullopt, stored_keys);
+  at::Tensor keys = stored_keys;
+  if (col_keys.has_value()) {
+    // a column is finite when neither of its slots holds a non-finite value's key
+    const int64_t cols = x.size(1);
+    const auto finite = col_keys->view({2, cols}).amax(0).lt(static_cast<int64_t>(kNonFiniteKey));
+    keys = at::where(finite, stored_keys.view({2, cols}), static_cast<int64_t>(kNanKey)).view({-1});
+  }
+  return quantize_pack_ranges_cpu(x, bits, 0, true, std::nullopt, row_codes, keys, code_sums);
 }
 
 }  // namespace pyg_quant

@@ -18,6 +18,12 @@ at::Tensor pack_row_codes_cpu(const at::Tensor& planes, int64_t cols, bool col_l
 // from its packed row codes (row_codes.h); padding codes are zero.
 at::Tensor planes_from_row_codes_cpu(const at::Tensor& row_codes, int64_t rows, int64_t cols, int64_t bits);
 
+// quantize_pack_ranges per column (column layout) over `stored_keys` (column keys of ranges fixed in advance), a
+// column whose own keys `col_keys` show a NaN or inf over a NaN range.  Without col_keys the stored ranges are used
+// as they are: the CPU callers check their input finite first (and raise), as the layers do.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_pack_stored_ranges_cpu(
+    const at::Tensor& x, int64_t bits, const std::optional<at::Tensor>& col_keys, const at::Tensor& stored_keys,
+    bool row_codes, bool code_sums);
 }  // namespace pyg_quant
 
 #include <tuple>
@@ -29,4 +35,10 @@ namespace pyg_quant {
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_pack_ranges_cpu(
     const at::Tensor& x, int64_t bits, int64_t dim, bool col_layout, const std::optional<at::Tensor>& noise,
     bool row_codes, const std::optional<at::Tensor>& col_keys, bool code_sums);
+// quantize_pack_ranges per column (column layout) over `stored_keys` (column keys of ranges fixed in advance), a
+// column whose own keys `col_keys` show a NaN or inf over a NaN range.  Without col_keys the stored ranges are used
+// as they are: the CPU callers check their input finite first (and raise), as the layers do.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_pack_stored_ranges_cpu(
+    const at::Tensor& x, int64_t bits, const std::optional<at::Tensor>& col_keys, const at::Tensor& stored_keys,
+    bool row_codes, bool code_sums);
 }  // namespace pyg_quant

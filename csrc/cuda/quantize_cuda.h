@@ -31,4 +31,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_
     const at::Tensor& x, int64_t bits, int64_t dim, bool col_layout, const std::optional<at::Tensor>& noise,
     bool row_codes, const std::optional<at::Tensor>& col_keys, bool code_sums);
 
+// quantize_pack_ranges per column (column layout) over `stored_keys` (column keys of ranges fixed in advance), except
+// that a column whose own values hold a NaN or inf takes a NaN range: `col_keys` its columns' keys where the caller
+// has them (quant_mlp's), else reduced here in one pass.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_pack_stored_ranges_cuda(
+    const at::Tensor& x, int64_t bits, const std::optional<at::Tensor>& col_keys, const at::Tensor& stored_keys,
+    bool row_codes, bool code_sums);
+
 }  // namespace pyg_quant

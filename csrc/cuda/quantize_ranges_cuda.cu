@@ -188,6 +188,7 @@ template <int kBits, bool kNoise>
 __global__ void __launch_bounds__(kColWarps * 32) quantize_pack_col_ranges_kernel(
     const float* __restrict__ x, const float* __restrict__ noise, int64_t rows, int64_t cols, int64_t words,
     const unsigned long long* __restrict__ max_bits, const unsigned long long* __restrict__ min_bits,
+    const unsigned long long* __restrict__ stored_max, const unsigned long long* __restrict__ stored_min,
     uint32_t* __restrict__ out, int64_t plane_stride, float* __restrict__ lo_out, float* __restrict__ scale_out,
     unsigned long long* __restrict__ sums, uint8_t* __restrict__ row_codes, int64_t row_bytes, bool vector_loads) {
   constexpr float kMaxCode = static_cast<float>((1 << kBits) - 1);
@@ -237,7 +238,14 @@ __global__ void __launch_bounds__(kColWarps * 32) quantize_pack_col_ranges_kerne
   Range range{0.0f, 0.0f, 0.0f};
   if (work && lane < live_cols) {
     float mn, mx;
-    column_extrema(max_bits[c0 + lane], min_bits[c0 + lane], mn, mx);
+    const unsigned long long seen_max = max_bits[c0 + lane], seen_min = min_bits[c0 + lane];
+    if (stored_max == nullptr) {
+      column_extrema(seen_max, seen_min, mn, mx);
+    } else if (seen_max < kNonFiniteKey && seen_min < kNonFiniteKey) {
+      column_extrema(stored_max[c0 + lane], stored_min[c0 + lane], mn, mx);
+    } else {  // the column holds a NaN or inf: a NaN range, so that it reaches the output
+      mn = mx = NAN;
+    }
     range = range_of(mn, mx, kMaxCode);
     if (blockIdx.x == 0 && slab == 0) {
       lo_out[c0 + lane] = range.lo;
@@ -326,7 +334,8 @@ namespace {
 // is zeroed: the quantizer is the only launch.
 QuantizedRangesAndRowCodes quantize_pack_col_ranges(const at::Tensor& x_in, int64_t bits,
                                                     const std::optional<at::Tensor>& noise_in, bool want_row_codes,
-                                                    const std::optional<at::Tensor>& col_keys, bool want_sums) {
+                                                    const std::optional<at::Tensor>& col_keys, bool want_sums,
+                                                    const at::Tensor* stored_keys = nullptr) {
   const c10::cuda::CUDAGuard guard(x_in.device());
   const auto x = x_in.contiguous();
   const auto noise = noise_in ? noise_in->contiguous() : at::Tensor();
@@ -345,6 +354,8 @@ QuantizedRangesAndRowCodes quantize_pack_col_ranges(const at::Tensor& x_in, int6
   const unsigned long long* max_bits =
       col_keys ? reinterpret_cast<const unsigned long long*>(col_keys->data_ptr<int64_t>()) : scratch_words + sums_len;
   const unsigned long long* min_bits = max_bits + cols;
+  const unsigned long long* stored_max =
+      stored_keys ? reinterpret_cast<const unsigned long long*>(stored_keys->data_ptr<int64_t>()) : nullptr;
   const auto stream = c10::cuda::getCurrentCUDAStream();
   const int64_t col_blocks = (cols + kRangeCols - 1) / kRangeCols;
   TORCH_CHECK_VALUE(col_blocks <= 65535 && outer_pad / 32 <= 65535, "too many columns for one launch");
@@ -367,7 +378,8 @@ QuantizedRangesAndRowCodes quantize_pack_col_ranges(const at::Tensor& x_in, int6
     const auto launch = [&](auto kernel) {
       kernel<<<grid, kColWarps * 32, 0, stream>>>(
           x.data_ptr<float>(), noise.defined() ? noise.data_ptr<float>() : nullptr, rows, cols, words, max_bits,
-          min_bits, reinterpret_cast<uint32_t*>(planes.data_ptr<int32_t>()), outer_pad * words,
+          min_bits, stored_max, stored_max ? stored_max + cols : nullptr,
+          reinterpret_cast<uint32_t*>(planes.data_ptr<int32_t>()), outer_pad * words,
           lo.data_ptr<float>(), scale.data_ptr<float>(), sums, want_row_codes ? codes.data_ptr<uint8_t>() : nullptr,
           row_bytes, vector_loads);
     };
@@ -426,6 +438,15 @@ QuantizedRangesAndRowCodes quantize_pack_ranges_cuda(
   // The row kernel forms the code sums in its pass anyway (one store a row): they are dropped when not asked for.
   return with_row_codes({planes, lo, scale, code_sums ? sums : no_code_sums(sums)}, cols, col_layout, row_codes,
                         pack_row_codes_cuda);
+}
+
+QuantizedRangesAndRowCodes quantize_pack_stored_ranges_cuda(const at::Tensor& x, int64_t bits,
+                                                              const std::optional<at::Tensor>& col_keys,
+                                                              const at::Tensor& stored_keys, bool row_codes,
+                                                              bool code_sums) {
+  check_quantize_ranges_args(x, bits, 0, true, std::nullopt, col_keys);
+  check_quantize_ranges_args(x, bits, 0, true, std::nullopt, stored_keys);
+  return quantize_pack_col_ranges(x, bits, std::nullopt, row_codes, col_keys, code_sums, &stored_keys);
 }
 
 }  // namespace pyg_quant
