@@ -304,3 +304,82 @@ def test_conv_eval_ops_equal_their_reference(device):
             assert torch.equal(got[0], want[0]) and all(torch.equal(g, w) for g, w in zip(got[1:], want[1:])), name
             if device == "cpu":
                 torch.library.opcheck(op, args)
+
+
+def _float_bound(adj_abs: torch.Tensor, h_abs: torch.Tensor, terms: int) -> torch.Tensor:
+    """What two float32 evaluations of ``Â·h`` may differ by: each is within ``terms`` float32 rounding steps of the
+    exact sum, each step at most ``eps`` of the sum of the magnitudes it adds (|Â|·|h|)."""
+    return 2 * terms * torch.finfo(torch.float32).eps * (adj_abs @ h_abs)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["gcn", "gin"])
+def test_float_layers_take_the_float_short_path(monkeypatch, device, kind):
+    """A float layer (bits=None) on a BitAdjacency in eval without autograd: one CSR product on the adjacency's
+    float matrix (GCN: D^-1/2 Â D^-1/2 folded into it), within the float32 bound of the general path's, which adds
+    the same terms in another order; the general path wherever the call leaves that case."""
+    torch.manual_seed(0)
+    n = 300
+    edge_index = random_edges(n, n, 3000, 5)
+    adj = pq.BitAdjacency.from_edge_index(edge_index, n, self_loops=1 if kind == "gcn" else 0).to(device)
+    x = torch.randn(n, 24, generator=gen(3)).to(device)
+    conv = (QGCNConv(24, 20, bits=None) if kind == "gcn" else QGINConv(mlp(24, 32, 20), eps=0.3, bits=None))
+    conv = conv.to(device).eval()
+    calls = []
+    real = getattr(_eval_path, f"_{kind}_float")
+    monkeypatch.setattr(_eval_path, f"_{kind}_float", lambda *a: calls.append(real(*a)) or calls[-1])
+    fast, slow = short_and_general(monkeypatch, lambda: conv(x, adj))
+    assert len(calls) == 1 and calls[0] is not None
+    dense = adj.to_dense().double()
+    if kind == "gcn":
+        dinv = qgcn_module.bit_adjacency_deg_inv_sqrt(adj).double()
+        a_abs, h = (dinv.view(-1, 1) * dense * dinv.view(1, -1)).abs(), conv.lin(x).detach().double()
+        fast, slow = fast - conv.bias.detach(), slow - conv.bias.detach()  # compare the aggregations
+    else:
+        a_abs = dense + (1 + conv.eps).double() * torch.eye(n, device=device, dtype=torch.float64)
+        h = x.double()
+        with torch.no_grad():  # the aggregation, before the MLP
+            fast = torch.addcmul(torch.mm(pq.graph.input_formats.bit_adjacency_csr(adj, torch.float32), x),
+                                 conv._one_plus_eps(), x)
+            with monkeypatch.context() as m:
+                inputs = []
+                m.setattr(conv.nn, "forward", lambda t: inputs.append(t) or t)
+                general(m)
+                conv(x, adj)
+            slow = inputs[0]
+    terms = int(dense.sum(1).max().item()) + 2
+    assert ((fast.double() - slow.double()).abs() <= _float_bound(a_abs, h.abs(), terms)).all()
+    # what keeps the general path: autograd, training, a bipartite size (GIN), a cached graph (GCN)
+    calls.clear()
+    conv(x, adj)  # gradients asked for
+    conv.train()
+    with torch.no_grad():
+        conv(x, adj)
+    conv.eval()
+    if kind == "gcn":
+        conv.cached = True
+        with torch.no_grad():
+            conv(x, adj)
+    else:
+        with torch.no_grad():
+            conv(x, adj, size=(n, n))
+    assert all(c is None for c in calls)
+
+
+def test_wide_layers_run_fused_on_the_cpu():
+    """The CPU runs a linear layer wider than the GPU kernel's limit as one fused quant_mlp call (Cora's 1,433 input
+    features), the same bits as the layer-by-layer reference."""
+    from pyg_quant.nn.quant_linear import QUANT_MLP_MAX_WIDTH, runs_fused
+    from pyg_quant.ops import reference
+
+    torch.manual_seed(0)
+    width = QUANT_MLP_MAX_WIDTH + 45
+    lin = QuantLinear(width, 16, bits=4).eval()
+    x = torch.randn(70, width, generator=gen(4))
+    with torch.no_grad():
+        assert runs_fused(lin, None, width)
+        got = lin(x)
+        chain = pq.nn.quant_linear.chain_args((lin,), (False,))
+        assert torch.equal(got, reference.quant_mlp(x, *chain))
+        if torch.cuda.is_available():
+            assert not runs_fused(lin.cuda(), None, width)

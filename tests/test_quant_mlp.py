@@ -247,11 +247,12 @@ def test_quant_linear_fused_equals_unfused(monkeypatch, device, bits):
 @requires_compiled
 def test_quant_linear_not_fused(monkeypatch):
     calls = count_calls(monkeypatch)
-    wide = QuantLinear(300, 8, bits=4).eval()  # wider than the kernel's limit
+    wide = QuantLinear(300, 8, bits=4).eval()  # wider than the GPU kernel's limit: fused on the CPU alone
     x = torch.randn(5, 300)
     with torch.no_grad():
         assert torch.equal(wide(x), wide._bit_linear(quantize(x, 4, 1, "row")))
-        assert calls == []
+        assert calls == [1]
+        calls.clear()
         xb = pq.to_bit(torch.randn(5, 8), 4, dim=1)  # BitTensor inputs keep their path
         lin = QuantLinear(8, 8, bits=4).eval()
         lin(xb)
@@ -334,14 +335,19 @@ def test_qgin_conv_other_mlps_not_fused(monkeypatch):
     x, edge_index = gin_graph()
     for nn in (Sequential(torch.nn.Linear(64, 32), torch.nn.BatchNorm1d(32), ReLU(), torch.nn.Linear(32, 8)),
                Sequential(ReLU(), torch.nn.Linear(64, 8)),
-               Sequential(torch.nn.Linear(64, 300), ReLU(), torch.nn.Linear(300, 8)),
                torch.nn.Linear(64, 8)):
         conv = QGINConv(nn, bits=4).eval()
         with torch.no_grad():
             got = conv(x, edge_index)
             assert torch.equal(got, unfused(monkeypatch, conv, x, edge_index))
-    # a single QuantLinear inside is still fused as a layer (the 300-wide one is not)
+    # a single QuantLinear inside is still fused as a layer
     assert all(n == 1 for n in calls)
+    # past the GPU kernel's width the chain is fused on the CPU alone (tests/test_eval_path.py checks the GPU's rule)
+    conv = QGINConv(Sequential(torch.nn.Linear(64, 300), ReLU(), torch.nn.Linear(300, 8)), bits=4).eval()
+    calls.clear()
+    with torch.no_grad():
+        got = conv(x, edge_index)
+        assert calls == [2] and torch.equal(got, unfused(monkeypatch, conv, x, edge_index))
     # with a hook on a layer, or in training, or with autograd on: today's path
     conv = QGINConv(Sequential(torch.nn.Linear(64, 32), ReLU(), torch.nn.Linear(32, 8)), bits=4).eval()
     calls.clear()

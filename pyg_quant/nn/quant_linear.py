@@ -53,8 +53,8 @@ def bit_kernels_apply(module: torch.nn.Module, *tensors) -> bool:
 # ops.quant_mlp (the fused chain of bit layers) runs layers up to this many channels wide and chains of up to this
 # many layers whose weight codes fit in a block's shared memory: the limits of its CUDA kernel
 # (csrc/cuda/quant_mlp_cuda.h).  Longer chains run as several calls (exactly the same: each call's output is the
-# float32 input the next layer would read).  The same rules hold on every device, so the path taken does not
-# depend on it.
+# float32 input the next layer would read).  The CPU kernel has no width limit: a wider layer (Cora's 1,433 input
+# features) runs fused there, which gives the same bits as the unfused path the GPU takes.
 QUANT_MLP_MAX_WIDTH = 256
 QUANT_MLP_MAX_LAYERS = 8
 # Shared memory the layers of one call may take: below every sm_80+ GPU's per-block limit (99 KB on sm_86/89)
@@ -185,7 +185,8 @@ class QuantLinear(Linear):
         """Whether the bit path of a float input may run as one ``ops.quant_mlp`` layer (same result)."""
         weight, bias = self.weight, self.bias
         return (not isinstance(weight, torch.nn.parameter.UninitializedParameter) and weight.dim() == 2
-                and max(weight.shape) <= QUANT_MLP_MAX_WIDTH and (bias is None or bias.dtype == torch.float32))
+                and (max(weight.shape) <= QUANT_MLP_MAX_WIDTH or weight.device.type == "cpu")
+                and (bias is None or bias.dtype == torch.float32))
 
     def _pack_weight(self, weight: Tensor) -> BitTensor:
         w = quantize(weight, self.weight_bits, 1, "row")
@@ -393,7 +394,7 @@ def run_row_scaled_linear(lin, x, row_scale: Tensor, col_keys: bool = False,
 def run_fused_mlp(module, x, col_keys: bool = False, out_codes: Optional[FixedRanges] = None):
     r"""``module(x)`` as one :func:`pyg_quant.ops.quant_mlp` call when :func:`fused_mlp_plan` matches and every
     layer would run its bit kernels on ``x`` now (``eval()``, no gradient asked for), with float32 weights and
-    biases, widths up to ``QUANT_MLP_MAX_WIDTH`` and no forward hooks; None otherwise (call ``module``).  The
+    biases, widths up to ``QUANT_MLP_MAX_WIDTH`` (any on the CPU) and no forward hooks; None otherwise (call ``module``).  The
     result equals the layer-by-layer one bit for bit (for a float32 ``x``, which each layer reads as it is).  With
     ``col_keys``, ``(out, keys)``: the last call also gives the column keys of ``out`` (of its rows, ``[-1, out]``),
     for ``quantize(out, bits, 0, "col", col_keys=keys)``.  With ``out_codes`` (fixed per-column ranges; a 2-D

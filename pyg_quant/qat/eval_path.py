@@ -43,16 +43,20 @@ from ..ops.reference import ordered_keys
 from .linear import QATLinear
 from .observers import DynamicObserver
 
+# (The checks below read modules, flags and observers from the modules' own dicts: they run at every layer call,
+# and nn.Module's attribute lookup is most of their cost.)
+
 def _own_range(fq, dim) -> bool:
     """Whether ``fq`` quantizes each tensor over its own min/max reduced over ``dim`` (a plain dynamic observer)."""
-    return type(fq.observer) is DynamicObserver and fq.dim == dim
+    return type(fq._modules["observer"]) is DynamicObserver and fq.dim == dim
 
 
 def _fused_linear(lin, width: int) -> bool:
     """Whether the QAT linear layer ``lin`` on ``width`` input columns is one fused-kernel product: quantizing, input
     ranges per node over its own min/max, frozen weight codes, the kernel's widths, and no hooks to run."""
-    fq_in, fq_w = getattr(lin, "input_quant", None), getattr(lin, "weight_quant", None)
-    return (fq_in is not None and fq_w is not None and fq_in.quantizes and fq_w.quantizes and fq_w.frozen
+    modules = lin._modules
+    fq_in, fq_w = modules.get("input_quant"), modules.get("weight_quant")
+    return (fq_in is not None and fq_w is not None and fq_in._fake and fq_w._fake and not fq_w._observe
             and _own_range(fq_in, 1) and fq_in.bits == lin.act_bits and fq_w.bits == lin.weight_bits
             and runs_fused(lin, None, width) and no_hooks(lin, fq_in, fq_w))
 
@@ -61,11 +65,11 @@ def _aggregation_keys(fq, cols: int):
     """How ``fq`` quantizes the aggregation's ``cols`` channels here: ``(True, None)`` over each channel's own range,
     ``(True, keys)`` over its frozen stored range as column keys (a per-tensor range repeated; kept on ``fq`` while
     the range's tensors stay the same), ``(False, None)`` where the short path does not apply."""
-    if fq is None or not fq.quantizes or not no_hooks(fq):
+    if fq is None or not fq._fake or not no_hooks(fq):
         return False, None
     if _own_range(fq, 0):
         return True, None
-    if fq.dynamic or fq.dim not in (None, 0):
+    if fq._modules["observer"].dynamic or fq.dim not in (None, 0):
         return False, None
 
     def make():
@@ -98,7 +102,8 @@ def gcn_eval(conv, x, adj, edge_weight) -> Optional[Tensor]:
             or adj.diag is None or adj.num_rows != adj.num_cols or conv._buffers.get(STATIC_RANGE) is not None
             or conv.__dict__.get("_calibration") is not None):
         return None
-    lin, bias = conv.lin, conv.bias
+    params = conv._parameters
+    lin, bias = conv._modules["lin"], params["bias"] if "bias" in params else conv.bias
     if (bias is not None and bias.dtype != torch.float32) or not isinstance(lin, QATLinear):
         return None
     if isinstance(x, BitTensor):
@@ -109,8 +114,9 @@ def gcn_eval(conv, x, adj, edge_weight) -> Optional[Tensor]:
         rows, width = x.size(0), x.size(1)
     else:
         return None
-    channels = lin.weight.size(0)
-    applies, stored = _aggregation_keys(conv.agg_quant, channels)
+    channels = lin._parameters["weight"].size(0)
+    fq = conv._modules.get("agg_quant")
+    applies, stored = _aggregation_keys(fq, channels)
     if (not applies or rows != adj.num_cols or x.device != adj.device or not _fused_linear(lin, width)
             or not bit_kernels_apply(conv, x if isinstance(x, Tensor) else None, lin.weight, bias)):
         return None
@@ -120,7 +126,7 @@ def gcn_eval(conv, x, adj, edge_weight) -> Optional[Tensor]:
         x_args = (x.planes, x.lo, x.scale, x.rows, x.cols, x.layout == "col", -1 if x.dim is None else x.dim)
     else:
         x_args = (x.contiguous(), None, None, rows, width, True, 0)
-    bits = conv.agg_quant.bits
+    bits = fq.bits
     out = ops.qat_gcn_conv_eval(*_adjacency_args(adj), adj.diag, dinv, None if bias is None else bias.detach(), bits,
                                 adj.wide_sums(bits), stored, *x_args, *chain_args((lin,), (False,)))
     if not cuda:
@@ -158,7 +164,7 @@ def gin_eval(conv, x, adj, size) -> Optional[Tensor]:
     if (type(adj) is not BitAdjacency or size is not None or is_compiling() or adj.num_rows != adj.num_cols
             or conv._buffers.get(STATIC_RANGE) is not None or conv.__dict__.get("_calibration") is not None):
         return None
-    fq = conv.agg_quant
+    fq = conv._modules.get("agg_quant")
     if isinstance(x, BitTensor):
         if fq is None or not (x.bits <= fq.bits and x.dim in (None, 0) and x.layout == "col"):
             return None  # codes the general path reads as floats and quantizes again

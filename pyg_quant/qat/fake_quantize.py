@@ -310,9 +310,10 @@ class FakeQuantize(torch.nn.Module):
         :meth:`qparams` depends on alone; None where it may move or its parameters must not be kept (observing,
         dynamic or not yet observed, a range that takes a gradient, inference tensors, which keep no version
         counter, tracing, a CUDA graph capture, where what is made lives in the capture's pool)."""
-        if self._observe or self.dynamic or not self.observer.initialized or torch.compiler.is_compiling():
+        observer = self._modules["observer"]  # (not self.observer: this runs at every layer call)
+        if self._observe or observer.dynamic or not observer.initialized or torch.compiler.is_compiling():
             return None
-        tensors = tuple(self.observer.range_tensors())
+        tensors = tuple(observer.range_tensors())
         marks = []
         for t in tensors:
             if t.requires_grad or t.is_inference() or (t.is_cuda and torch.cuda.is_current_stream_capturing()):

@@ -139,12 +139,13 @@ class QATLinear(QuantLinear):
         layout: no transpose is made.  Cached while the quantizer is frozen and the weight
         unchanged (after :func:`~pyg_quant.qat.convert`, the codes are packed once).
         """
-        fq = self.weight_quant
-        version = tensor_version(self.weight)  # None: an inference tensor, whose in-place edits are not tracked
-        if version is None and fq.frozen:
+        fq, weight = self._modules["weight_quant"], self._parameters["weight"]
+        version = tensor_version(weight)  # None: an inference tensor, whose in-place edits are not tracked
+        frozen = not fq._observe
+        if version is None and frozen:
             warn_weight_not_cached(self)
-        key = (self.weight.data_ptr(), version, self.weight.device)
-        if self._packed is not None and self._packed[0] == key and fq.frozen and version is not None:
+        key = (weight.data_ptr(), version, weight.device)
+        if self._packed is not None and self._packed[0] == key and frozen and version is not None:
             return self._packed[1]
         w = fq.quantize(self.weight, "row")
         packed = BitTensor(w.planes, (w.cols, w.rows), w.bits, "col", w.lo, w.scale,

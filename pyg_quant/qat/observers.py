@@ -130,7 +130,7 @@ class Observer(torch.nn.Module):
 
     @property
     def initialized(self) -> bool:
-        return self.min_val.numel() > 0
+        return self._buffers["min_val"].numel() > 0
 
     def batch_range(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         return tensor_range(x, self.dim)
@@ -176,7 +176,8 @@ class Observer(torch.nn.Module):
     def range_tensors(self) -> tuple:
         """The tensors that hold the stored range: a cache of codes is valid while they are the same objects with
         the same versions."""
-        return (self.min_val, self.max_val)
+        buffers = self._buffers
+        return buffers["min_val"], buffers["max_val"]
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
@@ -393,7 +394,8 @@ class LearnedObserver(Observer):
         return lo, lo + learned_step(self.log_step, self.bits) * float(2**self.bits - 1)
 
     def range_tensors(self) -> tuple:
-        return (self.range_lo, self.log_step)
+        params = self._parameters
+        return params["range_lo"], params["log_step"]
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
