@@ -5,7 +5,8 @@ One products-scale cluster batch (``benchmarks/workload``'s builder with ``--num
 pyg_quant 8/4-bit on the loader's decoded batch) in ``eval()`` under ``torch.inference_mode()``.  Per forward:
 
 * ``host µs``: the time to issue ``--reps`` forwards back to back, without synchronizing, over ``--reps`` (the
-  launch queue does not fill at these counts, so this is the host's own time), the median of 7 such blocks;
+  launch queue does not fill at these counts, so this is the host's own time), the median of 7 such blocks, the
+  variants of a model interleaved block by block (the host's speed drifts within a run);
 * ``wall µs``: the same loops with a synchronization at the end of each, over ``--reps`` (median);
 * ``kernel µs`` / ``kernels``: the device kernels' summed time and count (``torch.profiler``);
 * ``ops``: the top-level ops (those not called from another op) with their host µs each; ``Python µs`` is the host
@@ -38,20 +39,36 @@ from workload import pq  # noqa: E402
 BLOCKS = 7  # each timing is the median of this many blocks of back-to-back calls: the host's speed drifts
 
 
-def profile_forward(model, args_, runner, reps: int) -> dict:
+def time_block(model, args_, runner, reps: int) -> tuple:
+    """``(host, wall)`` seconds a forward over one block of ``reps`` back-to-back forwards."""
     with torch.inference_mode():
-        for _ in range(10):
+        runner.sync()
+        t = time.perf_counter()
+        for _ in range(reps):
             model(*args_)
-        hosts, walls = [], []
-        for _ in range(BLOCKS):
-            runner.sync()
-            t = time.perf_counter()
-            for _ in range(reps):
+        host = (time.perf_counter() - t) / reps
+        runner.sync()
+        return host, (time.perf_counter() - t) / reps
+
+
+def time_interleaved(variants, runner, reps: int) -> list:
+    """Median ``(host, wall)`` of each ``(model, args)`` over BLOCKS rounds, a block of each variant a round: the
+    lent host's speed drifts within a run, and interleaving spreads a slow stretch over every variant alike."""
+    with torch.inference_mode():
+        for model, args_ in variants:
+            for _ in range(10):
                 model(*args_)
-            hosts.append((time.perf_counter() - t) / reps)
-            runner.sync()
-            walls.append((time.perf_counter() - t) / reps)
-        host, wall = statistics.median(hosts), statistics.median(walls)
+    blocks = [[] for _ in variants]
+    for _ in range(BLOCKS):
+        for i, (model, args_) in enumerate(variants):
+            blocks[i].append(time_block(model, args_, runner, reps))
+    return [(statistics.median(h for h, _ in b), statistics.median(w for _, w in b)) for b in blocks]
+
+
+def profile_forward(model, args_, runner, timing: tuple) -> dict:
+    host, wall = timing
+    with torch.inference_mode():
+        model(*args_)
         activities = [torch.profiler.ProfilerActivity.CPU]
         if runner.cuda:
             activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -219,8 +236,9 @@ def main(argv=None):
                              workload.pq_inputs(data, kind, bits, device, False).resident[0]))
         variants.append(("qat.convert 4-bit", converted_qat(kind, args, data, device),
                          workload.pq_inputs(data, kind, 4, device, False).resident[0]))
-        for label, model, inputs in variants:
-            row = dict(model=kind, label=label, **profile_forward(model, inputs, runner, own.reps))
+        timings = time_interleaved([(model, inputs) for _, model, inputs in variants], runner, own.reps)
+        for (label, model, inputs), timing in zip(variants, timings):
+            row = dict(model=kind, label=label, **profile_forward(model, inputs, runner, timing))
             if runner.cuda:
                 row["syncs"] = workload.count_syncs(runner, lambda: inference_forward(model, inputs))
             rows.append(row)
