@@ -279,7 +279,7 @@ def conv_eval_samples(device):
         self_term = gin._one_plus_eps().reshape(1)
         dinv = qgcn_module.bit_adjacency_deg_inv_sqrt(adj1)
     planes, x_codes = pq.graph.spmm.gather_operands(adj, codes, True)
-    a, a1 = _eval_path._adjacency_args(adj), _eval_path._adjacency_args(adj1)
+    a, a1 = pq.graph.spmm.adjacency_args(adj), pq.graph.spmm.adjacency_args(adj1)
     gin_args = [a + (False, planes, x_codes, codes.lo, codes.scale, self_term) + chain + (bits, dim)
                 for bits, dim in ((0, 0), (4, 0), (3, 1))]
     gcn_args = [a1 + (adj1.diag, dinv, gcn.bias.detach(), 4, False) + x_args + gcn_chain + (bits, dim)

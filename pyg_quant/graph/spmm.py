@@ -95,6 +95,12 @@ def bit_spmm(adj: BitAdjacency, x: BitTensor, *, self_weight=None, row_scale=Non
                                wide, x_codes)
 
 
+def adjacency_args(adj: BitAdjacency) -> tuple:
+    """The adjacency's operands of the aggregation ops, in their schemas' order: ``window_ptr, tile_col, tile_bits,
+    res_ptr, res_col, res_val, row_sums``."""
+    return adj.window_ptr, adj.tile_col, adj.tile_bits, adj.res_ptr, adj.res_col, adj.res_val, adj.row_sums
+
+
 def gathered_codes(adj: "BitAdjacency", x_col: BitTensor, self_term: bool) -> Optional[torch.Tensor]:
     """``x_col``'s cached row codes where the CUDA kernels gather from them (a CSR residual, or a self term); the
     CPU kernels walk their own unpacked codes, so there it is None and nothing is packed."""

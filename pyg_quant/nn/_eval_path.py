@@ -13,8 +13,12 @@ C++, ``csrc/conv_eval.h``), because a layer's host time is what bounds an eager 
 take tens of microseconds.  The general ``forward`` reaches the same kernels with the same arguments through format
 conversions and checks.  Here what depends only on the layer's parameters (the MLP chain's arguments) is kept per
 layer, keyed by the parameters' storage and version counters, and everything else is read off the inputs directly.
-The results are the general path's bit for bit (tests/test_eval_path.py); wherever a call differs from these cases
-(training, autograd, hooks, calibration or calibrated ranges, PyG's caches, an explainer's mask,
+A float layer (``bits=None``, such as the last layer ``qat.convert`` leaves in float) on a ``BitAdjacency`` runs one
+CSR product on the adjacency's float matrix, kept on it (GCN's ``D^-1/2 Â D^-1/2`` folded into one matrix): float32
+results within a few rounding steps of the general path's, which adds the same terms in another order.
+
+The quantized results are the general path's bit for bit (tests/test_eval_path.py); wherever a call differs from
+these cases (training, autograd, hooks, calibration or calibrated ranges, PyG's caches, an explainer's mask,
 ``torch.compile``, other formats or widths) the functions return None and the general path runs.
 
 Non-finite inputs are not checked here on the GPU (a check is a host synchronization); they propagate, as in the
@@ -32,7 +36,7 @@ from ..bit_tensor import BitTensor
 from ..graph.bit_adjacency import BitAdjacency
 from ..graph.input_formats import bit_adjacency_entries, bit_adjacency_csr
 from ..graph.float_csr import csr_matrix
-from ..graph.spmm import gather_operands
+from ..graph.spmm import adjacency_args, gather_operands
 from ..quantization.quantize import quantize, values_finite
 from .calibration import STATIC_RANGE
 from ._common import kept
@@ -141,10 +145,6 @@ def _output(result, rows: int, bits: Optional[int], dim: Optional[int]):
     return BitTensor.from_quantized(result[1:], (rows, result[0].size(1)), bits, dim)
 
 
-def _adjacency_args(adj: BitAdjacency) -> tuple:
-    return adj.window_ptr, adj.tile_col, adj.tile_bits, adj.res_ptr, adj.res_col, adj.res_val, adj.row_sums
-
-
 def _float_layer_applies(conv, x, adj) -> bool:
     """Whether a float layer (no quantized operand, no requantized output) runs the float short path on ``adj``:
     eval without autograd, float32 node features on the adjacency's device, nothing that changes the path."""
@@ -219,7 +219,7 @@ def gin_eval(conv, x, adj, size) -> Optional[object]:
     x_planes, x_codes = gather_operands(adj, x, True)
     bits, dim = conv.out_bits, conv.out_dim
     op_bits = 0 if bits is None or dim is None else bits
-    result = ops.gin_conv_eval(*_adjacency_args(adj), adj.wide_sums(x.bits), x_planes, x_codes, lo, scale, self_term,
+    result = ops.gin_conv_eval(*adjacency_args(adj), adj.wide_sums(x.bits), x_planes, x_codes, lo, scale, self_term,
                                *chain, op_bits, 0 if dim is None else dim)
     if device.type != "cuda":
         check_finite(result[0], "x")  # no host synchronization on the CPU
@@ -269,7 +269,7 @@ def gcn_eval(conv, x, adj, edge_weight, deg_inv_sqrt) -> Optional[object]:
         x_args = (x.contiguous(), None, None, x.size(0))
     bits, dim = conv.out_bits, conv.out_dim
     bias = None if bias is None else kept(conv, "_eval_bias", bias, _detached)
-    result = ops.gcn_conv_eval(*_adjacency_args(adj), adj.diag, dinv, bias,
+    result = ops.gcn_conv_eval(*adjacency_args(adj), adj.diag, dinv, bias,
                                conv.act_bits, adj.wide_sums(conv.act_bits), *x_args, *chain,
                                0 if bits is None or dim is None else bits, 0 if dim is None else dim)
     return _output(result, adj.num_rows, bits, dim)

@@ -35,7 +35,7 @@ from .. import ops
 from .._utils import check_finite, is_compiling
 from ..bit_tensor import BitTensor, to_val
 from ..graph.bit_adjacency import BitAdjacency
-from ..graph.spmm import gathered_codes
+from ..graph.spmm import adjacency_args, gathered_codes
 from ..nn.calibration import STATIC_RANGE
 from ..nn.qgcn_conv import bit_adjacency_deg_inv_sqrt
 from ..nn.quant_linear import bit_kernels_apply, chain_args, no_hooks, runs_fused
@@ -81,10 +81,6 @@ def _aggregation_keys(fq, cols: int):
     return keys is not None, keys
 
 
-def _adjacency_args(adj: BitAdjacency) -> tuple:
-    return adj.window_ptr, adj.tile_col, adj.tile_bits, adj.res_ptr, adj.res_col, adj.res_val, adj.row_sums
-
-
 def _raise_if_not_finite(out: Tensor, x) -> None:
     """On the CPU, the general path's ValueError where ``x`` holds NaN or inf (which makes ``out`` non-finite)."""
     if not bool(torch.isfinite(out.sum())):
@@ -127,7 +123,7 @@ def gcn_eval(conv, x, adj, edge_weight) -> Optional[Tensor]:
     else:
         x_args = (x.contiguous(), None, None, rows, width, True, 0)
     bits = fq.bits
-    out = ops.qat_gcn_conv_eval(*_adjacency_args(adj), adj.diag, dinv, None if bias is None else bias.detach(), bits,
+    out = ops.qat_gcn_conv_eval(*adjacency_args(adj), adj.diag, dinv, None if bias is None else bias.detach(), bits,
                                 adj.wide_sums(bits), stored, *x_args, *chain_args((lin,), (False,)))
     if not cuda:
         _raise_if_not_finite(out, x)
@@ -191,5 +187,5 @@ def gin_eval(conv, x, adj, size) -> Optional[Tensor]:
         if not cuda:
             check_finite(x, "x")  # the general path's check on the CPU
         x_args = (x, None, None, None, width, 0, fq.bits)
-    return ops.qat_gin_conv_eval(*_adjacency_args(adj), adj.diag, adj.wide_sums(x_args[-1]), *x_args[:-1], fq.bits,
+    return ops.qat_gin_conv_eval(*adjacency_args(adj), adj.diag, adj.wide_sums(x_args[-1]), *x_args[:-1], fq.bits,
                                  stored, conv._one_plus_eps(), *chain_args(linears, relus))
