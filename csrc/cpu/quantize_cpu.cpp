@@ -468,7 +468,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_
     const at::Tensor& x, int64_t bits, const std::optional<at::Tensor>& col_keys, const at::Tensor& stored_keys,
     bool row_codes, bool code_sums) {
   check_quantize_ranges_args(x, bits, 0, true, std::nullopt, col_keys);
-  check_quantize_ranges_args(x, bits, 0, true, std::nullopt, stored_keys);
+  check_col_keys(stored_keys, x.size(1), x.device(), "x", "stored_keys");
   at::Tensor keys = stored_keys;
   if (col_keys.has_value()) {
     // a column is finite when neither of its slots holds a non-finite value's key

@@ -63,9 +63,11 @@ struct RowSource {
   const int64_t* dense_row;   // [cols] or null
 };
 
-// The row's sums in uint32 lanes (wrapping: the exact sums' low 32 bits), columns [d0, d0 + live), to dst[0..live).
-void row_sums_generic(const RowSource& s, int64_t d0, int64_t live, uint32_t* dst) {
-  for (int64_t d = 0; d < live; ++d) dst[d] = s.dense_row ? static_cast<uint32_t>(s.dense_row[d0 + d]) : 0u;
+// The row's sums over columns [d0, d0 + live), to dst[0..live): in uint32 lanes (wrapping: the exact sums' low 32
+// bits) or exact in int64 (rows whose sums may pass 2^31).
+template <typename Acc>
+void row_sums_scalar(const RowSource& s, int64_t d0, int64_t live, Acc* dst) {
+  for (int64_t d = 0; d < live; ++d) dst[d] = s.dense_row ? static_cast<Acc>(s.dense_row[d0 + d]) : Acc(0);
   for (int64_t i = 0; i < s.num_sparse; ++i) {
     const int64_t t = s.sparse[i];
     const uint64_t* trow = s.tiles + t * kTileRows * kTileWords64 + s.r * kTileWords64;
@@ -74,44 +76,21 @@ void row_sums_generic(const RowSource& s, int64_t d0, int64_t live, uint32_t* ds
       for (int64_t w = 0; w < kTileWords64; ++w) {
         for (uint64_t v = trow[a * s.tile_plane + w]; v; v &= v - 1) {
           const uint8_t* src = base + (w * 64 + __builtin_ctzll(v)) * s.cols;
-          for (int64_t d = 0; d < live; ++d) dst[d] += static_cast<uint32_t>(src[d]) << a;
+          for (int64_t d = 0; d < live; ++d) dst[d] += static_cast<Acc>(src[d]) << a;
         }
       }
     }
   }
   for (int64_t e = s.e0; e < s.e1; ++e) {
     const uint8_t* src = s.code + static_cast<int64_t>(s.rcol[e]) * s.cols + d0;
-    const uint32_t weight = s.rval ? static_cast<uint32_t>(s.rval[e]) : 1u;
-    for (int64_t d = 0; d < live; ++d) dst[d] += weight * static_cast<uint32_t>(src[d]);
-  }
-}
-
-// The row's exact sums in int64, all columns, for rows whose sums may pass 2^31.
-void row_sums_int64(const RowSource& s, int64_t* dst) {
-  for (int64_t d = 0; d < s.cols; ++d) dst[d] = s.dense_row ? s.dense_row[d] : 0;
-  for (int64_t i = 0; i < s.num_sparse; ++i) {
-    const int64_t t = s.sparse[i];
-    const uint64_t* trow = s.tiles + t * kTileRows * kTileWords64 + s.r * kTileWords64;
-    const uint8_t* base = s.code + static_cast<int64_t>(s.tcol[t]) * kTileCols * s.cols;
-    for (int a = 0; a < s.a_bits; ++a) {
-      for (int64_t w = 0; w < kTileWords64; ++w) {
-        for (uint64_t v = trow[a * s.tile_plane + w]; v; v &= v - 1) {
-          const uint8_t* src = base + (w * 64 + __builtin_ctzll(v)) * s.cols;
-          for (int64_t d = 0; d < s.cols; ++d) dst[d] += static_cast<int64_t>(src[d]) << a;
-        }
-      }
-    }
-  }
-  for (int64_t e = s.e0; e < s.e1; ++e) {
-    const uint8_t* src = s.code + static_cast<int64_t>(s.rcol[e]) * s.cols;
-    const int64_t weight = s.rval ? static_cast<int64_t>(s.rval[e]) : 1;
-    for (int64_t d = 0; d < s.cols; ++d) dst[d] += weight * static_cast<int64_t>(src[d]);
+    const Acc weight = s.rval ? static_cast<Acc>(s.rval[e]) : Acc(1);
+    for (int64_t d = 0; d < live; ++d) dst[d] += weight * static_cast<Acc>(src[d]);
   }
 }
 
 #if defined(PYG_QUANT_X86_DISPATCH)
-// row_sums_generic's integers with NC int32 vectors of 16 columns kept in registers, entries in the outer loop so
-// that each entry's index and code row are read once; the last vector is masked to `live`.
+// row_sums_scalar<uint32_t>'s integers with NC int32 vectors of 16 columns kept in registers, entries in the outer
+// loop so that each entry's index and code row are read once; the last vector is masked to `live`.
 template <int NC>
 PYG_QUANT_TARGET_AVX512 void row_sums_avx512(const RowSource& s, int64_t d0, int64_t live, uint32_t* dst) {
   const __mmask16 last = static_cast<__mmask16>(live - 16 * (NC - 1) >= 16 ? 0xffffu
@@ -358,14 +337,14 @@ void bit_spmm_rows(const at::Tensor& window_ptr_in, const at::Tensor& tile_col_i
               continue;
             }
 #endif
-            row_sums_generic(src, d0, live, dst);
+            row_sums_scalar<uint32_t>(src, d0, live, dst);
           }
           if (sink.out64 != nullptr) {
             for (int64_t d = 0; d < cols; ++d) sink.out64[row * cols + d] = sums32[d];
           }
         } else {
           int64_t* dst = sink.out64 != nullptr ? sink.out64 + row * cols : wide_row.data();
-          row_sums_int64(src, dst);
+          row_sums_scalar<int64_t>(src, 0, src.cols, dst);
           wide_sums = dst;
         }
         if (sink.out_f == nullptr) continue;

@@ -445,7 +445,7 @@ QuantizedRangesAndRowCodes quantize_pack_stored_ranges_cuda(const at::Tensor& x,
                                                               const at::Tensor& stored_keys, bool row_codes,
                                                               bool code_sums) {
   check_quantize_ranges_args(x, bits, 0, true, std::nullopt, col_keys);
-  check_quantize_ranges_args(x, bits, 0, true, std::nullopt, stored_keys);
+  check_col_keys(stored_keys, x.size(1), x.device(), "x", "stored_keys");
   return quantize_pack_col_ranges(x, bits, std::nullopt, row_codes, col_keys, code_sums, &stored_keys);
 }
 

@@ -127,12 +127,16 @@ def _fuses(linears, width: int) -> bool:
     return True
 
 
-def _applies(conv, adj) -> bool:
-    """The conditions both layers share: eval without autograd, a BitAdjacency, nothing that changes the path."""
+def _eval_call(conv, adj) -> bool:
+    """What every short path needs: eval without autograd, a BitAdjacency, nothing that changes the path."""
     return (type(adj) is BitAdjacency and not conv.training and not torch.is_grad_enabled()
-            and conv.act_bits is not None and conv.weight_bits is not None
             and conv._buffers.get(STATIC_RANGE) is None and conv.__dict__.get("_calibration") is None
             and not explaining(conv) and not is_compiling())
+
+
+def _applies(conv, adj) -> bool:
+    """The conditions both quantized layers share: :func:`_eval_call` with both operands quantized."""
+    return conv.act_bits is not None and conv.weight_bits is not None and _eval_call(conv, adj)
 
 
 def _output(result, rows: int, bits: Optional[int], dim: Optional[int]):
@@ -147,13 +151,10 @@ def _output(result, rows: int, bits: Optional[int], dim: Optional[int]):
 
 def _float_layer_applies(conv, x, adj) -> bool:
     """Whether a float layer (no quantized operand, no requantized output) runs the float short path on ``adj``:
-    eval without autograd, float32 node features on the adjacency's device, nothing that changes the path."""
-    return (type(adj) is BitAdjacency and conv.act_bits is None and conv.weight_bits is None
-            and conv.out_bits is None and not conv.training and not torch.is_grad_enabled()
-            and conv._buffers.get(STATIC_RANGE) is None and conv.__dict__.get("_calibration") is None
-            and not explaining(conv) and not is_compiling() and type(x) is Tensor and x.dtype == torch.float32
-            and x.dim() == 2 and not x.is_sparse and x.size(0) == adj.num_cols and adj.num_rows == adj.num_cols
-            and x.device == adj.device)
+    :func:`_eval_call`, float32 node features on the adjacency's device."""
+    return (conv.act_bits is None and conv.weight_bits is None and conv.out_bits is None and _eval_call(conv, adj)
+            and type(x) is Tensor and x.dtype == torch.float32 and x.dim() == 2 and not x.is_sparse
+            and x.size(0) == adj.num_cols and adj.num_rows == adj.num_cols and x.device == adj.device)
 
 
 def _gin_float(conv, x: Tensor, adj: BitAdjacency) -> Optional[Tensor]:

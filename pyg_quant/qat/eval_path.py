@@ -180,12 +180,13 @@ def gin_eval(conv, x, adj, size) -> Optional[Tensor]:
     cuda = x.device.type == "cuda"
     linears, relus = zip(*steps)
     if isinstance(x, BitTensor):
+        code_bits = x.bits
         x_args = (x.planes, x.lo, x.scale, gathered_codes(adj, x, adj.diag is not None), x.cols,
-                  -1 if x.dim is None else x.dim, x.bits)
+                  -1 if x.dim is None else x.dim)
     else:
         x = x.contiguous()
         if not cuda:
             check_finite(x, "x")  # the general path's check on the CPU
-        x_args = (x, None, None, None, width, 0, fq.bits)
-    return ops.qat_gin_conv_eval(*adjacency_args(adj), adj.diag, adj.wide_sums(x_args[-1]), *x_args[:-1], fq.bits,
-                                 stored, conv._one_plus_eps(), *chain_args(linears, relus))
+        code_bits, x_args = fq.bits, (x, None, None, None, width, 0)
+    return ops.qat_gin_conv_eval(*adjacency_args(adj), adj.diag, adj.wide_sums(code_bits), *x_args, fq.bits, stored,
+                                 conv._one_plus_eps(), *chain_args(linears, relus))
