@@ -11,6 +11,7 @@
 #include "cpu/quantize_cpu.h"
 #include "cpu/spmm_cpu.h"
 #include "cpu/tile_plan_cpu.h"
+#include "autograd.h"
 #include "conv_eval.h"
 #include "quant_mlp_keys.h"
 #ifdef WITH_CUDA
@@ -152,6 +153,9 @@ TORCH_LIBRARY_IMPL(pyg_quant, CPU, m) {
                                        &pyg_quant::quantize_pack_ranges_cpu,
                                        &pyg_quant::quantize_pack_stored_ranges_cpu, &pyg_quant::dequantize_cpu>);
 }
+
+// The gradient of fake_quantize (the straight-through estimator), for every backend.
+TORCH_LIBRARY_IMPL(pyg_quant, Autograd, m) { m.impl("fake_quantize", &pyg_quant::fake_quantize_autograd); }
 
 #ifdef WITH_CUDA
 TORCH_LIBRARY_IMPL(pyg_quant, CUDA, m) {

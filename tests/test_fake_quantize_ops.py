@@ -156,14 +156,15 @@ def test_fused_op_errors_name_the_argument(call, message):
 
 def test_fake_quantize_module_uses_the_fused_op_with_the_same_values(monkeypatch):
     """FakeQuantize's training and evaluation outputs are the reference formula's, via one op call a forward."""
+    import pyg_quant.qat.fake_quantize as fq_module
     calls = []
-    real = ops.fake_quantize
+    real = fq_module.fake_quantize_ste
 
     def spy(*args, **kwargs):
         calls.append(args[4])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(ops, "fake_quantize", spy)
+    monkeypatch.setattr(fq_module, "fake_quantize_ste", spy)
     x = _data(200, 9, 5)
     for observer, dim in (("dynamic", 1), ("ema", 0), ("mse", None), ("dynamic_mse", 0)):
         fq = pq.qat.FakeQuantize(4, observer, dim=dim, stochastic=True, seed=3)
@@ -175,6 +176,54 @@ def test_fake_quantize_module_uses_the_fused_op_with_the_same_values(monkeypatch
         eval_out = fq.eval()(x)
         assert _equal(eval_out, ref.fake_quantize(x, *fq.range(x), 4, -1 if dim is None else dim, None, False)[0])
     assert calls == [1, 1, 0, 0, -1, -1, 0, 0]
+
+
+def _check_straight_through_gradient(device):
+    """The op's own gradient: ``dL/dx = dL/dout`` inside the range and 0 outside it with ``with_mask``, passed
+    through without; none to the range or the noise; and opcheck's autograd and fake-tensor checks."""
+    x = _data(257, 65, 11).to(device)
+    lo, hi = (t.to(device) * 0.7 for t in _ranges(x.cpu(), 0))
+    weights = torch.rand(x.shape, generator=gen(4)).to(device)  # a loss whose gradient is not all ones
+    for with_mask, random_noise, given in itertools.product((False, True), (False, True), (False, True)):
+        x_grad = x.clone().requires_grad_()
+        lo_grad, hi_grad = lo.clone().requires_grad_(), hi.clone().requires_grad_()
+        args = (lo_grad, hi_grad) if given else (None, None)
+        out, inside = torch.ops.pyg_quant.fake_quantize(x_grad, *args, 4, 0, None, with_mask, random_noise, None)
+        assert out.requires_grad and not inside.requires_grad
+        (out * weights).sum().backward()
+        want = weights * inside if with_mask else weights
+        assert torch.equal(x_grad.grad, want), (with_mask, random_noise, given)
+        assert lo_grad.grad is None and hi_grad.grad is None
+        if with_mask and given:
+            assert 0 < int(inside.sum()) < inside.numel()  # both sides of the range are exercised
+    noise = torch.rand(x.shape, generator=gen(5)).to(device)
+    for args in ((x.clone().requires_grad_(), lo, hi, 4, 0, None, True),
+                 (x.clone().requires_grad_(), None, None, 2, 1, noise, False)):
+        torch.library.opcheck(torch.ops.pyg_quant.fake_quantize.default, args,
+                              test_utils=("test_schema", "test_autograd_registration", "test_faketensor",
+                                          "test_aot_dispatch_dynamic"))
+
+
+@requires_compiled
+def test_fake_quantize_carries_the_straight_through_gradient():
+    _check_straight_through_gradient("cpu")
+
+
+@requires_compiled
+def test_fake_quantize_gradient_compiles_with_inductor():
+    """A training step through the op compiles with the default backend, whole, and gives eager's gradient."""
+    x = _data(64, 9, 2)
+    lo, hi = (t * 0.8 for t in _ranges(x, 0))
+
+    def loss_fn(x):
+        out = torch.ops.pyg_quant.fake_quantize(x, lo, hi, 4, 0, None, True, False, None)[0]
+        return (out * out).sum()
+
+    eager_x, compiled_x = x.clone().requires_grad_(), x.clone().requires_grad_()
+    loss_fn(eager_x).backward()
+    torch._dynamo.reset()
+    torch.compile(loss_fn, fullgraph=True)(compiled_x).backward()
+    assert torch.allclose(compiled_x.grad, eager_x.grad, rtol=1e-6, atol=0)
 
 
 # --- GPU == CPU -----------------------------------------------------------------------------
@@ -198,6 +247,12 @@ def test_fake_quantize_gpu_equals_cpu(shape):
                                                 None if hi is None else hi.cuda(), bits, dim,
                                                 None if nz is None else nz.cuda(), given)
         assert _equal(gpu[0], cpu[0]) and _equal(gpu[1], cpu[1]), (bits, dim, nz is None, given)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA_OK, reason="needs a CUDA GPU and pyg_quant's compiled CUDA backend")
+def test_fake_quantize_carries_the_straight_through_gradient_on_the_gpu():
+    _check_straight_through_gradient("cuda")
 
 
 @pytest.mark.cuda

@@ -53,6 +53,7 @@ from typing import Dict, Optional, Tuple, Union
 import torch
 
 from .. import ops
+from .._extension import use_compiled
 from ..bit_tensor import BitTensor
 from ..distributed import group as _group
 from ..layout import check_bits
@@ -71,8 +72,9 @@ def _check_seed(seed) -> Optional[int]:
 
 
 class _FakeQuantizeFunction(torch.autograd.Function):
-    """Forward: ``pyg_quant::fake_quantize``.  Backward: the incoming gradient, zeroed outside the range when
-    ``with_mask`` (the straight-through estimator).  One autograd node: no detach, no view of the output."""
+    """The straight-through gradient of the torch reference (the compiled op carries its own).  Forward:
+    ``fake_quantize``.  Backward: the incoming gradient, zeroed outside the range when ``with_mask``.  One autograd
+    node: no detach, no view of the output."""
 
     @staticmethod
     def forward(ctx, x, lo, hi, bits, dim, with_mask, random_noise, generator):
@@ -88,6 +90,18 @@ class _FakeQuantizeFunction(torch.autograd.Function):
             (inside,) = ctx.saved_tensors
             grad = grad * inside
         return grad, None, None, None, None, None, None, None
+
+
+def fake_quantize_ste(x: torch.Tensor, lo: Optional[torch.Tensor], hi: Optional[torch.Tensor], bits: int, dim: int,
+                      with_mask: bool, random_noise: bool, generator: Optional[torch.Generator]) -> torch.Tensor:
+    """``pyg_quant::fake_quantize``'s values with the straight-through gradient to ``x`` (zeroed outside the range
+    when ``with_mask``): the compiled op carries its gradient itself (a C++ autograd kernel), the torch reference
+    through :class:`_FakeQuantizeFunction`."""
+    if use_compiled("fake_quantize", x.device):
+        return torch.ops.pyg_quant.fake_quantize(x, lo, hi, bits, dim, None, with_mask, random_noise, generator)[0]
+    if x.requires_grad:
+        return _FakeQuantizeFunction.apply(x, lo, hi, bits, dim, with_mask, random_noise, generator)
+    return ops.fake_quantize(x, lo, hi, bits, dim, None, False, random_noise, generator)[0]
 
 
 class _LearnedFakeQuantizeFunction(torch.autograd.Function):
@@ -359,43 +373,44 @@ class FakeQuantize(torch.nn.Module):
     # --- forward -----------------------------------------------------------------------
     def forward(self, x: torch.Tensor, protect: Optional[torch.Tensor] = None) -> torch.Tensor:
         check_matrix(x)
-        if self.training and self._observe:
-            self.observer(x)
-            self._range_moved = not self.dynamic
-            if self._range_moved and self._buffers["lo"].numel() == 0 and _group.world_size() > 1:
+        # Modules, flags and buffers are read from the dicts: this runs a few times a layer in every training step.
+        state, observer = self.__dict__, self._modules["observer"]
+        training, observing = state["training"], state["_observe"]
+        if training and observing and not observer.dynamic:  # (a dynamic observer keeps nothing)
+            observer(x)
+            state["_range_moved"] = True
+            if self._buffers["lo"].numel() == 0 and _group.world_size() > 1:
                 # lo / scale are written when read (a state_dict() on rank 0 alone, say): take their shape now, on
                 # every rank at once, so that DDP's buffer broadcast never meets buffers of different sizes.
                 self._store_range()
-        if not self._fake:
+        if not state["_fake"]:
             return x
-        if protect is not None and self.training and (protect.dtype != torch.bool or protect.shape != (x.size(0),)):
+        if protect is not None and training and (protect.dtype != torch.bool or protect.shape != (x.size(0),)):
             raise ValueError(f"protect must be a bool tensor of shape ({x.size(0)},), got "
                              f"{protect.dtype}{list(protect.shape)}")
         x32 = x.to(torch.float32)
-        if self.observer.learned and self.training and self._observe:
+        learned = observer.learned
+        if learned and training and observing:
             # The range is trained: nearest rounding, LSQ+ gradients to range_lo and log_step.
-            obs = self.observer
-            out = _LearnedFakeQuantizeFunction.apply(x32, obs.range_lo, obs.log_step, self.bits, self.dim)
+            out = _LearnedFakeQuantizeFunction.apply(x32, observer.range_lo, observer.log_step, self.bits, self.dim)
             return self._protected(out, x32, protect)
-        keep = x32.detach() != 0 if self.keep_zeros and self.training else None
+        keep = x32.detach() != 0 if state["keep_zeros"] and training else None
         if keep is not None:
             # The range of the non-zero entries (a dynamic range: every other value keeps its gradient).
-            lo, hi = collapse_narrow_range(*self.observer.masked_range(x32, keep))
+            lo, hi = collapse_narrow_range(*observer.masked_range(x32, keep))
         else:
             # Static ranges may clip, and clipped values get no gradient.  A dynamic range moves with its tensor:
             # every value keeps its straight-through gradient (a "dynamic_mse" range clips, but zeroing those
             # gradients cost ~1 pt on the planted Cluster-GCN graph at 2 bits).  The observers detach x themselves.
-            lo, hi = (None, None) if self.observer.own_extrema else self.range(x32)
+            lo, hi = (None, None) if observer.own_extrema else self.range(x32)
         # A learned range rounds to nearest, frozen too: its weights are then the very weights inference uses.
-        random_noise = self.stochastic and self.training and not self.observer.learned
+        random_noise = state["stochastic"] and training and not learned
         generator = self.generator(x32.device) if random_noise else None
-        # One fused op (pyg_quant::fake_quantize: the noise, to_bit's float32 steps, the dequantization, the
-        # clipping mask), wrapped in one autograd node where a gradient is wanted.
-        dim = -1 if self.dim is None else self.dim
-        if x32.requires_grad:
-            out = _FakeQuantizeFunction.apply(x32, lo, hi, self.bits, dim, not self.dynamic, random_noise, generator)
-        else:
-            out = ops.fake_quantize(x32, lo, hi, self.bits, dim, None, False, random_noise, generator)[0]
+        dim = state["dim"]
+        # One fused op (the noise, to_bit's float32 steps, the dequantization, the clipping mask) and one autograd
+        # node, whose gradient is the clipping mask's where a static range clips.
+        out = fake_quantize_ste(x32, lo, hi, self.bits, -1 if dim is None else dim,
+                                x32.requires_grad and not observer.dynamic, random_noise, generator)
         if keep is not None:
             out = torch.where(keep, out, torch.zeros_like(out))  # the zeros stay exact zeros
         return self._protected(out, x32, protect)

@@ -180,6 +180,8 @@ class QATLinear(QuantLinear):
             x (Tensor or BitTensor): input features.
             protect (Tensor, optional): bool ``[N]``, nodes kept in float in training (Degree-Quant).
         """
+        if self.training and type(x) is Tensor and x.dim() == 2 and not x.is_sparse:
+            return self._forward_training(x, protect)
         if isinstance(x, BitTensor):
             if x.cols != self.weight.size(-1):
                 raise ValueError(f"x has {x.cols} features but the layer expects {self.weight.size(-1)}")
@@ -221,6 +223,20 @@ class QATLinear(QuantLinear):
                 xq = fq_in(x2, protect) if self.training else fq_in.forward_exact(x2)[1]
             out = self._float_product(xq)
         return out if x.dim() == 2 else out.reshape(lead + (out.size(-1),))
+
+    def _forward_training(self, x: Tensor, protect: Optional[Tensor]) -> Tensor:
+        """``fq_in(x) · fq_w(W)ᵀ + b`` for 2-D float node features in training (the general forward's float path,
+        its modules and parameters read from their dicts: a training step runs it for every linear layer)."""
+        params, modules = self._parameters, self._modules
+        weight = params["weight"]
+        if x.size(1) != weight.size(-1):
+            raise ValueError(f"x has {x.size(1)} features but the layer expects {weight.size(-1)}")
+        fq_in, fq_w = modules["input_quant"], modules["weight_quant"]
+        if fq_in is None and fq_w is None:
+            return F.linear(x, weight, params["bias"])
+        xq = x.to(torch.float32) if fq_in is None else fq_in(x, protect)
+        wq = weight.to(torch.float32) if fq_w is None else fq_w(weight)
+        return F.linear(xq, wq, params["bias"])
 
     def _float_product(self, xq: Tensor) -> Tensor:
         """``xq · W̃ᵀ + b`` without the bit kernels: fake-quantized W in training (one ``addmm``), and in evaluation

@@ -139,30 +139,33 @@ class Observer(torch.nn.Module):
         """The new stored range from the stored one and a batch's; subclasses define the rule."""
         raise NotImplementedError
 
-    @torch.no_grad()
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         check_matrix(x)
-        lo, hi = self.batch_range(x)
-        if self.initialized:
-            if lo.shape != self.min_val.shape:
-                raise ValueError(f"{type(self).__name__}(dim={self.dim}) keeps {self.min_val.numel()} ranges but x "
+        buffers = self._buffers  # (not self.min_val: this runs in every training step)
+        with torch.no_grad():
+            lo, hi = self.batch_range(x)
+            stored = buffers["min_val"]
+            initialized = stored.numel() > 0
+            if initialized and lo.shape != stored.shape:
+                raise ValueError(f"{type(self).__name__}(dim={self.dim}) keeps {stored.numel()} ranges but x "
                                  f"of shape {tuple(x.shape)} has {lo.numel()}; per-row ranges of varying rows "
                                  "need observer='dynamic'")
-        if _ranks.syncing():  # several processes: every rank records the same range (pyg_quant.distributed.ranges)
-            if not self.initialized:
-                _ranks.check_same_count(lo.numel(), f"{type(self).__name__}(dim={self.dim})")
-            lo, hi = _ranks.all_reduce_range(lo, hi, self.rank_reduction)
-        if self.initialized:
-            lo, hi = self.combine(lo.to(self.min_val.device), hi.to(self.min_val.device))
-            if _in_place.get():
-                # A captured step (pyg_quant.CapturedTrainStep) reads and writes these very tensors at every replay.
-                self.min_val.copy_(lo)
-                self.max_val.copy_(hi)
-                return x
-        # Assigning a buffer keeps it registered; the shape is set by the first batch.  Both are fresh tensors
-        # (reductions or the combination's arithmetic), never views of x: no copy is needed, and a range handed
-        # out before (a BitTensor's lo) keeps its values.
-        self.min_val, self.max_val = lo, hi
+            if _ranks.syncing():  # several processes: every rank records the same range (distributed.ranges)
+                if not initialized:
+                    _ranks.check_same_count(lo.numel(), f"{type(self).__name__}(dim={self.dim})")
+                lo, hi = _ranks.all_reduce_range(lo, hi, self.rank_reduction)
+            if initialized:
+                lo, hi = self.combine(lo.to(stored.device), hi.to(stored.device))
+                if _in_place.get():
+                    # A captured step (pyg_quant.CapturedTrainStep) reads and writes these very tensors at every
+                    # replay.
+                    stored.copy_(lo)
+                    buffers["max_val"].copy_(hi)
+                    return x
+        # The buffers stay registered (assigned in their dict, as Module.__setattr__ would); the shape is set by the
+        # first batch.  Both are fresh tensors (reductions or the combination's arithmetic), never views of x: no
+        # copy is needed, and a range handed out before (a BitTensor's lo) keeps its values.
+        buffers["min_val"], buffers["max_val"] = lo, hi
         return x
 
     def range(self, x: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -217,7 +220,8 @@ class MinMaxObserver(Observer):
     """The running extremes of everything observed."""
 
     def combine(self, lo, hi):
-        return torch.minimum(self.min_val, lo), torch.maximum(self.max_val, hi)
+        buffers = self._buffers
+        return torch.minimum(buffers["min_val"], lo), torch.maximum(buffers["max_val"], hi)
 
 
 def _check_momentum(momentum) -> float:
@@ -239,8 +243,9 @@ class EMAMinMaxObserver(Observer):
         self.momentum = _check_momentum(momentum)
 
     def combine(self, lo, hi):
-        m = self.momentum
-        return self.min_val + m * (lo - self.min_val), self.max_val + m * (hi - self.max_val)
+        m, buffers = self.momentum, self._buffers
+        stored_lo, stored_hi = buffers["min_val"], buffers["max_val"]
+        return stored_lo + m * (lo - stored_lo), stored_hi + m * (hi - stored_hi)
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, momentum={self.momentum}"
