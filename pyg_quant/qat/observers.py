@@ -243,9 +243,12 @@ class EMAMinMaxObserver(Observer):
         self.momentum = _check_momentum(momentum)
 
     def combine(self, lo, hi):
-        m, buffers = self.momentum, self._buffers
-        stored_lo, stored_hi = buffers["min_val"], buffers["max_val"]
-        return stored_lo + m * (lo - stored_lo), stored_hi + m * (hi - stored_hi)
+        buffers = self._buffers
+        stored = [buffers["min_val"], buffers["max_val"]]
+        # stored + m·(batch − stored) for both ends at once: three launches instead of six, the same float32 steps.
+        steps = torch._foreach_mul(torch._foreach_sub([lo, hi], stored), self.momentum)
+        new_lo, new_hi = torch._foreach_add(stored, steps)
+        return new_lo, new_hi
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, momentum={self.momentum}"
