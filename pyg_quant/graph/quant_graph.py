@@ -47,6 +47,8 @@ def _self_loop_terms(edges: EdgeSet, fill: float) -> Tuple[Optional[torch.Tensor
     is_loop = src == dst
     if edges.loop_rule == "replace":
         return ~is_loop, diag
+    if edges.weight is None and fill == 1.0:
+        return ~is_loop, diag  # a kept loop weighs 1, as an added one does
     # A loop keeps its weight (1 without weights); among repeated loops the one that
     # PyG's add_remaining_self_loops keeps, by the same index_put.  Non-loop edges write
     # to a spare slot, so no shape depends on the data.
@@ -146,17 +148,19 @@ class QuantGraph:
         elif edges.count is not None:
             coef = edges.count.to(dtype)
         if self.keep is not None:
-            coef = torch.ones(edges.dst.numel(), dtype=dtype, device=edges.dst.device) if coef is None else coef
-            coef = torch.where(self.keep, coef, torch.zeros_like(coef))
+            coef = self.keep.to(dtype) if coef is None else torch.where(self.keep, coef, torch.zeros_like(coef))
         return coef
 
     def _row_sums(self, values: Optional[torch.Tensor]) -> torch.Tensor:
         """``Σ_j`` of ``A`` (``values=None``: of the multiplicity adjacency ``M``) per target, int64, exact."""
-        edges = self.edges
+        edges, keep = self.edges, self.keep
         if values is None:
-            values = edges.count if edges.count is not None else torch.ones_like(edges.dst)
-        if self.keep is not None:
-            values = torch.where(self.keep, values, torch.zeros_like(values))
+            values = edges.count
+            if values is None:  # one for each edge that stays in A
+                values = torch.ones_like(edges.dst) if keep is None else keep.to(edges.dst.dtype)
+                keep = None
+        if keep is not None:
+            values = torch.where(keep, values, torch.zeros_like(values))
         return torch.zeros(self.num_dst, dtype=torch.int64, device=edges.dst.device).index_add_(0, edges.dst, values)
 
     def degree(self) -> torch.Tensor:
