@@ -24,6 +24,7 @@ OPS_SCRIPT = textwrap.dedent("""
     g = torch.Generator().manual_seed(0)
     def bits(shape):
         return torch.randint(-2**31, 2**31 - 1, shape, generator=g, dtype=torch.int64).to(torch.int32)
+    bits_of = bits
     out = {}
     for s, t in [(1, 1), (2, 3), (4, 4), (7, 8), (8, 7), (8, 8), (5, 2)]:
         for m, k, n in [(5, 3, 7), (37, 300, 19), (70, 1433, 16), (3, 64, 33)]:
@@ -111,6 +112,22 @@ OPS_SCRIPT = textwrap.dedent("""
             for row_scale in (None, scale):
                 got = ops.quant_mlp(x, *chain_args(layers, relus), row_scale)
                 out[f"quant_mlp {bits} {rows} {widths} {row_scale is None}"] = got.view(torch.int32)
+    # codes of x read straight from column-layout planes (ranges per column or per tensor, garbage in the padding
+    # rows and columns): dequantize, and quant_mlp_planes across a word and a block boundary
+    for bits in range(1, 9):
+        for rows, cols in [(1, 1), (31, 17), (70, 1433), (2100, 40)]:
+            planes = bits_of((bits, cols + 64, (rows + 255) // 256 * 8))
+            for dim in (0, -1):
+                n = cols if dim == 0 else 1
+                lo, scale = torch.randn(n, generator=g), torch.rand(n, generator=g)
+                lo[0] = -0.0
+                key = f"planes {bits} {rows} {cols} {dim}"
+                out[f"dequantize {key}"] = ops.dequantize(planes, rows, cols, True, lo, scale, dim).view(torch.int32)
+                torch.manual_seed(bits + rows)
+                layers = [QuantLinear(cols, 9, bits=4), QuantLinear(9, 5, bits=8)]
+                got = ops.quant_mlp_planes(planes, rows, cols, True, lo, scale, dim, *chain_args(layers, (True, False)),
+                                           torch.rand(rows, generator=g))
+                out[f"quant_mlp_planes {key}"] = got.view(torch.int32)
     torch.save(out, sys.argv[1])
 """)
 

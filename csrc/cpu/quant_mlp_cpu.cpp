@@ -110,20 +110,30 @@ PYG_QUANT_TARGET_AVX512 int64_t codes_avx512(const float* h, int64_t in, Range r
 }
 #endif
 
-// Rows of the int8 path a block: its buffers stay a few MB however many rows x has.
+// Rows of the int8 path a block: its buffers stay a few MB however many rows x has (a multiple of 32, so that a
+// block starts at a word of column-layout codes).
 constexpr int64_t kInt8BlockRows = 2048;
 
-}  // namespace
+// The chain's input as contiguous column-layout codes with ranges per column or one range (dequantize_col_word_avx512
+// reads them), in place of float rows.
+struct ColCodes {
+  const uint32_t* planes;
+  int64_t bits, plane_stride, words;
+  const float* lo;
+  const float* scale;
+  bool per_column;
+};
 
-at::Tensor quant_mlp_cpu(const at::Tensor& x_in, at::TensorList weight_codes, at::TensorList weight_lo,
-                         at::TensorList weight_scale, at::TensorList weight_sums,
-                         const c10::List<std::optional<at::Tensor>>& bias, at::IntArrayRef act_bits,
-                         at::IntArrayRef weight_bits, const c10::List<bool>& relu,
-                         const std::optional<at::Tensor>& row_scale, const std::optional<at::Tensor>& col_keys) {
-  const std::vector<int64_t> widths = check_quant_mlp_args(x_in, weight_codes, weight_lo, weight_scale, weight_sums,
-                                                           bias, act_bits, weight_bits, relu, row_scale, col_keys);
-  const int64_t layers = static_cast<int64_t>(weight_codes.size()), rows = x_in.size(0);
-  const at::Tensor x = x_in.contiguous();
+// quant_mlp of `x_in` (float32 rows), or of the values of `col_codes` (x_in: their planes) with `rows` rows; widths
+// from the caller's argument check.
+at::Tensor quant_mlp_rows(const at::Tensor& x_in, const ColCodes* col_codes, int64_t rows,
+                          const std::vector<int64_t>& widths, at::TensorList weight_codes, at::TensorList weight_lo,
+                          at::TensorList weight_scale, at::TensorList weight_sums,
+                          const c10::List<std::optional<at::Tensor>>& bias, at::IntArrayRef act_bits,
+                          at::IntArrayRef weight_bits, const c10::List<bool>& relu,
+                          const std::optional<at::Tensor>& row_scale, const std::optional<at::Tensor>& col_keys) {
+  const int64_t layers = static_cast<int64_t>(weight_codes.size());
+  const at::Tensor x = col_codes != nullptr ? x_in : x_in.contiguous();
   std::vector<at::Tensor> keep;  // contiguous copies live until the end
   std::vector<Layer> plan;
   for (int64_t l = 0; l < layers; ++l) {
@@ -139,10 +149,10 @@ at::Tensor quant_mlp_cpu(const at::Tensor& x_in, at::TensorList weight_codes, at
                     widths[l], widths[l + 1], static_cast<float>((1 << act_bits[l]) - 1), relu.get(l)});
   }
   const int64_t out_cols = widths.back();
-  auto out = at::empty({rows, out_cols}, x.options());
+  auto out = at::empty({rows, out_cols}, x.options().dtype(at::kFloat));
   if (rows == 0) return out;
   const int64_t max_width = *std::max_element(widths.begin(), widths.end());
-  const float* xp = x.data_ptr<float>();
+  const float* xp = col_codes != nullptr ? nullptr : x.data_ptr<float>();
   float* op = out.data_ptr<float>();
   const at::Tensor scales = row_scale.has_value() ? row_scale->contiguous() : at::Tensor();
   const float* sp = scales.defined() ? scales.data_ptr<float>() : nullptr;
@@ -177,8 +187,11 @@ at::Tensor quant_mlp_cpu(const at::Tensor& x_in, at::TensorList weight_codes, at
     const int64_t block = std::min(rows, kInt8BlockRows);
     int64_t weight_bytes = 0;
     for (const Layer& layer : plan) weight_bytes += layer.in * layer.out;
+    // codes of x: each thread's values of a word of rows
+    const int64_t word_floats = col_codes != nullptr ? at::get_num_threads() * 32 * widths[0] : 0;
     Scratch scratch(2 * block * max_width * sizeof(float) + block * max_width * (1 + sizeof(int32_t)) +
-                    block * (sizeof(Range) + sizeof(int64_t) + 2 * sizeof(float)) + weight_bytes + (8 + layers) * 64);
+                    block * (sizeof(Range) + sizeof(int64_t) + 2 * sizeof(float)) + weight_bytes +
+                    word_floats * sizeof(float) + (9 + layers) * 64);
     float* buffer_a = scratch.take<float>(block * max_width);
     float* buffer_b = scratch.take<float>(block * max_width);
     int8_t* codes = scratch.take<int8_t>(block * max_width);
@@ -187,6 +200,7 @@ at::Tensor quant_mlp_cpu(const at::Tensor& x_in, at::TensorList weight_codes, at
     int64_t* row_sums = scratch.take<int64_t>(block);
     float* row_lo = scratch.take<float>(block);
     float* row_scale = scratch.take<float>(block);
+    float* word_values = scratch.take<float>(word_floats);
     std::vector<at::Tensor> weights_t;  // [in, out] views of the [out, in] weight codes (8-bit ones less 128)
     for (int64_t l = 0; l < layers; ++l) {
       const Layer& layer = plan[l];
@@ -209,28 +223,47 @@ at::Tensor quant_mlp_cpu(const at::Tensor& x_in, at::TensorList weight_codes, at
         const Layer& layer = plan[l];
         const bool last = l + 1 == layers, shift_a = act_bits[l] == 8, shift_w = weight_bits[l] == 8;
         float* next = last ? op + r0 * out_cols : (l % 2 == 0 ? buffer_a : buffer_b);
-        at::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {
-          for (int64_t i = begin; i < end; ++i) {
-            const float* row = h + i * layer.in;
-            int8_t* row_codes = codes + i * layer.in;
+        // Row i of the block (its values at `row`): its range, codes and code sum.
+        const auto quantize = [&](int64_t i, const float* row) {
+          int8_t* row_codes = codes + i * layer.in;
 #if defined(PYG_QUANT_X86_DISPATCH)
-            if (vector) {
-              ranges[i] = row_range_avx512(row, layer.in, layer.max_code);
-              row_sums[i] = codes_avx512(row, layer.in, ranges[i], layer.max_code, row_codes, shift_a);
-              row_lo[i] = ranges[i].lo;
-              row_scale[i] = ranges[i].scale;
-              continue;
-            }
-#endif
-            row_sums[i] = quantize_row(row, layer.in, layer.max_code, reinterpret_cast<uint8_t*>(row_codes),
-                                       &ranges[i]);
-            if (shift_a) {
-              for (int64_t c = 0; c < layer.in; ++c) row_codes[c] = static_cast<int8_t>(row_codes[c] ^ 0x80);
-            }
+          if (vector) {
+            ranges[i] = row_range_avx512(row, layer.in, layer.max_code);
+            row_sums[i] = codes_avx512(row, layer.in, ranges[i], layer.max_code, row_codes, shift_a);
             row_lo[i] = ranges[i].lo;
             row_scale[i] = ranges[i].scale;
+            return;
           }
-        });
+#endif
+          row_sums[i] = quantize_row(row, layer.in, layer.max_code, reinterpret_cast<uint8_t*>(row_codes),
+                                     &ranges[i]);
+          if (shift_a) {
+            for (int64_t c = 0; c < layer.in; ++c) row_codes[c] = static_cast<int8_t>(row_codes[c] ^ 0x80);
+          }
+          row_lo[i] = ranges[i].lo;
+          row_scale[i] = ranges[i].scale;
+        };
+#if defined(PYG_QUANT_X86_DISPATCH)
+        if (l == 0 && col_codes != nullptr) {
+          // Codes of x: a word of 32 rows at a time to floats in the thread's buffer (in cache), quantized from
+          // there, so that the values of x are never stored whole.
+          const ColCodes& in = *col_codes;
+          at::parallel_for(0, (n + 31) / 32, 1, [&](int64_t begin, int64_t end) {
+            float* values = word_values + at::get_thread_num() * 32 * layer.in;
+            for (int64_t g = begin; g < end; ++g) {
+              const int64_t live = std::min<int64_t>(32, n - 32 * g);
+              dequantize_col_word_avx512(in.planes, in.bits, in.plane_stride, in.words, layer.in, (r0 >> 5) + g, live,
+                                         in.lo, in.scale, in.per_column, values, layer.in);
+              for (int64_t j = 0; j < live; ++j) quantize(32 * g + j, values + j * layer.in);
+            }
+          });
+        } else
+#endif
+        {
+          at::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {
+            for (int64_t i = begin; i < end; ++i) quantize(i, h + i * layer.in);
+          });
+        }
         at::Tensor product = at::from_blob(products, {n, layer.out}, x.options().dtype(at::kInt));
         at::_int_mm_out(product, at::from_blob(codes, {n, layer.in}, int8), weights_t[l]);
         const int32_t* pp = products;
@@ -272,6 +305,19 @@ at::Tensor quant_mlp_cpu(const at::Tensor& x_in, at::TensorList weight_codes, at
   }
 }
 
+}  // namespace
+
+at::Tensor quant_mlp_cpu(const at::Tensor& x, at::TensorList weight_codes, at::TensorList weight_lo,
+                         at::TensorList weight_scale, at::TensorList weight_sums,
+                         const c10::List<std::optional<at::Tensor>>& bias, at::IntArrayRef act_bits,
+                         at::IntArrayRef weight_bits, const c10::List<bool>& relu,
+                         const std::optional<at::Tensor>& row_scale, const std::optional<at::Tensor>& col_keys) {
+  const std::vector<int64_t> widths = check_quant_mlp_args(x, weight_codes, weight_lo, weight_scale, weight_sums,
+                                                           bias, act_bits, weight_bits, relu, row_scale, col_keys);
+  return quant_mlp_rows(x, nullptr, x.size(0), widths, weight_codes, weight_lo, weight_scale, weight_sums, bias,
+                        act_bits, weight_bits, relu, row_scale, col_keys);
+}
+
 at::Tensor quant_mlp_planes_cpu(const at::Tensor& planes, int64_t rows, int64_t cols, bool col_layout,
                                 const at::Tensor& lo, const at::Tensor& scale, int64_t dim,
                                 at::TensorList weight_codes, at::TensorList weight_lo, at::TensorList weight_scale,
@@ -279,9 +325,22 @@ at::Tensor quant_mlp_planes_cpu(const at::Tensor& planes, int64_t rows, int64_t 
                                 at::IntArrayRef act_bits, at::IntArrayRef weight_bits, const c10::List<bool>& relu,
                                 const std::optional<at::Tensor>& row_scale,
                                 const std::optional<at::Tensor>& col_keys) {
-  // The definition itself: the CPU kernel reads a row from a thread-local buffer either way.
-  check_quant_mlp_planes_args(planes, rows, cols, col_layout, lo, scale, dim, weight_codes, weight_lo, weight_scale,
-                              weight_sums, bias, act_bits, weight_bits, relu, row_scale, col_keys);
+  const std::vector<int64_t> widths =
+      check_quant_mlp_planes_args(planes, rows, cols, col_layout, lo, scale, dim, weight_codes, weight_lo,
+                                  weight_scale, weight_sums, bias, act_bits, weight_bits, relu, row_scale, col_keys);
+#if defined(PYG_QUANT_X86_DISPATCH)
+  if (dequantize_col_word_applies(planes, col_layout, dim)) {
+    // The first layer dequantizes a word of rows at a time into cache and quantizes it per row right away (the same
+    // floats, the same codes): the whole float matrix cost more than the product.
+    const at::Tensor contiguous = planes.contiguous(), lo_t = lo.contiguous(), scale_t = scale.contiguous();
+    const ColCodes col_codes{reinterpret_cast<const uint32_t*>(contiguous.data_ptr<int32_t>()), contiguous.size(0),
+                             contiguous.stride(0), contiguous.size(2), lo_t.data_ptr<float>(),
+                             scale_t.data_ptr<float>(), dim == 0};
+    return quant_mlp_rows(contiguous, &col_codes, rows, widths, weight_codes, weight_lo, weight_scale, weight_sums,
+                          bias, act_bits, weight_bits, relu, row_scale, col_keys);
+  }
+#endif
+  // Otherwise the definition itself.
   return quant_mlp_cpu(dequantize_cpu(planes, rows, cols, col_layout, lo, scale, dim), weight_codes, weight_lo,
                        weight_scale, weight_sums, bias, act_bits, weight_bits, relu, row_scale, col_keys);
 }

@@ -239,39 +239,72 @@ inline uint64_t eight_codes(const uint32_t* word, int64_t bits, int64_t plane_st
 }
 
 #if defined(PYG_QUANT_X86_DISPATCH)
-// Column layout, word blocks [w0, w1) (32 rows each): 16 columns at a time, each plane's words of those columns in
-// one vector (a lane a column), so that row i of the block is bit i of every lane: 16 codes in a few instructions
-// instead of a scattered byte store each.
-PYG_QUANT_TARGET_AVX512 void unpack_col_layout_avx512(const uint32_t* in, int64_t bits, int64_t plane_stride,
-                                                      int64_t words, int64_t rows, int64_t cols, int64_t w0,
-                                                      int64_t w1, uint8_t* out) {
+// Rows [32·w, 32·w + live) of column-layout planes, 16 columns at a time: each plane's words of those columns in one
+// vector (a lane a column), each rotated left by its plane index so that after i right rotations by one, bit i (row
+// i) sits at that index; a row's 16 codes in two instructions a plane.  kValues: their values (float out, as
+// dequantize), else the codes (uint8 out, as unpack_codes).
+template <int kBits, bool kValues>
+PYG_QUANT_TARGET_AVX512 void col_word_bits(const uint32_t* in, int64_t plane_stride, int64_t words, int64_t cols,
+                                           int64_t w, int64_t live, const float* lo, const float* scale,
+                                           bool per_column, void* out, int64_t out_stride) {
+  const __m512i index = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                           _mm512_set1_epi32(static_cast<int>(words)));
   const __m512i one = _mm512_set1_epi32(1);
-  alignas(64) uint32_t lanes[8][16];
   for (int64_t c0 = 0; c0 < cols; c0 += 16) {
-    const int64_t live = std::min<int64_t>(16, cols - c0);
-    const __mmask16 store_mask = static_cast<__mmask16>(live == 16 ? 0xffffu : (1u << live) - 1u);
-    for (int64_t w = w0; w < w1; ++w) {
-      __m512i plane[8];
-      for (int64_t p = 0; p < bits; ++p) {
-        for (int64_t j = 0; j < 16; ++j) lanes[p][j] = j < live ? in[p * plane_stride + (c0 + j) * words + w] : 0u;
-        plane[p] = _mm512_load_si512(lanes[p]);
+    const __mmask16 m = static_cast<__mmask16>(cols - c0 >= 16 ? 0xffffu : (1u << (cols - c0)) - 1u);
+    __m512i plane[kBits];
+    for (int p = 0; p < kBits; ++p) {
+      const uint32_t* base = in + p * plane_stride + c0 * words + w;
+      plane[p] = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, index, base, 4);
+    }
+    for (int p = 1; p < kBits; ++p) plane[p] = _mm512_rolv_epi32(plane[p], _mm512_set1_epi32(p));
+    __m512 lo_v = _mm512_setzero_ps(), scale_v = _mm512_setzero_ps();
+    if (kValues) {
+      lo_v = per_column ? _mm512_maskz_loadu_ps(m, lo + c0) : _mm512_set1_ps(lo[0]);
+      scale_v = per_column ? _mm512_maskz_loadu_ps(m, scale + c0) : _mm512_set1_ps(scale[0]);
+    }
+    for (int64_t i = 0; i < live; ++i) {
+      __m512i code = _mm512_and_si512(plane[0], one);
+      plane[0] = _mm512_srli_epi32(plane[0], 1);
+      for (int p = 1; p < kBits; ++p) {
+        code = _mm512_ternarylogic_epi32(code, plane[p], _mm512_set1_epi32(1 << p), 0xF8);  // code | (plane & bit)
+        plane[p] = _mm512_ror_epi32(plane[p], 1);
       }
-      const int64_t n = std::min<int64_t>(32, rows - 32 * w);
-      for (int64_t i = 0; i < n; ++i) {
-        const __m128i shift = _mm_cvtsi32_si128(static_cast<int>(i));
-        __m512i code = _mm512_and_si512(_mm512_srl_epi32(plane[0], shift), one);
-        for (int64_t p = 1; p < bits; ++p) {
-          const __m512i bit = _mm512_and_si512(_mm512_srl_epi32(plane[p], shift), one);
-          code = _mm512_or_si512(code, _mm512_sll_epi32(bit, _mm_cvtsi32_si128(static_cast<int>(p))));
-        }
-        _mm_mask_storeu_epi8(out + (32 * w + i) * cols + c0, store_mask, _mm512_cvtepi32_epi8(code));
+      if (kValues) {
+        // value_of: scale · q, then lo + it, each rounded (no FMA)
+        const __m512 value = _mm512_add_ps(lo_v, _mm512_mul_ps(scale_v, _mm512_cvtepi32_ps(code)));
+        _mm512_mask_storeu_ps(static_cast<float*>(out) + i * out_stride + c0, m, value);
+      } else {
+        _mm_mask_storeu_epi8(static_cast<uint8_t*>(out) + i * out_stride + c0, m, _mm512_cvtepi32_epi8(code));
       }
     }
   }
 }
+
+using ColWordFn = void (*)(const uint32_t*, int64_t, int64_t, int64_t, int64_t, int64_t, const float*, const float*,
+                           bool, void*, int64_t);
+constexpr ColWordFn kColWordValues[] = {col_word_bits<1, true>, col_word_bits<2, true>, col_word_bits<3, true>,
+                                        col_word_bits<4, true>, col_word_bits<5, true>, col_word_bits<6, true>,
+                                        col_word_bits<7, true>, col_word_bits<8, true>};
+constexpr ColWordFn kColWordCodes[] = {col_word_bits<1, false>, col_word_bits<2, false>, col_word_bits<3, false>,
+                                       col_word_bits<4, false>, col_word_bits<5, false>, col_word_bits<6, false>,
+                                       col_word_bits<7, false>, col_word_bits<8, false>};
 #endif
 
 }  // namespace
+
+#if defined(PYG_QUANT_X86_DISPATCH)
+void dequantize_col_word_avx512(const uint32_t* planes, int64_t bits, int64_t plane_stride, int64_t words,
+                                int64_t cols, int64_t w, int64_t live, const float* lo, const float* scale,
+                                bool per_column, float* out, int64_t out_stride) {
+  kColWordValues[bits - 1](planes, plane_stride, words, cols, w, live, lo, scale, per_column, out, out_stride);
+}
+
+bool dequantize_col_word_applies(const at::Tensor& planes, bool col_layout, int64_t dim) {
+  // the gather's lane offsets (16 columns' words) are int32
+  return col_layout && dim != 1 && cpu_has_avx512_vnni() && planes.size(2) <= (int64_t{1} << 26);
+}
+#endif
 
 // Eight codes at a time (kSpreadBits), a word of 32 elements of one plane row at a time: column layout (a word holds
 // 32 rows of one column) in blocks of 32 rows, row layout (32 columns of one row) row by row.
@@ -284,9 +317,12 @@ at::Tensor unpack_codes_cpu(const at::Tensor& planes_in, int64_t rows, int64_t c
   const uint32_t* in = reinterpret_cast<const uint32_t*>(planes.data_ptr<int32_t>());
   if (col_layout) {
 #if defined(PYG_QUANT_X86_DISPATCH)
-    if (cpu_has_avx512_vnni()) {
+    if (cpu_has_avx512_vnni() && words <= (int64_t{1} << 26)) {  // (the gather's lane offsets are int32)
       at::parallel_for(0, (rows + 31) / 32, 4, [&](int64_t begin, int64_t end) {
-        unpack_col_layout_avx512(in, bits, plane_stride, words, rows, cols, begin, end, out);
+        for (int64_t w = begin; w < end; ++w) {
+          kColWordCodes[bits - 1](in, plane_stride, words, cols, w, std::min<int64_t>(32, rows - 32 * w), nullptr,
+                                  nullptr, false, out + 32 * w * cols, cols);
+        }
       });
       return codes;
     }
@@ -330,10 +366,25 @@ at::Tensor dequantize_cpu(const at::Tensor& planes_in, int64_t rows, int64_t col
   check_dequantize_ranges(planes_in, lo_in, scale_in, rows, cols, dim);
   // The codes first (unpack_codes: eight at a time), then to_val's float32 steps over contiguous rows, a loop the
   // compiler vectorizes: reading the planes bit by bit per element cost far more than the arithmetic.
-  const at::Tensor codes = unpack_codes_cpu(planes_in, rows, cols, col_layout);
   const auto lo_t = lo_in.contiguous(), scale_t = scale_in.contiguous();
   auto values = at::empty({rows, cols}, planes_in.options().dtype(at::kFloat));
   float* out = values.data_ptr<float>();
+#if defined(PYG_QUANT_X86_DISPATCH)
+  if (dequantize_col_word_applies(planes_in, col_layout, dim)) {
+    // column layout, ranges per column or per tensor: a word of 32 rows at a time straight from the planes
+    const auto planes = planes_in.contiguous();
+    const uint32_t* in = reinterpret_cast<const uint32_t*>(planes.data_ptr<int32_t>());
+    at::parallel_for(0, (rows + 31) / 32, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t w = begin; w < end; ++w) {
+        dequantize_col_word_avx512(in, planes.size(0), planes.stride(0), planes.size(2), cols, w,
+                                   std::min<int64_t>(32, rows - 32 * w), lo_t.data_ptr<float>(),
+                                   scale_t.data_ptr<float>(), dim == 0, out + 32 * w * cols, cols);
+      }
+    });
+    return values;
+  }
+#endif
+  const at::Tensor codes = unpack_codes_cpu(planes_in, rows, cols, col_layout);
   const uint8_t* q = codes.data_ptr<uint8_t>();
   const float* lo = lo_t.data_ptr<float>();
   const float* scale = scale_t.data_ptr<float>();

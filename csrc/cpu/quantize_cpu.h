@@ -2,6 +2,8 @@
 #include <ATen/core/Tensor.h>
 #include <optional>
 
+#include "cpu_features.h"
+
 namespace pyg_quant {
 
 at::Tensor quantize_pack_cpu(const at::Tensor& x, const at::Tensor& lo, const at::Tensor& inv_scale,
@@ -11,6 +13,16 @@ at::Tensor unpack_codes_cpu(const at::Tensor& planes, int64_t rows, int64_t cols
 at::Tensor dequantize_cpu(const at::Tensor& planes, int64_t rows, int64_t cols, bool col_layout,
                           const at::Tensor& lo, const at::Tensor& scale, int64_t dim);
 at::Tensor packed_code_sums_cpu(const at::Tensor& planes);
+#if defined(PYG_QUANT_X86_DISPATCH)
+// Whether dequantize_col_word_avx512 reads these planes: column layout, ranges per column or per tensor, AVX-512.
+bool dequantize_col_word_applies(const at::Tensor& planes, bool col_layout, int64_t dim);
+// Rows [32·w, 32·w + live) of dequantize of contiguous column-layout planes (`bits` planes `plane_stride` words
+// apart, `words` words a column) with ranges per column (per_column) or one range, row i to out + i·out_stride:
+// the same float32 values as the portable loop, 16 columns at a time straight from the planes' words.
+void dequantize_col_word_avx512(const uint32_t* planes, int64_t bits, int64_t plane_stride, int64_t words,
+                                int64_t cols, int64_t w, int64_t live, const float* lo, const float* scale,
+                                bool per_column, float* out, int64_t out_stride);
+#endif
 // The packed row codes of planes (csrc/row_codes.h): uint8[nodes, row_code_bytes(cols, bits)], nodes = the planes'
 // padded node count (words * 32 in column layout, outer in row layout).
 at::Tensor pack_row_codes_cpu(const at::Tensor& planes, int64_t cols, bool col_layout);
