@@ -13,6 +13,7 @@
 #include "cpu/tile_plan_cpu.h"
 #include "autograd.h"
 #include "conv_eval.h"
+#include "qat_linear.h"
 #include "quant_mlp_keys.h"
 #ifdef WITH_CUDA
 #include "cuda/bitmm_cuda.h"
@@ -32,6 +33,9 @@ TORCH_LIBRARY(pyg_quant, m) {
       "fake_quantize(Tensor x, Tensor? lo, Tensor? hi, int bits, int dim, Tensor? noise, bool with_mask, "
       "bool random_noise=False, Generator? generator=None) -> (Tensor, Tensor)");
   m.def("mse_range(Tensor x, int dim, int bits, float[] grid) -> (Tensor, Tensor)");
+  m.def(
+      "qat_linear(Tensor x, Tensor weight, Tensor? bias, int x_bits, bool x_random, Generator? x_generator, "
+      "int weight_bits, bool weight_random, Generator? weight_generator) -> Tensor");
   m.def("unpack_codes(Tensor planes, int rows, int cols, bool col_layout) -> Tensor");
   m.def("dequantize(Tensor planes, int rows, int cols, bool col_layout, Tensor lo, Tensor scale, int dim) -> Tensor");
   m.def("packed_code_sums(Tensor planes) -> Tensor");
@@ -156,6 +160,9 @@ TORCH_LIBRARY_IMPL(pyg_quant, CPU, m) {
 
 // The gradient of fake_quantize (the straight-through estimator), for every backend.
 TORCH_LIBRARY_IMPL(pyg_quant, Autograd, m) { m.impl("fake_quantize", &pyg_quant::fake_quantize_autograd); }
+
+// Ops composed of other ops, whose gradients are their parts' (every backend, torch.compile included).
+TORCH_LIBRARY_IMPL(pyg_quant, CompositeImplicitAutograd, m) { m.impl("qat_linear", &pyg_quant::qat_linear); }
 
 #ifdef WITH_CUDA
 TORCH_LIBRARY_IMPL(pyg_quant, CUDA, m) {

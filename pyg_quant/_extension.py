@@ -26,15 +26,24 @@ _OPS = ("quantize_pack", "quantize_pack_ranges", "fake_quantize", "mse_range", "
         "packed_code_sums", "pack_row_codes", "bitmm_int", "bitmm_affine", "bit_spmm_int", "bit_spmm_affine",
         "tile_plan", "expand_tiles", "quant_mlp", "quant_mlp_keys", "quant_mlp_planes", "quant_mlp_planes_keys",
         "quant_mlp_row_codes", "quant_mlp_planes_row_codes", "planes_from_row_codes", "expand_csr", "gin_conv_eval",
-        "gcn_conv_eval", "qat_gcn_conv_eval", "qat_gin_conv_eval")
+        "gcn_conv_eval", "qat_gcn_conv_eval", "qat_gin_conv_eval", "qat_linear")
 _DISPATCH_KEYS = {"cpu": "CPU", "cuda": "CUDA"}
+# Ops composed of other ops in C++ (one registration for every backend): they run where the ops they call have
+# kernels.
+_COMPOSITES = {"qat_linear": ("fake_quantize",)}
 # Filled once at import (the dispatcher query touches no device), so that
 # torch.compile traces has_kernel as a plain dict lookup.
 _KERNELS: Dict[tuple, bool] = {
     (op, device_type): LOADED and torch._C._dispatch_has_kernel_for_dispatch_key(f"pyg_quant::{op}", key)
-    for op in _OPS
+    for op in _OPS if op not in _COMPOSITES
     for device_type, key in _DISPATCH_KEYS.items()
 }
+_KERNELS.update({
+    (op, device_type): LOADED and torch._C._dispatch_has_kernel_for_dispatch_key(
+        f"pyg_quant::{op}", "CompositeImplicitAutograd") and all(_KERNELS[(part, device_type)] for part in parts)
+    for op, parts in _COMPOSITES.items()
+    for device_type in _DISPATCH_KEYS
+})
 
 
 def has_kernel(op: str, device_type: str) -> bool:

@@ -36,7 +36,7 @@ import pyg_quant as pq
 from pyg_quant import qat
 from pyg_quant.quantization.ranges import tensor_quantiles
 
-from conftest import gen
+from conftest import DEVICES, gen, skip_unless_compiled
 
 
 def randn(rows, cols, seed, spread=1.0):
@@ -663,6 +663,34 @@ def test_qat_linear_paths_agree_and_train():
     wq = pq.to_val(pq.to_bit(lin.weight.detach(), 4, 1))
     xq = pq.to_val(pq.to_bit(x, 3, 1))
     assert torch.allclose(bits_path, (xq.double() @ wq.double().t()).float() + lin.bias.detach(), atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("stochastic", [False, True])
+def test_qat_linear_training_op_equals_the_quantizers(device, stochastic):
+    """Training with the default quantizers runs ``pyg_quant::qat_linear`` (one op); its output and gradients equal
+    the quantizers' own composition (the general path, taken here through an all-False Degree-Quant mask) bit for
+    bit, the noise drawn in the same order."""
+    skip_unless_compiled()
+    x = randn(40, 24, 3).to(device)
+    weights = torch.rand(40, 10, generator=gen(5)).to(device)  # a loss whose gradient is not all ones
+    results = []
+    for protect in (None, torch.zeros(40, dtype=torch.bool, device=device)):
+        torch.manual_seed(0)
+        lin = qat.QATLinear(24, 10, qconfig=qat.QConfig(weight_bits=3, act_bits=4, stochastic=stochastic,
+                                                        seed=7)).to(device).train()
+        x_grad = x.clone().requires_grad_()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            out = lin(x_grad, protect=protect)
+        ran_op = any(e.name == "pyg_quant::qat_linear" for e in prof.events())
+        assert ran_op == (protect is None)
+        (out * weights).sum().backward()
+        results.append((out.detach(), x_grad.grad, lin.weight.grad, lin.bias.grad))
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+    torch.library.opcheck(torch.ops.pyg_quant.qat_linear.default,
+                          (x.clone().requires_grad_(), lin.weight.detach().clone().requires_grad_(), lin.bias.detach(),
+                           4, False, None, 3, False, None),
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
 
 
 def test_master_weights_stay_fp32_while_training():

@@ -59,7 +59,7 @@ from ..distributed import group as _group
 from ..layout import check_bits
 from ..quantization.affine import RANGE_VIEW, affine_params, affine_scale, collapse_narrow_range
 from ..quantization.quantize import check_matrix, exact_values
-from .observers import OBSERVERS, Observer, check_dim, learned_step, make_observer
+from .observers import OBSERVERS, DynamicObserver, Observer, check_dim, learned_step, make_observer
 
 #: The buffers that hold a copy of the range in use, written when read (see ``FakeQuantize._store_range``).
 RANGE_BUFFERS = ("lo", "scale")
@@ -414,6 +414,17 @@ class FakeQuantize(torch.nn.Module):
         if keep is not None:
             out = torch.where(keep, out, torch.zeros_like(out))  # the zeros stay exact zeros
         return self._protected(out, x32, protect)
+
+    def own_rows_training(self, device: torch.device) -> Optional[tuple]:
+        """``(bits, random_noise, generator)`` of :meth:`forward` in training where it fake-quantizes each row over
+        the row's own min/max (a ``"dynamic"`` observer per row, fake quantization on, no zeros kept), the arguments
+        of the ops that compose it (``pyg_quant::qat_linear``); else None."""
+        state = self.__dict__
+        if not state["_fake"] or state["keep_zeros"] or state["dim"] != 1 \
+                or type(self._modules["observer"]) is not DynamicObserver:
+            return None
+        random_noise = state["stochastic"]
+        return state["bits"], random_noise, self.generator(device) if random_noise else None
 
     def forward_exact(self, x: torch.Tensor, protect: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor,
                                                                                               torch.Tensor]:
