@@ -314,14 +314,18 @@ def _float_bound(adj_abs: torch.Tensor, h_abs: torch.Tensor, terms: int) -> torc
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", ["gcn", "gin"])
-def test_float_layers_take_the_float_short_path(monkeypatch, device, kind):
+@pytest.mark.parametrize("form", ["csr", "tiles"])
+def test_float_layers_take_the_float_short_path(monkeypatch, device, kind, form):
     """A float layer (bits=None) on a BitAdjacency in eval without autograd: one CSR product on the adjacency's
-    float matrix (GCN: D^-1/2 Â D^-1/2 folded into it), within the float32 bound of the general path's, which adds
-    the same terms in another order; the general path wherever the call leaves that case."""
+    float matrix (GCN: D^-1/2 Â D^-1/2, its diagonal term folded in or added apart), within the float32 bound of the
+    general path's, which adds the same terms in another order; the general path wherever the call leaves that case.
+    Both adjacency forms: without tiles the matrix is the residual's CSR as it is."""
     torch.manual_seed(0)
     n = 300
     edge_index = random_edges(n, n, 3000, 5)
-    adj = pq.BitAdjacency.from_edge_index(edge_index, n, self_loops=1 if kind == "gcn" else 0).to(device)
+    adj = pq.BitAdjacency.from_edge_index(edge_index, n, self_loops=1 if kind == "gcn" else 0, min_tile_nnz=4,
+                                          adjacency=form).to(device)
+    assert (adj.num_tiles > 0) == (form == "tiles")
     x = torch.randn(n, 24, generator=gen(3)).to(device)
     conv = (QGCNConv(24, 20, bits=None) if kind == "gcn" else QGINConv(mlp(24, 32, 20), eps=0.3, bits=None))
     conv = conv.to(device).eval()

@@ -32,7 +32,7 @@ that form when the plan's tiles would be less than :data:`~pyg_quant.graph.adjac
 where ``bit_spmm``'s CSR gather beats the tiles.  The wire form is the same either way (~10 bits per edge instead of
 the 64 of an int32 CSR with values).
 """
-from typing import Callable, Dict, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -129,8 +129,9 @@ class BitAdjacency:
         bound = (1 << self.row_sum_bits) - 1 if torch.compiler.is_compiling() else self.max_row_sum
         return bound * (2**int(x_bits) - 1) > INT32_MAX
 
-    def derived(self, name: str, compute: Callable[[], torch.Tensor]) -> torch.Tensor:
-        """``compute()``, kept on this adjacency for the next call with the same ``name``.
+    def derived(self, name: str, compute: Callable[[], Any]) -> Any:
+        """``compute()`` (a tensor, or a tuple of tensors and Nones), kept on this adjacency for the next call with
+        the same ``name``.
 
         For per-node vectors that every layer of a model derives from the same batch (GCN's
         ``D^{-1/2}``): computed once per adjacency instead of once per layer.  ``compute``
@@ -148,8 +149,10 @@ class BitAdjacency:
         if table is not None and key in table:
             return table[key]
         value = compute()
-        if value.requires_grad or (value.is_cuda and torch.cuda.is_current_stream_capturing()
-                                   and not getattr(self, "_captured", False)):
+        parts = [t for t in (value if isinstance(value, tuple) else (value,)) if t is not None]
+        if any(t.requires_grad for t in parts) or (any(t.is_cuda for t in parts)
+                                                   and torch.cuda.is_current_stream_capturing()
+                                                   and not getattr(self, "_captured", False)):
             return value
         if table is None:
             table = self._derived = RebuiltOnCopy()  # copies and pickles recompute (sparse CSR values cannot copy)

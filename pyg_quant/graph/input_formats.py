@@ -13,6 +13,7 @@ All of them become an :class:`EdgeSet` (sources, targets, optional weights and
 multiplicities), from which :class:`~pyg_quant.graph.quant_graph.QuantGraph`
 aggregates in float or packs bit tiles (:mod:`pyg_quant.graph.packing`).
 """
+import warnings
 from dataclasses import dataclass
 from typing import Optional
 
@@ -65,10 +66,32 @@ def bit_adjacency_entries(adj: BitAdjacency):
     return adj.derived("entries", lambda: torch.stack(decode_bit_adjacency(adj))).unbind(0)
 
 
+def residual_csr(adj: BitAdjacency, values: Optional[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    """The CSR matrix of ``adj``'s residual entries with ``values`` (one per entry, in ``res_col``'s order; None: their
+    multiplicities): for an adjacency without tiles, its stored entries as they are, with no decoding, no sort and no
+    host synchronization."""
+    if values is None:
+        values = (torch.ones(adj.res_col.numel(), dtype=dtype, device=adj.device) if adj.res_val is None
+                  else adj.res_val.to(dtype))
+    index_dtype = torch.int32 if adj.res_col.numel() < 2**31 else torch.int64
+    with warnings.catch_warnings():  # "Sparse CSR tensor support is in beta state", once per process
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.sparse_csr_tensor(adj.res_ptr.to(index_dtype), adj.res_col.to(index_dtype), values.to(dtype),
+                                       (adj.num_rows, adj.num_cols), check_invariants=False)
+
+
+def residual_rows(adj: BitAdjacency) -> torch.Tensor:
+    """The row of each residual entry of ``adj`` (int64, ``res_col``'s order), with no host synchronization."""
+    rows = torch.arange(adj.num_rows, device=adj.device)
+    return torch.repeat_interleave(rows, adj.res_ptr[1:] - adj.res_ptr[:-1], output_size=adj.res_col.numel())
+
+
 def bit_adjacency_csr(adj: BitAdjacency, dtype: torch.dtype, transpose: bool = False) -> torch.Tensor:
     """``adj``'s stored entries (``Aᵀ`` with ``transpose``; the diagonal term apart) as a CSR matrix of ``dtype``,
-    built once per adjacency and dtype."""
+    built once per adjacency and dtype (without tiles, ``A`` is its residual's CSR as it is)."""
     def make() -> torch.Tensor:
+        if not transpose and adj.num_tiles == 0:
+            return residual_csr(adj, None, dtype)
         src, dst, count = bit_adjacency_entries(adj)
         if transpose:
             return csr_matrix(src, dst, count.to(dtype), adj.num_cols, adj.num_rows, dtype)

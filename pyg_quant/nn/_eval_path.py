@@ -25,7 +25,7 @@ Non-finite inputs are not checked here on the GPU (a check is a host synchroniza
 float layers: a NaN or inf in a row or column makes its range NaN, and the values it reaches NaN (see
 :func:`pyg_quant._utils.check_finite`).
 """
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -34,7 +34,7 @@ from .. import ops
 from .._utils import check_finite, is_compiling
 from ..bit_tensor import BitTensor
 from ..graph.bit_adjacency import BitAdjacency
-from ..graph.input_formats import bit_adjacency_entries, bit_adjacency_csr
+from ..graph.input_formats import bit_adjacency_csr, bit_adjacency_entries, residual_csr, residual_rows
 from ..graph.float_csr import csr_matrix
 from ..graph.spmm import adjacency_args, gather_operands
 from ..quantization.quantize import quantize, values_finite
@@ -166,18 +166,25 @@ def _gin_float(conv, x: Tensor, adj: BitAdjacency) -> Optional[Tensor]:
     return conv.nn(out)
 
 
-def gcn_normalized_csr(adj: BitAdjacency, deg_inv_sqrt) -> Tensor:
-    r""":math:`D^{-1/2} \hat{A} D^{-1/2}` of a BitAdjacency that holds its self loops, as one float32 CSR matrix
-    (its stored entries and its diagonal term, each scaled by ``D^-1/2`` of both ends), built once per adjacency:
-    a float GCN layer's aggregation in one product, as PyG's ``gcn_norm`` weights give it."""
-    def make() -> Tensor:
-        src, dst, count = bit_adjacency_entries(adj)
+def gcn_normalized_csr(adj: BitAdjacency, deg_inv_sqrt) -> Tuple[Tensor, Optional[Tensor]]:
+    r""":math:`D^{-1/2} \hat{A} D^{-1/2}` of a BitAdjacency that holds its self loops as ``(M, d)``: ``M`` a float32 CSR
+    matrix of its stored entries, each scaled by ``D^-1/2`` of both ends, and ``d`` its scaled diagonal term as an
+    ``[N, 1]`` column (None: folded into ``M``), built once per adjacency: a float GCN layer's aggregation is
+    ``M·h + d∘h``, as PyG's ``gcn_norm`` weights give it.  Without tiles ``M`` is the residual's CSR as it is (no
+    decoding, no sort, no host synchronization); with tiles the entries are decoded and the diagonal folded in."""
+    def make() -> Tuple[Tensor, Optional[Tensor]]:
         dinv = deg_inv_sqrt(adj).double()
+        if adj.num_tiles == 0:
+            count = torch.ones_like(adj.res_col, dtype=torch.float64) if adj.res_val is None else adj.res_val.double()
+            values = (dinv[residual_rows(adj)] * count * dinv[adj.res_col.long()]).to(torch.float32)
+            diag = (dinv * adj.diag.double() * dinv).to(torch.float32).view(-1, 1)
+            return residual_csr(adj, values, torch.float32), diag
+        src, dst, count = bit_adjacency_entries(adj)
         loops = torch.arange(adj.num_rows, device=adj.device)
         rows, cols = torch.cat([dst, loops]), torch.cat([src, loops])
         weight = torch.cat([count.double(), adj.diag.double()])
         values = (dinv[rows] * weight * dinv[cols]).to(torch.float32)
-        return csr_matrix(rows, cols, values, adj.num_rows, adj.num_cols, torch.float32)
+        return csr_matrix(rows, cols, values, adj.num_rows, adj.num_cols, torch.float32), None
 
     return adj.derived("gcn_normalized_csr", make)
 
@@ -189,7 +196,9 @@ def _gcn_float(conv, x: Tensor, adj: BitAdjacency, deg_inv_sqrt) -> Optional[Ten
     if (adj.diag is None or not conv.normalize or conv.cached or conv._cached_adj_t is not None
             or conv._cached_edge_index is not None or (bias is not None and bias.dtype != torch.float32)):
         return None
-    out = torch.mm(gcn_normalized_csr(adj, deg_inv_sqrt), conv.lin(x))
+    matrix, diag = gcn_normalized_csr(adj, deg_inv_sqrt)
+    h = conv.lin(x)
+    out = torch.mm(matrix, h) if diag is None else torch.addcmul(torch.mm(matrix, h), diag, h)
     return out if bias is None else out.add_(bias)
 
 
