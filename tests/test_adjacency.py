@@ -16,7 +16,7 @@ from torch_geometric.utils import add_remaining_self_loops
 import pyg_quant as pq
 from pyg_quant.ops import reference as ref
 
-from conftest import (assert_fp32_close, deq64, dense_from_edges, gen, mag64, randn, random_edges,
+from conftest import (DEVICES, assert_fp32_close, deq64, dense_from_edges, gen, mag64, randn, random_edges,
                       ref_codes, requires_compiled, requires_cuda)
 
 TILE_R, TILE_C = 16, 256
@@ -753,3 +753,22 @@ def test_expand_rejects_unsorted_or_negative_residual_rows(op):
                 torch.ops.pyg_quant.expand_tiles(*common, compact.res_val, 60, 60, compact.planes)
             else:
                 torch.ops.pyg_quant.expand_csr(*common, compact.res_col, compact.res_val, 60, 60)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("form", ["csr", "tiles"])
+def test_float_csr_of_a_bit_adjacency_holds_its_stored_entries(device, form):
+    """``bit_adjacency_csr`` (A and Aᵀ, the float layers' and the QAT layers' matrices) holds each stored entry with
+    its multiplicity, the diagonal term apart, in both forms (without tiles it is read off the residual's CSR)."""
+    from pyg_quant.graph.input_formats import bit_adjacency_csr
+    n = 200
+    edge_index = torch.cat([random_edges(n, n, 2500, 9), random_edges(n, n, 400, 9)], 1)  # repeated edges
+    adj = pq.BitAdjacency.from_edge_index(edge_index, n, self_loops=1, min_tile_nnz=4, adjacency=form).to(device)
+    assert (adj.num_tiles > 0) == (form == "tiles") and adj.bits > 1
+    want = dense_from_edges(edge_index, n, n).to(device)
+    want.fill_diagonal_(0.0)  # self loops live in the diagonal term
+    for dtype in (torch.float32, torch.float64):
+        a, a_t = bit_adjacency_csr(adj, dtype), bit_adjacency_csr(adj, dtype, transpose=True)
+        stored = a.to_dense() - torch.diag(torch.diagonal(a.to_dense()))
+        assert a.dtype == dtype and a.layout == torch.sparse_csr and torch.equal(stored, want.to(dtype))
+        assert torch.equal(a_t.to_dense(), a.to_dense().t())

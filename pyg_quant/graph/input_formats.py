@@ -88,10 +88,13 @@ def residual_rows(adj: BitAdjacency) -> torch.Tensor:
 
 def bit_adjacency_csr(adj: BitAdjacency, dtype: torch.dtype, transpose: bool = False) -> torch.Tensor:
     """``adj``'s stored entries (``Aᵀ`` with ``transpose``; the diagonal term apart) as a CSR matrix of ``dtype``,
-    built once per adjacency and dtype (without tiles, ``A`` is its residual's CSR as it is)."""
+    built once per adjacency and dtype (without tiles, from its residual's CSR: ``A`` as it is, ``Aᵀ`` one sort)."""
     def make() -> torch.Tensor:
-        if not transpose and adj.num_tiles == 0:
+        if adj.num_tiles == 0 and not transpose:
             return residual_csr(adj, None, dtype)
+        if adj.num_tiles == 0:  # Aᵀ: the residual's entries sorted by column (one sort, no decoding)
+            count = None if adj.res_val is None else adj.res_val.to(dtype)
+            return csr_matrix(adj.res_col.long(), residual_rows(adj), count, adj.num_cols, adj.num_rows, dtype)
         src, dst, count = bit_adjacency_entries(adj)
         if transpose:
             return csr_matrix(src, dst, count.to(dtype), adj.num_cols, adj.num_rows, dtype)
