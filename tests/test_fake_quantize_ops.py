@@ -156,15 +156,14 @@ def test_fused_op_errors_name_the_argument(call, message):
 
 def test_fake_quantize_module_uses_the_fused_op_with_the_same_values(monkeypatch):
     """FakeQuantize's training and evaluation outputs are the reference formula's, via one op call a forward."""
-    import pyg_quant.qat.fake_quantize as fq_module
     calls = []
-    real = fq_module.fake_quantize_ste
+    real = ops.fake_quantize
 
     def spy(*args, **kwargs):
         calls.append(args[4])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(fq_module, "fake_quantize_ste", spy)
+    monkeypatch.setattr(ops, "fake_quantize", spy)
     x = _data(200, 9, 5)
     for observer, dim in (("dynamic", 1), ("ema", 0), ("mse", None), ("dynamic_mse", 0)):
         fq = pq.qat.FakeQuantize(4, observer, dim=dim, stochastic=True, seed=3)

@@ -667,15 +667,19 @@ def test_qat_linear_paths_agree_and_train():
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("stochastic", [False, True])
-def test_qat_linear_training_op_equals_the_quantizers(device, stochastic):
+def test_qat_linear_training_op_equals_the_quantizers(monkeypatch, device, stochastic):
     """Training with the default quantizers runs ``pyg_quant::qat_linear`` (one op); its output and gradients equal
-    the quantizers' own composition (the general path, taken here through an all-False Degree-Quant mask) bit for
-    bit, the noise drawn in the same order."""
+    the quantizers' own composition (the general path, taken here through an all-False Degree-Quant mask) and the
+    torch reference's (the extension's kernels off) bit for bit, the noise drawn in the same order."""
     skip_unless_compiled()
     x = randn(40, 24, 3).to(device)
     weights = torch.rand(40, 10, generator=gen(5)).to(device)  # a loss whose gradient is not all ones
     results = []
-    for protect in (None, torch.zeros(40, dtype=torch.bool, device=device)):
+    for path in ("op", "general", "reference"):
+        protect = torch.zeros(40, dtype=torch.bool, device=device) if path == "general" else None
+        if path == "reference":
+            for op in ("qat_linear", "fake_quantize"):
+                monkeypatch.setitem(pq._extension._KERNELS, (op, torch.device(device).type), False)
         torch.manual_seed(0)
         lin = qat.QATLinear(24, 10, qconfig=qat.QConfig(weight_bits=3, act_bits=4, stochastic=stochastic,
                                                         seed=7)).to(device).train()
@@ -683,10 +687,12 @@ def test_qat_linear_training_op_equals_the_quantizers(device, stochastic):
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             out = lin(x_grad, protect=protect)
         ran_op = any(e.name == "pyg_quant::qat_linear" for e in prof.events())
-        assert ran_op == (protect is None)
+        assert ran_op == (path == "op")
         (out * weights).sum().backward()
         results.append((out.detach(), x_grad.grad, lin.weight.grad, lin.bias.grad))
-    assert all(torch.equal(a, b) for a, b in zip(*results))
+    assert all(torch.equal(a, b) for a, b in zip(results[0], results[1]))
+    assert all(torch.equal(a, b) for a, b in zip(results[0], results[2]))
+    monkeypatch.undo()
     torch.library.opcheck(torch.ops.pyg_quant.qat_linear.default,
                           (x.clone().requires_grad_(), lin.weight.detach().clone().requires_grad_(), lin.bias.detach(),
                            4, False, None, 3, False, None),

@@ -29,12 +29,48 @@ def quantize_pack_ranges(x, bits: int, dim: int, col_layout: bool, noise: Option
     return reference.quantize_pack_ranges(x, bits, dim, col_layout, noise, row_codes, col_keys, code_sums)
 
 
+class _ReferenceFakeQuantize(torch.autograd.Function):
+    """The reference's straight-through gradient (the compiled op carries its own, a C++ autograd kernel): the
+    incoming gradient, zeroed outside the range when ``with_mask``."""
+
+    @staticmethod
+    def forward(ctx, x, lo, hi, bits, dim, noise, with_mask, random_noise, generator):
+        out, inside = reference.fake_quantize(x, lo, hi, bits, dim, noise, with_mask, random_noise, generator)
+        ctx.mark_non_differentiable(inside)
+        ctx.with_mask = with_mask
+        if with_mask:
+            ctx.save_for_backward(inside)
+        return out, inside
+
+    @staticmethod
+    def backward(ctx, grad, _):
+        if ctx.with_mask and grad is not None:
+            grad = grad * ctx.saved_tensors[0]
+        return grad, None, None, None, None, None, None, None, None
+
+
 def fake_quantize(x, lo: Optional[torch.Tensor], hi: Optional[torch.Tensor], bits: int, dim: int,
                   noise: Optional[torch.Tensor] = None, with_mask: bool = False, random_noise: bool = False,
                   generator: Optional[torch.Generator] = None):
+    """``(fq(x), inside)``, the gradient to ``x`` straight through (zeroed outside the range when ``with_mask``)."""
     if use_compiled("fake_quantize", x.device):
         return torch.ops.pyg_quant.fake_quantize(x, lo, hi, bits, dim, noise, with_mask, random_noise, generator)
+    if x.requires_grad and torch.is_grad_enabled():
+        return _ReferenceFakeQuantize.apply(x, lo, hi, bits, dim, noise, with_mask, random_noise, generator)
     return reference.fake_quantize(x, lo, hi, bits, dim, noise, with_mask, random_noise, generator)
+
+
+def qat_linear(x, weight, bias: Optional[torch.Tensor], x_bits: int, x_random: bool,
+               x_generator: Optional[torch.Generator], weight_bits: int, weight_random: bool,
+               weight_generator: Optional[torch.Generator]):
+    """``fq(x) · fq(W)ᵀ + b``, both fake-quantized per row over their own ranges (see ``csrc/qat_linear.h``)."""
+    if use_compiled("qat_linear", x.device):
+        return torch.ops.pyg_quant.qat_linear(x, weight, bias, x_bits, x_random, x_generator, weight_bits,
+                                              weight_random, weight_generator)
+    xq = fake_quantize(x.to(torch.float32), None, None, x_bits, 1, None, False, x_random, x_generator)[0]
+    wq = fake_quantize(weight.to(torch.float32), None, None, weight_bits, 1, None, False, weight_random,
+                       weight_generator)[0]
+    return torch.nn.functional.linear(xq, wq, bias)
 
 
 def mse_range(x, dim: int, bits: int, grid):

@@ -53,7 +53,6 @@ from typing import Dict, Optional, Tuple, Union
 import torch
 
 from .. import ops
-from .._extension import use_compiled
 from ..bit_tensor import BitTensor
 from ..distributed import group as _group
 from ..layout import check_bits
@@ -69,39 +68,6 @@ def _check_seed(seed) -> Optional[int]:
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
         raise ValueError(f"seed must be None or a non-negative int, got {seed!r}")
     return seed
-
-
-class _FakeQuantizeFunction(torch.autograd.Function):
-    """The straight-through gradient of the torch reference (the compiled op carries its own).  Forward:
-    ``fake_quantize``.  Backward: the incoming gradient, zeroed outside the range when ``with_mask``.  One autograd
-    node: no detach, no view of the output."""
-
-    @staticmethod
-    def forward(ctx, x, lo, hi, bits, dim, with_mask, random_noise, generator):
-        out, inside = ops.fake_quantize(x, lo, hi, bits, dim, None, with_mask, random_noise, generator)
-        ctx.with_mask = with_mask
-        if with_mask:
-            ctx.save_for_backward(inside)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        if ctx.with_mask:
-            (inside,) = ctx.saved_tensors
-            grad = grad * inside
-        return grad, None, None, None, None, None, None, None
-
-
-def fake_quantize_ste(x: torch.Tensor, lo: Optional[torch.Tensor], hi: Optional[torch.Tensor], bits: int, dim: int,
-                      with_mask: bool, random_noise: bool, generator: Optional[torch.Generator]) -> torch.Tensor:
-    """``pyg_quant::fake_quantize``'s values with the straight-through gradient to ``x`` (zeroed outside the range
-    when ``with_mask``): the compiled op carries its gradient itself (a C++ autograd kernel), the torch reference
-    through :class:`_FakeQuantizeFunction`."""
-    if use_compiled("fake_quantize", x.device):
-        return torch.ops.pyg_quant.fake_quantize(x, lo, hi, bits, dim, None, with_mask, random_noise, generator)[0]
-    if x.requires_grad:
-        return _FakeQuantizeFunction.apply(x, lo, hi, bits, dim, with_mask, random_noise, generator)
-    return ops.fake_quantize(x, lo, hi, bits, dim, None, False, random_noise, generator)[0]
 
 
 class _LearnedFakeQuantizeFunction(torch.autograd.Function):
@@ -409,8 +375,8 @@ class FakeQuantize(torch.nn.Module):
         dim = state["dim"]
         # One fused op (the noise, to_bit's float32 steps, the dequantization, the clipping mask) and one autograd
         # node, whose gradient is the clipping mask's where a static range clips.
-        out = fake_quantize_ste(x32, lo, hi, self.bits, -1 if dim is None else dim,
-                                x32.requires_grad and not observer.dynamic, random_noise, generator)
+        out = ops.fake_quantize(x32, lo, hi, self.bits, -1 if dim is None else dim, None,
+                                x32.requires_grad and not observer.dynamic, random_noise, generator)[0]
         if keep is not None:
             out = torch.where(keep, out, torch.zeros_like(out))  # the zeros stay exact zeros
         return self._protected(out, x32, protect)

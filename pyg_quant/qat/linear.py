@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .._extension import use_compiled
+from .. import ops
 from ..bit_tensor import BitTensor, to_val
 from ..bitmm import bitmm
 from ..nn.quant_linear import QuantLinear, bit_kernels_apply, fused_codes, warn_weight_not_cached
@@ -235,11 +235,10 @@ class QATLinear(QuantLinear):
         fq_in, fq_w = modules["input_quant"], modules["weight_quant"]
         if fq_in is None and fq_w is None:
             return F.linear(x, weight, params["bias"])
-        if protect is None and fq_in is not None and fq_w is not None and x.is_floating_point() and x.numel() > 0 \
-                and use_compiled("qat_linear", x.device):
+        if protect is None and fq_in is not None and fq_w is not None and x.is_floating_point() and x.numel() > 0:
             x_args, w_args = fq_in.own_rows_training(x.device), fq_w.own_rows_training(weight.device)
             if x_args is not None and w_args is not None:  # the default QConfig's quantizers: one op
-                return torch.ops.pyg_quant.qat_linear(x, weight, params["bias"], *x_args, *w_args)
+                return ops.qat_linear(x, weight, params["bias"], *x_args, *w_args)
         xq = x.to(torch.float32) if fq_in is None else fq_in(x, protect)
         wq = weight.to(torch.float32) if fq_w is None else fq_w(weight)
         return F.linear(xq, wq, params["bias"])
