@@ -678,27 +678,32 @@ def test_layers_on_one_bit_adjacency_share_its_normalization(monkeypatch, mode):
     assert len(calls) == 3
 
 
-def test_float_layer_on_bit_adjacency_decodes_it_once(monkeypatch):
-    """A float QGCNConv (bits=None: a QAT model's last layer) on a BitAdjacency decodes it and builds its CSR
-    matrices once, kept on the adjacency for every layer and call (and not in inference mode for the others)."""
+@pytest.mark.parametrize("form", ["tiles", "csr"])
+def test_float_layer_on_bit_adjacency_builds_its_matrix_once(monkeypatch, form):
+    """A float QGCNConv (bits=None: a QAT model's last layer) on a BitAdjacency builds its CSR matrix once, kept on
+    the adjacency for every layer and call (and not in inference mode for the others): with tiles by decoding the
+    adjacency, without them from its residual's CSR as it is (no decoding)."""
     import pyg_quant.graph.input_formats as input_formats
+    import pyg_quant.nn._eval_path as eval_path
 
     x, edge_index, _ = graph()
     ref, conv = pair(None)
     conv.eval()
-    adj = pq.BitAdjacency.from_edge_index(edge_index, 300, self_loops=1)
-    calls = []
-    decode = input_formats.decode_bit_adjacency
-    monkeypatch.setattr(input_formats, "decode_bit_adjacency", lambda a: calls.append(a) or decode(a))
+    adj = pq.BitAdjacency.from_edge_index(edge_index, 300, self_loops=1, min_tile_nnz=4, adjacency=form)
+    assert (adj.num_tiles > 0) == (form == "tiles")
+    decodes, residuals = [], []
+    decode, residual = input_formats.decode_bit_adjacency, eval_path.residual_csr
+    monkeypatch.setattr(input_formats, "decode_bit_adjacency", lambda a: decodes.append(a) or decode(a))
+    monkeypatch.setattr(eval_path, "residual_csr", lambda *a: residuals.append(a) or residual(*a))
     with torch.no_grad():
         first = conv(x, adj)
         assert torch.equal(conv(x, adj), first) and torch.equal(conv(conv(x, adj)[:, :16], adj), conv(first[:, :16], adj))
-    assert len(calls) == 1
+    assert (len(decodes), len(residuals)) == ((1, 0) if form == "tiles" else (0, 1))
     with torch.no_grad():
         torch.testing.assert_close(first, ref(x, edge_index), rtol=1e-5, atol=1e-5)
     with torch.inference_mode():
         assert torch.equal(conv(x, adj), first)
-    assert len(calls) == 2
+    assert len(decodes) + len(residuals) == 2
     # what is kept (sparse CSR matrices among it) is left out of copies and pickles, which rebuild it
     for twin in (copy.deepcopy(adj), pickle.loads(pickle.dumps(adj))):
         with torch.no_grad():
