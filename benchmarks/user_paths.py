@@ -240,11 +240,9 @@ def compiled_path(args, runner, paths: Paths, model, mode, ref) -> dict:
                 raise
         finally:
             del compiled
-            if reduce_overhead:  # the CUDA graphs recorded for this model go with it: a later variant's epoch
-                reset_graphs = getattr(getattr(torch._inductor, "cudagraph_trees", None), "reset_cudagraph_trees",
-                                       None)  # otherwise ran beside them (1.9x slower, once)
-                if reset_graphs is not None:
-                    reset_graphs()
+            if reduce_overhead:  # this model's CUDA graphs go with it, so that later variants run without them
+                from torch._inductor import cudagraph_trees
+                cudagraph_trees.reset_cudagraph_trees()
     if failures:
         out["fallback"] = failures[0]
     log(f"  {paths.kind} {paths.label:20s} {'compile' + (' RO' if reduce_overhead else ''):12s} "

@@ -13,6 +13,18 @@ namespace pyg_quant {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+// The fake_quantize op as the dispatcher calls it (the autograd kernel below it, composite ops above it).
+using FakeQuantizeSignature = std::tuple<at::Tensor, at::Tensor>(
+    const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, int64_t, int64_t,
+    const std::optional<at::Tensor>&, bool, bool, std::optional<at::Generator>);
+
+inline const c10::TypedOperatorHandle<FakeQuantizeSignature>& fake_quantize_op() {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("pyg_quant::fake_quantize", "")
+                             .typed<FakeQuantizeSignature>();
+  return op;
+}
+
 // fake_quantize's gradient to x: the straight-through estimator, zeroed where the value was clipped when with_mask
 // (the op's second result is then that mask), else passed through.  The range and the noise take no gradient.
 class FakeQuantizeGrad : public torch::autograd::Function<FakeQuantizeGrad> {
@@ -21,14 +33,9 @@ class FakeQuantizeGrad : public torch::autograd::Function<FakeQuantizeGrad> {
                                const std::optional<at::Tensor>& hi, int64_t bits, int64_t dim,
                                const std::optional<at::Tensor>& noise, bool with_mask, bool random_noise,
                                std::optional<at::Generator> generator) {
-    static const auto op = c10::Dispatcher::singleton()
-                               .findSchemaOrThrow("pyg_quant::fake_quantize", "")
-                               .typed<std::tuple<at::Tensor, at::Tensor>(
-                                   const at::Tensor&, const std::optional<at::Tensor>&,
-                                   const std::optional<at::Tensor>&, int64_t, int64_t,
-                                   const std::optional<at::Tensor>&, bool, bool, std::optional<at::Generator>)>();
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    auto [out, inside] = op.call(x, lo, hi, bits, dim, noise, with_mask, random_noise, std::move(generator));
+    auto [out, inside] =
+        fake_quantize_op().call(x, lo, hi, bits, dim, noise, with_mask, random_noise, std::move(generator));
     ctx->saved_data["with_mask"] = with_mask;
     if (with_mask) ctx->save_for_backward({inside});
     ctx->mark_non_differentiable({inside});

@@ -1,28 +1,23 @@
 #pragma once
-// qat_linear: a QAT linear layer's training forward, fq(x) · fq(W)ᵀ + b with both operands fake-quantized per row over
-// their own ranges (the default QConfig's input and weight quantizers), as one op: a training step runs it for every
-// linear layer, and its Python composition cost more host time than its kernels.  Composite (registered for
+// qat_linear: a QAT linear layer's training forward, fq(x) · fq(W)ᵀ + b with both operands fake-quantized per row
+// over their own ranges (the default QConfig's input and weight quantizers), as one op: a training step runs it for
+// every linear layer, and its Python composition cost more host time than its kernels.  Composite (registered for
 // CompositeImplicitAutograd): autograd and torch.compile see fake_quantize's own straight-through gradient and
 // linear's, so the values and gradients are those of the composition, bit for bit.
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/linear.h>
 
 #include <optional>
 #include <tuple>
 
+#include "autograd.h"  // fake_quantize_op
+
 namespace pyg_quant {
 
 inline at::Tensor fake_quantize_own_rows(const at::Tensor& x, int64_t bits, bool random_noise,
                                          std::optional<at::Generator> generator) {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("pyg_quant::fake_quantize", "")
-                             .typed<std::tuple<at::Tensor, at::Tensor>(
-                                 const at::Tensor&, const std::optional<at::Tensor>&,
-                                 const std::optional<at::Tensor>&, int64_t, int64_t,
-                                 const std::optional<at::Tensor>&, bool, bool, std::optional<at::Generator>)>();
   // Each row over its own range (dim 1, no lo / hi), no clipping mask: a dynamic range clips nothing.
-  return std::get<0>(op.call(x.to(at::kFloat), std::nullopt, std::nullopt, bits, 1, std::nullopt, false,
-                             random_noise, std::move(generator)));
+  return std::get<0>(fake_quantize_op().call(x.to(at::kFloat), std::nullopt, std::nullopt, bits, 1, std::nullopt,
+                                             false, random_noise, std::move(generator)));
 }
 
 // The input first, then the weight: the order in which QATLinear's quantizers draw from a shared generator.

@@ -728,6 +728,15 @@ def test_qat_linear_float_operands_and_errors():
         lin(randn(5, 7, 0))
     with pytest.raises(TypeError, match="qconfig"):
         qat.QATLinear(8, 4, qconfig="8bit")
+    # training with one operand in float: the other fake-quantized, the float one as it is
+    lin.train()
+    wq = pq.to_val(pq.to_bit(lin.weight.detach(), 2, 1))  # nearest rounding: what stochastic=False trains with
+    lin_nearest = qat.QATLinear(8, 4, qconfig=qat.QConfig(weight_bits=2, act_bits=None, stochastic=False)).train()
+    lin_nearest.load_state_dict(lin.state_dict(), strict=False)
+    torch.testing.assert_close(lin_nearest(x), F.linear(x, wq, lin.bias), rtol=0, atol=0)
+    act_only = qat.QATLinear(8, 4, qconfig=qat.QConfig(weight_bits=None, act_bits=3, stochastic=False)).train()
+    xq = pq.to_val(pq.to_bit(x, 3, 1))
+    torch.testing.assert_close(act_only(x), F.linear(xq, act_only.weight, act_only.bias), rtol=0, atol=0)
 
 
 # --- float aggregation -----------------------------------------------------------------------

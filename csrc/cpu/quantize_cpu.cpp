@@ -289,6 +289,10 @@ constexpr ColWordFn kColWordValues[] = {col_word_bits<1, true>, col_word_bits<2,
 constexpr ColWordFn kColWordCodes[] = {col_word_bits<1, false>, col_word_bits<2, false>, col_word_bits<3, false>,
                                        col_word_bits<4, false>, col_word_bits<5, false>, col_word_bits<6, false>,
                                        col_word_bits<7, false>, col_word_bits<8, false>};
+
+// Whether col_word_bits runs here on planes of `words` words a column: AVX-512, and the gather's lane offsets (16
+// columns' words) fit in int32.
+bool col_word_bits_apply(int64_t words) { return cpu_has_avx512_vnni() && words <= (int64_t{1} << 26); }
 #endif
 
 }  // namespace
@@ -301,8 +305,7 @@ void dequantize_col_word_avx512(const uint32_t* planes, int64_t bits, int64_t pl
 }
 
 bool dequantize_col_word_applies(const at::Tensor& planes, bool col_layout, int64_t dim) {
-  // the gather's lane offsets (16 columns' words) are int32
-  return col_layout && dim != 1 && cpu_has_avx512_vnni() && planes.size(2) <= (int64_t{1} << 26);
+  return col_layout && dim != 1 && col_word_bits_apply(planes.size(2));
 }
 #endif
 
@@ -317,7 +320,7 @@ at::Tensor unpack_codes_cpu(const at::Tensor& planes_in, int64_t rows, int64_t c
   const uint32_t* in = reinterpret_cast<const uint32_t*>(planes.data_ptr<int32_t>());
   if (col_layout) {
 #if defined(PYG_QUANT_X86_DISPATCH)
-    if (cpu_has_avx512_vnni() && words <= (int64_t{1} << 26)) {  // (the gather's lane offsets are int32)
+    if (col_word_bits_apply(words)) {
       at::parallel_for(0, (rows + 31) / 32, 4, [&](int64_t begin, int64_t end) {
         for (int64_t w = begin; w < end; ++w) {
           kColWordCodes[bits - 1](in, plane_stride, words, cols, w, std::min<int64_t>(32, rows - 32 * w), nullptr,

@@ -282,6 +282,11 @@ class BitAdjacency:
         deg = self.row_sums.to(torch.float32)
         return deg + self.diag if self.diag is not None else deg
 
+    def residual_rows(self) -> torch.Tensor:
+        """The row of each residual entry (int64, in ``res_col``'s order), with no host synchronization."""
+        rows = torch.arange(self.num_rows, device=self.device)
+        return torch.repeat_interleave(rows, self.res_ptr[1:] - self.res_ptr[:-1], output_size=self.res_col.numel())
+
     def to_dense(self) -> torch.Tensor:
         """``A + diag·I`` as a dense float32 matrix (for checks on small graphs)."""
         dense = torch.zeros(self.num_rows, self.num_cols, device=self.device)
@@ -295,8 +300,7 @@ class BitAdjacency:
             row = window[t] * TILE_ROWS + r
             col = self.tile_col[t].long() * TILE_COLS + c
             dense.index_put_((row, col), torch.full_like(row, 2**p, dtype=torch.float32), accumulate=True)
-        res_row = torch.repeat_interleave(torch.arange(self.num_rows, device=self.device),
-                                          self.res_ptr[1:] - self.res_ptr[:-1])
+        res_row = self.residual_rows()
         res_val = torch.ones_like(self.res_col) if self.res_val is None else self.res_val
         dense.index_put_((res_row, self.res_col.long()), res_val.float(), accumulate=True)
         if self.diag is not None:

@@ -15,21 +15,31 @@ import torch
 from torch import Tensor
 
 
+def _index_dtype(nnz: int, num_rows: int, num_cols: int) -> torch.dtype:
+    return torch.int32 if max(nnz, num_rows, num_cols) < 2**31 else torch.int64
+
+
+def csr_tensor(crow: Tensor, col: Tensor, values: Tensor, num_rows: int, num_cols: int) -> Tensor:
+    """The CSR matrix of row pointers ``crow``, columns ``col`` and ``values`` (indices int32 where they fit)."""
+    index_dtype = _index_dtype(col.numel(), num_rows, num_cols)
+    with warnings.catch_warnings():  # "Sparse CSR tensor support is in beta state", once per process
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.sparse_csr_tensor(crow.to(index_dtype), col.to(index_dtype), values, (num_rows, num_cols),
+                                       check_invariants=False)
+
+
 def csr_matrix(rows: Tensor, cols: Tensor, values: Optional[Tensor], num_rows: int, num_cols: int,
                dtype: torch.dtype) -> Tensor:
     """``M[rows[e], cols[e]] += values[e]`` (ones when None) as CSR, repeated entries kept (SpMM sums them)."""
-    index_dtype = torch.int32 if max(rows.numel(), num_rows, num_cols) < 2**31 else torch.int64
     # One sort gives the row pointers and the column order; a stable one fixes the order of each row's sum.
     sorted_rows, order = torch.sort(rows, stable=True)
-    crow = torch._convert_indices_from_coo_to_csr(sorted_rows, num_rows, out_int32=index_dtype == torch.int32)
-    col = cols.index_select(0, order).to(index_dtype)
+    out_int32 = _index_dtype(rows.numel(), num_rows, num_cols) == torch.int32
+    crow = torch._convert_indices_from_coo_to_csr(sorted_rows, num_rows, out_int32=out_int32)
     if values is None:
         values = torch.ones(rows.numel(), dtype=dtype, device=rows.device)
     else:
         values = values.index_select(0, order).to(dtype)
-    with warnings.catch_warnings():  # "Sparse CSR tensor support is in beta state", once per process
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.sparse_csr_tensor(crow, col, values, (num_rows, num_cols), check_invariants=False)
+    return csr_tensor(crow, cols.index_select(0, order), values, num_rows, num_cols)
 
 
 class RebuiltOnCopy(dict):

@@ -13,7 +13,6 @@ All of them become an :class:`EdgeSet` (sources, targets, optional weights and
 multiplicities), from which :class:`~pyg_quant.graph.quant_graph.QuantGraph`
 aggregates in float or packs bit tiles (:mod:`pyg_quant.graph.packing`).
 """
-import warnings
 from dataclasses import dataclass
 from typing import Optional
 
@@ -24,7 +23,7 @@ from torch_geometric.utils import is_torch_sparse_tensor, to_edge_index
 from .._utils import is_compiling
 from .bit_adjacency import BitAdjacency
 from .cache import deferred_index_check, host_read, index_bounds
-from .float_csr import csr_matrix
+from .float_csr import csr_matrix, csr_tensor
 from .packing import decode_bit_adjacency
 
 
@@ -72,18 +71,8 @@ def residual_csr(adj: BitAdjacency, values: Optional[torch.Tensor], dtype: torch
     host synchronization."""
     if values is None:
         values = (torch.ones(adj.res_col.numel(), dtype=dtype, device=adj.device) if adj.res_val is None
-                  else adj.res_val.to(dtype))
-    index_dtype = torch.int32 if adj.res_col.numel() < 2**31 else torch.int64
-    with warnings.catch_warnings():  # "Sparse CSR tensor support is in beta state", once per process
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.sparse_csr_tensor(adj.res_ptr.to(index_dtype), adj.res_col.to(index_dtype), values.to(dtype),
-                                       (adj.num_rows, adj.num_cols), check_invariants=False)
-
-
-def residual_rows(adj: BitAdjacency) -> torch.Tensor:
-    """The row of each residual entry of ``adj`` (int64, ``res_col``'s order), with no host synchronization."""
-    rows = torch.arange(adj.num_rows, device=adj.device)
-    return torch.repeat_interleave(rows, adj.res_ptr[1:] - adj.res_ptr[:-1], output_size=adj.res_col.numel())
+                  else adj.res_val)
+    return csr_tensor(adj.res_ptr, adj.res_col, values.to(dtype), adj.num_rows, adj.num_cols)
 
 
 def bit_adjacency_csr(adj: BitAdjacency, dtype: torch.dtype, transpose: bool = False) -> torch.Tensor:
@@ -94,7 +83,7 @@ def bit_adjacency_csr(adj: BitAdjacency, dtype: torch.dtype, transpose: bool = F
             return residual_csr(adj, None, dtype)
         if adj.num_tiles == 0:  # Aᵀ: the residual's entries sorted by column (one sort, no decoding)
             count = None if adj.res_val is None else adj.res_val.to(dtype)
-            return csr_matrix(adj.res_col.long(), residual_rows(adj), count, adj.num_cols, adj.num_rows, dtype)
+            return csr_matrix(adj.res_col.long(), adj.residual_rows(), count, adj.num_cols, adj.num_rows, dtype)
         src, dst, count = bit_adjacency_entries(adj)
         if transpose:
             return csr_matrix(src, dst, count.to(dtype), adj.num_cols, adj.num_rows, dtype)

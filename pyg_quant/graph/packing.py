@@ -63,7 +63,7 @@ def decode_bit_adjacency(adj: BitAdjacency) -> Tuple[torch.Tensor, torch.Tensor,
         src = adj.tile_col[tile[which]].long() * TILE_COLS + word[which] * 32 + k
         keys.append(dst * adj.num_cols + src)
         counts.append(torch.full_like(dst, 2**p))
-    res_dst = torch.repeat_interleave(torch.arange(adj.num_rows, device=device), adj.res_ptr[1:] - adj.res_ptr[:-1])
+    res_dst = adj.residual_rows()
     keys.append(res_dst * adj.num_cols + adj.res_col.long())
     counts.append(torch.ones_like(res_dst) if adj.res_val is None else adj.res_val.long())
     keys, inverse = torch.unique(torch.cat(keys), return_inverse=True)

@@ -34,7 +34,7 @@ from .. import ops
 from .._utils import check_finite, is_compiling
 from ..bit_tensor import BitTensor
 from ..graph.bit_adjacency import BitAdjacency
-from ..graph.input_formats import bit_adjacency_csr, bit_adjacency_entries, residual_csr, residual_rows
+from ..graph.input_formats import bit_adjacency_csr, bit_adjacency_entries, residual_csr
 from ..graph.float_csr import csr_matrix
 from ..graph.spmm import adjacency_args, gather_operands
 from ..quantization.quantize import quantize, values_finite
@@ -176,7 +176,7 @@ def gcn_normalized_csr(adj: BitAdjacency, deg_inv_sqrt) -> Tuple[Tensor, Optiona
         dinv = deg_inv_sqrt(adj).double()
         if adj.num_tiles == 0:
             count = torch.ones_like(adj.res_col, dtype=torch.float64) if adj.res_val is None else adj.res_val.double()
-            values = (dinv[residual_rows(adj)] * count * dinv[adj.res_col.long()]).to(torch.float32)
+            values = (dinv[adj.residual_rows()] * count * dinv[adj.res_col.long()]).to(torch.float32)
             diag = (dinv * adj.diag.double() * dinv).to(torch.float32).view(-1, 1)
             return residual_csr(adj, values, torch.float32), diag
         src, dst, count = bit_adjacency_entries(adj)

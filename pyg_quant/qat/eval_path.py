@@ -41,15 +41,9 @@ from ..nn.qgcn_conv import bit_adjacency_deg_inv_sqrt
 from ..nn.quant_linear import bit_kernels_apply, chain_args, no_hooks, runs_fused
 from ..ops.reference import ordered_keys
 from .linear import QATLinear
-from .observers import DynamicObserver
 
 # (The checks below read modules, flags and observers from the modules' own dicts: they run at every layer call,
 # and nn.Module's attribute lookup is most of their cost.)
-
-def _own_range(fq, dim) -> bool:
-    """Whether ``fq`` quantizes each tensor over its own min/max reduced over ``dim`` (a plain dynamic observer)."""
-    return type(fq._modules["observer"]) is DynamicObserver and fq.dim == dim
-
 
 def _fused_linear(lin, width: int) -> bool:
     """Whether the QAT linear layer ``lin`` on ``width`` input columns is one fused-kernel product: quantizing, input
@@ -57,7 +51,7 @@ def _fused_linear(lin, width: int) -> bool:
     modules = lin._modules
     fq_in, fq_w = modules.get("input_quant"), modules.get("weight_quant")
     return (fq_in is not None and fq_w is not None and fq_in._fake and fq_w._fake and not fq_w._observe
-            and _own_range(fq_in, 1) and fq_in.bits == lin.act_bits and fq_w.bits == lin.weight_bits
+            and fq_in.own_range(1) and fq_in.bits == lin.act_bits and fq_w.bits == lin.weight_bits
             and runs_fused(lin, None, width) and no_hooks(lin, fq_in, fq_w))
 
 
@@ -67,7 +61,7 @@ def _aggregation_keys(fq, cols: int):
     the range's tensors stay the same), ``(False, None)`` where the short path does not apply."""
     if fq is None or not fq._fake or not no_hooks(fq):
         return False, None
-    if _own_range(fq, 0):
+    if fq.own_range(0):
         return True, None
     if fq._modules["observer"].dynamic or fq.dim not in (None, 0):
         return False, None

@@ -381,13 +381,17 @@ class FakeQuantize(torch.nn.Module):
             out = torch.where(keep, out, torch.zeros_like(out))  # the zeros stay exact zeros
         return self._protected(out, x32, protect)
 
+    def own_range(self, dim: Optional[int]) -> bool:
+        """Whether each tensor is quantized over its own min/max reduced over ``dim`` (a plain ``"dynamic"``
+        observer)."""
+        return type(self._modules["observer"]) is DynamicObserver and self.__dict__["dim"] == dim
+
     def own_rows_training(self, device: torch.device) -> Optional[tuple]:
         """``(bits, random_noise, generator)`` of :meth:`forward` in training where it fake-quantizes each row over
-        the row's own min/max (a ``"dynamic"`` observer per row, fake quantization on, no zeros kept), the arguments
-        of the ops that compose it (``pyg_quant::qat_linear``); else None."""
+        the row's own min/max (:meth:`own_range` per row, fake quantization on, no zeros kept), the arguments of the
+        ops that compose it (``pyg_quant::qat_linear``); else None."""
         state = self.__dict__
-        if not state["_fake"] or state["keep_zeros"] or state["dim"] != 1 \
-                or type(self._modules["observer"]) is not DynamicObserver:
+        if not state["_fake"] or state["keep_zeros"] or not self.own_range(1):
             return None
         random_noise = state["stochastic"]
         return state["bits"], random_noise, self.generator(device) if random_noise else None

@@ -232,30 +232,29 @@ class QATLinear(QuantLinear):
         weight = params["weight"]
         if x.size(1) != weight.size(-1):
             raise ValueError(f"x has {x.size(1)} features but the layer expects {weight.size(-1)}")
-        fq_in, fq_w = modules["input_quant"], modules["weight_quant"]
+        # (.get: a quantizer left out by the QConfig is a plain None attribute, not a submodule)
+        fq_in, fq_w = modules.get("input_quant"), modules.get("weight_quant")
         if fq_in is None and fq_w is None:
             return F.linear(x, weight, params["bias"])
         if protect is None and fq_in is not None and fq_w is not None and x.is_floating_point() and x.numel() > 0:
             x_args, w_args = fq_in.own_rows_training(x.device), fq_w.own_rows_training(weight.device)
             if x_args is not None and w_args is not None:  # the default QConfig's quantizers: one op
                 return ops.qat_linear(x, weight, params["bias"], *x_args, *w_args)
-        xq = x.to(torch.float32) if fq_in is None else fq_in(x, protect)
-        wq = weight.to(torch.float32) if fq_w is None else fq_w(weight)
-        return F.linear(xq, wq, params["bias"])
+        return self._float_product(x.to(torch.float32) if fq_in is None else fq_in(x, protect))
 
     def _float_product(self, xq: Tensor) -> Tensor:
         """``xq · W̃ᵀ + b`` without the bit kernels: fake-quantized W in training (one ``addmm``), and in evaluation
         bitmm's value (the float64 product of the unrounded dequantized operands, ``xq`` given so by the caller,
         rounded once, then ``+ b``)."""
-        fq_w = self.weight_quant
+        fq_w, weight, bias = self._modules.get("weight_quant"), self._parameters["weight"], self._parameters["bias"]
         if fq_w is None:
-            wq = self.weight.to(torch.float32)
+            wq = weight.to(torch.float32)
         else:
-            wq = fq_w(self.weight) if self.training else fq_w.forward_exact(self.weight)[1]
+            wq = fq_w(weight) if self.training else fq_w.forward_exact(weight)[1]
         if self.training:
-            return F.linear(xq, wq, self.bias)
+            return F.linear(xq, wq, bias)
         out = F.linear(xq.double(), wq.double()).to(torch.float32)
-        return out if self.bias is None else out + self.bias
+        return out if bias is None else out + bias
 
     def _forward_quantized(self, x: BitTensor) -> Tensor:
         r""":math:`\tilde{\mathbf{x}}\,\tilde{\mathbf{W}}^{\top} + \mathbf{b}` with :math:`\tilde{\mathbf{x}}` = ``x`` as it is."""
