@@ -15,13 +15,52 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/addcmul.h>
 
+#include <initializer_list>
 #include <optional>
 #include <tuple>
 #include <vector>
 
+#include "layout.h"
 #include "quant_mlp_keys.h"  // MlpKernel, MlpPlanesKernel, new_col_keys
+#ifdef WITH_CUDA
+#include "cuda/scratch_cuda.h"
+#endif
 
 namespace pyg_quant {
+
+// Tensors of one op from one block on a GPU (cuda/scratch_cuda.h: each allocation costs a layer call host time):
+// the steps' tensors that the op does not hand back, or the parts of one result that live together; nothing on
+// the CPU.  `pieces`: their sizes in bytes, which size the block (a
+// tensor that does not fit is allocated apart).
+class StepScratch {
+ public:
+  StepScratch(const at::Tensor& like, std::initializer_list<int64_t> pieces) {
+#ifdef WITH_CUDA
+    if (like.defined() && like.is_cuda()) scope_.emplace(scratch_bytes(pieces), like.options());
+#endif
+  }
+  // Later steps allocate their own tensors (the op's results).
+  void close() {
+#ifdef WITH_CUDA
+    scope_.reset();
+#endif
+  }
+
+ private:
+#ifdef WITH_CUDA
+  std::optional<ScratchScope> scope_;
+#endif
+};
+
+// Bytes of a float32 [rows, cols] matrix, and of its codes per column with their ranges and row codes (what
+// quantize_output makes on CUDA; the empty sums take none).
+inline int64_t float_bytes(int64_t rows, int64_t cols) { return rows * cols * 4; }
+inline int64_t planes_bytes(int64_t rows, int64_t cols, int64_t bits) {
+  return bits * padded_outer(cols) * packed_words(rows) * 4;
+}
+inline int64_t row_codes_bytes(int64_t rows, int64_t cols, int64_t bits) {
+  return packed_words(rows) * kWordBits * row_code_bytes(cols, bits);
+}
 
 using SpmmAffineKernel = at::Tensor (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                         const at::Tensor&, const std::optional<at::Tensor>&, const at::Tensor&,
@@ -47,6 +86,12 @@ ConvEvalResult quantize_output(const at::Tensor& out, int64_t bits, int64_t dim,
                                const std::optional<at::Tensor>& col_keys) {
   TORCH_CHECK_VALUE(dim == 0 || dim == 1, "out_dim must be 0 or 1 when out_bits is set, got ", dim);
   const bool row_codes = out.is_cuda() && dim == 0;
+  // The codes, their ranges and row codes live together (a BitTensor): one block on CUDA (and the column extrema
+  // that a call without col_keys reduces).
+  const int64_t rows = out.size(0), cols = out.size(1);
+  StepScratch block(row_codes ? out : at::Tensor(),
+                    {planes_bytes(rows, cols, bits), cols * 4, cols * 4, col_keys ? 0 : 2 * cols * 8,
+                     row_codes_bytes(rows, cols, bits)});
   auto [planes, lo, scale, sums, codes] =
       Ranges(out, bits, dim, /*col_layout=*/dim == 0, std::nullopt, row_codes, col_keys, !row_codes);
   return {out, planes, lo, scale, sums, codes};
@@ -65,11 +110,16 @@ ConvEvalResult gin_conv_eval(const at::Tensor& window_ptr, const at::Tensor& til
   TORCH_CHECK_VALUE(res_ptr.dim() == 1 && res_ptr.size(0) >= 1, "res_ptr must be int64[rows + 1]");
   TORCH_CHECK_VALUE(lo.dim() == 1, "lo must hold one range per column");
   const int64_t rows = res_ptr.size(0) - 1, cols = lo.size(0);
+  const int64_t channels = weight_codes.empty() ? 0 : weight_codes.back().size(0);
+  // The aggregation, and with a quantized output the MLP's float output and its column keys: not handed back.
+  StepScratch scratch(x_planes, {float_bytes(rows, cols), out_bits == 0 ? 0 : 2 * channels * 8,
+                                 out_bits == 0 ? 0 : float_bytes(rows, channels)});
   // (A + (1 + eps)·I)·X: the self term in the aggregation's epilogue
   const at::Tensor aggregated = Spmm(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x_planes, lo, scale,
                                      row_sums, self_weight, std::nullopt, std::nullopt, false, rows, cols, wide,
                                      x_codes);
   if (out_bits == 0) {
+    scratch.close();
     return {Mlp(aggregated, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits, weight_bits, relu,
                 std::nullopt, std::nullopt)};
   }
@@ -78,6 +128,7 @@ ConvEvalResult gin_conv_eval(const at::Tensor& window_ptr, const at::Tensor& til
   if (aggregated.is_cuda() && out_dim == 0) keys = new_col_keys(aggregated, weight_codes);
   const at::Tensor out = Mlp(aggregated, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits,
                              weight_bits, relu, std::nullopt, keys);
+  scratch.close();
   return quantize_output<Ranges>(out, out_bits, out_dim, keys);
 }
 
@@ -98,6 +149,9 @@ ConvEvalResult gcn_conv_eval(const at::Tensor& window_ptr, const at::Tensor& til
   TORCH_CHECK_VALUE(x_lo.has_value() == x_scale.has_value(), "x_lo and x_scale go together (codes of x)");
   const int64_t rows = res_ptr.size(0) - 1, channels = weight_codes.back().size(0);
   const bool cuda = x.is_cuda();
+  // h = D^-1/2 (X W), its column keys and its codes: not handed back.
+  StepScratch scratch(x, {2 * channels * 8, float_bytes(rows, channels), planes_bytes(rows, channels, act_bits),
+                          channels * 4, channels * 4, row_codes_bytes(rows, channels, act_bits)});
   std::optional<at::Tensor> keys;
   if (cuda) keys = new_col_keys(x, weight_codes);
   // D^-1/2 (X W): the row scale is the MLP kernel's last multiply; codes of x (per column, column layout) are read
@@ -111,6 +165,7 @@ ConvEvalResult gcn_conv_eval(const at::Tensor& window_ptr, const at::Tensor& til
   // h per column to act_bits; on CUDA with its row codes, which the aggregation gathers (its self term reads them)
   const ConvEvalResult codes = quantize_output<Ranges>(h, act_bits, 0, keys);
   const std::optional<at::Tensor> gathered = cuda ? std::optional<at::Tensor>(codes[5]) : std::nullopt;
+  scratch.close();
   // D^-1/2 Â (D^-1/2 X W) + b: the row scale and the bias in the aggregation's epilogue
   const at::Tensor out = Spmm(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, codes[1], codes[2], codes[3],
                               row_sums, diag, deg_inv_sqrt, bias, false, rows, channels, wide, gathered);
@@ -145,6 +200,8 @@ at::Tensor qat_gcn_conv_eval(const at::Tensor& window_ptr, const at::Tensor& til
   TORCH_CHECK_VALUE(!agg_keys.has_value() || agg_keys->numel() == 2 * channels,
                     "agg_keys must hold 2 keys a channel (", 2 * channels, "), got ", agg_keys->numel());
   const bool cuda = x.is_cuda();
+  StepScratch scratch(x, {2 * channels * 8, float_bytes(rows, channels), planes_bytes(rows, channels, agg_bits),
+                          channels * 4, channels * 4, row_codes_bytes(rows, channels, agg_bits)});
   // D^-1/2 (X W) and its column keys, from the fused MLP kernel (codes of x are read by the kernel itself)
   const at::Tensor keys = new_col_keys(x, weight_codes);
   const at::Tensor h =
@@ -156,6 +213,7 @@ at::Tensor qat_gcn_conv_eval(const at::Tensor& window_ptr, const at::Tensor& til
   auto [planes, lo, scale, sums, codes] = agg_keys.has_value()
                                               ? StoredRanges(h, agg_bits, keys, *agg_keys, cuda, !cuda)
                                               : Ranges(h, agg_bits, 0, true, std::nullopt, cuda, keys, !cuda);
+  scratch.close();
   at::Tensor out = Spmm(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, planes, lo, scale, row_sums, diag,
                         std::nullopt, std::nullopt, false, rows, channels, wide,
                         cuda ? std::optional<at::Tensor>(codes) : std::nullopt);
@@ -181,6 +239,13 @@ at::Tensor qat_gin_conv_eval(const at::Tensor& window_ptr, const at::Tensor& til
   TORCH_CHECK_VALUE(x_lo.has_value() == x_scale.has_value(), "x_lo and x_scale go together (codes of x)");
   const int64_t rows = res_ptr.size(0) - 1;
   const bool cuda = x.is_cuda();
+  // Codes of x: their float values and the aggregation; float x: its codes and the aggregation.  Not handed back.
+  const int64_t in_cols = x_lo.has_value() ? x_cols : x.dim() == 2 ? x.size(1) : 0;
+  StepScratch scratch(x, {float_bytes(rows, in_cols),
+                          x_lo.has_value() ? float_bytes(rows, in_cols) : planes_bytes(rows, in_cols, agg_bits),
+                          x_lo.has_value() ? 0 : in_cols * 4, x_lo.has_value() ? 0 : in_cols * 4,
+                          x_lo.has_value() ? 0 : 2 * in_cols * 8,
+                          x_lo.has_value() ? 0 : row_codes_bytes(rows, in_cols, agg_bits)});
   at::Tensor planes, lo, scale, values;
   std::optional<at::Tensor> gathered;
   int64_t cols;
@@ -211,6 +276,7 @@ at::Tensor qat_gin_conv_eval(const at::Tensor& window_ptr, const at::Tensor& til
                         std::nullopt, std::nullopt, false, rows, cols, wide, gathered);
   // + (1 + eps)·x on the float values, then the MLP with its biases and ReLUs
   out = at::addcmul(out, one_plus_eps, values);
+  scratch.close();
   return Mlp(out, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits, weight_bits, relu, std::nullopt,
              std::nullopt);
 }

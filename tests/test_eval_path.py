@@ -306,6 +306,37 @@ def test_conv_eval_ops_equal_their_reference(device):
                 torch.library.opcheck(op, args)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_conv_eval_ops_hand_back_their_own_memory(device):
+    """On a GPU the ops take their steps' tensors from one block and a quantized output's parts from another
+    (csrc/cuda/scratch_cuda.h).  What a caller keeps (every result but GIN's float output of a quantized one) holds
+    no memory of the steps: a float output owns its storage, the codes' parts share theirs with nothing else (up
+    to the block's alignment and the column extrema a quantizer reduces); and it stays as it was while later calls
+    reuse the freed blocks."""
+    gin_args, gcn_args = conv_eval_samples(device)
+    align = 512
+    kept = []
+    for name, samples in (("gin_conv_eval", gin_args), ("gcn_conv_eval", gcn_args)):
+        op = getattr(torch.ops.pyg_quant, name).default
+        for args in samples:
+            got = op(*args)
+            if name == "gcn_conv_eval" or len(got) == 1:
+                assert got[0].untyped_storage().nbytes() == got[0].numel() * 4, name
+            storages = {}
+            for t in got[1:]:
+                storages.setdefault(t.untyped_storage().data_ptr(), [t.untyped_storage().nbytes(), 0])[1] += (
+                    -(-t.numel() * t.element_size() // align) * align)
+            extrema = -(-2 * got[0].size(1) * 8 // align) * align
+            for nbytes, parts in storages.values():
+                assert nbytes <= parts + extrema + align, (name, nbytes, parts)
+            kept.append((got, [t.clone() for t in got]))
+    for name, samples in (("gin_conv_eval", gin_args), ("gcn_conv_eval", gcn_args)):
+        for args in samples:
+            getattr(torch.ops.pyg_quant, name).default(*args)
+    for got, copies in kept:
+        assert all(torch.equal(g, c) for g, c in zip(got, copies))
+
+
 def _float_bound(adj_abs: torch.Tensor, h_abs: torch.Tensor, terms: int) -> torch.Tensor:
     """What two float32 evaluations of ``Â·h`` may differ by: each is within ``terms`` float32 rounding steps of the
     exact sum, each step at most ``eps`` of the sum of the magnitudes it adds (|Â|·|h|)."""

@@ -59,6 +59,7 @@
 #include "quantize_steps.h"
 #include "row_codes.h"
 #include "cuda/device_limits.h"
+#include "cuda/scratch_cuda.h"
 #include "ordered_key.h"
 
 namespace pyg_quant {
@@ -609,11 +610,11 @@ at::Tensor launch_quant_mlp(MlpInput input, int kind, const char* input_name, in
   at::Tensor out;
   MlpArgs args{};
   if (codes == nullptr) {
-    out = at::empty({rows, widths.back()}, options);
+    out = cuda_empty({rows, widths.back()}, options);
   } else {
     const int64_t out_cols = widths.back(), groups = packed_words(rows);
     const int64_t row_bytes = row_code_bytes(out_cols, codes->bits);
-    codes->row_codes = at::empty({groups * 32, row_bytes}, options.dtype(at::kByte));
+    codes->row_codes = cuda_empty({groups * 32, row_bytes}, options.dtype(at::kByte));
     args.out_codes = reinterpret_cast<uint32_t*>(codes->row_codes.data_ptr<uint8_t>());
     args.out_lo = codes->lo.data_ptr<float>();
     args.out_inv = codes->inv.data_ptr<float>();

@@ -8,6 +8,7 @@
 #include "quantize_args.h"
 #include "quantize_steps.h"
 #include "quantize_common.cuh"
+#include "scratch_cuda.h"
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
@@ -242,7 +243,7 @@ at::Tensor dequantize_cuda(const at::Tensor& planes_in, int64_t rows, int64_t co
   const c10::cuda::CUDAGuard guard(planes_in.device());
   const auto planes = planes_in.contiguous();
   const auto lo = lo_in.contiguous(), scale = scale_in.contiguous();
-  auto values = at::empty({rows, cols}, planes.options().dtype(at::kFloat));
+  auto values = cuda_empty({rows, cols}, planes.options().dtype(at::kFloat));
   launch_unpack(planes, rows, cols, col_layout,
                 ValueStore{values.data_ptr<float>(), cols, lo.data_ptr<float>(), scale.data_ptr<float>(),
                            static_cast<int>(dim)});

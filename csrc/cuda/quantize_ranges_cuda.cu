@@ -9,6 +9,7 @@
 #include "quantize_ranges.h"
 #include "quantize_steps.h"
 #include "quantize_common.cuh"
+#include "scratch_cuda.h"
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
@@ -317,7 +318,7 @@ __global__ void __launch_bounds__(kColWarps * 32) quantize_pack_col_ranges_kerne
 }  // namespace
 
 at::Tensor zeros_cuda(int64_t numel, const at::TensorOptions& options) {
-  auto out = at::empty({numel}, options);
+  auto out = cuda_empty({numel}, options);
   if (numel > 0) {
     const c10::cuda::CUDAGuard guard(options.device());
     C10_CUDA_CHECK(cudaMemsetAsync(out.data_ptr(), 0, out.nbytes(), c10::cuda::getCurrentCUDAStream()));
@@ -341,10 +342,11 @@ QuantizedRangesAndRowCodes quantize_pack_col_ranges(const at::Tensor& x_in, int6
   const auto noise = noise_in ? noise_in->contiguous() : at::Tensor();
   const int64_t rows = x.size(0), cols = x.size(1);
   const int64_t outer_pad = padded_outer(cols), words = packed_words(rows);
-  auto planes = at::empty({bits, outer_pad, words}, x.options().dtype(at::kInt));
-  auto lo = at::empty({cols}, x.options()), scale = at::empty({cols}, x.options());
+  auto planes = cuda_empty({bits, outer_pad, words}, x.options().dtype(at::kInt));
+  auto lo = cuda_empty({cols}, x.options()), scale = cuda_empty({cols}, x.options());
   const int64_t row_bytes = row_code_bytes(cols, bits);
-  auto codes = want_row_codes ? at::empty({words * 32, row_bytes}, x.options().dtype(at::kByte)) : no_row_codes(x);
+  auto codes = cuda_empty({want_row_codes ? words * 32 : 0, want_row_codes ? row_bytes : 0},
+                          x.options().dtype(at::kByte));
   // One zeroed buffer: code sums (padded columns stay 0), then (without col_keys) the encoded maxima and minima.
   // Empty (no fill launched) when there is neither.
   const int64_t sums_len = want_sums ? outer_pad : 0;
@@ -390,7 +392,7 @@ QuantizedRangesAndRowCodes quantize_pack_col_ranges(const at::Tensor& x_in, int6
     }
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return {planes, lo, scale, scratch.narrow(0, 0, sums_len), codes};
+  return {planes, lo, scale, sums_len == scratch.numel() ? scratch : scratch.narrow(0, 0, sums_len), codes};
 }
 
 }  // namespace

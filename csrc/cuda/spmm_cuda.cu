@@ -40,6 +40,7 @@
 #include "quantize_cuda.h"
 #include "row_codes.h"
 #include "spmm_args.h"
+#include "scratch_cuda.h"
 #include "spmm_gather.cuh"
 #include "spmm_wgmma_cuda.h"
 
@@ -363,7 +364,7 @@ at::Tensor bit_spmm_affine_cuda(const at::Tensor& window_ptr, const at::Tensor& 
   const int64_t self_len = check_spmm_affine_vectors(lo, scale, row_sums, self_weight, row_scale, bias, x, rows, cols);
   const auto o = check_operands(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x, rows, cols,
                                 self_weight.has_value(), x_codes);
-  auto out = at::empty({rows, cols}, x.options().dtype(at::kFloat));
+  auto out = cuda_empty({rows, cols}, x.options().dtype(at::kFloat));
   if (rows == 0 || cols == 0) return out;
   const auto lo_c = lo.contiguous(), scale_c = scale.contiguous(), row_sums_c = row_sums.contiguous();
   const auto self_c = self_weight.has_value() ? self_weight->contiguous() : at::Tensor();
