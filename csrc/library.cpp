@@ -74,6 +74,10 @@ TORCH_LIBRARY(pyg_quant, m) {
       "Tensor[] weight_codes, Tensor[] weight_lo, Tensor[] weight_scale, Tensor[] weight_sums, Tensor?[] bias, "
       "int[] act_bits, int[] weight_bits, bool[] relu, Tensor? row_scale=None) -> (Tensor, Tensor)");
   m.def(
+      "quant_mlp_quantized(Tensor planes, int rows, int cols, bool col_layout, Tensor lo, Tensor scale, int dim, "
+      "Tensor[] weight_codes, Tensor[] weight_lo, Tensor[] weight_scale, Tensor[] weight_sums, Tensor?[] bias, "
+      "int[] act_bits, int[] weight_bits, bool[] relu, Tensor? row_scale=None) -> Tensor");
+  m.def(
       "quant_mlp_row_codes(Tensor x, Tensor[] weight_codes, Tensor[] weight_lo, Tensor[] weight_scale, "
       "Tensor[] weight_sums, Tensor?[] bias, int[] act_bits, int[] weight_bits, bool[] relu, Tensor? row_scale, "
       "Tensor out_lo, Tensor out_inv_scale, int out_bits) -> Tensor");
@@ -99,6 +103,12 @@ TORCH_LIBRARY(pyg_quant, m) {
       "Tensor? agg_keys, Tensor x, Tensor? x_lo, Tensor? x_scale, int x_rows, int x_cols, bool x_col_layout, "
       "int x_dim, Tensor[] weight_codes, Tensor[] weight_lo, Tensor[] weight_scale, Tensor[] weight_sums, "
       "Tensor?[] weight_bias, int[] act_bits, int[] weight_bits, bool[] relu) -> Tensor");
+  m.def(
+      "qat_gcn_conv_eval_quantized(Tensor window_ptr, Tensor tile_col, Tensor tile_bits, Tensor res_ptr, "
+      "Tensor res_col, Tensor? res_val, Tensor row_sums, Tensor diag, Tensor deg_inv_sqrt, Tensor? bias, "
+      "int agg_bits, bool wide, Tensor? agg_keys, Tensor x, Tensor? x_lo, Tensor? x_scale, int x_rows, int x_cols, "
+      "bool x_col_layout, int x_dim, Tensor[] weight_codes, Tensor[] weight_lo, Tensor[] weight_scale, "
+      "Tensor[] weight_sums, Tensor?[] weight_bias, int[] act_bits, int[] weight_bits, bool[] relu) -> Tensor");
   m.def(
       "qat_gin_conv_eval(Tensor window_ptr, Tensor tile_col, Tensor tile_bits, Tensor res_ptr, Tensor res_col, "
       "Tensor? res_val, Tensor row_sums, Tensor? diag, bool wide, Tensor x, Tensor? x_lo, Tensor? x_scale, "
@@ -139,6 +149,8 @@ TORCH_LIBRARY_IMPL(pyg_quant, CPU, m) {
   m.impl("quant_mlp_keys", &pyg_quant::mlp_keys<&pyg_quant::quant_mlp_cpu>);
   m.impl("quant_mlp_planes", &pyg_quant::mlp_planes<&pyg_quant::quant_mlp_planes_cpu>);
   m.impl("quant_mlp_planes_keys", &pyg_quant::mlp_planes_keys<&pyg_quant::quant_mlp_planes_cpu>);
+  // quant_mlp_quantized and qat_gcn_conv_eval_quantized (CPU only: on other devices the torch reference runs)
+  m.impl("quant_mlp_quantized", &pyg_quant::mlp_planes<&pyg_quant::quant_mlp_quantized_cpu>);
   m.impl("quant_mlp_row_codes", &pyg_quant::quant_mlp_row_codes_cpu);
   m.impl("quant_mlp_planes_row_codes", &pyg_quant::quant_mlp_planes_row_codes_cpu);
   // gin_conv_eval and gcn_conv_eval (a layer's eval forward on a BitAdjacency in one op)
@@ -151,6 +163,10 @@ TORCH_LIBRARY_IMPL(pyg_quant, CPU, m) {
   m.impl("qat_gcn_conv_eval",
          &pyg_quant::qat_gcn_conv_eval<&pyg_quant::bit_spmm_affine_cpu, &pyg_quant::quant_mlp_cpu,
                                        &pyg_quant::quant_mlp_planes_cpu, &pyg_quant::quantize_pack_ranges_cpu,
+                                       &pyg_quant::quantize_pack_stored_ranges_cpu>);
+  m.impl("qat_gcn_conv_eval_quantized",
+         &pyg_quant::qat_gcn_conv_eval<&pyg_quant::bit_spmm_affine_cpu, &pyg_quant::quant_mlp_cpu,
+                                       &pyg_quant::quant_mlp_quantized_cpu, &pyg_quant::quantize_pack_ranges_cpu,
                                        &pyg_quant::quantize_pack_stored_ranges_cpu>);
   m.impl("qat_gin_conv_eval",
          &pyg_quant::qat_gin_conv_eval<&pyg_quant::bit_spmm_affine_cpu, &pyg_quant::quant_mlp_cpu,

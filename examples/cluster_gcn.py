@@ -8,7 +8,10 @@
 1. ``pyg_quant.loader.QuantClusterData`` partitions the graph with METIS (pymetis);
 2. ``pyg_quant.loader.QuantClusterLoader`` joins ``--batch-size`` parts per batch and ships
    each batch as one buffer: the adjacency ``A + I`` as bit tiles (``batch.adj``) and the
-   features as ``--bits``-bit planes (``batch.x``), quantized once for the whole graph;
+   features as ``--bits``-bit planes (``batch.x``), quantized once for the whole graph (on the
+   CPU each node over its own range, ``feature_dim=1``: the codes the first layer's per-node
+   input quantizer would make, which it multiplies as they are; on a GPU one range per feature,
+   which its fused kernel decodes as it loads them);
 3. the model is written with ``pyg_quant.QGCNConv`` (``bits=None`` is PyG's GCNConv exactly,
    and it reads the loader's ``BitAdjacency``, which the fp32 ``--baseline`` model needs);
    ``pyg_quant.qat.prepare`` makes it ``--bits`` wide for quantization-aware training (the
@@ -187,8 +190,11 @@ def parse_args(p: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
 
 
 def run(args, build_model: Callable[[int, int, argparse.Namespace], torch.nn.Module], self_loops: int,
-        name: str) -> Dict[str, object]:
-    """Data -> partition -> loaders -> (fp32 baseline) -> QAT -> convert -> quantized inference; prints and returns."""
+        name: str, feature_dim: int = 0) -> Dict[str, object]:
+    """Data -> partition -> loaders -> (fp32 baseline) -> QAT -> convert -> quantized inference; prints and returns.
+
+    ``feature_dim``: the quantized loaders' (see ``QuantClusterLoader``): 1 where the model's first step is a linear
+    layer, 0 where it is an aggregation."""
     device, progress = torch.device(args.device), not args.no_progress
     torch.manual_seed(args.seed)
     data, source = load_data(args.root, args.synthetic, num_nodes=args.nodes, seed=args.seed)
@@ -200,8 +206,9 @@ def run(args, build_model: Callable[[int, int, argparse.Namespace], torch.nn.Mod
     print(f"METIS: {args.parts} parts in {time.perf_counter() - start:.1f} s")
     loader_kwargs = dict(batch_size=args.batch_size, bits=args.bits, self_loops=self_loops,
                          num_workers=args.workers, pin_memory=device.type == "cuda")
-    train_loader = QuantClusterLoader(cluster_data, shuffle=True, **loader_kwargs)
-    eval_loader = QuantClusterLoader(cluster_data, shuffle=False, **loader_kwargs)
+    quant_kwargs = dict(loader_kwargs, feature_dim=feature_dim)
+    train_loader = QuantClusterLoader(cluster_data, shuffle=True, **quant_kwargs)
+    eval_loader = QuantClusterLoader(cluster_data, shuffle=False, **quant_kwargs)
     num_classes = int(data.y.max()) + 1
     results: Dict[str, object] = {"data": source}
 
@@ -244,7 +251,10 @@ def build_gcn(in_channels: int, num_classes: int, args) -> torch.nn.Module:
 
 def main(argv=None) -> Dict[str, object]:
     args = parse_args(parser(), argv)
-    return run(args, build_gcn, self_loops=1, name="GCN")  # GCN aggregates over A + I
+    # GCN aggregates over A + I, after the product X·W: on the CPU its one-op eval path multiplies per-node codes as
+    # they are (on a GPU that op reads per-feature codes, and per-node ones take the layer's general path)
+    feature_dim = 1 if torch.device(args.device).type == "cpu" else 0
+    return run(args, build_gcn, self_loops=1, name="GCN", feature_dim=feature_dim)
 
 
 if __name__ == "__main__":

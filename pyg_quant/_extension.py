@@ -25,8 +25,9 @@ except ImportError as error:  # not built, or built against another torch
 _OPS = ("quantize_pack", "quantize_pack_ranges", "fake_quantize", "mse_range", "unpack_codes", "dequantize",
         "packed_code_sums", "pack_row_codes", "bitmm_int", "bitmm_affine", "bit_spmm_int", "bit_spmm_affine",
         "tile_plan", "expand_tiles", "quant_mlp", "quant_mlp_keys", "quant_mlp_planes", "quant_mlp_planes_keys",
-        "quant_mlp_row_codes", "quant_mlp_planes_row_codes", "planes_from_row_codes", "expand_csr", "gin_conv_eval",
-        "gcn_conv_eval", "qat_gcn_conv_eval", "qat_gin_conv_eval", "qat_linear")
+        "quant_mlp_quantized", "quant_mlp_row_codes", "quant_mlp_planes_row_codes", "planes_from_row_codes", "expand_csr",
+        "gin_conv_eval",
+        "gcn_conv_eval", "qat_gcn_conv_eval", "qat_gcn_conv_eval_quantized", "qat_gin_conv_eval", "qat_linear")
 _DISPATCH_KEYS = {"cpu": "CPU", "cuda": "CUDA"}
 # Ops composed of other ops in C++ (one registration for every backend): they run where the ops they call have
 # kernels.

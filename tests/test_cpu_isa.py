@@ -128,6 +128,19 @@ OPS_SCRIPT = textwrap.dedent("""
                 got = ops.quant_mlp_planes(planes, rows, cols, True, lo, scale, dim, *chain_args(layers, (True, False)),
                                            torch.rand(rows, generator=g))
                 out[f"quant_mlp_planes {key}"] = got.view(torch.int32)
+    # codes of x taken as they are from row-layout planes (ranges per row or per tensor, garbage in the padding
+    # columns, which the op must neither read nor sum): quant_mlp_quantized across a 64-code word and a block
+    for bits in range(1, 9):
+        for rows, cols in [(1, 1), (31, 65), (70, 1433), (2100, 40)]:
+            planes = bits_of((bits, rows + 64, (cols + 255) // 256 * 8))
+            for dim in (1, -1):
+                n = rows if dim == 1 else 1
+                lo, scale = torch.randn(n, generator=g), torch.rand(n, generator=g)
+                torch.manual_seed(bits + rows)
+                layers = [QuantLinear(cols, 9, bits=8), QuantLinear(9, 5, bits=4)]
+                got = ops.quant_mlp_quantized(planes, rows, cols, False, lo, scale, dim,
+                                              *chain_args(layers, (True, False)), torch.rand(rows, generator=g))
+                out[f"quant_mlp_quantized {bits} {rows} {cols} {dim}"] = got.view(torch.int32)
     torch.save(out, sys.argv[1])
 """)
 

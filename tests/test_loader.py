@@ -318,6 +318,44 @@ def test_features_quantized_once(planted, monkeypatch):
     assert len(calls) == 2  # another bit width is another quantization
 
 
+@pytest.mark.parametrize("bits", [1, 4, 8])
+def test_features_per_node_are_the_rows_of_to_bit_per_row(planted, planted_parts, bits):
+    """feature_dim=1: each batch's codes and ranges are exactly the batch's rows of to_bit(x, bits, dim=1), in the
+    row layout, and they survive the wire; a linear layer's per-node quantizer would make these very codes."""
+    whole = pq.to_bit(planted.x, bits, dim=1)
+    batches = list(QuantClusterLoader(planted_parts, batch_size=3, bits=bits, feature_dim=1))
+    assert sum(b.num_nodes for b in batches) == planted.num_nodes
+    for batch in batches:
+        x, n_id = batch.x, batch.n_id
+        assert x.layout == "row" and x.dim == 1 and x.bits == bits and x.shape == (batch.num_nodes, whole.cols)
+        assert torch.equal(x.lo, whole.lo[n_id]) and torch.equal(x.scale, whole.scale[n_id])
+        assert torch.equal(x.codes(), whole.codes()[n_id])
+        assert torch.equal(pq.to_bit(pq.to_val(x), bits, dim=1).codes(), x.codes())
+
+
+def test_features_per_node_and_per_column_are_kept_apart(planted):
+    cd = QuantClusterData(planted, 8, log=False)
+    per_column = QuantClusterLoader(cd, batch_size=2, bits=4)
+    per_node = QuantClusterLoader(cd, batch_size=2, bits=4, feature_dim=1)
+    assert per_column.collater.features.dim == 0 and per_node.collater.features.dim == 1
+    assert per_node.collater.features is QuantClusterLoader(cd, batch_size=4, bits=4, feature_dim=1).collater.features
+    with pytest.raises(ValueError, match="dim must be 0"):
+        cd.quantized_features(4, dim=2)
+
+
+def test_quantized_features_bad_arguments():
+    codes = torch.zeros(5, 3, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="dim must be 0"):
+        pq.loader.QuantizedFeatures(codes, torch.zeros(3), torch.ones(3), 4, dim=-1)
+    with pytest.raises(ValueError, match=r"lo and scale must have shape \(5,\) for dim=1"):
+        pq.loader.QuantizedFeatures(codes, torch.zeros(3), torch.ones(3), 4, dim=1)
+    with pytest.raises(ValueError, match="dim must be 0"):
+        pq.loader.QuantizedFeatures.from_tensor(torch.randn(5, 3), 4, dim=True)
+    features = pq.loader.QuantizedFeatures.from_tensor(torch.randn(5, 3), 4, dim=1)
+    with pytest.raises(ValueError, match="lo and scale are the gathered rows"):
+        features.pack(codes)
+
+
 # --- the single pinned buffer and its transfer --------------------------------------------------
 def all_tensors(batch):
     for name in batch.keys():
@@ -930,6 +968,8 @@ def test_cluster_data_bad_graphs(karate):
     (dict(bits=9), ValueError, "bits"),
     (dict(bits="4"), TypeError, "bits"),
     (dict(self_loops=3), ValueError, "self_loops"),
+    (dict(feature_dim=2), ValueError, "feature_dim"),
+    (dict(feature_dim=True), ValueError, "feature_dim"),
     (dict(batch_size=0), ValueError, "batch_size"),
     (dict(min_tile_nnz=0), ValueError, "min_tile_nnz"),
     (dict(adjacency="dense"), ValueError, "adjacency"),

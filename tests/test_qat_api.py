@@ -26,7 +26,7 @@ from torch_geometric.nn import GCNConv, GINConv
 
 import pyg_quant as pq
 import pyg_quant.qat.linear as qat_linear
-from pyg_quant import qat
+from pyg_quant import ops, qat
 
 from conftest import requires_compiled
 from test_qat import GIN, planted_graph
@@ -202,15 +202,20 @@ def test_qat_linear_takes_fitting_codes_as_they_are(monkeypatch):
     adj = pq.BitAdjacency.from_edge_index(data.edge_index, data.num_nodes, self_loops=1)
     lin = inference.conv1.lin
     calls = spy(monkeypatch, lin.input_quant)
-    seen = []
-    real_bitmm = qat_linear.bitmm
+    seen, fused = [], []
+    real_bitmm, real_fused = qat_linear.bitmm, ops.qat_gcn_conv_eval
     monkeypatch.setattr(qat_linear, "bitmm", lambda a, b, **k: seen.append(a) or real_bitmm(a, b, **k))
+    monkeypatch.setattr(ops, "qat_gcn_conv_eval", lambda *a, **k: fused.append((a, k)) or real_fused(*a, **k))
     with torch.no_grad():
         expected = inference(data.x, adj)  # the float input: quantized in the fused kernel (qat/eval_path.py)
         xq = pq.to_bit(data.x, 4, dim=1, layout="row")  # the codes the dynamic per-node quantizer makes
+        first = len(fused)
         out = inference(xq, adj)
         assert not calls, "a BitTensor that fits the input quantizer must not be quantized again"
-        assert seen[-1] is xq  # conv1's bit GEMM read the input's own codes
+        args, kwargs = fused[first]  # conv1's one-op path (CPU) multiplied the input's own planes as they are
+        assert kwargs["x_quantized"] and args[13] is xq.planes and not seen
+        inference(xq, data.edge_index)  # the general path: conv1's bit GEMM reads the input's own codes
+        assert seen[0] is xq and not calls
         inference(data.x, data.edge_index)  # the general path quantizes a float input itself
     assert len(calls) == 1
     assert torch.equal(out, expected)

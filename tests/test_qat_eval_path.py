@@ -2,8 +2,9 @@
 for bit.
 
 Each case compares the short path with the layer's general forward (the short path switched off) on the same
-inputs: float features and the loader's per-column codes, static ranges per channel and per tensor and dynamic ones,
-2 to 8 bits.  Then what must not take it, and what non-finite inputs do.
+inputs: float features, the loader's per-column codes and (GCN) its per-node codes, which the first layer multiplies
+as they are (on the CPU; the general path on a GPU), static ranges per channel and per tensor and dynamic ones, 2 to
+8 bits.  Then what must not take it, and what non-finite inputs do.
 """
 import pytest
 import torch
@@ -87,14 +88,19 @@ def short_calls(monkeypatch, kind="gcn"):
 def test_short_path_is_the_general_path(device, kind, bits, observers, monkeypatch):
     model, x, adj, _ = converted(device, bits, kind=kind, **observers)
     xq = pq.to_bit(x, bits, dim=0, layout="col")  # what the loader ships (GIN's aggregation operand as it is)
+    inputs = [(x, 2), (xq, 2)]  # (input, layers on the short path: both quantized ones, the last stays fp32)
+    if kind == "gcn":  # codes the first layer takes as they are: per node (feature_dim=1), narrower, per tensor
+        short = 2 if device == "cpu" else 1
+        inputs += [(pq.to_bit(x, bits, dim=1), short), (pq.to_bit(x, max(bits - 1, 1), dim=1), short),
+                   (pq.to_bit(x, bits, dim=None, layout="col"), short)]
     for mode in (torch.no_grad, torch.inference_mode):
         with mode():
-            for inp in (x, xq):
+            for inp, short in inputs:
                 want = general(model, inp, adj)
                 calls = short_calls(monkeypatch, kind)
                 got = model(inp, adj)
                 monkeypatch.undo()
-                assert sum(c is not None for c in calls) == 2  # both quantized layers (the last stays fp32)
+                assert sum(c is not None for c in calls) == short
                 assert torch.equal(got, want)
     # grad mode on, nothing asks for one (a converted model's parameters): the bit kernels, the same numbers
     assert torch.equal(model(x, adj), general(model, x, adj))
@@ -106,8 +112,8 @@ def test_what_keeps_the_general_path(monkeypatch):
     with torch.no_grad():
         model(x, pq.BitAdjacency.from_edge_index(edge_index, x.size(0)))  # no diagonal: self-loops added by the rule
         assert calls == [None, None]
-        model(pq.to_bit(x, 4, dim=1), adj)  # the input quantizer's own codes: conv1 multiplies them as they are
-        assert calls[2] is None and calls[3] is not None
+        model(pq.to_bit(x, 4, dim=1), adj)  # the input quantizer's own codes: multiplied as they are, here too
+        assert calls[2] is not None and calls[3] is not None
         model(x, edge_index)  # not a BitAdjacency
         assert calls[4:] == [None, None]
     model.conv1.lin.register_forward_hook(lambda *a: None)
@@ -170,27 +176,32 @@ def test_gin_what_keeps_the_general_path(monkeypatch):
 @pytest.mark.parametrize("kind", ["gcn", "gin"])
 def test_ops_equal_their_reference(device, kind, monkeypatch):
     """qat_gcn_conv_eval / qat_gin_conv_eval, as the layers call them (float features and per-column and per-tensor
-    codes; stored ranges and each channel's own), against pyg_quant/ops/reference.py's composition, and opcheck
-    (schema, fake kernel) on the CPU.  On a GPU, a NaN in a column with stored ranges too."""
+    codes, GCN's per-node codes; stored ranges and each channel's own), against pyg_quant/ops/reference.py's
+    composition, and opcheck (schema, fake kernel) on the CPU.  On a GPU, a NaN in a column with stored ranges too.
+    GCN's codes taken as they are (per tensor, per node) run qat_gcn_conv_eval_quantized, on the CPU only."""
     from pyg_quant import ops
     from pyg_quant.ops import reference
 
     name = f"qat_{kind}_conv_eval"
     recorded = []
     real = getattr(ops, name)
-    monkeypatch.setattr(ops, name, lambda *a: recorded.append(a) or real(*a))
+    monkeypatch.setattr(ops, name, lambda *a, **k: recorded.append((a, k)) or real(*a, **k))
     for observers in ({"agg_observer": "ema"}, {"agg_observer": "dynamic"}):
         model, x, adj, _ = converted(device, 4, kind=kind, **observers)
         bad = x.clone()
         bad[7, 3] = float("nan")
         inputs = [x, pq.to_bit(x, 4, dim=0, layout="col"), pq.to_bit(x, 3, dim=None, layout="col")]
+        inputs += [pq.to_bit(x, 4, dim=1)] if kind == "gcn" else []
         with torch.no_grad():
             for inp in inputs + ([bad] if device == "cuda" else []):
                 model.conv1(inp, adj)
-    assert len(recorded) == (6 if device == "cpu" else 8) - (2 if kind == "gcn" else 0)  # GCN: no per-tensor codes
-    op = getattr(torch.ops.pyg_quant, name).default
-    for args in recorded:
-        got, want = op(*args), getattr(reference, name)(*args)
+    # on a GPU, GCN's codes taken as they are (per tensor, per node) keep the general path
+    assert len(recorded) == {("cpu", "gcn"): 8, ("cpu", "gin"): 6, ("cuda", "gcn"): 6, ("cuda", "gin"): 8}[
+        (device, kind)]
+    assert sum(k.get("x_quantized", False) for _, k in recorded) == (4 if (device, kind) == ("cpu", "gcn") else 0)
+    for args, kwargs in recorded:
+        op = getattr(torch.ops.pyg_quant, name + ("_quantized" if kwargs.get("x_quantized") else "")).default
+        got, want = op(*args), getattr(reference, name)(*args, **kwargs)
         assert got.dtype == want.dtype == torch.float32 and torch.equal(got, want) or (
             torch.isnan(got).equal(torch.isnan(want)) and torch.equal(got.nan_to_num(), want.nan_to_num()))
         if device == "cpu":

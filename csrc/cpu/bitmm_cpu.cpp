@@ -21,6 +21,7 @@
 #include "epilogue_avx512.h"
 #include "popcount.h"
 #include "scratch.h"
+#include "unpack_avx512.h"
 
 namespace pyg_quant {
 namespace {
@@ -69,35 +70,6 @@ DotFn pick_dot(int s, int t) {
 
 // Words (64 codes) per block of a wide product: a block's sum is at most 1024·64·255·127 < 2^31.
 constexpr int64_t kWideBlockWords = 1024;
-
-// 64 consecutive codes of a bit-plane operand, one a byte: plane p's word sets bit p of the bytes its bits select.
-PYG_QUANT_TARGET_AVX512 inline __m512i codes_of_64(const uint64_t* word, int64_t plane_stride, int bits) {
-  __m512i v = _mm512_setzero_si512();
-  for (int p = 0; p < bits; ++p) {
-    v = _mm512_mask_add_epi8(v, static_cast<__mmask64>(word[p * plane_stride]), v,
-                             _mm512_set1_epi8(static_cast<char>(1 << p)));
-  }
-  return v;
-}
-
-// The codes of the first `used` words of rows [r0, r1) of row-layout planes (`words` words a row), used·64 bytes a
-// row, row r at dst + (r − r0)·used·64; with `shift`, each code less 128 (an 8-bit code as an int8), and the row's
-// sum of the codes stored (unshifted) in sums[r − r0].
-PYG_QUANT_TARGET_AVX512 void unpack_rows_avx512(const uint64_t* planes, int64_t plane_stride, int bits, int64_t r0,
-                                                int64_t r1, int64_t words, int64_t used, uint8_t* dst,
-                                                bool shift = false, int64_t* sums = nullptr) {
-  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80)), zero = _mm512_setzero_si512();
-  for (int64_t r = r0; r < r1; ++r) {
-    uint8_t* row = dst + (r - r0) * used * 64;
-    __m512i total = zero;
-    for (int64_t w = 0; w < used; ++w) {
-      const __m512i v = codes_of_64(planes + r * words + w, plane_stride, bits);
-      if (sums != nullptr) total = _mm512_add_epi64(total, _mm512_sad_epu8(v, zero));
-      _mm512_storeu_si512(row + w * 64, shift ? _mm512_xor_si512(v, flip) : v);
-    }
-    if (sums != nullptr) sums[r - r0] = _mm512_reduce_add_epi64(total);
-  }
-}
 
 // 1 + the last word any plane of B sets a bit in along K (0 for none): the words past it add nothing to a product,
 // and K's padding to 256 bits is up to three such words a row.

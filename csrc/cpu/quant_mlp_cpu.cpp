@@ -22,6 +22,7 @@
 #include "quantize_steps.h"
 #include "row_codes.h"
 #include "scratch.h"
+#include "unpack_avx512.h"
 
 namespace pyg_quant {
 namespace {
@@ -124,16 +125,46 @@ struct ColCodes {
   bool per_column;
 };
 
-// quant_mlp of `x_in` (float32 rows), or of the values of `col_codes` (x_in: their planes) with `rows` rows; widths
-// from the caller's argument check.
-at::Tensor quant_mlp_rows(const at::Tensor& x_in, const ColCodes* col_codes, int64_t rows,
+// The chain's input as row-layout codes taken as they are (the first product's operand), ranges per row or one range.
+struct RowCodes {
+  const uint32_t* planes;
+  int64_t bits, plane_stride, words;  // in 32-bit words
+  const float* lo;
+  const float* scale;
+  bool per_row;
+};
+
+// Row r of `in` as bytes at dst (the first `cols` codes; with `shift`, each less 128); returns the row's code sum.
+int64_t unpack_row(const RowCodes& in, int64_t r, int64_t cols, int8_t* dst, bool shift, bool vector) {
+  uint8_t* out = reinterpret_cast<uint8_t*>(dst);
+#if defined(PYG_QUANT_X86_DISPATCH)
+  if (vector) {
+    return unpack_row_avx512(reinterpret_cast<const uint64_t*>(in.planes), in.plane_stride / 2,
+                             static_cast<int>(in.bits), r, in.words / 2, cols, out, shift);
+  }
+#endif
+  int64_t sum = 0;
+  const uint32_t* row = in.planes + r * in.words;
+  for (int64_t c = 0; c < cols; ++c) {
+    uint32_t q = 0;
+    for (int64_t p = 0; p < in.bits; ++p) q |= ((row[p * in.plane_stride + (c >> 5)] >> (c & 31)) & 1u) << p;
+    sum += q;
+    out[c] = static_cast<uint8_t>(shift ? q ^ 0x80u : q);
+  }
+  return sum;
+}
+
+// quant_mlp of `x_in` (float32 rows), or of the values of `col_codes` (x_in: their planes), or with `row_codes` (x_in:
+// their planes) as the first layer's quantized input, with `rows` rows; widths from the caller's argument check.
+at::Tensor quant_mlp_rows(const at::Tensor& x_in, const ColCodes* col_codes, const RowCodes* row_codes, int64_t rows,
                           const std::vector<int64_t>& widths, at::TensorList weight_codes, at::TensorList weight_lo,
                           at::TensorList weight_scale, at::TensorList weight_sums,
                           const c10::List<std::optional<at::Tensor>>& bias, at::IntArrayRef act_bits,
                           at::IntArrayRef weight_bits, const c10::List<bool>& relu,
                           const std::optional<at::Tensor>& row_scale, const std::optional<at::Tensor>& col_keys) {
   const int64_t layers = static_cast<int64_t>(weight_codes.size());
-  const at::Tensor x = col_codes != nullptr ? x_in : x_in.contiguous();
+  const bool packed = col_codes != nullptr || row_codes != nullptr;
+  const at::Tensor x = packed ? x_in : x_in.contiguous();
   std::vector<at::Tensor> keep;  // contiguous copies live until the end
   std::vector<Layer> plan;
   for (int64_t l = 0; l < layers; ++l) {
@@ -152,7 +183,7 @@ at::Tensor quant_mlp_rows(const at::Tensor& x_in, const ColCodes* col_codes, int
   auto out = at::empty({rows, out_cols}, x.options().dtype(at::kFloat));
   if (rows == 0) return out;
   const int64_t max_width = *std::max_element(widths.begin(), widths.end());
-  const float* xp = col_codes != nullptr ? nullptr : x.data_ptr<float>();
+  const float* xp = packed ? nullptr : x.data_ptr<float>();
   float* op = out.data_ptr<float>();
   const at::Tensor scales = row_scale.has_value() ? row_scale->contiguous() : at::Tensor();
   const float* sp = scales.defined() ? scales.data_ptr<float>() : nullptr;
@@ -214,6 +245,8 @@ at::Tensor quant_mlp_rows(const at::Tensor& x_in, const ColCodes* col_codes, int
     }
 #if defined(PYG_QUANT_X86_DISPATCH)
     const bool vector = cpu_has_avx512_vnni(), vector_epilogue = cpu_has_avx512_dq();
+#else
+    const bool vector = false;
 #endif
     std::vector<uint32_t> all_keys(keys != nullptr ? 2 * out_cols : 0, 0u);
     for (int64_t r0 = 0; r0 < rows; r0 += block) {
@@ -243,6 +276,19 @@ at::Tensor quant_mlp_rows(const at::Tensor& x_in, const ColCodes* col_codes, int
           row_lo[i] = ranges[i].lo;
           row_scale[i] = ranges[i].scale;
         };
+        if (l == 0 && row_codes != nullptr) {
+          // Codes of x taken as they are: each row's bytes and code sum, its range x's own (no range, no rounding).
+          const RowCodes& in = *row_codes;
+          at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
+            for (int64_t i = begin; i < end; ++i) {
+              const int64_t r = r0 + i, g = in.per_row ? r : 0;
+              row_sums[i] = unpack_row(in, r, layer.in, codes + i * layer.in, shift_a, vector);
+              row_lo[i] = in.lo[g];
+              row_scale[i] = in.scale[g];
+              ranges[i] = {in.lo[g], in.scale[g], 0.0f};
+            }
+          });
+        } else
 #if defined(PYG_QUANT_X86_DISPATCH)
         if (l == 0 && col_codes != nullptr) {
           // Codes of x: a word of 32 rows at a time to floats in the thread's buffer (in cache), quantized from
@@ -314,7 +360,7 @@ at::Tensor quant_mlp_cpu(const at::Tensor& x, at::TensorList weight_codes, at::T
                          const std::optional<at::Tensor>& row_scale, const std::optional<at::Tensor>& col_keys) {
   const std::vector<int64_t> widths = check_quant_mlp_args(x, weight_codes, weight_lo, weight_scale, weight_sums,
                                                            bias, act_bits, weight_bits, relu, row_scale, col_keys);
-  return quant_mlp_rows(x, nullptr, x.size(0), widths, weight_codes, weight_lo, weight_scale, weight_sums, bias,
+  return quant_mlp_rows(x, nullptr, nullptr, x.size(0), widths, weight_codes, weight_lo, weight_scale, weight_sums, bias,
                         act_bits, weight_bits, relu, row_scale, col_keys);
 }
 
@@ -336,13 +382,40 @@ at::Tensor quant_mlp_planes_cpu(const at::Tensor& planes, int64_t rows, int64_t 
     const ColCodes col_codes{reinterpret_cast<const uint32_t*>(contiguous.data_ptr<int32_t>()), contiguous.size(0),
                              contiguous.stride(0), contiguous.size(2), lo_t.data_ptr<float>(),
                              scale_t.data_ptr<float>(), dim == 0};
-    return quant_mlp_rows(contiguous, &col_codes, rows, widths, weight_codes, weight_lo, weight_scale, weight_sums,
-                          bias, act_bits, weight_bits, relu, row_scale, col_keys);
+    return quant_mlp_rows(contiguous, &col_codes, nullptr, rows, widths, weight_codes, weight_lo, weight_scale,
+                          weight_sums, bias, act_bits, weight_bits, relu, row_scale, col_keys);
   }
 #endif
   // Otherwise the definition itself.
   return quant_mlp_cpu(dequantize_cpu(planes, rows, cols, col_layout, lo, scale, dim), weight_codes, weight_lo,
                        weight_scale, weight_sums, bias, act_bits, weight_bits, relu, row_scale, col_keys);
+}
+
+at::Tensor quant_mlp_quantized_cpu(const at::Tensor& planes, int64_t rows, int64_t cols, bool col_layout,
+                                   const at::Tensor& lo, const at::Tensor& scale, int64_t dim,
+                                   at::TensorList weight_codes, at::TensorList weight_lo, at::TensorList weight_scale,
+                                   at::TensorList weight_sums, const c10::List<std::optional<at::Tensor>>& bias,
+                                   at::IntArrayRef act_bits, at::IntArrayRef weight_bits, const c10::List<bool>& relu,
+                                   const std::optional<at::Tensor>& row_scale,
+                                   const std::optional<at::Tensor>& col_keys) {
+  const std::vector<int64_t> widths =
+      check_quant_mlp_planes_args(planes, rows, cols, col_layout, lo, scale, dim, weight_codes, weight_lo,
+                                  weight_scale, weight_sums, bias, act_bits, weight_bits, relu, row_scale, col_keys);
+  TORCH_CHECK_VALUE(!col_layout, "planes must be in the row layout (col_layout=False): the codes are the product's "
+                    "operand as they are");
+  TORCH_CHECK_VALUE(dim != 0, "planes must have ranges per row (dim=1) or one range (dim=-1), got dim=0: ranges per "
+                    "column do not factor out of the product");
+  TORCH_CHECK_VALUE(planes.size(0) <= act_bits[0], "planes hold ", planes.size(0), "-bit codes, more than the first "
+                    "layer's act_bits (", act_bits[0], ")");
+  const at::Tensor contiguous = planes.contiguous(), lo_t = lo.contiguous(), scale_t = scale.contiguous();
+  // The AVX-512 unpacker reads 64-bit words: a row's words are padded to 256 bits, so they pair up.
+  TORCH_CHECK_VALUE(contiguous.size(2) % 2 == 0, "planes must hold an even number of words a row, got ",
+                    contiguous.size(2));
+  const RowCodes row_codes{reinterpret_cast<const uint32_t*>(contiguous.data_ptr<int32_t>()), contiguous.size(0),
+                           contiguous.stride(0), contiguous.size(2), lo_t.data_ptr<float>(),
+                           scale_t.data_ptr<float>(), dim == 1};
+  return quant_mlp_rows(contiguous, nullptr, &row_codes, rows, widths, weight_codes, weight_lo, weight_scale,
+                        weight_sums, bias, act_bits, weight_bits, relu, row_scale, col_keys);
 }
 
 namespace {

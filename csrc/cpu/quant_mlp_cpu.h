@@ -27,6 +27,19 @@ at::Tensor quant_mlp_planes_cpu(const at::Tensor& planes, int64_t rows, int64_t 
                                 at::IntArrayRef act_bits, at::IntArrayRef weight_bits, const c10::List<bool>& relu,
                                 const std::optional<at::Tensor>& row_scale, const std::optional<at::Tensor>& col_keys);
 
+// quant_mlp with its first layer's input the codes of a packed tensor taken as they are (no dequantize, no
+// requantize): row layout, ranges per row (dim 1) or one range (dim -1), at most act_bits[0] bits.  The first product
+// is that of bitmm(x, W) (the codes' exact integer product, bitmm's affine epilogue with x's lo / scale and code sums),
+// what a QAT linear layer runs on an input quantized already; the later layers as in quant_mlp.  CPU only: elsewhere
+// the torch reference runs.
+at::Tensor quant_mlp_quantized_cpu(const at::Tensor& planes, int64_t rows, int64_t cols, bool col_layout,
+                                   const at::Tensor& lo, const at::Tensor& scale, int64_t dim,
+                                   at::TensorList weight_codes, at::TensorList weight_lo, at::TensorList weight_scale,
+                                   at::TensorList weight_sums, const c10::List<std::optional<at::Tensor>>& bias,
+                                   at::IntArrayRef act_bits, at::IntArrayRef weight_bits, const c10::List<bool>& relu,
+                                   const std::optional<at::Tensor>& row_scale,
+                                   const std::optional<at::Tensor>& col_keys);
+
 // The chain's output quantized per column with fixed ranges (quantize_pack with out_lo / out_inv_scale [out_cols],
 // column layout, nearest rounding), as that tensor's packed row codes (pack_row_codes; its planes are
 // planes_from_row_codes of them).  The GPU kernel writes the codes as it stores the rows, so a layer with static

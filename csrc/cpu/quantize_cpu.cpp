@@ -12,7 +12,7 @@
 #include "row_codes.h"
 
 #include <ATen/ops/empty.h>
-#include <ATen/ops/where.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/Parallel.h>
 
@@ -507,15 +507,41 @@ at::Tensor packed_code_sums_cpu(const at::Tensor& planes_in) {
   return sums;
 }
 
+namespace {
+
+// The per-column ranges that column keys describe ([1, cols] float32 lo, scale and inverse scale), with the float32
+// steps of quantize_pack_ranges_composed (range_of is the same subtraction, divisions and zero test) in one loop: on a
+// layer's few columns the composed tensor ops cost more than the pack itself.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> ranges_from_col_keys(const at::Tensor& col_keys, int64_t bits) {
+  const auto [lo, hi] = extrema_from_col_keys(col_keys);
+  at::Tensor scale = at::empty_like(lo), inv = at::empty_like(lo);
+  const float *lp = lo.data_ptr<float>(), *hp = hi.data_ptr<float>();
+  float *sp = scale.data_ptr<float>(), *ip = inv.data_ptr<float>();
+  const float max_code = static_cast<float>((1 << bits) - 1);
+  for (int64_t c = 0; c < lo.size(1); ++c) {
+    const Range r = range_of(lp[c], hp[c], max_code);
+    sp[c] = r.scale;
+    ip[c] = r.inv;
+  }
+  return {lo, scale, inv};
+}
+
+}  // namespace
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_pack_ranges_cpu(
     const at::Tensor& x, int64_t bits, int64_t dim, bool col_layout, const std::optional<at::Tensor>& noise,
     bool row_codes, const std::optional<at::Tensor>& col_keys, bool code_sums) {
   check_quantize_ranges_args(x, bits, dim, col_layout, noise, col_keys);
-  std::optional<at::Tensor> lo, hi;
-  if (col_keys.has_value()) std::tie(lo, hi) = extrema_from_col_keys(*col_keys);
-  return with_row_codes(quantize_pack_ranges_composed(x, bits, dim, col_layout, noise, quantize_pack_cpu,
-                                                      code_sums_if(code_sums, packed_code_sums_cpu), lo, hi),
-                        x.size(1), col_layout, row_codes, pack_row_codes_cpu);
+  if (!col_keys.has_value()) {
+    return with_row_codes(quantize_pack_ranges_composed(x, bits, dim, col_layout, noise, quantize_pack_cpu,
+                                                        code_sums_if(code_sums, packed_code_sums_cpu)),
+                          x.size(1), col_layout, row_codes, pack_row_codes_cpu);
+  }
+  const auto [lo, scale, inv] = ranges_from_col_keys(*col_keys, bits);
+  const at::Tensor planes = quantize_pack_cpu(x.contiguous(), lo, inv, bits, col_layout, noise);
+  const QuantizedRanges ranges{planes, lo.view({-1}), scale.view({-1}),
+                               code_sums_if(code_sums, packed_code_sums_cpu)(planes)};
+  return with_row_codes(ranges, x.size(1), col_layout, row_codes, pack_row_codes_cpu);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_pack_stored_ranges_cpu(
@@ -525,10 +551,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_
   check_col_keys(stored_keys, x.size(1), x.device(), "x", "stored_keys");
   at::Tensor keys = stored_keys;
   if (col_keys.has_value()) {
-    // a column is finite when neither of its slots holds a non-finite value's key
+    // a column is finite when neither of its slots holds a non-finite value's key (one loop: a few columns)
     const int64_t cols = x.size(1);
-    const auto finite = col_keys->view({2, cols}).amax(0).lt(static_cast<int64_t>(kNonFiniteKey));
-    keys = at::where(finite, stored_keys.view({2, cols}), static_cast<int64_t>(kNanKey)).view({-1});
+    keys = stored_keys.clone();
+    const int64_t* seen = col_keys->data_ptr<int64_t>();
+    int64_t* k = keys.data_ptr<int64_t>();
+    for (int64_t c = 0; c < cols; ++c) {
+      if (std::max(seen[c], seen[cols + c]) >= static_cast<int64_t>(kNonFiniteKey)) k[c] = k[cols + c] = kNanKey;
+    }
   }
   return quantize_pack_ranges_cpu(x, bits, 0, true, std::nullopt, row_codes, keys, code_sums);
 }

@@ -5,7 +5,7 @@ import os
 import sys
 import time
 import warnings
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch_geometric.data import Data
@@ -172,7 +172,7 @@ class QuantClusterData(ClusterData):
         self.timings: Dict[str, float] = {}
         self.cache_path: Optional[str] = None
         self.from_cache = False
-        self._features: Dict[int, QuantizedFeatures] = {}
+        self._features: Dict[Tuple[int, int], QuantizedFeatures] = {}
 
         from tqdm.auto import tqdm
 
@@ -270,19 +270,22 @@ class QuantClusterData(ClusterData):
     def nonempty_parts(self) -> List[int]:
         return torch.nonzero(self.part_sizes).view(-1).tolist()
 
-    def quantized_features(self, bits: int) -> QuantizedFeatures:
-        r"""``data.x`` quantized to ``bits`` bits, one range per column over all nodes, in part order.
+    def quantized_features(self, bits: int, dim: int = 0) -> QuantizedFeatures:
+        r"""``data.x`` quantized to ``bits`` bits, one range per column over all nodes (``dim=0``) or each node over
+        its own (``dim=1``), in part order.
 
-        Computed once per ``bits`` and kept: every loader over this graph (train,
+        Computed once per ``bits`` and ``dim`` and kept: every loader over this graph (train,
         evaluation, every epoch) packs its batches from these codes.
         """
         bits = check_bits(bits)
-        if bits not in self._features:
+        if isinstance(dim, bool) or dim not in (0, 1):
+            raise ValueError(f"dim must be 0 (a range per column) or 1 (a range per node), got {dim!r}")
+        if (bits, dim) not in self._features:
             x = getattr(self.data, "x", None)
             if x is None:
                 raise ValueError("data.x is None: there are no features to quantize")
-            self._features[bits] = QuantizedFeatures.from_tensor(x, bits, progress=self.log)
-        return self._features[bits]
+            self._features[bits, dim] = QuantizedFeatures.from_tensor(x, bits, progress=self.log, dim=dim)
+        return self._features[bits, dim]
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.num_parts}, backend={self.backend!r})"

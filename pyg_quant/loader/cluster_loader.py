@@ -95,7 +95,7 @@ class ClusterCollater:
             "adj": BitAdjacency.compact_from_edge_index(edge_index, num_nodes, self_loops=self.self_loops,
                                                         min_tile_nnz=self.min_tile_nnz)}
         if self.features is not None:
-            fields["x"] = self.features.pack(self.features.gather(ranges))
+            fields["x"] = self.features.batch(ranges)
         data = self.data
         for key, value in data.items():
             if key in ("edge_index", "num_nodes") or (key == "x" and self.features is not None):
@@ -157,7 +157,8 @@ class QuantClusterLoader(torch.utils.data.DataLoader):
       ``[num_nodes, num_nodes]`` plus ``self_loops·I``, rows = targets;
     * ``x`` (:class:`~pyg_quant.BitTensor`): the features, ``bits`` bits, one range
       per column (``dim=0``) taken once over the whole graph, ``layout="col"``
-      (what :func:`~pyg_quant.bit_spmm` reads); a float tensor when ``bits=None``;
+      (what :func:`~pyg_quant.bit_spmm` reads); with ``feature_dim=1``, each node
+      over its own range (``dim=1``), ``layout="row"``; a float tensor when ``bits=None``;
     * ``deg``: float32 ``[num_nodes]``, ``adj.degree()`` (GCN's degree, self-loop
       term included), computed where the batch is;
     * every other node-level attribute of the graph as is (``y``, ``train_mask``, ...);
@@ -203,6 +204,12 @@ class QuantClusterLoader(torch.utils.data.DataLoader):
         batch_size (int): parts per batch.
         shuffle (bool): reshuffle the parts every epoch.
         bits (int or None): feature bits, 1..8; ``None`` keeps ``x`` as float.
+        feature_dim (int): what the features' ranges are taken over (as ``dim`` of :func:`~pyg_quant.to_bit`).
+            ``0`` (the default): one range per feature over all nodes, in the column layout: the operand of an
+            aggregation ``A·X`` (GIN's first step).  ``1``: each node over its own range, in the row layout: the
+            codes a per-node input quantizer makes (that of a QAT layer, ``qat.prepare``'s default, or a
+            :class:`~pyg_quant.QGCNConv`'s), which a model whose first step is a linear layer (GCN's ``X·W``)
+            multiplies as they are, with no dequantize / requantize round trip.
         self_loops (int): 0, 1 (``A + I``, GCN) or 2 (``A + 2I``); see
             :meth:`~pyg_quant.BitAdjacency.from_edge_index`.  Use 0 for GIN.
         min_tile_nnz (int): blocks with fewer entries go to the CSR residual of
@@ -236,7 +243,7 @@ class QuantClusterLoader(torch.utils.data.DataLoader):
     """
 
     def __init__(self, cluster_data: ClusterData, batch_size: int = 1, shuffle: bool = False,
-                 bits: Optional[int] = 4, self_loops: int = 1, min_tile_nnz: int = 16,
+                 bits: Optional[int] = 4, self_loops: int = 1, min_tile_nnz: int = 16, feature_dim: int = 0,
                  return_edge_index: bool = False, adjacency: Optional[str] = None,
                  device: Union[str, int, torch.device, None] = None, shard: Optional[bool] = None,
                  num_replicas: Optional[int] = None, rank: Optional[int] = None, seed: int = 0, **kwargs):
@@ -260,6 +267,9 @@ class QuantClusterLoader(torch.utils.data.DataLoader):
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         if bits is not None:
             bits = check_bits(bits)
+        if isinstance(feature_dim, bool) or feature_dim not in (0, 1):
+            raise ValueError(f"feature_dim must be 0 (a range per feature) or 1 (a range per node), "
+                             f"got {feature_dim!r}")
         if isinstance(self_loops, bool) or self_loops not in (0, 1, 2):
             raise ValueError(f"self_loops must be 0, 1 or 2, got {self_loops!r}")
         if isinstance(min_tile_nnz, bool) or not isinstance(min_tile_nnz, int) or min_tile_nnz < 1:
@@ -297,11 +307,11 @@ class QuantClusterLoader(torch.utils.data.DataLoader):
                 raise TypeError("cluster_data.data.x must be a floating-point [num_nodes, num_features] tensor "
                                 "to be quantized; pass bits=None to ship it as is")
             if hasattr(cluster_data, "quantized_features"):
-                features = cluster_data.quantized_features(bits)  # once per graph and bit width
+                features = cluster_data.quantized_features(bits, feature_dim)  # once per graph, width and dim
             else:
-                features = QuantizedFeatures.from_tensor(x, bits)
+                features = QuantizedFeatures.from_tensor(x, bits, dim=feature_dim)
 
-        self.cluster_data, self.bits, self.self_loops = cluster_data, bits, self_loops
+        self.cluster_data, self.bits, self.self_loops, self.feature_dim = cluster_data, bits, self_loops, feature_dim
         self.device = device
         # The other constructor arguments too, under their names (Lightning re-creates a loader from them).
         self.min_tile_nnz, self.return_edge_index, self.adjacency = min_tile_nnz, return_edge_index, adjacency

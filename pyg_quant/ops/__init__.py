@@ -176,6 +176,18 @@ def quant_mlp_planes(planes, rows: int, cols: int, col_layout: bool, lo, scale, 
     return getattr(reference, name)(*args)
 
 
+def quant_mlp_quantized(planes, rows: int, cols: int, col_layout: bool, lo, scale, dim: int, weight_codes,
+                        weight_lo, weight_scale, weight_sums, bias, act_bits, weight_bits, relu, row_scale=None):
+    """:func:`quant_mlp` with the first layer's input the codes of a packed tensor taken as they are (row layout,
+    ranges per row or one; see :func:`reference.quant_mlp_quantized`); compiled for the CPU only."""
+    args = (planes, int(rows), int(cols), bool(col_layout), lo, scale, int(dim), list(weight_codes), list(weight_lo),
+            list(weight_scale), list(weight_sums), list(bias), [int(b) for b in act_bits],
+            [int(b) for b in weight_bits], [bool(r) for r in relu], row_scale)
+    if use_compiled("quant_mlp_quantized", planes.device):
+        return torch.ops.pyg_quant.quant_mlp_quantized(*args)
+    return reference.quant_mlp_quantized(*args)
+
+
 def quant_mlp_row_codes(x, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits, weight_bits, relu,
                         row_scale, out_lo, out_inv_scale, out_bits: int):
     """:func:`quant_mlp` with its output quantized per column with fixed ranges, as packed row codes (see
@@ -249,16 +261,19 @@ def gcn_conv_eval(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, ro
 def qat_gcn_conv_eval(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, row_sums, diag, deg_inv_sqrt, bias,
                       agg_bits: int, wide: bool, agg_keys, x, x_lo, x_scale, x_rows: int, x_cols: int,
                       x_col_layout: bool, x_dim: int, weight_codes, weight_lo, weight_scale, weight_sums, weight_bias,
-                      act_bits, weight_bits, relu):
+                      act_bits, weight_bits, relu, x_quantized: bool = False):
     """A converted QATGCNConv layer's eval forward on a BitAdjacency that holds its self loops, in one op (see
     :func:`reference.qat_gcn_conv_eval`); ``x`` float32 ``[N, C]``, or the planes of codes with ``x_lo`` /
-    ``x_scale``; ``agg_keys`` the aggregation quantizer's stored range as column keys (None: each channel's own)."""
+    ``x_scale``; ``agg_keys`` the aggregation quantizer's stored range as column keys (None: each channel's own).
+    ``x_quantized``: the codes of ``x`` are the product's operand as they are (row layout, ranges per row or one:
+    the op ``qat_gcn_conv_eval_quantized``, compiled for the CPU only)."""
     args = (window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, row_sums, diag, deg_inv_sqrt, bias,
             int(agg_bits), bool(wide), agg_keys, x, x_lo, x_scale, int(x_rows), int(x_cols), bool(x_col_layout),
             int(x_dim), weight_codes, weight_lo, weight_scale, weight_sums, weight_bias, act_bits, weight_bits, relu)
-    if use_compiled("qat_gcn_conv_eval", x.device):
-        return torch.ops.pyg_quant.qat_gcn_conv_eval.default(*args)
-    return reference.qat_gcn_conv_eval(*args)
+    name = "qat_gcn_conv_eval_quantized" if x_quantized else "qat_gcn_conv_eval"
+    if use_compiled(name, x.device):
+        return getattr(torch.ops.pyg_quant, name).default(*args)
+    return reference.qat_gcn_conv_eval(*args, x_quantized=x_quantized)
 
 
 def qat_gin_conv_eval(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, row_sums, diag, wide: bool, x,
@@ -370,6 +385,7 @@ if LOADED:
         return _fake_mlp_out(x, x.shape[0], weight_codes), _fake_mlp_keys(x, weight_codes)
 
     @torch.library.register_fake("pyg_quant::quant_mlp_planes")
+    @torch.library.register_fake("pyg_quant::quant_mlp_quantized")
     def _(planes, rows, cols, col_layout, lo, scale, dim, weight_codes, weight_lo, weight_scale, weight_sums, bias,
           act_bits, weight_bits, relu, row_scale=None):
         return _fake_mlp_out(planes, rows, weight_codes)
@@ -416,6 +432,7 @@ if LOADED:
         return _fake_conv_output(_fake_mlp_out(x, res_ptr.shape[0] - 1, weight_codes), out_bits, out_dim)
 
     @torch.library.register_fake("pyg_quant::qat_gcn_conv_eval")
+    @torch.library.register_fake("pyg_quant::qat_gcn_conv_eval_quantized")
     def _(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, row_sums, diag, deg_inv_sqrt, bias, agg_bits,
           wide, agg_keys, x, x_lo, x_scale, x_rows, x_cols, x_col_layout, x_dim, weight_codes, weight_lo,
           weight_scale, weight_sums, weight_bias, act_bits, weight_bits, relu):

@@ -466,16 +466,57 @@ def quant_mlp(x, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_b
         scale = (hi - lo) / torch.full_like(hi, float(2**bits - 1))
         inv_scale = torch.where(scale > 0, torch.ones_like(scale) / scale, torch.zeros_like(scale))
         q = quantize_codes(h, lo, inv_scale, bits, None)
-        # exact: every partial sum is an integer below 2**53
-        product = (q.double() @ codes.double().t()).round().to(torch.int64)
-        h = bitmm_affine(product, q.sum(1), weight_sums[l], lo.reshape(-1), scale.reshape(-1), weight_lo[l],
-                         weight_scale[l], codes.size(1), bias[l], bool(relu[l]))
-    if row_scale is not None:
-        if row_scale.dim() != 1 or row_scale.numel() != h.size(0) or row_scale.dtype != torch.float32:
-            raise ValueError(f"row_scale must be float32 [{h.size(0)}] (one scale per row of x), got "
-                             f"{row_scale.dtype} {tuple(row_scale.shape)}")
-        h = h * row_scale.view(-1, 1)
-    return h
+        h = _code_product(q, lo.reshape(-1), scale.reshape(-1), codes, weight_sums[l], weight_lo[l], weight_scale[l],
+                          bias[l], relu[l])
+    return _scaled_rows(h, row_scale)
+
+
+def _code_product(q, lo, scale, codes, weight_sums, weight_lo, weight_scale, bias, relu):
+    """:func:`bitmm_affine` of the exact product of the codes ``q`` (``[rows, in]``, ranges ``lo`` / ``scale``
+    ``[rows]``) with ``codes`` (``[out, in]``): one bit layer's product, as ``bitmm_float`` computes it."""
+    # exact: every partial sum is an integer below 2**53
+    product = (q.double() @ codes.double().t()).round().to(torch.int64)
+    return bitmm_affine(product, q.sum(1), weight_sums, lo, scale, weight_lo, weight_scale, codes.size(1), bias,
+                        bool(relu))
+
+
+def _scaled_rows(h, row_scale):
+    """``h`` with each row multiplied by its ``row_scale`` in float32 (None: as it is)."""
+    if row_scale is None:
+        return h
+    if row_scale.dim() != 1 or row_scale.numel() != h.size(0) or row_scale.dtype != torch.float32:
+        raise ValueError(f"row_scale must be float32 [{h.size(0)}] (one scale per row of x), got "
+                         f"{row_scale.dtype} {tuple(row_scale.shape)}")
+    return h * row_scale.view(-1, 1)
+
+
+def quant_mlp_quantized(planes, rows, cols, col_layout, lo, scale, dim, weight_codes, weight_lo, weight_scale,
+                        weight_sums, bias, act_bits, weight_bits, relu, row_scale=None):
+    r""":func:`quant_mlp` with its first layer's input the codes of a packed tensor taken as they are: the exact
+    product of those codes (row layout, ranges per row, ``dim=1``, or one, ``dim=-1``; at most ``act_bits[0]`` bits)
+    with ``weight_codes[0]`` and :func:`bitmm_affine` with their ranges and code sums (``bitmm(x, W)``, what a QAT
+    linear layer runs on an input quantized already), then the later layers as :func:`quant_mlp`."""
+    if col_layout:
+        raise ValueError("planes must be in the row layout (col_layout=False): the codes are the product's operand "
+                         "as they are")
+    if dim == 0:
+        raise ValueError("planes must have ranges per row (dim=1) or one range (dim=-1), got dim=0: ranges per "
+                         "column do not factor out of the product")
+    if len(weight_codes) < 1:
+        raise ValueError("weight_codes must hold at least one layer")
+    if planes.size(0) > int(act_bits[0]):
+        raise ValueError(f"planes hold {planes.size(0)}-bit codes, more than the first layer's act_bits "
+                         f"({int(act_bits[0])})")
+    if weight_codes[0].size(1) != cols:
+        raise ValueError(f"weight_codes[0] has {weight_codes[0].size(1)} input channels but its input has {cols} "
+                         "columns")
+    q = unpack_codes(planes, rows, cols, col_layout).to(torch.int64)
+    lo, scale = lo.reshape(-1).expand(rows).contiguous(), scale.reshape(-1).expand(rows).contiguous()
+    h = _code_product(q, lo, scale, weight_codes[0], weight_sums[0], weight_lo[0], weight_scale[0], bias[0], relu[0])
+    if len(weight_codes) == 1:
+        return _scaled_rows(h, row_scale)
+    return quant_mlp(h, weight_codes[1:], weight_lo[1:], weight_scale[1:], weight_sums[1:], bias[1:], act_bits[1:],
+                     weight_bits[1:], relu[1:], row_scale)
 
 
 def _with_keys(h):
@@ -499,6 +540,13 @@ def quant_mlp_planes(planes, rows, cols, col_layout, lo, scale, dim, weight_code
     x = dequantize(planes, rows, cols, col_layout, lo, scale, dim)
     return quant_mlp(x, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits, weight_bits, relu,
                      row_scale)
+
+
+def quant_mlp_quantized_keys(planes, rows, cols, col_layout, lo, scale, dim, weight_codes, weight_lo, weight_scale,
+                             weight_sums, bias, act_bits, weight_bits, relu, row_scale=None):
+    r"""``(out, keys)`` of :func:`quant_mlp_quantized` (see :func:`quant_mlp_keys`)."""
+    return _with_keys(quant_mlp_quantized(planes, rows, cols, col_layout, lo, scale, dim, weight_codes, weight_lo,
+                                          weight_scale, weight_sums, bias, act_bits, weight_bits, relu, row_scale))
 
 
 def quant_mlp_planes_keys(planes, rows, cols, col_layout, lo, scale, dim, weight_codes, weight_lo, weight_scale,
@@ -627,15 +675,17 @@ def keys_with_nan_ranges(stored: torch.Tensor, finite: torch.Tensor) -> torch.Te
 def qat_gcn_conv_eval(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, row_sums, diag, deg_inv_sqrt, bias,
                       agg_bits: int, wide: bool, agg_keys, x, x_lo, x_scale, x_rows: int, x_cols: int,
                       x_col_layout: bool, x_dim: int, weight_codes, weight_lo, weight_scale, weight_sums, weight_bias,
-                      act_bits, weight_bits, relu):
+                      act_bits, weight_bits, relu, x_quantized: bool = False):
     """A converted QATGCNConv layer's eval forward (csrc/conv_eval.h): ``D^-1/2 (X W)`` and its column keys by
-    :func:`quant_mlp_keys` (:func:`quant_mlp_planes_keys` for codes of ``x``), quantized per channel over
+    :func:`quant_mlp_keys` (:func:`quant_mlp_planes_keys` for codes of ``x``; :func:`quant_mlp_quantized_keys` for
+    codes taken as they are, ``x_quantized``: the op ``qat_gcn_conv_eval_quantized``), quantized per channel over
     ``agg_keys`` (a channel holding NaN/inf over a NaN range) or each channel's own range, :func:`bit_spmm_affine`
     with the diagonal, then ``· D^-1/2`` and ``+ bias`` in float32."""
     chain = (weight_codes, weight_lo, weight_scale, weight_sums, weight_bias, act_bits, weight_bits, relu,
              deg_inv_sqrt)
     if x_lo is not None:
-        h, keys = quant_mlp_planes_keys(x, x_rows, x_cols, x_col_layout, x_lo, x_scale, x_dim, *chain)
+        planes_keys = quant_mlp_quantized_keys if x_quantized else quant_mlp_planes_keys
+        h, keys = planes_keys(x, x_rows, x_cols, x_col_layout, x_lo, x_scale, x_dim, *chain)
     else:
         h, keys = quant_mlp_keys(x, *chain)
     channels = weight_codes[-1].size(0)

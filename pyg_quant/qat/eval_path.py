@@ -7,7 +7,9 @@ the README's tour hand it) computes, with the layer's frozen quantizers,
     \mathrm{out} = D^{-1/2} \big(\hat{A} \cdot Q_{agg}(D^{-1/2} \cdot Q_{in}(X) W_q)\big) + b,
 
 the same steps as its general forward's bit path: the weight codes of ``lin.weight_quant``, ``X`` quantized per
-node over its own range (``input_observer="dynamic"``), ``Q_agg`` per channel over the frozen stored range of
+node over its own range (``input_observer="dynamic"``; a :class:`~pyg_quant.BitTensor` the layer takes as quantized
+already, e.g. ``QuantClusterLoader(feature_dim=1)``'s features, is multiplied as it is, on the CPU:
+:func:`pyg_quant.ops.quant_mlp_quantized`), ``Q_agg`` per channel over the frozen stored range of
 ``agg_quant`` (or each channel's own, ``agg_observer="dynamic"``; a per-tensor range is every channel's).  Here they
 run as one op, :func:`pyg_quant.ops.qat_gcn_conv_eval` (composed in C++, ``csrc/conv_eval.h``): the fused MLP kernel
 (its row scale the ``D^{-1/2}`` multiply) that also gives the columns' extrema, the quantizer reading its ranges as
@@ -23,7 +25,7 @@ NaN reaches every output it touches, as in the float layers.  No host synchroniz
 on the CPU the layers raise a ValueError as their general path does.
 
 Everything else (training, autograd, other observers such as ``"dynamic_mse"``, calibrated ranges, GCN inputs that
-are the input quantizer's own codes, hooks on the layer's quantizers or linear layers, an explainer's mask,
+are the input quantizer's own codes on a GPU, hooks on the layer's quantizers or linear layers, an explainer's mask,
 ``torch.compile``, other adjacency formats) takes the general forward: the functions return None.
 """
 from typing import Optional
@@ -96,9 +98,11 @@ def gcn_eval(conv, x, adj, edge_weight) -> Optional[Tensor]:
     lin, bias = conv._modules["lin"], params["bias"] if "bias" in params else conv.bias
     if (bias is not None and bias.dtype != torch.float32) or not isinstance(lin, QATLinear):
         return None
+    quantized = False
     if isinstance(x, BitTensor):
-        if lin.takes_as_quantized(x) or x.lo.dtype != torch.float32 or x.scale.dtype != torch.float32:
-            return None  # its own codes are the product's operand: the general path multiplies them
+        quantized = lin.takes_as_quantized(x)
+        if (quantized and x.device.type != "cpu") or x.lo.dtype != torch.float32 or x.scale.dtype != torch.float32:
+            return None  # codes multiplied as they are are compiled for the CPU; elsewhere the general path does it
         rows, width = x.rows, x.cols
     elif _float_matrix(x):
         rows, width = x.size(0), x.size(1)
@@ -113,12 +117,14 @@ def gcn_eval(conv, x, adj, edge_weight) -> Optional[Tensor]:
     cuda = x.device.type == "cuda"
     dinv = bit_adjacency_deg_inv_sqrt(adj)
     if isinstance(x, BitTensor):
+        x = x.as_layout("row") if quantized else x  # the operand's codes are read a row at a time
         x_args = (x.planes, x.lo, x.scale, x.rows, x.cols, x.layout == "col", -1 if x.dim is None else x.dim)
     else:
         x_args = (x.contiguous(), None, None, rows, width, True, 0)
     bits = fq.bits
     out = ops.qat_gcn_conv_eval(*adjacency_args(adj), adj.diag, dinv, None if bias is None else bias.detach(), bits,
-                                adj.wide_sums(bits), stored, *x_args, *chain_args((lin,), (False,)))
+                                adj.wide_sums(bits), stored, *x_args, *chain_args((lin,), (False,)),
+                                x_quantized=quantized)
     if not cuda:
         _raise_if_not_finite(out, x)
     return out
