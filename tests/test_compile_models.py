@@ -134,6 +134,49 @@ def test_compiled_qat_step_equals_eager(kind):
         assert torch.allclose(g, grad, rtol=1e-3, atol=1e-3 * float(grad.abs().max()) + 1e-8), name
 
 
+def converted(kind, device):
+    """The QAT route: PyG's layers, ``qat.prepare`` (4 bits), three training steps, ``qat.convert`` (the last layer
+    stays fp32)."""
+    from torch_geometric.nn import GCNConv, GINConv
+
+    torch.manual_seed(0)
+    if kind == "gcn":
+        model = Stack([GCNConv(24, 32), GCNConv(32, 32), GCNConv(32, 7)])
+    else:
+        model = Stack([GINConv(mlp(24, 32)), GINConv(mlp(32, 32)), GINConv(mlp(32, 7))])
+    model = pq.qat.prepare(model.to(device), bits=4).train()
+    x, edge_index = make_graph(device=device)
+    target = torch.randint(0, 7, (x.size(0),), generator=torch.Generator().manual_seed(3)).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    for _ in range(3):
+        optimizer.zero_grad()
+        F.cross_entropy(model(x, edge_index), target).backward()
+        optimizer.step()
+    return pq.qat.convert(model), x, edge_index
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["gin", "gcn"])
+def test_compiled_converted_qat_models_equal_eager(kind, device):
+    """``qat.convert``'s inference model (the main job's and the examples') compiled whole: float x under no_grad
+    on both adjacency forms, and under inference_mode the codes a loader ships (per feature; for GCN also per node,
+    which its first layer multiplies as they are).  Compiled, each layer runs its general path, whose float steps
+    inductor may fuse where eager runs one op: a few float32 ulps, or one 4-bit step of the range where a fused step
+    moves a value across a rounding boundary before the next layer's quantizer."""
+    model, x, edge_index = converted(kind, device)
+    inputs = [(torch.no_grad, x, edge_index), (torch.no_grad, x, adjacency(kind, "bit_adjacency", edge_index, 600))]
+    adj = inputs[-1][2]
+    inputs.append((torch.inference_mode, pq.to_bit(x, 4, dim=0, layout="col"), adj))
+    if kind == "gcn":
+        inputs.append((torch.inference_mode, pq.to_bit(x, 4, dim=1, layout="row"), adj))
+    fast = compiled(model)
+    for context, features, graph in inputs:
+        with context():
+            want = model(features, graph)
+            got = fast(features, graph)
+        assert_within_one_step(got, want, float(want.abs().max()) / 15)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_compiled_over_loader_batches(device, tmp_path):
     """The README's loop compiled: every batch gives the eager bits (batches of other sizes compile again)."""

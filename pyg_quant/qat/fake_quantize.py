@@ -429,7 +429,8 @@ class FakeQuantize(torch.nn.Module):
         every evaluation; the tensor itself is only weakly referenced.
         """
         check_matrix(x)
-        key = self._codes_key(x, layout)
+        # (Traced, nothing is kept: the codes are made in the graph.)
+        key = None if torch.compiler.is_compiling() else self._codes_key(x, layout)
         cached = self._codes
         if key is not None and cached is not None and cached[0]() is x and cached[1] == key \
                 and all(a is b for a, b in zip(cached[2], self._range_tensors())):

@@ -46,6 +46,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import ops
+from .._utils import is_compiling
 from ..bit_tensor import BitTensor, to_val
 from ..bitmm import bitmm
 from ..nn.quant_linear import QuantLinear, bit_kernels_apply, fused_codes, warn_weight_not_cached
@@ -141,6 +142,8 @@ class QATLinear(QuantLinear):
         unchanged (after :func:`~pyg_quant.qat.convert`, the codes are packed once).
         """
         fq, weight = self._modules["weight_quant"], self._parameters["weight"]
+        if is_compiling():  # traced: the codes are made in the graph (a data-pointer key cannot be traced)
+            return self._pack_weight(fq)
         version = tensor_version(weight)  # None: an inference tensor, whose in-place edits are not tracked
         frozen = not fq._observe
         if version is None and frozen:
@@ -148,11 +151,13 @@ class QATLinear(QuantLinear):
         key = (weight.data_ptr(), version, weight.device)
         if self._packed is not None and self._packed[0] == key and frozen and version is not None:
             return self._packed[1]
-        w = fq.quantize(self.weight, "row")
-        packed = BitTensor(w.planes, (w.cols, w.rows), w.bits, "col", w.lo, w.scale,
-                           None if w.dim is None else 0)
+        packed = self._pack_weight(fq)
         self._packed = (key, packed) if fq.frozen and version is not None else None
         return packed
+
+    def _pack_weight(self, fq: FakeQuantize) -> BitTensor:
+        w = fq.quantize(self.weight, "row")
+        return BitTensor(w.planes, (w.cols, w.rows), w.bits, "col", w.lo, w.scale, None if w.dim is None else 0)
 
     def quantized_weight(self) -> BitTensor:
         """:meth:`packed_weight`: the weight quantizer's codes are what the bit kernels multiply."""
