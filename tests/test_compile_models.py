@@ -155,6 +155,39 @@ def converted(kind, device):
     return pq.qat.convert(model), x, edge_index
 
 
+@pytest.mark.parametrize("form", ["edge_index", "bit_adjacency"])
+@pytest.mark.parametrize("kind", ["gin", "gcn"])
+def test_compiled_qat_prepared_training_step_equals_eager(kind, form):
+    """``qat.prepare``'s model of PyG layers (static aggregation observers that record each batch) trained under
+    ``torch.compile``: output and gradients as in eager, the observers' ranges moved alike."""
+    from torch_geometric.nn import GCNConv, GINConv
+
+    x, edge_index = make_graph()
+    adj = adjacency(kind, form, edge_index, x.size(0))
+    target = torch.randint(0, 7, (x.size(0),), generator=torch.Generator().manual_seed(3))
+    models = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        layers = ([GCNConv(24, 32), GCNConv(32, 7)] if kind == "gcn"
+                  else [GINConv(mlp(24, 32)), GINConv(mlp(32, 7))])
+        models.append(pq.qat.prepare(Stack(layers), bits=4, stochastic=False).train())
+    results = []
+    for model, run in ((models[0], models[0]), (models[1], compiled(models[1]))):
+        out = run(x, adj)
+        F.cross_entropy(out, target).backward()
+        ranges = {n: b.clone() for n, b in model.named_buffers() if n.endswith(("min_val", "max_val"))}
+        results.append((out.detach(), {n: p.grad for n, p in model.named_parameters()}, ranges))
+    (got, got_grads, got_ranges), (want, want_grads, want_ranges) = results[1], results[0]
+    assert_within_one_step(got, want, float(want.abs().max()) / 15)
+    assert want_ranges and got_ranges.keys() == want_ranges.keys()
+    for name, value in want_ranges.items():
+        assert torch.allclose(got_ranges[name], value, rtol=1e-5, atol=1e-6), name
+    for name, grad in want_grads.items():
+        g = got_grads[name]
+        assert g is not None and grad is not None, name
+        assert torch.allclose(g, grad, rtol=1e-3, atol=1e-3 * float(grad.abs().max()) + 1e-8), name
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", ["gin", "gcn"])
 def test_compiled_converted_qat_models_equal_eager(kind, device):

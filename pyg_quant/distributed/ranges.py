@@ -49,7 +49,10 @@ def local_ranges() -> Iterator[None]:
 
 
 def syncing() -> bool:
-    """Whether observed ranges are reduced over the ranks now (several processes, not in :func:`local_ranges`)."""
+    """Whether observed ranges are reduced over the ranks now (several processes, not in :func:`local_ranges`).
+    A region ``torch.compile`` traces cannot read the context variable: there, several processes always reduce."""
+    if torch.compiler.is_compiling():
+        return world_size() > 1
     return _sync.get() and world_size() > 1
 
 

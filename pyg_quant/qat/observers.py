@@ -156,7 +156,7 @@ class Observer(torch.nn.Module):
                 lo, hi = _ranks.all_reduce_range(lo, hi, self.rank_reduction)
             if initialized:
                 lo, hi = self.combine(lo.to(stored.device), hi.to(stored.device))
-                if _in_place.get():
+                if not torch.compiler.is_compiling() and _in_place.get():  # (a traced region cannot read it)
                     # A captured step (pyg_quant.CapturedTrainStep) reads and writes these very tensors at every
                     # replay.
                     stored.copy_(lo)
