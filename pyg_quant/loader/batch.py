@@ -35,7 +35,6 @@ import math
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 
 from ..bit_tensor import BitTensor
 from ..graph.adjacency_form import check_adjacency_form
@@ -136,7 +135,9 @@ def _expanded(compact: CompactAdjacency, adjacency: str) -> BitAdjacency:
 def _padded_bit_tensor(parts: Dict[str, torch.Tensor], scalars: Dict[str, object]) -> BitTensor:
     scalars = dict(scalars)
     planes = parts["planes"]
-    planes = F.pad(planes, (0, 0, 0, scalars.pop("outer_pad") - planes.size(1)))
+    pad = scalars.pop("outer_pad") - planes.size(1)
+    # one pass over the planes (a constant pad fills the whole result, then copies the planes over it)
+    planes = torch.cat([planes, planes.new_zeros(planes.size(0), pad, planes.size(2))], 1)
     return BitTensor(planes, lo=parts["lo"], scale=parts["scale"], **scalars)
 
 

@@ -28,6 +28,7 @@ Everything else (training, autograd, other observers such as ``"dynamic_mse"``, 
 are the input quantizer's own codes on a GPU, hooks on the layer's quantizers or linear layers, an explainer's mask,
 ``torch.compile``, other adjacency formats) takes the general forward: the functions return None.
 """
+import math
 from typing import Optional
 
 import torch
@@ -79,7 +80,7 @@ def _aggregation_keys(fq, cols: int):
 
 def _raise_if_not_finite(out: Tensor, x) -> None:
     """On the CPU, the general path's ValueError where ``x`` holds NaN or inf (which makes ``out`` non-finite)."""
-    if not bool(torch.isfinite(out.sum())):
+    if not math.isfinite(out.sum().item()):
         check_finite(to_val(x) if isinstance(x, BitTensor) else x, "x")
 
 
