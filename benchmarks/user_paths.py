@@ -27,6 +27,9 @@ Paths (columns):
 * ``prefetch``: PyG: ``torch_geometric.loader.PrefetchLoader`` over the pinned batches; pyg_quant:
   ``pyg_quant.loader.prefetch`` over them (what ``QuantClusterLoader(..., device="cuda")`` iterates with): each
   batch copied on a side stream one batch ahead, beside the previous batch's kernels.
+* ``resident, interleaved``: the resident epochs again, every variant of a model in turn for ``--rounds`` rounds
+  (one epoch each a round), the median of each variant's: a stall of the lent host then costs each variant one
+  epoch at most, where the back-to-back epochs of one variant above can all fall inside it.
 * ``compile`` / ``compile RO``: ``torch.compile(model)`` and ``torch.compile(model, mode="reduce-overhead")`` on the
   resident batches, ``torch._dynamo.reset()`` first; the compilation (and the CUDA-graph recording) runs in untimed
   warm-up epochs; the JSON gives the compile time, dynamo's graph count and graph breaks, and the error under
@@ -55,6 +58,7 @@ its layers allow (an inductor error is recorded, not fatal).
 import argparse
 import datetime
 import os
+import statistics
 import sys
 import time
 import warnings
@@ -71,9 +75,10 @@ from pyg_quant.graph.adjacency_form import ADJACENCY_FORMS, DEFAULT_ADJACENCY  #
 from pyg_quant.loader import prefetch  # noqa: E402
 
 EAGER_PATHS = ("resident", "loop", "pinned_loop", "prefetch")
+INTERLEAVED = "resident_interleaved"  # the resident epochs with the variants taking turns
 COMPILE_PATHS = ("compile", "compile_ro")
 HEADERS = dict(resident="resident", loop="loop (.to)", pinned_loop="pinned loop", prefetch="prefetch",
-               compile="compile", compile_ro="compile RO")
+               resident_interleaved="resident, interleaved", compile="compile", compile_ro="compile RO")
 
 
 # --- one variant's inputs on every path ------------------------------------------------------------------
@@ -199,6 +204,26 @@ def eager_path(args, runner, paths: Paths, model, path: str, ref) -> dict:
     return out
 
 
+def interleaved_resident(args, runner, rec, kept) -> None:
+    """Each model's variants (``kept``: ``[(row, model, paths)]`` per model) run one resident epoch each in turn,
+    ``--rounds`` times (fewer if the budget runs short, at least one): the median of each variant's epochs goes in
+    its row."""
+    for kind, variants in kept.items():
+        times = [[] for _ in variants]
+        for round_ in range(args.rounds):
+            if round_ >= 1 and runner.time_left() < 10:
+                break
+            for (row, model, paths), out in zip(variants, times):
+                with torch.inference_mode():
+                    out.append(runner.epoch_ms(lambda: paths.epoch("resident", model)))
+        for (row, _, _), out in zip(variants, times):
+            row[INTERLEAVED] = dict(median_ms=statistics.median(out), min_ms=min(out), max_ms=max(out),
+                                    times_ms=[round(v, 3) for v in out], reps=len(out))
+        log(f"  {kind} interleaved: " + ", ".join(f"{row['label']} {row[INTERLEAVED]['median_ms']:.2f}"
+                                                  for row, _, _ in variants))
+        rec.save()
+
+
 def dynamo_counts() -> dict:
     from torch._dynamo.utils import counters
     return dict(graphs=int(counters["stats"]["unique_graphs"]),
@@ -270,8 +295,8 @@ def summarize(rec, args) -> None:
         if ref is None:
             continue
         for r in rows:
-            for path in EAGER_PATHS + COMPILE_PATHS:
-                base = ms_of(ref.get(path if path in EAGER_PATHS else "resident"))
+            for path in EAGER_PATHS + (INTERLEAVED,) + COMPILE_PATHS:
+                base = ms_of(ref.get(path if path not in COMPILE_PATHS else "resident"))
                 ms = ms_of(r.get(path))
                 if base and ms:
                     r[path]["x_vs_pyg_fp32_csr_eager"] = base / ms
@@ -284,7 +309,7 @@ def summarize(rec, args) -> None:
 
 
 def tables(rec, args) -> str:
-    paths = EAGER_PATHS + COMPILE_PATHS
+    paths = EAGER_PATHS + (INTERLEAVED,) + COMPILE_PATHS
     lines = ["", "### Epochs (ms, median) and × PyG fp32 CSR eager (its time over this one; same path, compiled: "
              "against resident)", "",
              "| model | variant | " + " | ".join(HEADERS[p] for p in paths) + " | MB/batch |",
@@ -353,6 +378,8 @@ def parse_args(argv=None):
                    help="models whose variants are compiled (default: all of --models; --small: GIN)")
     p.add_argument("--reps", type=int, default=None, help="timed epochs per measurement (median; default 3, --small 1)")
     p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--rounds", type=int, default=None,
+                   help="rounds of the interleaved resident epochs (default 5, --small 2; 0: none)")
     p.add_argument("--profile-batches", type=int, default=4, help="batches the syncs and kernels are counted over")
     p.add_argument("--time-budget", type=float, default=None,
                    help="seconds after which configurations are skipped (default 450 on the GPU, 90 --small)")
@@ -362,10 +389,10 @@ def parse_args(argv=None):
                    help="JSON path (default benchmarks/out/user_paths[_small].json); '' for none")
     args = p.parse_args(argv)
     # --small compiles one model at one bit width: an inductor compile takes 10-30 s on a 2-core CPU.
-    small = dict(num_parts=8, part_size=250, parts_per_batch=2, avg_degree=20, reps=1, time_budget=90.0, bits="4",
-                 compile_models="GIN")
-    full = dict(num_parts=1500, part_size=1600, parts_per_batch=20, avg_degree=50, reps=3, time_budget=450.0,
-                bits="8,4", compile_models=args.models)
+    small = dict(num_parts=8, part_size=250, parts_per_batch=2, avg_degree=20, reps=1, rounds=2, time_budget=90.0,
+                 bits="4", compile_models="GIN")
+    full = dict(num_parts=1500, part_size=1600, parts_per_batch=20, avg_degree=50, reps=3, rounds=5,
+                time_budget=450.0, bits="8,4", compile_models=args.models)
     for key, value in (small if args.small else full).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -442,6 +469,8 @@ def main(argv=None):
             rec.data["rows"].append(row)
             plan.append((kind, label, row, state, ref))
 
+    kept = {}  # model -> [(row, model, paths)] of the eager stage, for the interleaved epochs
+
     def run_paths(kind, label, row, state, ref, which):
         if label.startswith("pyg_quant") and not pq_ok:
             row["error"] = "pyg_quant's compiled kernels are not loaded here"
@@ -461,6 +490,8 @@ def main(argv=None):
                 mode = "reduce-overhead" if path == "compile_ro" else None
                 cell(runner, rec, row, path, HEADERS[path], 60 if runner.cuda else 10,
                      lambda: compiled_path(args, runner, paths, model, mode, ref))
+        if which is EAGER_PATHS and args.rounds and not row.get("resident", {}).get("error"):
+            kept.setdefault(kind, []).append((row, model, paths))
         del model, paths
 
     stages = [("eager", EAGER_PATHS)]
@@ -477,6 +508,13 @@ def main(argv=None):
             summarize(rec, args)
             rec.save()
         rec.data["timeline"][f"{stage}_s"] = round(time.perf_counter() - t, 1)
+        if stage == "eager" and kept:
+            log("== interleaved resident epochs")
+            t = time.perf_counter()
+            interleaved_resident(args, runner, rec, kept)
+            kept.clear()  # (the compiled stages build their own)
+            summarize(rec, args)
+            rec.data["timeline"]["interleaved_s"] = round(time.perf_counter() - t, 1)
     torch._dynamo.reset()
 
     summarize(rec, args)
