@@ -30,8 +30,7 @@ namespace pyg_quant {
 
 // Tensors of one op from one block on a GPU (cuda/scratch_cuda.h: each allocation costs a layer call host time):
 // the steps' tensors that the op does not hand back, or the parts of one result that live together; nothing on
-// the CPU.  `pieces`: their sizes in bytes, which size the block (a
-// tensor that does not fit is allocated apart).
+// the CPU.  `pieces`: their sizes in bytes, which size the block (a tensor that does not fit is allocated apart).
 class StepScratch {
  public:
   StepScratch(const at::Tensor& like, std::initializer_list<int64_t> pieces) {
