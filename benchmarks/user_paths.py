@@ -58,7 +58,6 @@ its layers allow (an inductor error is recorded, not fatal).
 import argparse
 import datetime
 import os
-import statistics
 import sys
 import time
 import warnings
@@ -217,8 +216,7 @@ def interleaved_resident(args, runner, rec, kept) -> None:
                 with torch.inference_mode():
                     out.append(runner.epoch_ms(lambda: paths.epoch("resident", model)))
         for (row, _, _), out in zip(variants, times):
-            row[INTERLEAVED] = dict(median_ms=statistics.median(out), min_ms=min(out), max_ms=max(out),
-                                    times_ms=[round(v, 3) for v in out], reps=len(out))
+            row[INTERLEAVED] = workload.epoch_stats(out)
         log(f"  {kind} interleaved: " + ", ".join(f"{row['label']} {row[INTERLEAVED]['median_ms']:.2f}"
                                                   for row, _, _ in variants))
         rec.save()

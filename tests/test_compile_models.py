@@ -76,6 +76,23 @@ def compiled(model, **kwargs):
     return torch.compile(model, fullgraph=True, **kwargs)
 
 
+def assert_grads_close(got_grads, want_grads):
+    """Every parameter's gradient as eager's, to the float32 fusions' rounding."""
+    assert got_grads.keys() == want_grads.keys()
+    for name, grad in want_grads.items():
+        g = got_grads[name]
+        assert g is not None and grad is not None, name
+        assert torch.allclose(g, grad, rtol=1e-3, atol=1e-3 * float(grad.abs().max()) + 1e-8), name
+
+
+def pyg_stack(kind, dims):
+    """PyG's GCNConv / GINConv (GIN: an MLP a layer) through ``dims``, ReLU between the layers."""
+    from torch_geometric.nn import GCNConv, GINConv
+
+    pairs = zip(dims[:-1], dims[1:])
+    return Stack([GCNConv(a, b) if kind == "gcn" else GINConv(mlp(a, b)) for a, b in pairs])
+
+
 def assert_within_one_step(got, want, step):
     """Equal to a few float32 ulps, except entries moved by a rounding boundary: by at most ``step``, and few."""
     diff = (got - want).abs()
@@ -127,24 +144,14 @@ def test_compiled_qat_step_equals_eager(kind):
     (got, got_grads), (want, want_grads) = results[1], results[0]
     step = float(want.abs().max()) / 15  # one 4-bit code step of the largest range
     assert_within_one_step(got, want, step)
-    assert got_grads.keys() == want_grads.keys()
-    for name, grad in want_grads.items():
-        g = got_grads[name]
-        assert g is not None and grad is not None, name
-        assert torch.allclose(g, grad, rtol=1e-3, atol=1e-3 * float(grad.abs().max()) + 1e-8), name
+    assert_grads_close(got_grads, want_grads)
 
 
 def converted(kind, device):
     """The QAT route: PyG's layers, ``qat.prepare`` (4 bits), three training steps, ``qat.convert`` (the last layer
     stays fp32)."""
-    from torch_geometric.nn import GCNConv, GINConv
-
     torch.manual_seed(0)
-    if kind == "gcn":
-        model = Stack([GCNConv(24, 32), GCNConv(32, 32), GCNConv(32, 7)])
-    else:
-        model = Stack([GINConv(mlp(24, 32)), GINConv(mlp(32, 32)), GINConv(mlp(32, 7))])
-    model = pq.qat.prepare(model.to(device), bits=4).train()
+    model = pq.qat.prepare(pyg_stack(kind, (24, 32, 32, 7)).to(device), bits=4).train()
     x, edge_index = make_graph(device=device)
     target = torch.randint(0, 7, (x.size(0),), generator=torch.Generator().manual_seed(3)).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
@@ -160,17 +167,13 @@ def converted(kind, device):
 def test_compiled_qat_prepared_training_step_equals_eager(kind, form):
     """``qat.prepare``'s model of PyG layers (static aggregation observers that record each batch) trained under
     ``torch.compile``: output and gradients as in eager, the observers' ranges moved alike."""
-    from torch_geometric.nn import GCNConv, GINConv
-
     x, edge_index = make_graph()
     adj = adjacency(kind, form, edge_index, x.size(0))
     target = torch.randint(0, 7, (x.size(0),), generator=torch.Generator().manual_seed(3))
     models = []
     for _ in range(2):
         torch.manual_seed(0)
-        layers = ([GCNConv(24, 32), GCNConv(32, 7)] if kind == "gcn"
-                  else [GINConv(mlp(24, 32)), GINConv(mlp(32, 7))])
-        models.append(pq.qat.prepare(Stack(layers), bits=4, stochastic=False).train())
+        models.append(pq.qat.prepare(pyg_stack(kind, (24, 32, 7)), bits=4, stochastic=False).train())
     results = []
     for model, run in ((models[0], models[0]), (models[1], compiled(models[1]))):
         out = run(x, adj)
@@ -182,10 +185,7 @@ def test_compiled_qat_prepared_training_step_equals_eager(kind, form):
     assert want_ranges and got_ranges.keys() == want_ranges.keys()
     for name, value in want_ranges.items():
         assert torch.allclose(got_ranges[name], value, rtol=1e-5, atol=1e-6), name
-    for name, grad in want_grads.items():
-        g = got_grads[name]
-        assert g is not None and grad is not None, name
-        assert torch.allclose(g, grad, rtol=1e-3, atol=1e-3 * float(grad.abs().max()) + 1e-8), name
+    assert_grads_close(got_grads, want_grads)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -31,9 +31,10 @@ from .inputs import Inputs, pq_host_batches, pq_inputs, pyg_inputs
 from .models import Net, gcn_dims, gin_dims, gin_mlp, make_pq, make_pyg
 from .options import add_workload_arguments, parse_args
 from .profiling import count_syncs, kernel_category, kernel_totals, profile_batch, rel_err
-from .recording import T0, Recorder, Runner, cuda_alive, device_name, first_line, log
+from .recording import T0, Recorder, Runner, cuda_alive, device_name, epoch_stats, first_line, log
 
 __all__ = ["pq", "torch_geometric", "Data", "build_graph", "build_formats", "host_copy", "nbytes", "Inputs",
            "pq_host_batches", "pq_inputs", "pyg_inputs", "Net", "gcn_dims", "gin_dims", "gin_mlp", "make_pq",
            "make_pyg", "add_workload_arguments", "parse_args", "count_syncs", "kernel_category", "kernel_totals",
-           "profile_batch", "rel_err", "T0", "Recorder", "Runner", "cuda_alive", "device_name", "first_line", "log"]
+           "profile_batch", "rel_err", "T0", "Recorder", "Runner", "cuda_alive", "device_name", "epoch_stats",
+           "first_line", "log"]

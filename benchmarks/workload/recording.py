@@ -85,6 +85,12 @@ def cuda_alive() -> bool:
         return False
 
 
+def epoch_stats(times) -> dict:
+    """The record of timed epochs (ms): median, extremes, each one, and how many."""
+    return dict(median_ms=statistics.median(times), min_ms=min(times), max_ms=max(times),
+                times_ms=[round(v, 3) for v in times], reps=len(times))
+
+
 class Runner:
     """Timed epochs of a run on ``device`` under ``args.time_budget``, ``args.reps`` and ``args.warmup``, with
     skipped configurations recorded in ``rec``."""
@@ -142,5 +148,4 @@ class Runner:
             if i >= 1 and self.time_left() < 2 * first + 5:
                 break  # keep what we have; the budget guard will skip what follows
             times.append(self.epoch_ms(fn))
-        return dict(median_ms=statistics.median(times), min_ms=min(times), max_ms=max(times),
-                    times_ms=[round(v, 3) for v in times], reps=len(times))
+        return epoch_stats(times)

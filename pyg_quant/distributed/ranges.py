@@ -30,6 +30,7 @@ from typing import Iterator, Tuple
 import torch
 import torch.distributed as dist
 
+from .._utils import is_compiling
 from .group import collective_device, world_size
 
 _sync: contextvars.ContextVar = contextvars.ContextVar("pyg_quant_sync_ranges", default=True)
@@ -51,7 +52,7 @@ def local_ranges() -> Iterator[None]:
 def syncing() -> bool:
     """Whether observed ranges are reduced over the ranks now (several processes, not in :func:`local_ranges`).
     A region ``torch.compile`` traces cannot read the context variable: there, several processes always reduce."""
-    if torch.compiler.is_compiling():
+    if is_compiling():
         return world_size() > 1
     return _sync.get() and world_size() > 1
 

@@ -17,7 +17,7 @@ from ..graph.bit_adjacency import check_edge_index_form
 from ..distributed.group import world, world_size
 from ..layout import check_bits
 from . import cache
-from .features import QuantizedFeatures
+from .features import QuantizedFeatures, check_feature_dim
 from .metis import BACKENDS, partition_nodes, undirected_csr
 
 
@@ -278,8 +278,7 @@ class QuantClusterData(ClusterData):
         evaluation, every epoch) packs its batches from these codes.
         """
         bits = check_bits(bits)
-        if isinstance(dim, bool) or dim not in (0, 1):
-            raise ValueError(f"dim must be 0 (a range per column) or 1 (a range per node), got {dim!r}")
+        check_feature_dim(dim)
         if (bits, dim) not in self._features:
             x = getattr(self.data, "x", None)
             if x is None:

@@ -15,7 +15,7 @@ from ..distributed.sampler import DistributedPartSampler
 from ..distributed.group import initialized
 from ..layout import check_bits
 from .batch import QuantBatch
-from .features import QuantizedFeatures
+from .features import QuantizedFeatures, check_feature_dim
 from .prefetching import check_device, prefetch
 
 
@@ -267,9 +267,7 @@ class QuantClusterLoader(torch.utils.data.DataLoader):
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         if bits is not None:
             bits = check_bits(bits)
-        if isinstance(feature_dim, bool) or feature_dim not in (0, 1):
-            raise ValueError(f"feature_dim must be 0 (a range per feature) or 1 (a range per node), "
-                             f"got {feature_dim!r}")
+        check_feature_dim(feature_dim, "feature_dim")
         if isinstance(self_loops, bool) or self_loops not in (0, 1, 2):
             raise ValueError(f"self_loops must be 0, 1 or 2, got {self_loops!r}")
         if isinstance(min_tile_nnz, bool) or not isinstance(min_tile_nnz, int) or min_tile_nnz < 1:

@@ -28,6 +28,13 @@ from ..quantization.affine import affine_params
 from ..quantization.ranges import tensor_range
 
 
+def check_feature_dim(dim, name: str = "dim") -> int:
+    """``dim`` checked to be what feature ranges are reduced over: 0 (a range per feature) or 1 (a range per node)."""
+    if isinstance(dim, bool) or dim not in (0, 1):
+        raise ValueError(f"{name} must be 0 (a range per feature) or 1 (a range per node), got {dim!r}")
+    return dim
+
+
 class QuantizedFeatures:
     r"""A feature matrix quantized once: ``x ≈ lo + scale · codes``, one range per column (``dim=0``) or per node
     (``dim=1``).
@@ -43,8 +50,7 @@ class QuantizedFeatures:
     __slots__ = ("codes", "lo", "scale", "bits", "dim")
 
     def __init__(self, codes: torch.Tensor, lo: torch.Tensor, scale: torch.Tensor, bits: int, dim: int = 0):
-        if isinstance(dim, bool) or dim not in (0, 1):
-            raise ValueError(f"dim must be 0 (a range per column) or 1 (a range per node), got {dim!r}")
+        check_feature_dim(dim)
         expected = codes.size(1) if dim == 0 else codes.size(0)
         if lo.shape != (expected,) or scale.shape != (expected,):
             raise ValueError(f"lo and scale must have shape ({expected},) for dim={dim}, "
@@ -61,8 +67,7 @@ class QuantizedFeatures:
         ``"row"`` layout, then unpack to ``uint8``, both compiled ops), so the
         temporary memory stays small on products-scale graphs.
         """
-        if isinstance(dim, bool) or dim not in (0, 1):
-            raise ValueError(f"dim must be 0 (a range per column) or 1 (a range per node), got {dim!r}")
+        check_feature_dim(dim)
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
         if not x.is_floating_point():

@@ -53,6 +53,7 @@ from typing import Dict, Optional, Tuple, Union
 import torch
 
 from .. import ops
+from .._utils import is_compiling
 from ..bit_tensor import BitTensor
 from ..distributed import group as _group
 from ..layout import check_bits
@@ -291,7 +292,7 @@ class FakeQuantize(torch.nn.Module):
         dynamic or not yet observed, a range that takes a gradient, inference tensors, which keep no version
         counter, tracing, a CUDA graph capture, where what is made lives in the capture's pool)."""
         observer = self._modules["observer"]  # (not self.observer: this runs at every layer call)
-        if self._observe or observer.dynamic or not observer.initialized or torch.compiler.is_compiling():
+        if self._observe or observer.dynamic or not observer.initialized or is_compiling():
             return None
         tensors = tuple(observer.range_tensors())
         marks = []
@@ -430,7 +431,7 @@ class FakeQuantize(torch.nn.Module):
         """
         check_matrix(x)
         # (Traced, nothing is kept: the codes are made in the graph.)
-        key = None if torch.compiler.is_compiling() else self._codes_key(x, layout)
+        key = None if is_compiling() else self._codes_key(x, layout)
         cached = self._codes
         if key is not None and cached is not None and cached[0]() is x and cached[1] == key \
                 and all(a is b for a, b in zip(cached[2], self._range_tensors())):

@@ -54,7 +54,7 @@ from typing import Iterator, Optional, Tuple
 
 import torch
 
-from .._utils import check_finite as _check_finite
+from .._utils import check_finite as _check_finite, is_compiling
 from ..distributed import ranges as _ranks
 from ..layout import check_bits
 from ..quantization.affine import MIN_RANGE_WIDTH
@@ -156,7 +156,7 @@ class Observer(torch.nn.Module):
                 lo, hi = _ranks.all_reduce_range(lo, hi, self.rank_reduction)
             if initialized:
                 lo, hi = self.combine(lo.to(stored.device), hi.to(stored.device))
-                if not torch.compiler.is_compiling() and _in_place.get():  # (a traced region cannot read it)
+                if not is_compiling() and _in_place.get():  # (a traced region cannot read it)
                     # A captured step (pyg_quant.CapturedTrainStep) reads and writes these very tensors at every
                     # replay.
                     stored.copy_(lo)
