@@ -79,16 +79,17 @@ using DequantizeKernel = at::Tensor (*)(const at::Tensor&, int64_t, int64_t, boo
 using ConvEvalResult = std::vector<at::Tensor>;
 
 // The quantizer's call for codes with ranges along `dim` (0: per column, in the column layout), as
-// pyg_quant.quantization.quantize.quantize makes them (see above).
+// pyg_quant.quantization.quantize.quantize makes them (see above).  `own_block`: false for codes an op uses and
+// drops, which take the op's step block instead of one of their own.
 template <RangesKernel Ranges>
 ConvEvalResult quantize_output(const at::Tensor& out, int64_t bits, int64_t dim,
-                               const std::optional<at::Tensor>& col_keys) {
+                               const std::optional<at::Tensor>& col_keys, bool own_block = true) {
   TORCH_CHECK_VALUE(dim == 0 || dim == 1, "out_dim must be 0 or 1 when out_bits is set, got ", dim);
   const bool row_codes = out.is_cuda() && dim == 0;
   // The codes, their ranges and row codes live together (a BitTensor): one block on CUDA (and the column extrema
   // that a call without col_keys reduces).
   const int64_t rows = out.size(0), cols = out.size(1);
-  StepScratch block(row_codes ? out : at::Tensor(),
+  StepScratch block(row_codes && own_block ? out : at::Tensor(),
                     {planes_bytes(rows, cols, bits), cols * 4, cols * 4, col_keys ? 0 : 2 * cols * 8,
                      row_codes_bytes(rows, cols, bits)});
   auto [planes, lo, scale, sums, codes] =
@@ -162,7 +163,7 @@ ConvEvalResult gcn_conv_eval(const at::Tensor& window_ptr, const at::Tensor& til
           : Mlp(x, weight_codes, weight_lo, weight_scale, weight_sums, weight_bias, mlp_act_bits, weight_bits, relu,
                 deg_inv_sqrt, keys);
   // h per column to act_bits; on CUDA with its row codes, which the aggregation gathers (its self term reads them)
-  const ConvEvalResult codes = quantize_output<Ranges>(h, act_bits, 0, keys);
+  const ConvEvalResult codes = quantize_output<Ranges>(h, act_bits, 0, keys, /*own_block=*/false);
   const std::optional<at::Tensor> gathered = cuda ? std::optional<at::Tensor>(codes[5]) : std::nullopt;
   scratch.close();
   // D^-1/2 Â (D^-1/2 X W) + b: the row scale and the bias in the aggregation's epilogue
