@@ -108,6 +108,14 @@ def _mlp_chain(conv, container, width: int) -> Optional[tuple]:
     return chain
 
 
+def _parameter(module, name: str):
+    """``getattr(module, name)`` for a parameter or buffer, read from the module's dicts."""
+    for table in (module._parameters, module._buffers):
+        if name in table:
+            return table[name]
+    return getattr(module, name)
+
+
 def _self_weight(eps: Tensor) -> Tensor:
     return (1 + eps.detach()).reshape(1)
 
@@ -210,7 +218,7 @@ def gin_eval(conv, x, adj, size) -> Optional[object]:
             or x.dim not in (None, 0) or x.layout != "col" or x.rows != adj.num_cols or adj.num_rows != adj.num_cols
             or x.lo.dtype != torch.float32 or x.scale.dtype != torch.float32):
         return None
-    device, eps = x.device, conv.eps
+    device, eps = x.device, _parameter(conv, "eps")
     if device != adj.device or eps.device != device or eps.dtype != torch.float32:
         return None
     nn = conv._modules.get("nn")
@@ -246,10 +254,10 @@ def gcn_eval(conv, x, adj, edge_weight, deg_inv_sqrt) -> Optional[object]:
             or conv._cached_adj_t is not None or conv._cached_edge_index is not None
             or adj.diag is None or adj.num_rows != adj.num_cols):
         return None
-    lin = conv.lin
+    lin = conv._modules.get("lin")  # (the modules' dicts: Module.__getattr__ costs ~1 µs a read)
     if type(lin) is not QuantLinear:
         return None
-    bias = conv.bias
+    bias = _parameter(conv, "bias")
     if bias is not None and bias.dtype != torch.float32:
         return None
     if type(x) is BitTensor:
@@ -278,7 +286,8 @@ def gcn_eval(conv, x, adj, edge_weight, deg_inv_sqrt) -> Optional[object]:
             check_finite(x, "x")  # no host synchronization on the CPU
         x_args = (x.contiguous(), None, None, x.size(0))
     bits, dim = conv.out_bits, conv.out_dim
-    bias = None if bias is None else kept(conv, "_eval_bias", bias, _detached)
+    if bias is not None:
+        bias = kept(conv, "_eval_bias", bias, _detached)
     result = ops.gcn_conv_eval(*adjacency_args(adj), adj.diag, dinv, bias,
                                conv.act_bits, adj.wide_sums(conv.act_bits), *x_args, *chain,
                                0 if bits is None or dim is None else bits, 0 if dim is None else dim)

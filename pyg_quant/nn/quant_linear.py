@@ -340,15 +340,18 @@ def fused_mlp_plan(module) -> Optional[Tuple[Tuple[QuantLinear, ...], Tuple[bool
     return plan
 
 
-def _has_hooks(module: torch.nn.Module) -> bool:
-    return bool(module._forward_hooks or module._forward_pre_hooks)
+_module_module = torch.nn.modules.module  # holds the global hook tables
 
 
 def no_hooks(*modules) -> bool:
-    """Whether no forward hook (global, or on one of ``modules``) would run in a call: a fused call skips them."""
-    global_hooks = (getattr(torch.nn.modules.module, "_global_forward_hooks", None),
-                    getattr(torch.nn.modules.module, "_global_forward_pre_hooks", None))
-    return not any(global_hooks) and not any(_has_hooks(m) for m in modules)
+    """Whether no forward hook (global, or on one of ``modules``) would run in a call: a fused call skips them.
+    (Runs in every eval layer call: plain loops, no generators.)"""
+    if _module_module._global_forward_hooks or _module_module._global_forward_pre_hooks:
+        return False
+    for module in modules:
+        if module._forward_hooks or module._forward_pre_hooks:
+            return False
+    return True
 
 
 def runs_fused(lin: "QuantLinear", x: Optional[Tensor], width: int) -> bool:
