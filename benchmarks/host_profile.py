@@ -119,13 +119,15 @@ def layer_breakdown(model, args_, runner, reps: int) -> list:
         """``module``'s functions ``names`` replaced by ``record(name, args)`` for the block; the originals back after."""
         saved = {n: getattr(module, n) for n in names}
         for n in names:
-            setattr(module, n, lambda *a, _n=n: record(_n, a))
+            setattr(module, n, lambda *a, _n=n, **kw: record(_n, a, kw))
         return saved
 
     # Each layer's input and its op's arguments, from one forward.
     convs = ("gin_conv_eval", "gcn_conv_eval", "qat_gin_conv_eval", "qat_gcn_conv_eval")
     calls, layer_inputs = [], []
-    saved = patched(ops, convs, lambda n, a: calls.append((n, a)) or saved[n](*a))
+    # (qat_gcn_conv_eval's x_quantized=True is the op qat_gcn_conv_eval_quantized)
+    saved = patched(ops, convs, lambda n, a, kw: calls.append((n + "_quantized" if kw.get("x_quantized") else n, a, kw))
+                    or saved[n](*a, **kw))
     hooks = [conv.register_forward_pre_hook(lambda m, inp: layer_inputs.append((m, inp))) for conv in model.convs]
     try:
         with torch.inference_mode():
@@ -137,19 +139,19 @@ def layer_breakdown(model, args_, runner, reps: int) -> list:
             h.remove()
     # Each op's steps: the reference composition with every step the compiled op, their arguments recorded.
     steps_of = []
-    saved_steps = patched(reference, _STEPS, lambda n, a: steps_of[-1].append((n, a)) or
-                          getattr(torch.ops.pyg_quant, n).default(*a))
+    saved_steps = patched(reference, _STEPS, lambda n, a, kw: steps_of[-1].append((n, a)) or
+                          getattr(torch.ops.pyg_quant, n).default(*a, **kw))
     try:
         with torch.inference_mode():
-            for name, op_args in calls:
+            for name, op_args, kw in calls:
                 steps_of.append([])
-                getattr(reference, name)(*op_args)
+                getattr(reference, name.replace("_quantized", ""))(*op_args, **kw)
     finally:
         for n, f in saved_steps.items():
             setattr(reference, n, f)
     rows = []
     with torch.inference_mode():
-        for (conv, inp), (name, op_args), steps in zip(layer_inputs, calls, steps_of):
+        for (conv, inp), (name, op_args, _), steps in zip(layer_inputs, calls, steps_of):
             op = getattr(torch.ops.pyg_quant, name).default
             call_us, op_us = host_us(lambda: conv(*inp), reps), host_us(lambda: op(*op_args), reps)
             step_us = collections.Counter()
