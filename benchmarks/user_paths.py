@@ -40,7 +40,8 @@ Timing: CUDA events around each whole epoch (the host's loop, the copies and the
 first, the median of ``--reps``; ratios ("×": PyG fp32 CSR's time over this one, so above 1 is faster) are taken
 within this run against PyG fp32 CSR eager, on the same path for the eager columns and resident for the compiled
 ones.  For the eager paths, host syncs per batch (``torch.cuda.set_sync_debug_mode``: a blocking copy counts) and
-device kernels per batch (``torch.profiler``) over the first ``--profile-batches`` batches.  Each configuration is
+device kernels per batch (``torch.profiler``) over the first ``--profile-batches`` batches, counted after all the
+timing (a CUDA profiler session leaves callbacks behind that slow every later launch).  Each configuration is
 wrapped: an error is recorded (its first line in the table) and the run goes on; ``--time-budget`` skips what
 would start after it, recorded as skipped.  Runs on the default stream, as a user's loop does.
 
@@ -188,19 +189,25 @@ def eager_path(args, runner, paths: Paths, model, path: str, ref) -> dict:
         if path == "resident":
             out["rel_err_vs_pyg_fp32"] = workload.rel_err(model(*paths.resident[0]), ref)
         out.update(runner.measure(lambda: paths.epoch(path, model)))
-        k = min(args.profile_batches, paths.nb)
+    log(f"  {paths.kind} {paths.label:20s} {HEADERS[path]:12s} {out['median_ms']:9.2f} ms/epoch")
+    return out
+
+
+def eager_counts(args, runner, paths: Paths, model, path: str, out: dict) -> None:
+    """Host syncs and device kernels per batch of an eager path, into its cell ``out``.  Run after every timing: a
+    CUDA profiler session leaves its callbacks behind, which slow every later kernel launch of the process."""
+    k = min(args.profile_batches, paths.nb)
+    with torch.inference_mode():
         syncs = workload.count_syncs(runner, lambda: paths.epoch(path, model, k))
         out["syncs_per_batch"] = None if syncs is None else syncs / k
         prof = workload.profile_batch(runner, lambda: paths.epoch(path, model, k))
-        for key in ("kernels", "launch_calls", "memcpy_memset", "top_level_ops", "kernel_us"):
-            if prof.get(key) is not None:
-                out[f"{key}_per_batch"] = prof[key] / k
-        if prof.get("note"):
-            out["profile_note"] = prof["note"]
-    log(f"  {paths.kind} {paths.label:20s} {HEADERS[path]:12s} {out['median_ms']:9.2f} ms/epoch, "
-        f"syncs/batch {fmt(out.get('syncs_per_batch'))}, kernels/batch "
-        f"{fmt(out.get('kernels_per_batch', out.get('top_level_ops_per_batch')))}")
-    return out
+    for key in ("kernels", "launch_calls", "memcpy_memset", "top_level_ops", "kernel_us"):
+        if prof.get(key) is not None:
+            out[f"{key}_per_batch"] = prof[key] / k
+    if prof.get("note"):
+        out["profile_note"] = prof["note"]
+    log(f"  {paths.kind} {paths.label:20s} {HEADERS[path]:12s} syncs/batch {fmt(out.get('syncs_per_batch'))}, "
+        f"kernels/batch {fmt(out.get('kernels_per_batch', out.get('top_level_ops_per_batch')))}")
 
 
 def interleaved_resident(args, runner, rec, kept) -> None:
@@ -468,6 +475,7 @@ def main(argv=None):
             plan.append((kind, label, row, state, ref))
 
     kept = {}  # model -> [(row, model, paths)] of the eager stage, for the interleaved epochs
+    counted = []  # (row, model, paths) of the eager stage, for the syncs and kernels counted after all timing
 
     def run_paths(kind, label, row, state, ref, which):
         if label.startswith("pyg_quant") and not pq_ok:
@@ -488,8 +496,10 @@ def main(argv=None):
                 mode = "reduce-overhead" if path == "compile_ro" else None
                 cell(runner, rec, row, path, HEADERS[path], 60 if runner.cuda else 10,
                      lambda: compiled_path(args, runner, paths, model, mode, ref))
-        if which is EAGER_PATHS and args.rounds and not row.get("resident", {}).get("error"):
-            kept.setdefault(kind, []).append((row, model, paths))
+        if which is EAGER_PATHS:
+            counted.append((row, model, paths))
+            if args.rounds and not row.get("resident", {}).get("error"):
+                kept.setdefault(kind, []).append((row, model, paths))
         del model, paths
 
     stages = [("eager", EAGER_PATHS)]
@@ -514,6 +524,17 @@ def main(argv=None):
             summarize(rec, args)
             rec.data["timeline"]["interleaved_s"] = round(time.perf_counter() - t, 1)
     torch._dynamo.reset()
+    log("== syncs and kernels of the eager paths")
+    for row, model, paths in counted:
+        for path in EAGER_PATHS:
+            entry = row.get(path)
+            if isinstance(entry, dict) and ms_of(entry) is not None:
+                try:
+                    eager_counts(args, runner, paths, model, path, entry)
+                except Exception as error:  # noqa: BLE001  (the timings stand)
+                    entry["count_error"] = rec.error(f"{row['model']} {row['label']} {path} counts", error)
+        rec.save()
+    counted.clear()
 
     summarize(rec, args)
     text = tables(rec, args)
