@@ -136,8 +136,8 @@ def _padded_bit_tensor(parts: Dict[str, torch.Tensor], scalars: Dict[str, object
     scalars = dict(scalars)
     planes = parts["planes"]
     pad = scalars.pop("outer_pad") - planes.size(1)
-    # one pass over the planes (a constant pad fills the whole result, then copies the planes over it)
-    planes = torch.cat([planes, planes.new_zeros(planes.size(0), pad, planes.size(2))], 1)
+    if pad:  # one pass over the planes; an outer dimension that needs no padding is read in place, as float x is
+        planes = torch.cat([planes, planes.new_zeros(planes.size(0), pad, planes.size(2))], 1)
     return BitTensor(planes, lo=parts["lo"], scale=parts["scale"], **scalars)
 
 

@@ -29,7 +29,11 @@ from torch_geometric.utils import is_torch_sparse_tensor
 
 def explaining(module: torch.nn.Module) -> bool:
     """Whether an explainer's edge mask is set on ``module`` (PyG's ``MessagePassing.explain`` is True)."""
-    return getattr(module, "_explain", None) is True
+    if hasattr(type(module), "_explain"):  # a class attribute or descriptor: the ordinary lookup
+        return getattr(module, "_explain", None) is True
+    # Otherwise only the instance's dict can hold True (a parameter, buffer or submodule of that name is never True),
+    # and reading it spares the layers' eval checks nn.Module.__getattr__'s AttributeError for every Linear.
+    return module.__dict__.get("_explain") is True
 
 
 def explain_edge_mask(module: torch.nn.Module, edge_index, graph) -> Optional[Tensor]:
