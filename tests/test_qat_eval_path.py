@@ -141,6 +141,41 @@ def test_stored_keys_follow_the_range(monkeypatch):
         assert torch.equal(narrowed, general(model, x, adj)) and not torch.equal(narrowed, first)
 
 
+@pytest.mark.parametrize("kind", ["gcn", "gin"])
+def test_the_kept_plan_follows_every_edit(kind, monkeypatch):
+    """What a layer keeps of its modules between calls (the op's weight arguments, its stored keys, 1 + eps) is made
+    again after anything it was made from changes: every call after an edit equals the general path's, and an
+    unchanged layer skips the checks that made it."""
+    import pyg_quant.qat.eval_path as eval_path
+    model, x, adj, _ = converted("cpu", kind=kind, agg_observer="ema")
+    conv = model.conv1
+    lin = conv.lin if kind == "gcn" else conv.nn[0]
+    edits = [
+        ("a weight step", lambda: lin.weight.mul_(0.9)),
+        ("a bias step", lambda: (conv.bias if kind == "gcn" else lin.bias).add_(0.1)),
+        ("a stored range", lambda: conv.agg_quant.observer.min_val.mul_(0.5)),
+        ("a weight moved", lambda: setattr(lin.weight, "data", lin.weight.data.clone())),
+        ("the weight quantizer observing", lambda: lin.weight_quant.enable_observer()),
+        ("and frozen again", lambda: lin.weight_quant.disable_observer()),
+        ("the aggregation quantizer off", lambda: conv.agg_quant.disable_fake_quant()),
+        ("and on again", lambda: conv.agg_quant.enable_fake_quant()),
+        ("a hook", lambda: lin.weight_quant.register_forward_hook(lambda *a: None)),
+    ]
+    if kind == "gin":
+        edits += [("an eps step", lambda: conv.eps.add_(0.25)),
+                  ("a module swapped", lambda: conv.nn.__setitem__(1, torch.nn.Identity()))]
+    checks = []
+    real = eval_path._aggregation_keys
+    monkeypatch.setattr(eval_path, "_aggregation_keys", lambda *a: checks.append(1) or real(*a))
+    with torch.no_grad():
+        model(x, adj)
+        checks.clear()
+        assert torch.equal(model(x, adj), general(model, x, adj)) and checks == []  # the kept plan, unchecked
+        for what, edit in edits:
+            edit()
+            assert torch.equal(model(x, adj), general(model, x, adj)), what
+
+
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 @pytest.mark.parametrize("kind", ["gcn", "gin"])
 def test_non_finite_input(device, kind, bad):

@@ -29,7 +29,7 @@ are the input quantizer's own codes on a GPU, hooks on the layer's quantizers or
 ``torch.compile``, other adjacency formats) takes the general forward: the functions return None.
 """
 import math
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 from torch import Tensor
@@ -40,6 +40,7 @@ from ..bit_tensor import BitTensor, to_val
 from ..graph.bit_adjacency import BitAdjacency
 from ..graph.spmm import adjacency_args, gathered_codes
 from ..nn.calibration import STATIC_RANGE
+from ..nn.explain import explaining
 from ..nn.qgcn_conv import bit_adjacency_deg_inv_sqrt
 from ..nn.quant_linear import bit_kernels_apply, chain_args, no_hooks, runs_fused
 from ..ops.reference import ordered_keys
@@ -47,6 +48,14 @@ from .linear import QATLinear
 
 # (The checks below read modules, flags and observers from the modules' own dicts: they run at every layer call,
 # and nn.Module's attribute lookup is most of their cost.)
+
+def _parameter(module, name: str):
+    """``getattr(module, name)`` for a parameter or buffer, read from the module's dicts."""
+    for table in (module._parameters, module._buffers):
+        if name in table:
+            return table[name]
+    return getattr(module, name)
+
 
 def _fused_linear(lin, width: int) -> bool:
     """Whether the QAT linear layer ``lin`` on ``width`` input columns is one fused-kernel product: quantizing, input
@@ -88,6 +97,95 @@ def _float_matrix(x) -> bool:
     return isinstance(x, Tensor) and x.dtype == torch.float32 and x.dim() == 2 and not x.is_sparse
 
 
+class _Plan(NamedTuple):
+    """A layer's op arguments that depend on its modules and parameters alone, with what they were made from: the
+    next call reuses them while :func:`_plan_holds` (the checks that made them cost more than the op's dispatch)."""
+    objects: tuple  # (dict, key, object): the modules, parameters and observers, by identity
+    values: tuple  # (dict, key, value): flags and bit widths
+    sizes: tuple  # (dict, length): the containers' sizes (a module added to one)
+    tensors: tuple  # (tensor, (data_ptr, version, dtype, shape)): parameters, buffers and stored ranges
+    hooked: tuple  # the modules whose hooks a fused call would skip: checked at every call
+    args: tuple  # what the op takes from the layer (see gin_eval / gcn_eval)
+
+
+def _plan_holds(plan: _Plan) -> bool:
+    """Whether ``plan`` is still what the checks would make (``torch.compile`` and autograd aside: the callers ask
+    for it only in eager calls without a gradient)."""
+    for table, key, obj in plan.objects:
+        if table.get(key) is not obj:
+            return False
+    for table, key, value in plan.values:
+        if table.get(key) != value:
+            return False
+    for table, size in plan.sizes:
+        if len(table) != size:
+            return False
+    for tensor, mark in plan.tensors:
+        if (tensor.data_ptr(), tensor._version, tensor.dtype, tensor.shape) != mark:
+            return False
+    return no_hooks(*plan.hooked)
+
+
+def _new_plan(conv, linears, fq, args: tuple) -> Optional[_Plan]:
+    """The plan of ``conv`` (its QAT ``linears``, aggregation quantizer ``fq``) for ``args``; None where a tensor it
+    depends on is an inference tensor (no version counter to tell an edit by)."""
+    objects, values, sizes, tensors, hooked = [], [], [], [], [fq]
+    modules = conv._modules
+    for name in ("nn", "lin", "agg_quant"):
+        if name in modules:
+            objects.append((modules, name, modules[name]))
+    nn = modules.get("nn")
+    if nn is not None:
+        hooked.append(nn)
+        sizes.append((nn._modules, len(nn._modules)))
+        objects += [(nn._modules, name, child) for name, child in nn._modules.items()]
+        hooked += list(nn._modules.values())
+    for name in ("eps", "bias"):
+        for table in (conv._parameters, conv._buffers):
+            if name in table:
+                objects.append((table, name, table[name]))
+                if table[name] is not None:
+                    tensors.append(table[name])
+                break
+    observer = fq._modules["observer"]
+    objects.append((fq._modules, "observer", observer))
+    values += [(fq.__dict__, key, fq.__dict__.get(key)) for key in ("_fake", "_observe", "bits", "dim")]
+    if not fq.own_range(0):
+        tensors += list(observer.range_tensors())
+    for lin in linears:
+        lin_modules, params = lin._modules, lin._parameters
+        fq_in, fq_w = lin_modules["input_quant"], lin_modules["weight_quant"]
+        hooked += [lin, fq_in, fq_w]
+        objects += [(params, "weight", params["weight"]), (params, "bias", params.get("bias")),
+                    (lin_modules, "input_quant", fq_in), (lin_modules, "weight_quant", fq_w),
+                    (fq_in._modules, "observer", fq_in._modules["observer"]),
+                    (fq_w._modules, "observer", fq_w._modules["observer"])]
+        values += [(lin.__dict__, key, lin.__dict__.get(key))
+                   for key in ("training", "_explain", "act_bits", "weight_bits")]
+        values += [(q.__dict__, key, q.__dict__.get(key)) for q in (fq_in, fq_w)
+                   for key in ("_fake", "_observe", "bits", "dim")]
+        tensors += [t for t in (params["weight"], params.get("bias")) if t is not None]
+    marks = []
+    for tensor in tensors:
+        if tensor.is_inference():
+            return None
+        marks.append((tensor, (tensor.data_ptr(), tensor._version, tensor.dtype, tensor.shape)))
+    return _Plan(tuple(objects), tuple(values), tuple(sizes), tuple(marks), tuple(hooked), args)
+
+
+def _kept_plan(conv, name: str) -> Optional[_Plan]:
+    """The plan kept on ``conv`` under ``name`` if it still holds (eager calls without a gradient only)."""
+    plan = conv.__dict__.get(name)
+    if plan is None or torch.is_grad_enabled() or not _plan_holds(plan):
+        return None
+    return plan
+
+
+def _keep_plan(conv, name: str, linears, fq, args: tuple) -> None:
+    if not torch.is_grad_enabled():
+        conv.__dict__[name] = _new_plan(conv, linears, fq, args)
+
+
 def gcn_eval(conv, x, adj, edge_weight) -> Optional[Tensor]:
     """``conv(x, adj)`` for a :class:`~pyg_quant.qat.QATGCNConv` in the case above, or None."""
     if (type(adj) is not BitAdjacency or edge_weight is not None or is_compiling() or conv.cached
@@ -109,12 +207,22 @@ def gcn_eval(conv, x, adj, edge_weight) -> Optional[Tensor]:
         rows, width = x.size(0), x.size(1)
     else:
         return None
-    channels = lin._parameters["weight"].size(0)
-    fq = conv._modules.get("agg_quant")
-    applies, stored = _aggregation_keys(fq, channels)
-    if (not applies or rows != adj.num_cols or x.device != adj.device or not _fused_linear(lin, width)
-            or not bit_kernels_apply(conv, x if isinstance(x, Tensor) else None, lin.weight, bias)):
+    if rows != adj.num_cols or x.device != adj.device:
         return None
+    fq = conv._modules.get("agg_quant")
+    plan = _kept_plan(conv, "_qat_eval_plan")
+    if plan is not None and plan.args[0] == width:
+        if conv.training or explaining(conv):
+            return None
+        _, stored, bias, chain = plan.args
+    else:
+        applies, stored = _aggregation_keys(fq, lin._parameters["weight"].size(0))
+        if (not applies or not _fused_linear(lin, width)
+                or not bit_kernels_apply(conv, x if isinstance(x, Tensor) else None, lin.weight, bias)):
+            return None
+        bias = None if bias is None else bias.detach()
+        chain = chain_args((lin,), (False,))
+        _keep_plan(conv, "_qat_eval_plan", (lin,), fq, (width, stored, bias, chain))
     cuda = x.device.type == "cuda"
     dinv = bit_adjacency_deg_inv_sqrt(adj)
     if isinstance(x, BitTensor):
@@ -123,9 +231,8 @@ def gcn_eval(conv, x, adj, edge_weight) -> Optional[Tensor]:
     else:
         x_args = (x.contiguous(), None, None, rows, width, True, 0)
     bits = fq.bits
-    out = ops.qat_gcn_conv_eval(*adjacency_args(adj), adj.diag, dinv, None if bias is None else bias.detach(), bits,
-                                adj.wide_sums(bits), stored, *x_args, *chain_args((lin,), (False,)),
-                                x_quantized=quantized)
+    out = ops.qat_gcn_conv_eval(*adjacency_args(adj), adj.diag, dinv, bias, bits, adj.wide_sums(bits), stored,
+                                *x_args, *chain, x_quantized=quantized)
     if not cuda:
         _raise_if_not_finite(out, x)
     return out
@@ -170,16 +277,28 @@ def gin_eval(conv, x, adj, size) -> Optional[Tensor]:
         rows, width = x.size(0), x.size(1)
     else:
         return None
-    eps = conv.eps
-    applies, stored = _aggregation_keys(fq, width)
-    if (not applies or rows != adj.num_cols or x.device != adj.device or eps.device != x.device
-            or eps.dtype != torch.float32 or not bit_kernels_apply(conv, x if isinstance(x, Tensor) else None, eps)):
+    if rows != adj.num_cols or x.device != adj.device:
         return None
-    steps = _linear_steps(conv.nn, width)
-    if steps is None:
-        return None
+    plan = _kept_plan(conv, "_qat_eval_plan")
+    if plan is not None and plan.args[0] == width:
+        if conv.training or explaining(conv):
+            return None
+        _, stored, one_plus_eps, chain = plan.args
+        if one_plus_eps.device != x.device:
+            return None
+    else:
+        eps = _parameter(conv, "eps")
+        applies, stored = _aggregation_keys(fq, width)
+        if (not applies or eps.device != x.device or eps.dtype != torch.float32
+                or not bit_kernels_apply(conv, x if isinstance(x, Tensor) else None, eps)):
+            return None
+        steps = _linear_steps(conv._modules["nn"], width)
+        if steps is None:
+            return None
+        linears, relus = zip(*steps)
+        one_plus_eps, chain = conv._one_plus_eps(), chain_args(linears, relus)
+        _keep_plan(conv, "_qat_eval_plan", linears, fq, (width, stored, one_plus_eps.detach(), chain))
     cuda = x.device.type == "cuda"
-    linears, relus = zip(*steps)
     if isinstance(x, BitTensor):
         code_bits = x.bits
         x_args = (x.planes, x.lo, x.scale, gathered_codes(adj, x, adj.diag is not None), x.cols,
@@ -190,4 +309,4 @@ def gin_eval(conv, x, adj, size) -> Optional[Tensor]:
             check_finite(x, "x")  # the general path's check on the CPU
         code_bits, x_args = fq.bits, (x, None, None, None, width, 0)
     return ops.qat_gin_conv_eval(*adjacency_args(adj), adj.diag, adj.wide_sums(code_bits), *x_args, fq.bits, stored,
-                                 conv._one_plus_eps(), *chain_args(linears, relus))
+                                 one_plus_eps, *chain)
