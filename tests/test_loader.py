@@ -1069,3 +1069,36 @@ def test_gcn_on_an_adjacency_decoded_in_a_cuda_graph_normalizes_once(monkeypatch
             buffer.copy_(host.buffer, non_blocking=True)
             graph.replay()
             assert torch.equal(out, forward(host.to("cuda")))
+
+
+def test_a_decoded_edge_index_skips_the_range_check(monkeypatch):
+    """A QuantBatch reads each ``[2, E]`` integer field's bounds where it is packed: a layer building its graph from
+    the decoded ``edge_index`` skips the range check's read of the device (a host synchronization on a GPU), still
+    raises on indices out of range, and checks again once the tensor is edited."""
+    import pyg_quant.graph.input_formats as formats
+    torch.manual_seed(0)
+    n = 60
+    edge_index = torch.randint(n, (2, 400))
+    x = torch.randn(n, 8)
+    computed = []
+    real = formats.index_bounds
+    monkeypatch.setattr(formats, "index_bounds", lambda t, compute: real(t, lambda: computed.append(1) or compute()))
+    conv = pq.QGCNConv(8, 4, bits=4)  # training: the graph is built at every new tensor
+    batch = QuantBatch.from_fields({"x": x, "edge_index": edge_index})
+    decoded = batch.edge_index
+    assert decoded.dtype == torch.int64 and torch.equal(decoded, edge_index)
+    conv(batch.x, decoded)
+    assert computed == []
+    with torch.inference_mode():  # a graph built outside the cache (inference mode keeps none) too
+        conv.eval()(batch.x, decoded)
+    conv.train()
+    assert computed == []
+    bad = edge_index.clone()
+    bad[1, 5] = n + 3
+    with pytest.raises(ValueError, match="out of range"):
+        conv(x, QuantBatch.from_fields({"edge_index": bad}).edge_index)
+    assert computed == []
+    decoded[0, 7] = n + 1  # an edit: the remembered bounds no longer hold
+    with pytest.raises(ValueError, match="out of range"):
+        conv(batch.x, decoded)
+    assert computed == [1]

@@ -246,11 +246,30 @@ def _remembered_bounds(edge_index: torch.Tensor, owner=None) -> Optional[Tuple[i
     return None
 
 
+def remember_index_bounds(edge_index: torch.Tensor, bounds: Tuple[int, int, int]) -> None:
+    """Records ``bounds`` (the lowest index, the highest of each row) of the ``[2, E]`` tensor ``edge_index`` for
+    whoever made it knowing them without reading its device (a loader batch decoding what it packed on the host):
+    the graphs built from it then skip the range check's host synchronization, until it is edited."""
+    signature = _signature(edge_index)
+    if signature is None or is_compiling():
+        return
+    key = id(edge_index)
+    _bounds[key] = (weakref.ref(edge_index, _forget_when_dead(_bounds, key)), signature, tuple(int(b) for b in bounds))
+    _bounds.move_to_end(key)
+    while len(_bounds) > MAX_BOUNDS:
+        _bounds.popitem(last=False)
+
+
 def index_bounds(edge_index: torch.Tensor, compute: Callable[[], Tuple[int, int, int]]) -> Tuple[int, int, int]:
     """``compute()`` (the ``[2, E]`` tensor's lowest index and the highest of each row: a host sync), or the bounds
-    remembered for the tensor whose graph :func:`cached_graph` is building from ``edge_index`` (its alias)."""
+    remembered for the tensor whose graph :func:`cached_graph` is building from ``edge_index`` (its alias), or for
+    ``edge_index`` itself (:func:`remember_index_bounds`; a graph built outside the cache)."""
     owner = _bounds_owner(edge_index)
     if owner is None:
+        signature = _signature(edge_index)
+        entry = _bounds.get(id(edge_index)) if signature is not None else None
+        if entry is not None and entry[0]() is edge_index and entry[1] == signature:
+            return entry[2]
         return compute()
     bounds = _remembered_bounds(edge_index, owner)
     if bounds is not None:

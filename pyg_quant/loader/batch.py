@@ -39,6 +39,7 @@ import torch
 from ..bit_tensor import BitTensor
 from ..graph.adjacency_form import check_adjacency_form
 from ..graph.bit_adjacency import BitAdjacency, CompactAdjacency
+from ..graph.cache import remember_index_bounds
 
 ALIGN = 64  # bytes: a cache line, and a multiple of every element size
 
@@ -68,14 +69,27 @@ def _widened(view: torch.Tensor, dtype: Optional[torch.dtype]) -> torch.Tensor:
     return view if dtype is None else view.to(dtype)
 
 
+def _bounded(tensor: torch.Tensor, bounds: Optional[tuple]) -> torch.Tensor:
+    """``tensor``, its index bounds (read when the batch was packed) remembered for the graphs built from it."""
+    if bounds is not None:
+        remember_index_bounds(tensor, bounds)
+    return tensor
+
+
 def _outer_rows(value: BitTensor) -> int:
     return value.rows if value.layout == "row" else value.cols
+
+
+def _index_pair(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` may be an ``edge_index``: integer ``[2, E]``, not empty."""
+    return (tensor.dim() == 2 and tensor.size(0) == 2 and tensor.numel() > 0
+            and not tensor.is_floating_point() and not tensor.is_complex() and tensor.dtype != torch.bool)
 
 
 def _flatten(fields: Dict[str, object]) -> Tuple[Dict[str, torch.Tensor], Dict[str, object]]:
     """Splits fields into the wire tensors that go into the buffer and a picklable description of the rest."""
     tensors: Dict[str, torch.Tensor] = {}
-    meta: Dict[str, object] = {"objects": {}, "values": {}, "dtypes": {}, "order": list(fields)}
+    meta: Dict[str, object] = {"objects": {}, "values": {}, "dtypes": {}, "order": list(fields), "index_bounds": {}}
 
     def add_narrowed(key: str, tensor: torch.Tensor) -> None:  # the dtype to widen back to goes in meta
         tensors[key] = _narrowed(tensor)
@@ -100,6 +114,9 @@ def _flatten(fields: Dict[str, object]) -> Tuple[Dict[str, torch.Tensor], Dict[s
                                                    "outer_pad": value.planes.size(1)})
         elif isinstance(value, torch.Tensor):
             add_narrowed(name, value)
+            if _index_pair(value):  # read here, where the batch is packed: its decoded copy skips the range check
+                lows, highs = torch.aminmax(value, dim=1)
+                meta["index_bounds"][name] = (min(lows.tolist()), *highs.tolist())
         else:
             meta["values"][name] = value
     return tensors, meta
@@ -219,8 +236,9 @@ class QuantBatch:
                                            "BitTensor")
             elif name in views:
                 wide = self._meta["dtypes"].get(name)
-                fields[name] = views[name] if wide is None else _Decode(
-                    lambda view=views[name], wide=wide: view.to(wide), "Tensor")
+                bounds = self._meta.get("index_bounds", {}).get(name)  # (batches pickled before kept none)
+                fields[name] = _Decode(lambda view=views[name], wide=wide, bounds=bounds: _bounded(
+                    _widened(view, wide), bounds), "Tensor") if wide is not None or bounds else views[name]
             else:
                 fields[name] = self._meta["values"][name]
         return fields
