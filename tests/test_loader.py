@@ -1102,3 +1102,17 @@ def test_a_decoded_edge_index_skips_the_range_check(monkeypatch):
     with pytest.raises(ValueError, match="out of range"):
         conv(batch.x, decoded)
     assert computed == [1]
+
+
+def test_bit_features_with_a_small_padding_decode_in_place():
+    """Planes whose outer padding is at most 1/16 of them travel padded and decode as views of the batch's buffer
+    (no copy); a larger padding is left out of the wire and re-added, with zeros, on decode."""
+    torch.manual_seed(0)
+    for cols, in_place in ((1433, True), (1000, True), (97, False), (20, False)):
+        x = pq.to_bit(torch.randn(37, cols), 4, dim=0, layout="col")
+        batch = QuantBatch.from_fields({"x": x})
+        wire, decoded = batch.wire_tensors()["x.planes"], batch.x
+        assert torch.equal(decoded.planes, x.planes) and torch.equal(decoded.lo, x.lo)
+        assert (wire.size(1) == x.planes.size(1)) == in_place
+        shares = decoded.planes.untyped_storage().data_ptr() == batch.buffer.untyped_storage().data_ptr()
+        assert shares == in_place, cols

@@ -18,7 +18,8 @@ aligned offsets, in a single buffer, each in its *wire* form::
   (``"auto"``: without when the tiles would be less than
   :data:`~pyg_quant.graph.adjacency_form.MIN_TILE_FILL` full; default :data:`~pyg_quant.graph.adjacency_form.DEFAULT_ADJACENCY`, ``"auto"``);
 * a :class:`~pyg_quant.BitTensor` travels without the padding of its outer
-  dimension (re-added on access);
+  dimension (re-added on access), unless that padding is at most 1/16 of it
+  (then the decoded planes are views of the buffer);
 * an integer tensor travels in the narrowest integer type that holds its values
   (``y`` with 47 classes as ``int8``, node ids as ``int32``) and is widened back
   to its dtype on access;
@@ -107,7 +108,10 @@ def _flatten(fields: Dict[str, object]) -> Tuple[Dict[str, torch.Tensor], Dict[s
                     tensors[f"{name}.{attr}"] = getattr(value, attr)
             meta["objects"][name] = ("BitAdjacency", {attr: getattr(value, attr) for attr in _ADJ_SCALARS})
         elif isinstance(value, BitTensor):
-            tensors[f"{name}.planes"] = value.planes[:, :_outer_rows(value)]
+            planes, outer = value.planes, _outer_rows(value)
+            # A padding of at most 1/16 of the planes travels with them, so that the decode reads them in place
+            # (Cora's 1,433 features padded to 1,472); a larger one is left out and re-added on decode.
+            tensors[f"{name}.planes"] = planes if (planes.size(1) - outer) * 16 <= outer else planes[:, :outer]
             tensors[f"{name}.lo"], tensors[f"{name}.scale"] = value.lo, value.scale
             meta["objects"][name] = ("BitTensor", {"shape": value.shape, "bits": value.bits,
                                                    "layout": value.layout, "dim": value.dim,
