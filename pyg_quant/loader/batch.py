@@ -220,31 +220,38 @@ class QuantBatch:
         return {name: _view(self._buffer, dtype, shape, offset) for name, dtype, shape, offset in self._specs}
 
     def _materialize(self) -> Dict[str, object]:
-        views = self.wire_tensors()
+        # Every field is made from its views of the buffer when first read: a batch copied to a device and handed
+        # over (prefetch) pays for the fields it uses, each view a few host ops.
+        buffer, meta = self._buffer, self._meta
+        by_key = {key: (dtype, shape, offset) for key, dtype, shape, offset in self._specs}
         fields: Dict[str, object] = {}
-        for name in self._meta["order"]:
-            if name in self._meta["objects"]:
-                kind, scalars = self._meta["objects"][name]
-                parts = {attr: view for key, view in views.items()
-                         for field, _, attr in [key.partition(".")] if field == name}
+        for name in meta["order"]:
+            if name in meta["objects"]:
+                kind, scalars = meta["objects"][name]
+                specs = {attr: by_key[key] for key in by_key for field, _, attr in [key.partition(".")]
+                         if field == name}
+
+                def parts(specs=specs):
+                    return {attr: _view(buffer, *spec) for attr, spec in specs.items()}
                 if kind == "BitAdjacency":
-                    fields[name] = BitAdjacency(**{attr: parts.get(attr) for attr in BitAdjacency._TENSORS},
-                                                **scalars)
+                    fields[name] = _Decode(lambda parts=parts, scalars=scalars: BitAdjacency(
+                        **{attr: parts().get(attr) for attr in BitAdjacency._TENSORS}, **scalars), "BitAdjacency")
                 elif kind == "CompactAdjacency":
-                    wide = {attr: self._meta["dtypes"].get(f"{name}.{attr}") for attr in parts}
+                    wide = {attr: meta["dtypes"].get(f"{name}.{attr}") for attr in specs}
                     fields[name] = _Decode(lambda parts=parts, scalars=scalars, wide=wide: _expanded(
-                        CompactAdjacency.from_tensors({attr: _widened(view, wide[attr]) for attr, view in parts.items()},
-                                                      scalars), self.adjacency), "BitAdjacency")
+                        CompactAdjacency.from_tensors(
+                            {attr: _widened(view, wide[attr]) for attr, view in parts().items()}, scalars),
+                        self.adjacency), "BitAdjacency")
                 else:
-                    fields[name] = _Decode(lambda parts=parts, scalars=scalars: _padded_bit_tensor(parts, scalars),
+                    fields[name] = _Decode(lambda parts=parts, scalars=scalars: _padded_bit_tensor(parts(), scalars),
                                            "BitTensor")
-            elif name in views:
-                wide = self._meta["dtypes"].get(name)
-                bounds = self._meta.get("index_bounds", {}).get(name)  # (batches pickled before kept none)
-                fields[name] = _Decode(lambda view=views[name], wide=wide, bounds=bounds: _bounded(
-                    _widened(view, wide), bounds), "Tensor") if wide is not None or bounds else views[name]
+            elif name in by_key:
+                wide = meta["dtypes"].get(name)
+                bounds = meta.get("index_bounds", {}).get(name)  # (batches pickled before kept none)
+                fields[name] = _Decode(lambda spec=by_key[name], wide=wide, bounds=bounds: _bounded(
+                    _widened(_view(buffer, *spec), wide), bounds), "Tensor")
             else:
-                fields[name] = self._meta["values"][name]
+                fields[name] = meta["values"][name]
         return fields
 
     def _field(self, name: str):
