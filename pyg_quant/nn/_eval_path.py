@@ -25,7 +25,7 @@ Non-finite inputs are not checked here on the GPU (a check is a host synchroniza
 float layers: a NaN or inf in a row or column makes its range NaN, and the values it reaches NaN (see
 :func:`pyg_quant._utils.check_finite`).
 """
-from typing import NamedTuple, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -41,52 +41,20 @@ from ..quantization.quantize import quantize, values_finite
 from .calibration import STATIC_RANGE
 from ._common import kept
 from .explain import explaining
+from .call_plan import new_plan, plan_holds
 from .quant_linear import QuantLinear, call_end, chain_args, fused_mlp_plan, no_hooks, runs_fused
-
-
-class _Plan(NamedTuple):
-    """A layer's MLP chain as ``ops`` takes it, with what it was built from, to tell whether it still holds."""
-    container: torch.nn.Module  # the MLP (GIN's ``nn``) or the linear layer (GCN's ``lin``)
-    children: tuple  # the container's children when it was built
-    width: int  # input columns
-    # per linear layer: (layer, weight, its data_ptr, its version, bias, its data_ptr, its version, weight_bits,
-    # act_bits); a missing bias has data_ptr and version None
-    params: tuple
-    chain: tuple  # the weight arguments of the op
-
-
-def _plan_holds(plan: _Plan, container, width: int) -> bool:
-    """Whether ``plan`` is still what ``_mlp_chain`` would build: the same modules, the same parameter tensors with
-    the same storage (``.to()`` swaps it) and version (optimizer steps, ``load_state_dict``), the same bit widths,
-    eval mode."""
-    if plan.container is not container or plan.width != width:
-        return False
-    children = plan.children
-    modules = container._modules
-    if len(modules) != len(children):
-        return False
-    for child, kept in zip(modules.values(), children):
-        if child is not kept:
-            return False
-    for lin, weight, w_ptr, w_version, bias, b_ptr, b_version, weight_bits, act_bits in plan.params:
-        params = lin._parameters
-        if (params["weight"] is not weight or weight.data_ptr() != w_ptr or weight._version != w_version
-                or lin.training or lin.weight_bits != weight_bits or lin.act_bits != act_bits):
-            return False
-        if params.get("bias") is not bias or (bias is not None and (bias.data_ptr() != b_ptr
-                                                                    or bias._version != b_version)):
-            return False
-    return True
 
 
 def _mlp_chain(conv, container, width: int) -> Optional[tuple]:
     """The weight arguments of the one ``ops`` call through ``container`` (a Sequential of QuantLinear and ReLU, or
-    one QuantLinear) on ``width`` input columns, kept on ``conv`` while :func:`_plan_holds`; None where the chain
-    does not fuse into one call or a forward hook would run (the general path then runs)."""
+    one QuantLinear) on ``width`` input columns, kept on ``conv`` (a :class:`~pyg_quant.nn.call_plan.CallPlan`) while
+    the modules, parameters and bit widths they were made from stay the same; None where the chain does not fuse
+    into one call or a forward hook would run (the general path then runs)."""
     plan = conv.__dict__.get("_eval_plan")
-    if plan is not None and _plan_holds(plan, container, width):
-        return plan.chain if no_hooks(container, *plan.children) else None
-    if not no_hooks(container, *container._modules.values()):
+    if plan is not None and plan.args[0] is container and plan.args[1] == width and plan_holds(plan):
+        return plan.args[2]
+    children = container._modules
+    if not no_hooks(container, *children.values()):
         return None
     if isinstance(container, QuantLinear):
         linears, relus = (container,), (False,)
@@ -98,13 +66,13 @@ def _mlp_chain(conv, container, width: int) -> Optional[tuple]:
     if not _fuses(linears, width) or call_end(linears, 0) != len(linears):
         return None  # (several calls: the general path splits the chain)
     chain = chain_args(linears, relus)
-    params = []
-    for lin in linears:
-        weight, bias = lin._parameters["weight"], lin._parameters.get("bias")
-        params.append((lin, weight, weight.data_ptr(), weight._version, bias,
-                       None if bias is None else bias.data_ptr(), None if bias is None else bias._version,
-                       lin.weight_bits, lin.act_bits))
-    conv.__dict__["_eval_plan"] = _Plan(container, tuple(container._modules.values()), width, tuple(params), chain)
+    objects = [(children, name, child) for name, child in children.items()]
+    objects += [(lin._parameters, name, lin._parameters.get(name)) for lin in linears for name in ("weight", "bias")]
+    values = [(lin.__dict__, key, lin.__dict__.get(key)) for lin in linears
+              for key in ("training", "weight_bits", "act_bits")]
+    tensors = [lin._parameters.get(name) for lin in linears for name in ("weight", "bias")]
+    conv.__dict__["_eval_plan"] = new_plan(objects, values, [(children, len(children))], tensors,
+                                           (container, *children.values()), (container, width, chain))
     return chain
 
 

@@ -29,7 +29,7 @@ are the input quantizer's own codes on a GPU, hooks on the layer's quantizers or
 ``torch.compile``, other adjacency formats) takes the general forward: the functions return None.
 """
 import math
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -40,6 +40,7 @@ from ..bit_tensor import BitTensor, to_val
 from ..graph.bit_adjacency import BitAdjacency
 from ..graph.spmm import adjacency_args, gathered_codes
 from ..nn.calibration import STATIC_RANGE
+from ..nn.call_plan import CallPlan, new_plan, plan_holds
 from ..nn.explain import explaining
 from ..nn.qgcn_conv import bit_adjacency_deg_inv_sqrt
 from ..nn.quant_linear import bit_kernels_apply, chain_args, no_hooks, runs_fused
@@ -97,38 +98,8 @@ def _float_matrix(x) -> bool:
     return isinstance(x, Tensor) and x.dtype == torch.float32 and x.dim() == 2 and not x.is_sparse
 
 
-class _Plan(NamedTuple):
-    """A layer's op arguments that depend on its modules and parameters alone, with what they were made from: the
-    next call reuses them while :func:`_plan_holds` (the checks that made them cost more than the op's dispatch)."""
-    objects: tuple  # (dict, key, object): the modules, parameters and observers, by identity
-    values: tuple  # (dict, key, value): flags and bit widths
-    sizes: tuple  # (dict, length): the containers' sizes (a module added to one)
-    tensors: tuple  # (tensor, (data_ptr, version, dtype, shape)): parameters, buffers and stored ranges
-    hooked: tuple  # the modules whose hooks a fused call would skip: checked at every call
-    args: tuple  # what the op takes from the layer (see gin_eval / gcn_eval)
-
-
-def _plan_holds(plan: _Plan) -> bool:
-    """Whether ``plan`` is still what the checks would make (``torch.compile`` and autograd aside: the callers ask
-    for it only in eager calls without a gradient)."""
-    for table, key, obj in plan.objects:
-        if table.get(key) is not obj:
-            return False
-    for table, key, value in plan.values:
-        if table.get(key) != value:
-            return False
-    for table, size in plan.sizes:
-        if len(table) != size:
-            return False
-    for tensor, mark in plan.tensors:
-        if (tensor.data_ptr(), tensor._version, tensor.dtype, tensor.shape) != mark:
-            return False
-    return no_hooks(*plan.hooked)
-
-
-def _new_plan(conv, linears, fq, args: tuple) -> Optional[_Plan]:
-    """The plan of ``conv`` (its QAT ``linears``, aggregation quantizer ``fq``) for ``args``; None where a tensor it
-    depends on is an inference tensor (no version counter to tell an edit by)."""
+def _new_plan(conv, linears, fq, args: tuple) -> Optional[CallPlan]:
+    """The plan of ``conv`` (its QAT ``linears``, aggregation quantizer ``fq``) for ``args``."""
     objects, values, sizes, tensors, hooked = [], [], [], [], [fq]
     modules = conv._modules
     for name in ("nn", "lin", "agg_quant"):
@@ -144,8 +115,7 @@ def _new_plan(conv, linears, fq, args: tuple) -> Optional[_Plan]:
         for table in (conv._parameters, conv._buffers):
             if name in table:
                 objects.append((table, name, table[name]))
-                if table[name] is not None:
-                    tensors.append(table[name])
+                tensors.append(table[name])
                 break
     observer = fq._modules["observer"]
     objects.append((fq._modules, "observer", observer))
@@ -164,19 +134,14 @@ def _new_plan(conv, linears, fq, args: tuple) -> Optional[_Plan]:
                    for key in ("training", "_explain", "act_bits", "weight_bits")]
         values += [(q.__dict__, key, q.__dict__.get(key)) for q in (fq_in, fq_w)
                    for key in ("_fake", "_observe", "bits", "dim")]
-        tensors += [t for t in (params["weight"], params.get("bias")) if t is not None]
-    marks = []
-    for tensor in tensors:
-        if tensor.is_inference():
-            return None
-        marks.append((tensor, (tensor.data_ptr(), tensor._version, tensor.dtype, tensor.shape)))
-    return _Plan(tuple(objects), tuple(values), tuple(sizes), tuple(marks), tuple(hooked), args)
+        tensors += [params["weight"], params.get("bias")]
+    return new_plan(objects, values, sizes, tensors, hooked, args)
 
 
-def _kept_plan(conv, name: str) -> Optional[_Plan]:
+def _kept_plan(conv, name: str) -> Optional[CallPlan]:
     """The plan kept on ``conv`` under ``name`` if it still holds (eager calls without a gradient only)."""
     plan = conv.__dict__.get(name)
-    if plan is None or torch.is_grad_enabled() or not _plan_holds(plan):
+    if plan is None or torch.is_grad_enabled() or not plan_holds(plan):
         return None
     return plan
 

@@ -1,0 +1,59 @@
+r"""What a layer keeps between eval calls: the arguments of its op that depend on its modules alone.
+
+The layers' short eval paths (:mod:`pyg_quant.nn._eval_path`, :mod:`pyg_quant.qat.eval_path`) pass their ops weight
+codes, bit widths, stored ranges and such, which the checks that make them (the modules' types, flags, widths,
+parameters, quantizers) cost more host time than the op's dispatch.  A :class:`CallPlan` keeps those arguments with
+what they were made from, and :func:`plan_holds` tells, from identities, values and version counters alone, whether
+the checks would give the same again: a changed module, flag, parameter or stored range (an optimizer step, a loaded
+state, ``.to()``, a swapped submodule) makes the layer run its checks and keep a new plan.
+"""
+from typing import Iterable, NamedTuple, Optional
+
+import torch
+
+from .quant_linear import no_hooks
+
+
+class CallPlan(NamedTuple):
+    """A layer's op arguments with what they were made from."""
+    objects: tuple  # (dict, key, object): modules, parameters and observers, by identity
+    values: tuple  # (dict, key, value): flags and bit widths, by equality
+    sizes: tuple  # (dict, length): containers' sizes (a module added to one)
+    tensors: tuple  # (tensor, (data_ptr, version, dtype, shape)): parameters, buffers and stored ranges
+    hooked: tuple  # the modules whose forward hooks a fused call would skip: checked at every call
+    args: tuple  # what the op takes from the layer
+
+
+def new_plan(objects: Iterable, values: Iterable, sizes: Iterable, tensors: Iterable[Optional[torch.Tensor]],
+             hooked: Iterable, args: tuple) -> Optional[CallPlan]:
+    """A :class:`CallPlan` of ``args``, or None where one of ``tensors`` is an inference tensor (no version counter
+    to tell an edit by); None entries of ``tensors`` are skipped."""
+    marks = []
+    for tensor in tensors:
+        if tensor is None:
+            continue
+        if tensor.is_inference():
+            return None
+        marks.append((tensor, (tensor.data_ptr(), tensor._version, tensor.dtype, tensor.shape)))
+    return CallPlan(tuple(objects), tuple(values), tuple(sizes), tuple(marks), tuple(hooked), args)
+
+
+def plan_holds(plan: CallPlan) -> bool:
+    """Whether what ``plan`` was made from is unchanged and no forward hook would run (eager calls without a
+    gradient: the callers check those, and ``torch.compile``, themselves)."""
+    for table, key, obj in plan.objects:
+        if table.get(key) is not obj:
+            return False
+    for table, key, value in plan.values:
+        if table.get(key) != value:
+            return False
+    for table, size in plan.sizes:
+        if len(table) != size:
+            return False
+    for tensor, mark in plan.tensors:
+        if (tensor.data_ptr(), tensor._version, tensor.dtype, tensor.shape) != mark:
+            return False
+    return no_hooks(*plan.hooked)
+
+
+__all__ = ["CallPlan", "new_plan", "plan_holds"]
