@@ -8,19 +8,6 @@ from ..quantization.quantize import quantize
 SUM_AGGREGATIONS = ("add", "sum")
 
 
-def kept(module, name: str, tensor: Tensor, make: Callable[[Tensor], Tensor]) -> Tensor:
-    """``make(tensor)`` for a parameter or buffer ``tensor`` of ``module``, kept in its ``__dict__`` under ``name``
-    while it is the same tensor with the same storage (``.to()``, ``.data =``) and version (in-place edits, a loaded
-    state); an inference tensor, which has no version counter, gets it made at every call."""
-    held = module.__dict__.get(name)
-    if held is not None and held[0] is tensor and held[1] == tensor.data_ptr() and held[2] == tensor._version:
-        return held[3]
-    value = make(tensor)
-    if not tensor.is_inference():
-        module.__dict__[name] = (tensor, tensor.data_ptr(), tensor._version, value)
-    return value
-
-
 def check_aggr(kwargs: dict, layer: str) -> None:
     kwargs.setdefault("aggr", "add")
     if kwargs["aggr"] not in SUM_AGGREGATIONS:

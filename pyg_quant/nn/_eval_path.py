@@ -39,9 +39,8 @@ from ..graph.float_csr import csr_matrix
 from ..graph.spmm import adjacency_args, gather_operands
 from ..quantization.quantize import quantize, values_finite
 from .calibration import STATIC_RANGE
-from ._common import kept
 from .explain import explaining
-from .call_plan import new_plan, plan_holds
+from .call_plan import kept, new_plan, plan_holds
 from .quant_linear import QuantLinear, call_end, chain_args, fused_mlp_plan, no_hooks, runs_fused
 
 

@@ -5,11 +5,13 @@ codes, bit widths, stored ranges and such, which the checks that make them (the 
 parameters, quantizers) cost more host time than the op's dispatch.  A :class:`CallPlan` keeps those arguments with
 what they were made from, and :func:`plan_holds` tells, from identities, values and version counters alone, whether
 the checks would give the same again: a changed module, flag, parameter or stored range (an optimizer step, a loaded
-state, ``.to()``, a swapped submodule) makes the layer run its checks and keep a new plan.
+state, ``.to()``, a swapped submodule) makes the layer run its checks and keep a new plan.  :func:`kept` does the
+same for one value made from one parameter or buffer (``1 + eps``, a detached bias).
 """
-from typing import Iterable, NamedTuple, Optional
+from typing import Callable, Iterable, NamedTuple, Optional
 
 import torch
+from torch import Tensor
 
 from .quant_linear import no_hooks
 
@@ -56,4 +58,17 @@ def plan_holds(plan: CallPlan) -> bool:
     return no_hooks(*plan.hooked)
 
 
-__all__ = ["CallPlan", "new_plan", "plan_holds"]
+def kept(module, name: str, tensor: Tensor, make: Callable[[Tensor], Tensor]) -> Tensor:
+    """``make(tensor)`` for a parameter or buffer ``tensor`` of ``module``, kept in its ``__dict__`` under ``name``
+    while it is the same tensor with the same storage (``.to()``, ``.data =``) and version (in-place edits, a loaded
+    state); an inference tensor, which has no version counter, gets it made at every call."""
+    held = module.__dict__.get(name)
+    if held is not None and held[0] is tensor and held[1] == tensor.data_ptr() and held[2] == tensor._version:
+        return held[3]
+    value = make(tensor)
+    if not tensor.is_inference():
+        module.__dict__[name] = (tensor, tensor.data_ptr(), tensor._version, value)
+    return value
+
+
+__all__ = ["CallPlan", "new_plan", "plan_holds", "kept"]

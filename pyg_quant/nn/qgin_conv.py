@@ -17,9 +17,10 @@ from ..graph.quant_graph import QuantGraph
 from ..quantization.bits import UNSET, check_optional_bits, resolve_bits
 from ..quantization.fixed import quantize_fixed
 from ..quantization.quantize import dequantize, fake_quantize, fits, quantize
-from ._common import (check_aggr, check_node_dim, check_out_dim, kept, node_matrix, quant_options_repr,
+from ._common import (check_aggr, check_node_dim, check_out_dim, node_matrix, quant_options_repr,
                       requantize_output)
 from ._eval_path import gin_eval
+from .call_plan import kept
 from .calibration import StaticRange
 from .explain import explain_edge_mask
 from .quant_linear import QuantLinear, bit_kernels_apply, run_fused_mlp
