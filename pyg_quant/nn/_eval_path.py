@@ -221,7 +221,7 @@ def gcn_eval(conv, x, adj, edge_weight, deg_inv_sqrt) -> Optional[object]:
             or conv._cached_adj_t is not None or conv._cached_edge_index is not None
             or adj.diag is None or adj.num_rows != adj.num_cols):
         return None
-    lin = conv._modules.get("lin")  # (the modules' dicts: Module.__getattr__ costs ~1 µs a read)
+    lin = conv._modules.get("lin")  # (read from the dicts: Module.__getattr__ is most of a check's cost)
     if type(lin) is not QuantLinear:
         return None
     bias = _parameter(conv, "bias")
