@@ -225,16 +225,26 @@ def _forget_when_dead(table: OrderedDict, key: Hashable) -> Callable[[weakref.re
 
 
 def _bounds_owner(edge_index: torch.Tensor) -> Optional[Tuple[torch.Tensor, tuple]]:
-    """``(the user's tensor whose graph is being built from edge_index, its signature)``, or None."""
+    """``(the tensor whose bounds edge_index's are, its signature)``: the user's tensor whose graph
+    :func:`cached_graph` is building from ``edge_index`` (its alias), or ``edge_index`` itself for a graph built
+    outside the cache; None where its edits cannot be told (an inference tensor) or it is not the alias."""
     source = _building.get()
     signature = _signature(edge_index)
-    if source is None or signature is None or _signature(source) != signature:
+    if signature is None or (source is not None and _signature(source) != signature):
         return None
-    return source, signature
+    return (edge_index if source is None else source), signature
+
+
+def _remember(owner: Tuple[torch.Tensor, tuple], bounds: Tuple[int, int, int]) -> None:
+    source, signature = owner
+    _bounds[id(source)] = (weakref.ref(source, _forget_when_dead(_bounds, id(source))), signature, bounds)
+    _bounds.move_to_end(id(source))
+    while len(_bounds) > MAX_BOUNDS:
+        _bounds.popitem(last=False)
 
 
 def _remembered_bounds(edge_index: torch.Tensor, owner=None) -> Optional[Tuple[int, int, int]]:
-    """The bounds remembered for the tensor whose graph is being built from ``edge_index``, or None."""
+    """The bounds remembered for ``edge_index``'s owner (:func:`_bounds_owner`), or None."""
     owner = _bounds_owner(edge_index) if owner is None else owner
     if owner is None:
         return None
@@ -251,34 +261,21 @@ def remember_index_bounds(edge_index: torch.Tensor, bounds: Tuple[int, int, int]
     whoever made it knowing them without reading its device (a loader batch decoding what it packed on the host):
     the graphs built from it then skip the range check's host synchronization, until it is edited."""
     signature = _signature(edge_index)
-    if signature is None or is_compiling():
-        return
-    key = id(edge_index)
-    _bounds[key] = (weakref.ref(edge_index, _forget_when_dead(_bounds, key)), signature, tuple(int(b) for b in bounds))
-    _bounds.move_to_end(key)
-    while len(_bounds) > MAX_BOUNDS:
-        _bounds.popitem(last=False)
+    if signature is not None and not is_compiling():
+        _remember((edge_index, signature), tuple(int(b) for b in bounds))
 
 
 def index_bounds(edge_index: torch.Tensor, compute: Callable[[], Tuple[int, int, int]]) -> Tuple[int, int, int]:
     """``compute()`` (the ``[2, E]`` tensor's lowest index and the highest of each row: a host sync), or the bounds
-    remembered for the tensor whose graph :func:`cached_graph` is building from ``edge_index`` (its alias), or for
-    ``edge_index`` itself (:func:`remember_index_bounds`; a graph built outside the cache)."""
+    remembered for its owner (:func:`_bounds_owner`: the user's tensor whose graph :func:`cached_graph` is building
+    from ``edge_index``, or ``edge_index`` itself), which are remembered from here on."""
     owner = _bounds_owner(edge_index)
     if owner is None:
-        signature = _signature(edge_index)
-        entry = _bounds.get(id(edge_index)) if signature is not None else None
-        if entry is not None and entry[0]() is edge_index and entry[1] == signature:
-            return entry[2]
         return compute()
     bounds = _remembered_bounds(edge_index, owner)
-    if bounds is not None:
-        return bounds
-    source, signature = owner
-    bounds = compute()
-    _bounds[id(source)] = (weakref.ref(source, _forget_when_dead(_bounds, id(source))), signature, bounds)
-    while len(_bounds) > MAX_BOUNDS:
-        _bounds.popitem(last=False)
+    if bounds is None:
+        bounds = compute()
+        _remember(owner, bounds)
     return bounds
 
 

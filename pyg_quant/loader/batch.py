@@ -52,11 +52,12 @@ _NARROW_INTS = (torch.int8, torch.int16, torch.int32)
 _WIDE_INTS = (torch.int16, torch.int32, torch.int64)
 
 
-def _narrowed(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` in the narrowest signed integer type holding its values (itself if none is narrower)."""
+def _narrowed(tensor: torch.Tensor, extremes: Optional[Tuple[int, int]] = None) -> torch.Tensor:
+    """``tensor`` in the narrowest signed integer type holding its values (itself if none is narrower);
+    ``extremes``: its lowest and highest value where the caller has read them."""
     if tensor.dtype not in _WIDE_INTS or tensor.numel() == 0:
         return tensor
-    low, high = int(tensor.min()), int(tensor.max())
+    low, high = extremes if extremes is not None else (int(tensor.min()), int(tensor.max()))
     for dtype in _NARROW_INTS:
         info = torch.iinfo(dtype)
         if dtype.itemsize >= tensor.element_size():
@@ -92,8 +93,8 @@ def _flatten(fields: Dict[str, object]) -> Tuple[Dict[str, torch.Tensor], Dict[s
     tensors: Dict[str, torch.Tensor] = {}
     meta: Dict[str, object] = {"objects": {}, "values": {}, "dtypes": {}, "order": list(fields), "index_bounds": {}}
 
-    def add_narrowed(key: str, tensor: torch.Tensor) -> None:  # the dtype to widen back to goes in meta
-        tensors[key] = _narrowed(tensor)
+    def add_narrowed(key: str, tensor: torch.Tensor, extremes=None) -> None:  # the dtype to widen back to: in meta
+        tensors[key] = _narrowed(tensor, extremes)
         if tensors[key].dtype != tensor.dtype:
             meta["dtypes"][key] = tensor.dtype
 
@@ -117,10 +118,12 @@ def _flatten(fields: Dict[str, object]) -> Tuple[Dict[str, torch.Tensor], Dict[s
                                                    "layout": value.layout, "dim": value.dim,
                                                    "outer_pad": value.planes.size(1)})
         elif isinstance(value, torch.Tensor):
-            add_narrowed(name, value)
+            extremes = None
             if _index_pair(value):  # read here, where the batch is packed: its decoded copy skips the range check
-                lows, highs = torch.aminmax(value, dim=1)
-                meta["index_bounds"][name] = (min(lows.tolist()), *highs.tolist())
+                lows, highs = (t.tolist() for t in torch.aminmax(value, dim=1))
+                meta["index_bounds"][name] = (min(lows), *highs)
+                extremes = (min(lows), max(highs))
+            add_narrowed(name, value, extremes)
         else:
             meta["values"][name] = value
     return tensors, meta
@@ -223,13 +226,16 @@ class QuantBatch:
         # Every field is made from its views of the buffer when first read: a batch copied to a device and handed
         # over (prefetch) pays for the fields it uses, each view a few host ops.
         buffer, meta = self._buffer, self._meta
-        by_key = {key: (dtype, shape, offset) for key, dtype, shape, offset in self._specs}
+        by_key, by_field = {}, {}  # a plain field's spec; an object field's parts' specs
+        for key, dtype, shape, offset in self._specs:
+            by_key[key] = (dtype, shape, offset)
+            field, _, attr = key.partition(".")
+            by_field.setdefault(field, {})[attr] = (dtype, shape, offset)
         fields: Dict[str, object] = {}
         for name in meta["order"]:
             if name in meta["objects"]:
                 kind, scalars = meta["objects"][name]
-                specs = {attr: by_key[key] for key in by_key for field, _, attr in [key.partition(".")]
-                         if field == name}
+                specs = by_field.get(name, {})
 
                 def parts(specs=specs):
                     return {attr: _view(buffer, *spec) for attr, spec in specs.items()}

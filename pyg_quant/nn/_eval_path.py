@@ -40,7 +40,7 @@ from ..graph.spmm import adjacency_args, gather_operands
 from ..quantization.quantize import quantize, values_finite
 from .calibration import STATIC_RANGE
 from .explain import explaining
-from .call_plan import kept, new_plan, plan_holds
+from .call_plan import held_plan, kept, new_plan, tensor_slot
 from .quant_linear import QuantLinear, call_end, chain_args, fused_mlp_plan, no_hooks, runs_fused
 
 
@@ -49,8 +49,8 @@ def _mlp_chain(conv, container, width: int) -> Optional[tuple]:
     one QuantLinear) on ``width`` input columns, kept on ``conv`` (a :class:`~pyg_quant.nn.call_plan.CallPlan`) while
     the modules, parameters and bit widths they were made from stay the same; None where the chain does not fuse
     into one call or a forward hook would run (the general path then runs)."""
-    plan = conv.__dict__.get("_eval_plan")
-    if plan is not None and plan.args[0] is container and plan.args[1] == width and plan_holds(plan):
+    plan = held_plan(conv, "_eval_plan")
+    if plan is not None and plan.args[0] is container and plan.args[1] == width:
         return plan.args[2]
     children = container._modules
     if not no_hooks(container, *children.values()):
@@ -73,14 +73,6 @@ def _mlp_chain(conv, container, width: int) -> Optional[tuple]:
     conv.__dict__["_eval_plan"] = new_plan(objects, values, [(children, len(children))], tensors,
                                            (container, *children.values()), (container, width, chain))
     return chain
-
-
-def _parameter(module, name: str):
-    """``getattr(module, name)`` for a parameter or buffer, read from the module's dicts."""
-    for table in (module._parameters, module._buffers):
-        if name in table:
-            return table[name]
-    return getattr(module, name)
 
 
 def _self_weight(eps: Tensor) -> Tensor:
@@ -185,7 +177,7 @@ def gin_eval(conv, x, adj, size) -> Optional[object]:
             or x.dim not in (None, 0) or x.layout != "col" or x.rows != adj.num_cols or adj.num_rows != adj.num_cols
             or x.lo.dtype != torch.float32 or x.scale.dtype != torch.float32):
         return None
-    device, eps = x.device, _parameter(conv, "eps")
+    device, eps = x.device, tensor_slot(conv, "eps")[1]
     if device != adj.device or eps.device != device or eps.dtype != torch.float32:
         return None
     nn = conv._modules.get("nn")
@@ -224,7 +216,7 @@ def gcn_eval(conv, x, adj, edge_weight, deg_inv_sqrt) -> Optional[object]:
     lin = conv._modules.get("lin")  # (read from the dicts: Module.__getattr__ is most of a check's cost)
     if type(lin) is not QuantLinear:
         return None
-    bias = _parameter(conv, "bias")
+    bias = tensor_slot(conv, "bias")[1]
     if bias is not None and bias.dtype != torch.float32:
         return None
     if type(x) is BitTensor:

@@ -8,7 +8,7 @@ the checks would give the same again: a changed module, flag, parameter or store
 state, ``.to()``, a swapped submodule) makes the layer run its checks and keep a new plan.  :func:`kept` does the
 same for one value made from one parameter or buffer (``1 + eps``, a detached bias).
 """
-from typing import Callable, Iterable, NamedTuple, Optional
+from typing import Callable, Iterable, NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -58,6 +58,22 @@ def plan_holds(plan: CallPlan) -> bool:
     return no_hooks(*plan.hooked)
 
 
+def held_plan(module, name: str) -> Optional[CallPlan]:
+    """The plan kept in ``module.__dict__`` under ``name`` if it still holds (:func:`plan_holds`), else None."""
+    plan = module.__dict__.get(name)
+    return plan if plan is not None and plan_holds(plan) else None
+
+
+def tensor_slot(module, name: str) -> Tuple[Optional[dict], object]:
+    """``(the dict holding it, its value)`` for the parameter or buffer ``name`` of ``module``, read from the
+    module's dicts (``nn.Module.__getattr__`` is most of an eval call's checks); ``(None, getattr(module, name))``
+    for any other attribute."""
+    for table in (module._parameters, module._buffers):
+        if name in table:
+            return table, table[name]
+    return None, getattr(module, name)
+
+
 def kept(module, name: str, tensor: Tensor, make: Callable[[Tensor], Tensor]) -> Tensor:
     """``make(tensor)`` for a parameter or buffer ``tensor`` of ``module``, kept in its ``__dict__`` under ``name``
     while it is the same tensor with the same storage (``.to()``, ``.data =``) and version (in-place edits, a loaded
@@ -71,4 +87,4 @@ def kept(module, name: str, tensor: Tensor, make: Callable[[Tensor], Tensor]) ->
     return value
 
 
-__all__ = ["CallPlan", "new_plan", "plan_holds", "kept"]
+__all__ = ["CallPlan", "new_plan", "plan_holds", "held_plan", "tensor_slot", "kept"]

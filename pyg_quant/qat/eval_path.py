@@ -40,7 +40,7 @@ from ..bit_tensor import BitTensor, to_val
 from ..graph.bit_adjacency import BitAdjacency
 from ..graph.spmm import adjacency_args, gathered_codes
 from ..nn.calibration import STATIC_RANGE
-from ..nn.call_plan import CallPlan, new_plan, plan_holds
+from ..nn.call_plan import CallPlan, held_plan, new_plan, tensor_slot
 from ..nn.explain import explaining
 from ..nn.qgcn_conv import bit_adjacency_deg_inv_sqrt
 from ..nn.quant_linear import bit_kernels_apply, chain_args, no_hooks, runs_fused
@@ -49,14 +49,6 @@ from .linear import QATLinear
 
 # (The checks below read modules, flags and observers from the modules' own dicts: they run at every layer call,
 # and nn.Module's attribute lookup is most of their cost.)
-
-def _parameter(module, name: str):
-    """``getattr(module, name)`` for a parameter or buffer, read from the module's dicts."""
-    for table in (module._parameters, module._buffers):
-        if name in table:
-            return table[name]
-    return getattr(module, name)
-
 
 def _fused_linear(lin, width: int) -> bool:
     """Whether the QAT linear layer ``lin`` on ``width`` input columns is one fused-kernel product: quantizing, input
@@ -112,11 +104,10 @@ def _new_plan(conv, linears, fq, args: tuple) -> Optional[CallPlan]:
         objects += [(nn._modules, name, child) for name, child in nn._modules.items()]
         hooked += list(nn._modules.values())
     for name in ("eps", "bias"):
-        for table in (conv._parameters, conv._buffers):
-            if name in table:
-                objects.append((table, name, table[name]))
-                tensors.append(table[name])
-                break
+        table, tensor = tensor_slot(conv, name) if hasattr(conv, name) else (None, None)
+        if table is not None:
+            objects.append((table, name, tensor))
+            tensors.append(tensor)
     observer = fq._modules["observer"]
     objects.append((fq._modules, "observer", observer))
     values += [(fq.__dict__, key, fq.__dict__.get(key)) for key in ("_fake", "_observe", "bits", "dim")]
@@ -139,11 +130,8 @@ def _new_plan(conv, linears, fq, args: tuple) -> Optional[CallPlan]:
 
 
 def _kept_plan(conv, name: str) -> Optional[CallPlan]:
-    """The plan kept on ``conv`` under ``name`` if it still holds (eager calls without a gradient only)."""
-    plan = conv.__dict__.get(name)
-    if plan is None or torch.is_grad_enabled() or not plan_holds(plan):
-        return None
-    return plan
+    """The plan kept on ``conv`` under ``name`` if it still holds, in eager calls without a gradient."""
+    return None if torch.is_grad_enabled() else held_plan(conv, name)
 
 
 def _keep_plan(conv, name: str, linears, fq, args: tuple) -> None:
@@ -158,8 +146,7 @@ def gcn_eval(conv, x, adj, edge_weight) -> Optional[Tensor]:
             or adj.diag is None or adj.num_rows != adj.num_cols or conv._buffers.get(STATIC_RANGE) is not None
             or conv.__dict__.get("_calibration") is not None):
         return None
-    params = conv._parameters
-    lin, bias = conv._modules["lin"], params["bias"] if "bias" in params else conv.bias
+    lin, bias = conv._modules["lin"], tensor_slot(conv, "bias")[1]
     if (bias is not None and bias.dtype != torch.float32) or not isinstance(lin, QATLinear):
         return None
     quantized = False
@@ -252,7 +239,7 @@ def gin_eval(conv, x, adj, size) -> Optional[Tensor]:
         if one_plus_eps.device != x.device:
             return None
     else:
-        eps = _parameter(conv, "eps")
+        eps = tensor_slot(conv, "eps")[1]
         applies, stored = _aggregation_keys(fq, width)
         if (not applies or eps.device != x.device or eps.dtype != torch.float32
                 or not bit_kernels_apply(conv, x if isinstance(x, Tensor) else None, eps)):
