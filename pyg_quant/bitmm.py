@@ -7,7 +7,7 @@ For ``a ≈ la + ra·Qa`` (``M×K``, scaled per tensor or per row) and
 
 ``Qa·Qb = Σ_{p,q} 2^(p+q) · popc(A_p AND B_q)`` runs on the bit planes in int32
 (int64 when ``K·(2^s−1)·(2^t−1)`` would not fit); the affine terms are added in
-float64 and rounded once to float32.
+float32, within ``8·2^-24`` of the sum of their magnitudes (``csrc/epilogue.h``).
 """
 from typing import Optional
 
@@ -59,8 +59,7 @@ def bitmm_float(a: BitTensor, b: BitTensor, bias: Optional[torch.Tensor] = None,
     r"""``relu?(to_val(a) @ to_val(b) + bias)``, float32; operands already checked by the caller.
 
     The integer product, the code sums and one fused epilogue kernel
-    (``bitmm_affine``: the affine correction in float64, rounded once, then the
-    float32 bias) -- four launches whatever the widths.
+    (``bitmm_affine``: the affine correction and the bias in float32) -- four launches whatever the widths.
     """
     a_row, b_col = a.as_layout("row"), b.as_layout("col")
     wide = product_bound(a.cols, a.bits, b.bits) > INT32_MAX
@@ -75,8 +74,8 @@ def bitmm(a: BitTensor, b: BitTensor, out_bits: Optional[int] = None, out_dim: O
           generator: Optional[torch.Generator] = None):
     r"""``to_val(a) @ to_val(b)`` computed on bit planes, as float32 ``[M, N]``.
 
-    Equals the float64 product of the dequantized operands up to float32
-    rounding.  With ``out_bits`` the product is requantized (ranges over
+    Equals the float64 product of the dequantized operands up to a few float32
+    roundings of its terms (``csrc/epilogue.h``).  With ``out_bits`` the product is requantized (ranges over
     ``out_dim``, packed in ``out_layout``, optionally stochastic) and a
     :class:`BitTensor` is returned (QGTC's bitMM2Bit).
     """

@@ -111,15 +111,21 @@ def mag64(bt) -> torch.Tensor:
     return bt.lo.double().abs().view(view) + bt.scale.double().abs().view(view) * ref_codes(bt).double()
 
 
-def assert_fp32_close(out, expected, bound, rel_norm=1e-6):
-    """Norm-wise ``||out-ref||/||ref|| <= rel_norm`` and elementwise ``|out-ref| <= bound``."""
+# The float32 epilogues' bound (csrc/epilogue.h): an output is within this many times the sum of the magnitudes of
+# the terms it adds of its exact value.
+EPILOGUE_ULPS = 8 * 2.0**-24
+
+
+def assert_fp32_close(out, expected, bound, rel_norm=1e-6, scale=None):
+    """Norm-wise ``||out-ref|| <= rel_norm·||scale||`` (``scale``: the reference itself unless given, e.g. the
+    magnitudes of the terms an epilogue adds) and elementwise ``|out-ref| <= bound``."""
     out = out.double().cpu()
     expected = expected.double().cpu()
     bound = bound.double().cpu()
     assert out.shape == expected.shape, (out.shape, expected.shape)
     assert torch.isfinite(out).all()
     diff = (out - expected).abs()
-    norm = expected.norm()
+    norm = (expected if scale is None else scale.double().cpu()).norm()
     assert diff.norm() <= rel_norm * norm + 1e-30, f"norm-wise error {float(diff.norm() / norm):.3e}"
     bad = diff > bound
     assert not bad.any(), (

@@ -284,54 +284,40 @@ at::Tensor bitmm_affine_cpu(const at::Tensor& product_in, const at::Tensor& row_
                             bool relu) {
   check_bitmm_affine_args(product_in, row_sums_in, col_sums_in, a_lo_in, a_scale_in, b_lo_in, b_scale_in, k, bias_in);
   const int64_t rows = product_in.size(0), cols = product_in.size(1);
-#if defined(PYG_QUANT_X86_DISPATCH)
-  if (cpu_has_avx512_dq()) {
-    const auto product = product_in.contiguous();  // read as it is: int32 converts to float64 exactly
-    const auto row_sums = row_sums_in.contiguous(), col_sums = col_sums_in.contiguous();
-    const auto a_lo = a_lo_in.contiguous(), a_scale = a_scale_in.contiguous();
-    const auto b_lo = b_lo_in.contiguous(), b_scale = b_scale_in.contiguous();
-    const at::Tensor bias = bias_in.has_value() ? bias_in->contiguous() : at::Tensor();
-    auto out = at::empty({rows, cols}, a_lo.options());
-    const bool narrow = product.scalar_type() == at::kInt;
-    at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
-      const auto run = [&](const auto* p) {
-        bitmm_affine_rows_avx512(p, row_sums.data_ptr<int64_t>(), col_sums.data_ptr<int64_t>(),
-                                 a_lo.data_ptr<float>(), a_scale.data_ptr<float>(), b_lo.data_ptr<float>(),
-                                 b_scale.data_ptr<float>(), bias.defined() ? bias.data_ptr<float>() : nullptr,
-                                 static_cast<double>(k), relu, cols, begin, end, out.data_ptr<float>());
-      };
-      if (narrow) {
-        run(product.data_ptr<int32_t>());
-      } else {
-        run(product.data_ptr<int64_t>());
-      }
-    });
-    return out;
-  }
-#endif
-  const auto product = product_in.to(at::kLong).contiguous();  // exact: |P| < 2^63, and < 2^53 after the bound check
   const auto row_sums = row_sums_in.contiguous(), col_sums = col_sums_in.contiguous();
   const auto a_lo = a_lo_in.contiguous(), a_scale = a_scale_in.contiguous();
   const auto b_lo = b_lo_in.contiguous(), b_scale = b_scale_in.contiguous();
-  at::Tensor bias;
-  if (bias_in.has_value()) bias = bias_in->contiguous();
+  const at::Tensor bias = bias_in.has_value() ? bias_in->contiguous() : at::Tensor();
   auto out = at::empty({rows, cols}, a_lo.options());
-  const int64_t* p = product.data_ptr<int64_t>();
-  const int64_t *rs = row_sums.data_ptr<int64_t>(), *cs = col_sums.data_ptr<int64_t>();
+  const int64_t* rs = row_sums.data_ptr<int64_t>();
   const float *la = a_lo.data_ptr<float>(), *ra = a_scale.data_ptr<float>();
   const float *lb = b_lo.data_ptr<float>(), *rb = b_scale.data_ptr<float>();
   const float* bp = bias.defined() ? bias.data_ptr<float>() : nullptr;
+  const std::vector<float> col_term = bitmm_col_terms(k, lb, rb, col_sums.data_ptr<int64_t>(), cols);
   float* o = out.data_ptr<float>();
-  const double kd = static_cast<double>(k);
-  at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      for (int64_t j = 0; j < cols; ++j) {
-        o[i * cols + j] = bitmm_affine_epilogue(static_cast<double>(p[i * cols + j]), static_cast<double>(rs[i]),
-                                                static_cast<double>(cs[j]), la[i], ra[i], lb[j], rb[j], kd,
-                                                bp ? bp[j] : 0.0f, relu);
+  const auto product = product_in.contiguous();  // int32 or int64, each converted to float32 to nearest
+  const auto run = [&](const auto* p) {
+    at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
+#if defined(PYG_QUANT_X86_DISPATCH)
+      if (cpu_has_avx512_dq()) {
+        bitmm_affine_rows_avx512(p, rs, col_term.data(), la, ra, lb, rb, bp, relu, cols, begin, end, o);
+        return;
       }
-    }
-  });
+#endif
+      for (int64_t i = begin; i < end; ++i) {
+        const float rs_i = static_cast<float>(rs[i]);
+        for (int64_t j = 0; j < cols; ++j) {
+          o[i * cols + j] = bitmm_affine_epilogue(static_cast<float>(p[i * cols + j]), rs_i, col_term[j], la[i],
+                                                  ra[i], lb[j], rb[j], bp ? bp[j] : 0.0f, relu);
+        }
+      }
+    });
+  };
+  if (product.scalar_type() == at::kInt) {
+    run(product.data_ptr<int32_t>());
+  } else {
+    run(product.data_ptr<int64_t>());
+  }
   return out;
 }
 

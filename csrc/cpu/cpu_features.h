@@ -17,7 +17,7 @@
 #endif
 // The AVX-512 subset our vector kernels use: byte/word ops (BW), 512-bit VNNI (vpdpbusd) and the 256-bit forms (VL).
 #define PYG_QUANT_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
-// ... and DQ, for int64 <-> float64 conversions.
+// ... and DQ, for int64 -> float32 conversions.
 #define PYG_QUANT_TARGET_AVX512_DQ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq")))
 #endif
 

@@ -32,6 +32,7 @@ struct Layer {
   const float* lo;
   const float* scale;
   const int64_t* sums;
+  const float* col_term;  // bitmm_col_term of each output column
   const float* bias;  // nullptr: none
   int64_t in, out;
   float max_code;
@@ -167,6 +168,7 @@ at::Tensor quant_mlp_rows(const at::Tensor& x_in, const ColCodes* col_codes, con
   const at::Tensor x = packed ? x_in : x_in.contiguous();
   std::vector<at::Tensor> keep;  // contiguous copies live until the end
   std::vector<Layer> plan;
+  std::vector<std::vector<float>> col_terms;  // each layer's own buffer (moved, never copied, as plan grows)
   for (int64_t l = 0; l < layers; ++l) {
     keep.push_back(weight_codes[l].contiguous());
     keep.push_back(weight_lo[l].contiguous());
@@ -175,8 +177,11 @@ at::Tensor quant_mlp_rows(const at::Tensor& x_in, const ColCodes* col_codes, con
     const std::optional<at::Tensor> b = bias.get(l);
     keep.push_back(b.has_value() ? b->contiguous() : at::Tensor());
     const size_t i = keep.size() - 5;
+    col_terms.push_back(bitmm_col_terms(widths[l], keep[i + 1].data_ptr<float>(), keep[i + 2].data_ptr<float>(),
+                                        keep[i + 3].data_ptr<int64_t>(), widths[l + 1]));
     plan.push_back({keep[i].data_ptr<uint8_t>(), keep[i + 1].data_ptr<float>(), keep[i + 2].data_ptr<float>(),
-                    keep[i + 3].data_ptr<int64_t>(), keep[i + 4].defined() ? keep[i + 4].data_ptr<float>() : nullptr,
+                    keep[i + 3].data_ptr<int64_t>(), col_terms.back().data(),
+                    keep[i + 4].defined() ? keep[i + 4].data_ptr<float>() : nullptr,
                     widths[l], widths[l + 1], static_cast<float>((1 << act_bits[l]) - 1), relu.get(l)});
   }
   const int64_t out_cols = widths.back();
@@ -313,7 +318,6 @@ at::Tensor quant_mlp_rows(const at::Tensor& x_in, const ColCodes* col_codes, con
         at::Tensor product = at::from_blob(products, {n, layer.out}, x.options().dtype(at::kInt));
         at::_int_mm_out(product, at::from_blob(codes, {n, layer.in}, int8), weights_t[l]);
         const int32_t* pp = products;
-        const double k = static_cast<double>(layer.in);
         at::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {
           if (shift_a || shift_w) {
             const int64_t both = shift_a && shift_w ? 128 * 128 * layer.in : 0;
@@ -327,18 +331,17 @@ at::Tensor quant_mlp_rows(const at::Tensor& x_in, const ColCodes* col_codes, con
           }
 #if defined(PYG_QUANT_X86_DISPATCH)
           if (vector_epilogue) {
-            bitmm_affine_rows_avx512(pp, row_sums, layer.sums, row_lo, row_scale, layer.lo, layer.scale, layer.bias,
-                                     k, layer.relu, layer.out, begin, end, next);
+            bitmm_affine_rows_avx512(pp, row_sums, layer.col_term, row_lo, row_scale, layer.lo, layer.scale,
+                                     layer.bias, layer.relu, layer.out, begin, end, next);
             return;
           }
 #endif
           for (int64_t i = begin; i < end; ++i) {
-            const double rs = static_cast<double>(row_sums[i]);
+            const float rs = static_cast<float>(row_sums[i]);
             for (int64_t o = 0; o < layer.out; ++o) {
               next[i * layer.out + o] = bitmm_affine_epilogue(
-                  static_cast<double>(pp[i * layer.out + o]), rs, static_cast<double>(layer.sums[o]),
-                  ranges[i].lo, ranges[i].scale, layer.lo[o], layer.scale[o], k,
-                  layer.bias ? layer.bias[o] : 0.0f, layer.relu);
+                  static_cast<float>(pp[i * layer.out + o]), rs, layer.col_term[o], ranges[i].lo, ranges[i].scale,
+                  layer.lo[o], layer.scale[o], layer.bias ? layer.bias[o] : 0.0f, layer.relu);
             }
           }
         });

@@ -161,48 +161,29 @@ constexpr std::array<RowSumsFn, sizeof...(NC) + 1> row_sums_table(std::integer_s
 }
 constexpr auto kRowSumsAvx512 = row_sums_table(std::make_integer_sequence<int, kColBlock / 16>{});
 
-// affine_epilogue on a row, 16 columns at a time: the same float64 and float32 operations in the same order (vector
-// IEEE operations round as scalar ones do, nothing is contracted), so the floats are bit-identical.  lo_d, scale_d
-// and bias_d are lo, scale and bias widened to float64 once per call; a missing row scale skips `v * 1.0`, which is
-// v itself.
+// affine_epilogue on a row, 16 columns at a time: the same float32 operations in the same order (vector IEEE
+// operations round as scalar ones do, nothing is contracted), so the floats are bit-identical.  A missing row scale
+// skips `v * 1`, which is v itself; a missing bias adds zeros, as the scalar loop does.
 PYG_QUANT_TARGET_AVX512 void affine_row_avx512(const int32_t* sums, const float* lo, const float* scale,
-                                               const double* lo_d, const double* scale_d, const double* bias_d,
-                                               double row_sum, double self_w, const uint8_t* self_codes,
-                                               const float* row_scale, int64_t row, bool relu, int64_t cols,
-                                               float* o) {
-  const __m512d row_sum_v = _mm512_set1_pd(row_sum), self_w_v = _mm512_set1_pd(self_w);
-  const __m512d row_s_v = _mm512_set1_pd(row_scale != nullptr ? static_cast<double>(row_scale[row]) : 1.0);
+                                               const float* bias, float row_sum, float self_w,
+                                               const uint8_t* self_codes, const float* row_scale, int64_t row,
+                                               bool relu, int64_t cols, float* o) {
+  const __m512 row_sum_v = _mm512_set1_ps(row_sum), self_w_v = _mm512_set1_ps(self_w);
+  const __m512 row_s_v = _mm512_set1_ps(row_scale != nullptr ? row_scale[row] : 1.0f);
   for (int64_t d = 0; d < cols; d += 16) {
     const __mmask16 m = static_cast<__mmask16>(cols - d >= 16 ? 0xffffu : (1u << (cols - d)) - 1u);
-    const __m512i product = _mm512_maskz_loadu_epi32(m, sums + d);
-    __m512 self_value;
-    if (self_codes != nullptr) {
-      const __m512 code = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, self_codes + d)));
-      self_value = _mm512_add_ps(_mm512_maskz_loadu_ps(m, lo + d),
-                                 _mm512_mul_ps(_mm512_maskz_loadu_ps(m, scale + d), code));
-    } else {
-      self_value = _mm512_add_ps(_mm512_maskz_loadu_ps(m, lo + d),
-                                 _mm512_mul_ps(_mm512_maskz_loadu_ps(m, scale + d), _mm512_setzero_ps()));
-    }
-    __m256 half[2];
-    for (int h = 0; h < 2; ++h) {
-      const __mmask8 mh = static_cast<__mmask8>(m >> (8 * h));
-      const __m512d p = _mm512_cvtepi32_pd(h == 0 ? _mm512_castsi512_si256(product)
-                                                  : _mm512_extracti64x4_epi64(product, 1));
-      const __m512d sv = _mm512_cvtps_pd(h == 0 ? _mm512_castps512_ps256(self_value)
-                                                : _mm256_castpd_ps(_mm512_extractf64x4_pd(
-                                                      _mm512_castps_pd(self_value), 1)));
-      __m512d v = _mm512_add_pd(_mm512_mul_pd(_mm512_maskz_loadu_pd(mh, lo_d + d + 8 * h), row_sum_v),
-                                _mm512_mul_pd(_mm512_maskz_loadu_pd(mh, scale_d + d + 8 * h), p));
-      v = _mm512_add_pd(v, _mm512_mul_pd(self_w_v, sv));
-      if (row_scale != nullptr) v = _mm512_mul_pd(v, row_s_v);
-      v = _mm512_add_pd(v, _mm512_maskz_loadu_pd(mh, bias_d + d + 8 * h));
-      half[h] = _mm512_cvtpd_ps(v);
-    }
-    __m512 f = _mm512_castpd_ps(
-        _mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(half[0])), _mm256_castps_pd(half[1]), 1));
-    if (relu) f = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(f, _mm512_setzero_ps(), _CMP_NLE_UQ), f);  // NaN kept
-    _mm512_mask_storeu_ps(o + d, m, f);
+    const __m512 product = _mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(m, sums + d));
+    const __m512 lo_v = _mm512_maskz_loadu_ps(m, lo + d), scale_v = _mm512_maskz_loadu_ps(m, scale + d);
+    const __m512 code = self_codes != nullptr
+                            ? _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, self_codes + d)))
+                            : _mm512_setzero_ps();
+    const __m512 self_value = _mm512_add_ps(lo_v, _mm512_mul_ps(scale_v, code));
+    __m512 v = _mm512_add_ps(_mm512_mul_ps(lo_v, row_sum_v), _mm512_mul_ps(scale_v, product));
+    v = _mm512_add_ps(v, _mm512_mul_ps(self_w_v, self_value));
+    if (row_scale != nullptr) v = _mm512_mul_ps(v, row_s_v);
+    v = _mm512_add_ps(v, bias != nullptr ? _mm512_maskz_loadu_ps(m, bias + d) : _mm512_setzero_ps());
+    if (relu) v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_NLE_UQ), v);  // NaN kept
+    _mm512_mask_storeu_ps(o + d, m, v);
   }
 }
 #endif
@@ -248,19 +229,6 @@ void bit_spmm_rows(const at::Tensor& window_ptr_in, const at::Tensor& tile_col_i
   const uint8_t* code = codes.defined() ? codes.data_ptr<uint8_t>() : nullptr;
   const int64_t x_max = (int64_t{1} << x_bits) - 1;
   const bool avx512 = cpu_has_avx512_vnni();
-  // The epilogue's per-column operands in float64 (exact widenings), for the vector epilogue.
-  std::vector<double> lo_d, scale_d, bias_d;
-  if (sink.out_f != nullptr) {
-    lo_d.resize(cols);
-    scale_d.resize(cols);
-    bias_d.assign(cols, 0.0);
-    for (int64_t d = 0; d < cols; ++d) {
-      lo_d[d] = sink.lo[d];
-      scale_d[d] = sink.scale[d];
-      if (sink.bias != nullptr) bias_d[d] = sink.bias[d];
-    }
-  }
-
   at::parallel_for(0, num_windows, 1, [&](int64_t begin, int64_t end) {
     std::vector<int64_t> dense(kTileRows * cols), wide_row(cols), sparse, dense_tiles;
     std::vector<uint32_t> sums(cols);
@@ -348,23 +316,23 @@ void bit_spmm_rows(const at::Tensor& window_ptr_in, const at::Tensor& tile_col_i
           wide_sums = dst;
         }
         if (sink.out_f == nullptr) continue;
-        const double self_w = sink.self_w ? static_cast<double>(sink.self_w[sink.self_len == 1 ? 0 : row]) : 0.0;
-        const double row_s = sink.row_scale ? static_cast<double>(sink.row_scale[row]) : 1.0;
-        const double row_sum = static_cast<double>(sink.row_sums[row]);
+        const float self_w = sink.self_w ? sink.self_w[sink.self_len == 1 ? 0 : row] : 0.0f;
+        const float row_s = sink.row_scale ? sink.row_scale[row] : 1.0f;
+        const float row_sum = static_cast<float>(sink.row_sums[row]);
         const uint8_t* self_codes = sink.self_codes ? sink.self_codes + row * cols : nullptr;
         float* o = sink.out_f + row * cols;
 #if defined(PYG_QUANT_X86_DISPATCH)
         if (avx512 && wide_sums == nullptr) {
-          affine_row_avx512(sums32, sink.lo, sink.scale, lo_d.data(), scale_d.data(), bias_d.data(), row_sum, self_w,
-                            self_codes, sink.row_scale, row, sink.relu, cols, o);
+          affine_row_avx512(sums32, sink.lo, sink.scale, sink.bias, row_sum, self_w, self_codes, sink.row_scale, row,
+                            sink.relu, cols, o);
           continue;
         }
 #endif
         for (int64_t d = 0; d < cols; ++d) {
-          const double product = wide_sums ? static_cast<double>(wide_sums[d]) : static_cast<double>(sums32[d]);
+          const float product = wide_sums ? static_cast<float>(wide_sums[d]) : static_cast<float>(sums32[d]);
           o[d] = affine_epilogue(product, sink.lo[d], sink.scale[d], row_sum, self_w,
                                  self_codes ? static_cast<float>(self_codes[d]) : 0.0f, row_s,
-                                 sink.bias ? static_cast<double>(sink.bias[d]) : 0.0, sink.relu);
+                                 sink.bias ? sink.bias[d] : 0.0f, sink.relu);
         }
       }
     }

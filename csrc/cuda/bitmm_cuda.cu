@@ -228,12 +228,12 @@ template <typename P>
 __global__ void bitmm_affine_kernel(const P* __restrict__ product, const int64_t* __restrict__ row_sums,
                                     const int64_t* __restrict__ col_sums, const float* __restrict__ a_lo,
                                     const float* __restrict__ a_scale, const float* __restrict__ b_lo,
-                                    const float* __restrict__ b_scale, const float* __restrict__ bias, double k,
+                                    const float* __restrict__ b_scale, const float* __restrict__ bias, float k,
                                     bool relu, int64_t rows, int64_t cols, float* __restrict__ out) {
   for (int64_t j = static_cast<int64_t>(blockIdx.x) * kAffineCols + threadIdx.x; j < cols;
        j += static_cast<int64_t>(gridDim.x) * kAffineCols) {
-    const double col_sum = static_cast<double>(col_sums[j]);
     const float lb = b_lo[j], rb = b_scale[j], column_bias = bias ? bias[j] : 0.0f;
+    const float col_term = bitmm_col_term(k, lb, rb, static_cast<float>(col_sums[j]));
     constexpr int64_t kAffineTileRows = kAffineRows * kAffineRowsPerThread;
     for (int64_t tile = static_cast<int64_t>(blockIdx.y) * kAffineTileRows; tile < rows;
          tile += gridDim.y * kAffineTileRows) {
@@ -241,9 +241,9 @@ __global__ void bitmm_affine_kernel(const P* __restrict__ product, const int64_t
       for (int t = 0; t < kAffineRowsPerThread; ++t) {
         const int64_t i = tile + threadIdx.y + static_cast<int64_t>(t) * kAffineRows;
         if (i >= rows) break;
-        out[i * cols + j] = bitmm_affine_epilogue(static_cast<double>(product[i * cols + j]),
-                                                  static_cast<double>(row_sums[i]), col_sum, a_lo[i], a_scale[i], lb,
-                                                  rb, k, column_bias, relu);
+        out[i * cols + j] = bitmm_affine_epilogue(static_cast<float>(product[i * cols + j]),
+                                                  static_cast<float>(row_sums[i]), col_term, a_lo[i], a_scale[i], lb,
+                                                  rb, column_bias, relu);
       }
     }
   }
@@ -275,12 +275,12 @@ at::Tensor bitmm_affine_cuda(const at::Tensor& product_in, const at::Tensor& row
   if (product.scalar_type() == at::kLong) {
     bitmm_affine_kernel<int64_t><<<blocks, threads, 0, stream>>>(
         product.data_ptr<int64_t>(), rs.data_ptr<int64_t>(), cs.data_ptr<int64_t>(), la.data_ptr<float>(),
-        ra.data_ptr<float>(), lb.data_ptr<float>(), rb.data_ptr<float>(), bp, static_cast<double>(k), relu, rows,
+        ra.data_ptr<float>(), lb.data_ptr<float>(), rb.data_ptr<float>(), bp, static_cast<float>(k), relu, rows,
         cols, out.data_ptr<float>());
   } else {
     bitmm_affine_kernel<int32_t><<<blocks, threads, 0, stream>>>(
         product.data_ptr<int32_t>(), rs.data_ptr<int64_t>(), cs.data_ptr<int64_t>(), la.data_ptr<float>(),
-        ra.data_ptr<float>(), lb.data_ptr<float>(), rb.data_ptr<float>(), bp, static_cast<double>(k), relu, rows,
+        ra.data_ptr<float>(), lb.data_ptr<float>(), rb.data_ptr<float>(), bp, static_cast<float>(k), relu, rows,
         cols, out.data_ptr<float>());
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();

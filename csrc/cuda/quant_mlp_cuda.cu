@@ -11,7 +11,7 @@
 // NaN makes both NaN, as amin / amax do), the range (lane i forms row i's, read back with shuffles) and codes with
 // the float32 steps of quantize_steps.h (the row quantizer's), the codes as bytes in the row's shared buffer (so
 // every lane can read the whole row 16 codes at a time), the code sum by one warp reduction, the exact int32
-// product with __dp4a (u8 x u8 -> u32, at most 256·255·255 < 2^32), and bitmm's float64 epilogue (epilogue.h).
+// product with __dp4a (u8 x u8 -> u32, at most 256·255·255 < 2^32), and bitmm's float32 epilogue (epilogue.h).
 // The last layer's rows are stored coalesced, times their row_scale when one is given (GCN's D^-1/2 folded into
 // its linear layer).  With col_keys (ordered_key.h), the column keys of the stored values are max-reduced into it as
 // well (a warp's group of rows in registers, the block's warps in shared memory, one global atomic a column and
@@ -36,7 +36,7 @@
 // rows each weight group (and each epilogue parameter) feeds kRows rows: words/4 × (kRows + kChunks) loads per
 // kRows rows.  Each row keeps its own registers (h, acc), reductions and code buffer (32·kChunksIn bytes, a
 // compile-time stride: every code's address is the lane's base plus an immediate).  The kernel is issue-bound, and
-// most of a row's instructions are outside the product (its range, its codes, the float64 epilogue), so those are
+// most of a row's instructions are outside the product (its range, its codes, the float epilogue), so those are
 // kept branch-free: the range is decoded by selects, the codes are stored at immediate offsets, and a product step
 // is 4 + kChunks LDS.128 and 16·kChunks IDP with the steps unrolled to the widest input (mlp_layer).  Rows past the end (the last group
 // only) carry zeros and store nothing; a group's rows are the same on every lane, so every warp-wide intrinsic
@@ -85,8 +85,7 @@ struct MlpLayer {
   int in, out;
   int words;          // 32-bit words of a weight row in shared memory: ceil(in / 4) rounded up to a multiple of 4
   int w_offset;       // byte offsets into the dynamic shared memory: weight words, then
-  int param_offset;   // lo[out], scale[out], bias[out] (float32), then
-  int sums_offset;    // code sums[out] as float64 (exact)
+  int param_offset;   // lo[out], scale[out], bias[out] and bitmm_col_term[out] (float32)
   float max_code;
   int relu;
   int aligned;  // 1: in % 4 == 0 and w 4-byte aligned (a weight row is whole 32-bit words); 2: the same for 16 bytes
@@ -322,18 +321,18 @@ __device__ __forceinline__ void mlp_layer(const MlpLayer& L, const float (&x)[kR
   }
   // bitmm's epilogue; the results stay in registers as the next layer's inputs.
   const float* lo_w = reinterpret_cast<const float*>(smem + L.param_offset);
-  const double* sums = reinterpret_cast<const double*>(smem + L.sums_offset);
-  const double k = static_cast<double>(in);
+  float row_sum[kRows];
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) row_sum[i] = static_cast<float>(sum[i]);
 #pragma unroll
   for (int j = 0; j < kChunks; ++j) {
     const int o = lane + 32 * j;
     if (o < out) {
-      const double col_sum = sums[o];
-      const float w_lo = lo_w[o], w_scale = lo_w[out + o], bias = lo_w[2 * out + o];
+      const float w_lo = lo_w[o], w_scale = lo_w[out + o], bias = lo_w[2 * out + o], col_term = lo_w[3 * out + o];
 #pragma unroll
       for (int i = 0; i < kRows; ++i) {
-        y[i][j] = bitmm_affine_epilogue(static_cast<double>(acc[i][j]), static_cast<double>(sum[i]), col_sum,
-                                        row_lo[i], row_scale[i], w_lo, w_scale, k, bias, L.relu != 0);
+        y[i][j] = bitmm_affine_epilogue(static_cast<float>(acc[i][j]), row_sum[i], col_term,
+                                        row_lo[i], row_scale[i], w_lo, w_scale, bias, L.relu != 0);
       }
     } else {
 #pragma unroll
@@ -486,12 +485,12 @@ __global__ void __launch_bounds__(kThreads, kOut == kOutCodes ? quant_mlp_codes_
       }
     }
     float* params = reinterpret_cast<float*>(smem + L.param_offset);
-    double* sums = reinterpret_cast<double*>(smem + L.sums_offset);
     for (int o = threadIdx.x; o < L.out; o += kThreads) {
       params[o] = L.lo[o];
       params[L.out + o] = L.scale[o];
       params[2 * L.out + o] = L.bias ? L.bias[o] : 0.0f;
-      sums[o] = static_cast<double>(L.sums[o]);
+      params[3 * L.out + o] = bitmm_col_term(static_cast<float>(L.in), L.lo[o], L.scale[o],
+                                             static_cast<float>(L.sums[o]));
     }
   }
   if constexpr (kKeys) {  // the block's column keys start at "nothing seen"
@@ -654,9 +653,7 @@ at::Tensor launch_quant_mlp(MlpInput input, int kind, const char* input_name, in
     L.w_offset = offset;
     offset += L.words * L.out * 4;
     L.param_offset = offset;
-    offset = round_up(offset + 3 * L.out * 4, 8);
-    L.sums_offset = offset;
-    offset += L.out * 8;
+    offset += 4 * L.out * 4;
     max_width = std::max(max_width, std::max(L.in, L.out));
   }
   // The kernel's instantiation: values per lane, and rows per warp (kRows code buffers per warp).  A first layer

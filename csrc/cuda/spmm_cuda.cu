@@ -147,16 +147,15 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) bit_spmm_kernel(const Spm
     return;
   }
   const float lo = p.lo[d], scale = p.scale[d];
-  const double bias = p.bias ? static_cast<double>(p.bias[d]) : 0.0;
+  const float bias = p.bias ? p.bias[d] : 0.0f;
   for (int r = 0; r < live_rows; ++r) {
     const int64_t row = row0 + r;
-    const double self_weight =
-        p.self_weight ? static_cast<double>(p.self_weight[row * p.self_weight_stride]) : 0.0;
+    const float self_weight = p.self_weight ? p.self_weight[row * p.self_weight_stride] : 0.0f;
     const float self_code =
         p.self_weight ? static_cast<float>(row_code_at(p.codes + row * p.code_ld, d, p.code_bits)) : 0.0f;
-    const double row_scale = p.row_scale ? static_cast<double>(p.row_scale[row]) : 1.0;
+    const float row_scale = p.row_scale ? p.row_scale[row] : 1.0f;
     p.out_float[row * p.cols + d] =
-        affine_epilogue(static_cast<double>(staged[warp][r][lane]), lo, scale, static_cast<double>(p.row_sums[row]),
+        affine_epilogue(static_cast<float>(staged[warp][r][lane]), lo, scale, static_cast<float>(p.row_sums[row]),
                         self_weight, self_code, row_scale, bias, p.relu);
   }
 }

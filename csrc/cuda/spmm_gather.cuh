@@ -411,9 +411,9 @@ __device__ __forceinline__ void finish_slice(const SpmmArgs& p, int64_t row, int
     store_sums<Acc, S::kCodes>(int_dst, sum, live, vector_store);
     return;
   }
-  const double row_sum = static_cast<double>(p.row_sums[row]);
-  const double self_weight = p.self_weight ? static_cast<double>(p.self_weight[row * p.self_weight_stride]) : 0.0;
-  const double row_scale = p.row_scale ? static_cast<double>(p.row_scale[row]) : 1.0;
+  const float row_sum = static_cast<float>(p.row_sums[row]);
+  const float self_weight = p.self_weight ? p.self_weight[row * p.self_weight_stride] : 0.0f;
+  const float row_scale = p.row_scale ? p.row_scale[row] : 1.0f;
   uint32_t self_words[S::kWords];
 #pragma unroll
   for (int i = 0; i < S::kWords; ++i) self_words[i] = 0;
@@ -428,8 +428,8 @@ __device__ __forceinline__ void finish_slice(const SpmmArgs& p, int64_t row, int
       const int k = 4 * g + i;
       const float self_code = static_cast<float>((self_words[k / S::kPerWord] >> (kContainer * (k % S::kPerWord))) &
                                                  ((1u << kContainer) - 1u));
-      value[i] = affine_epilogue(static_cast<double>(sum[k]), c.lo[i], c.scale[i], row_sum, self_weight, self_code,
-                                 row_scale, static_cast<double>(c.bias[i]), p.relu);
+      value[i] = affine_epilogue(static_cast<float>(sum[k]), c.lo[i], c.scale[i], row_sum, self_weight, self_code,
+                                 row_scale, c.bias[i], p.relu);
     }
     if (vector_store) {
       reinterpret_cast<float4*>(float_dst)[g] = make_float4(value[0], value[1], value[2], value[3]);

@@ -15,7 +15,7 @@ Two ways to compute ``Â · Y`` give the same numbers for the same codes:
       Â·Y = lo_w·(lo_y·M1 + s_y·(M·Q)) + s_w·(lo_y·C1 + s_y·(C·Q)) + δ ∘ Y
 
   (``lo_w = 1, s_w = 0`` without weights).  ``M·Q`` and ``C·Q`` are exact integer
-  products on the tiles, the rest is added in float64 and rounded once.  The
+  products on the tiles, the rest is added in float32 (``csrc/epilogue.h``'s bound).  The
   ``lo_w`` term needs the full ``M·Q`` (not only the degree ``M1``): each edge
   carries ``lo_w`` times its source's features.
 """
@@ -312,29 +312,29 @@ class QuantGraph:
         x_planes, x_codes = gather_operands(adj, y, False)
         return bit_spmm_codes(adj, x_planes, y.bits, y.cols, x_codes)
 
-    def aggregate_bits(self, y: BitTensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        r"""``Â · to_val(y)`` on the bit tiles, ``[num_dst, y.cols]``; ``y`` scaled per column or tensor.
+    def aggregate_bits(self, y: BitTensor) -> torch.Tensor:
+        r"""``Â · to_val(y)`` on the bit tiles, ``[num_dst, y.cols]`` float32; ``y`` scaled per column or tensor.
 
-        ``dtype=torch.float64`` returns the value before its float32 rounding, for
-        callers that finish it in float64 as :meth:`aggregate_bits_fused` does.
+        One kernel with its fused epilogue where it can (:meth:`aggregate_bits_fused`); quantized edge weights take
+        two integer products and their affine terms in float32 torch ops, as the epilogue adds them
+        (``csrc/epilogue.h``), so every format and both paths give the same bits for the same ``Â``.
         """
         if y.dim not in (None, 0):
             raise ValueError("aggregate_bits needs features scaled per column or per tensor")
-        if dtype == torch.float32:
-            fused = self.aggregate_bits_fused(y)  # the same float64 sum in one kernel's epilogue, where it can
-            if fused is not None:
-                return fused
+        fused = self.aggregate_bits_fused(y)
+        if fused is not None:
+            return fused
         y = y.as_layout("col")
         mask_products, code_products = self._code_products(y)
-        lo_y, scale_y = y.lo.double().view(1, -1), y.scale.double().view(1, -1)
+        lo_y, scale_y = y.lo.view(1, -1), y.scale.view(1, -1)
         mask_sums = self.prebuilt.row_sums if self.prebuilt is not None else self._row_sums(None)
-        out = lo_y * mask_sums.double().view(-1, 1) + scale_y * mask_products.double()
+        out = lo_y * mask_sums.float().view(-1, 1) + scale_y * mask_products.float()
         if self.weighted:
-            code_part = lo_y * self._row_sums(self.codes).double().view(-1, 1) + scale_y * code_products.double()
-            out = self.w_lo.double() * out + self.w_scale.double() * code_part
+            code_part = lo_y * self._row_sums(self.codes).float().view(-1, 1) + scale_y * code_products.float()
+            out = self.w_lo * out + self.w_scale * code_part
         if self.diag is not None:
-            out = out + self.diag.double().view(-1, 1) * to_val(y)[:self.num_dst].double()
-        return out.to(dtype)
+            out = out + self.diag.view(-1, 1) * to_val(y)[:self.num_dst]
+        return out
 
     def aggregate_bits_fused(self, y: BitTensor, *, self_weight=None, row_scale: Optional[torch.Tensor] = None,
                              bias: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
@@ -342,7 +342,7 @@ class QuantGraph:
 
         The integer product, the affine correction, the self terms, the row
         scaling and the bias run in :func:`pyg_quant.bit_spmm`'s fused epilogue
-        (float64, one float32 rounding at the end), instead of the separate
+        (float32, ``csrc/epilogue.h``), instead of the separate
         float passes of :meth:`aggregate_bits`.  None where that epilogue cannot
         express ``Â`` (quantized edge weights need two integer products); while ``torch.compile`` traces an
         ``edge_index`` graph, the tiles are packed inside the same op

@@ -52,7 +52,7 @@ def bit_spmm(adj: BitAdjacency, x: BitTensor, *, self_weight=None, row_scale=Non
     ``x`` must be scaled per column or per tensor (``dim=0`` or ``None``) so that
     ``(A·X)_ik = lo_k·Σ_j A_ij + scale_k·(A·Q)_ik`` factors exactly; it is read
     in ``layout="col"`` (a ``"row"`` input is repacked once and cached).  The
-    result equals the float64 value up to one float32 rounding.
+    result equals the float64 value up to a few float32 roundings of its terms (``csrc/epilogue.h``).
 
     Args:
         adj (BitAdjacency): ``[num_rows, num_cols]``.

@@ -140,17 +140,20 @@ def gcn_normalized_csr(adj: BitAdjacency, deg_inv_sqrt) -> Tuple[Tensor, Optiona
     ``M·h + d∘h``, as PyG's ``gcn_norm`` weights give it.  Without tiles ``M`` is the residual's CSR as it is (no
     decoding, no sort, no host synchronization); with tiles the entries are decoded and the diagonal folded in."""
     def make() -> Tuple[Tensor, Optional[Tensor]]:
-        dinv = deg_inv_sqrt(adj).double()
+        dinv = deg_inv_sqrt(adj)
         if adj.num_tiles == 0:
-            count = torch.ones_like(adj.res_col, dtype=torch.float64) if adj.res_val is None else adj.res_val.double()
-            values = (dinv[adj.residual_rows()] * count * dinv[adj.res_col.long()]).to(torch.float32)
-            diag = (dinv * adj.diag.double() * dinv).to(torch.float32).view(-1, 1)
+            # gcn_norm's dinv[row] · w · dinv[col] in float32 (w = 1 without counts)
+            values = dinv[adj.residual_rows()]
+            if adj.res_val is not None:
+                values = values * adj.res_val
+            values = values * dinv[adj.res_col.long()]
+            diag = (dinv * adj.diag * dinv).view(-1, 1)
             return residual_csr(adj, values, torch.float32), diag
         src, dst, count = bit_adjacency_entries(adj)
         loops = torch.arange(adj.num_rows, device=adj.device)
         rows, cols = torch.cat([dst, loops]), torch.cat([src, loops])
-        weight = torch.cat([count.double(), adj.diag.double()])
-        values = (dinv[rows] * weight * dinv[cols]).to(torch.float32)
+        weight = torch.cat([count.float(), adj.diag])
+        values = dinv[rows] * weight * dinv[cols]
         return csr_matrix(rows, cols, values, adj.num_rows, adj.num_cols, torch.float32), None
 
     return adj.derived("gcn_normalized_csr", make)

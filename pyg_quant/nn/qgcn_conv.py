@@ -78,7 +78,7 @@ class QGCNConv(StaticRange, MessagePassing):
     4. the row scaling :math:`\mathbf{\hat{D}}^{-1/2}` and the bias in float.
 
     Steps 1 and 3 equal the float64 products of their dequantized operands up
-    to float32 rounding, so the layer is exactly :class:`GCNConv` applied to
+    to a few float32 roundings of their terms (``csrc/epilogue.h``), so the layer is :class:`GCNConv` applied to
     the quantized :math:`\tilde{\mathbf{X}}`, :math:`\tilde{\mathbf{\Theta}}`
     and :math:`\tilde{\mathbf{H}}^{\prime}`.  Edge weights (``edge_weight`` or
     the values of a sparse adjacency) are quantized per tensor to ``adj_bits``
@@ -328,13 +328,13 @@ class QGCNConv(StaticRange, MessagePassing):
                      if two_d and (bias is None or bias.dtype == torch.float32) else None)
             if fused is not None:  # normalization and bias ran in the kernel's epilogue
                 return self._finish(fused, x, bit_kernels)
-            # the same float64 epilogue, in torch: every format gives the same bits
-            out = restore(graph.aggregate_bits(codes, dtype=torch.float64))
+            # the fused epilogue's last steps in torch, in its order: every format gives the same bits
+            out = restore(graph.aggregate_bits(codes))
             if deg_inv_sqrt is not None:
-                out = out * deg_inv_sqrt.double().view(-1, 1)
+                out = out * deg_inv_sqrt.view(-1, 1)
             if bias is not None:
-                out = out + bias.double()
-            return self._finish(out.to(torch.float32), x, bit_kernels)
+                out = out + bias
+            return self._finish(out, x, bit_kernels)
 
         if act_bits is not None:
             matrix, restore = node_matrix(h)

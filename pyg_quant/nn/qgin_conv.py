@@ -54,8 +54,8 @@ class QGINConv(StaticRange, MessagePassing):
     quantized per channel (column) to ``act_bits``, the ranges over which
     :math:`\mathbf{A}\cdot` factors exactly; :math:`\mathbf{A}\tilde{\mathbf{X}}`
     runs on the bit tiles of the 1-bit adjacency (multi-bit where edges repeat)
-    and equals the float64 product of the dequantized operands up to float32
-    rounding.  The self term :math:`(1 + \epsilon)\mathbf{X}` is an elementwise
+    and equals the float64 product of the dequantized operands up to a few float32
+    roundings of its terms (``csrc/epilogue.h``).  The self term :math:`(1 + \epsilon)\mathbf{X}` is an elementwise
     add and stays in float.  Every ``torch.nn.Linear`` and PyG ``Linear`` in
     ``nn`` is swapped (in place, sharing its parameters, so state dicts keep
     their keys) for a :class:`~pyg_quant.nn.QuantLinear`, which quantizes its

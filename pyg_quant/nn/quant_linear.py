@@ -39,8 +39,8 @@ def bit_kernels_apply(module: torch.nn.Module, *tensors) -> bool:
     r"""Whether ``module`` runs its bit kernels now: in ``eval()``, when no gradient is asked for.
 
     The kernels have no backward; with autograd on (``eval()`` without
-    ``torch.no_grad()``) the float path computes the same values, up to float32
-    rounding, and keeps the gradients.  Nor do they run while a PyG explainer's
+    ``torch.no_grad()``) the float path computes the same values, up to a few
+    float32 roundings, and keeps the gradients.  Nor do they run while a PyG explainer's
     edge mask is set on ``module`` (see :mod:`pyg_quant.nn.explain`).
     """
     if module.training or explaining(module):  # the bit kernels take no edge mask: the float path does
@@ -72,8 +72,8 @@ def fused_codes(w: BitTensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
 
 def _layer_bytes(in_channels: int, out_channels: int) -> int:
     """Shared memory of one layer in the CUDA kernel: weight codes (rows padded to 16 codes, starting on a 16-byte
-    boundary), lo, scale and bias (float32) and the code sums (float64) of each output channel."""
-    return -(-in_channels // 16) * 16 * out_channels + 20 * out_channels + 16
+    boundary), lo, scale, bias and the epilogue's column term (float32) of each output channel."""
+    return -(-in_channels // 16) * 16 * out_channels + 16 * out_channels + 16
 
 
 class QuantLinear(Linear):
@@ -88,8 +88,8 @@ class QuantLinear(Linear):
       straight-through gradients, stochastic rounding if ``stochastic``.
     * ``eval()`` under ``torch.no_grad()``: deterministic rounding and the
       bit-plane GEMM (C++ on the CPU, 1-bit tensor cores on CUDA); the result
-      equals the float64 product of the dequantized operands up to float32
-      rounding.  With autograd on, ``eval()`` takes the float path with the same
+      equals the float64 product of the dequantized operands up to a few float32
+      roundings of its terms (``csrc/epilogue.h``).  With autograd on, ``eval()`` takes the float path with the same
       codes instead, so that gradients are never dropped.
     * ``weight_bits=None`` / ``act_bits=None`` keep that operand in float (the
       product then runs in float on the dequantized other one); both None is

@@ -3,7 +3,8 @@
 They follow :mod:`pyg_quant.layout` exactly and run on any device torch runs
 on.  They serve as the fallback when the C++/CUDA extension is missing and as
 the independent oracle the tests compare the compiled kernels against, so they
-are written for clarity (plane by plane, float64 products), not speed.
+are written for clarity (plane by plane, exact integer products in float64), not speed; their float epilogues
+make csrc/epilogue.h's float32 operations in its order, so the kernels give the same bits.
 """
 from typing import Optional
 
@@ -106,11 +107,12 @@ def bitmm_int(a_planes, b_planes, rows: int, cols: int, wide: bool):
 
 
 def bitmm_affine(product, row_sums, col_sums, a_lo, a_scale, b_lo, b_scale, k: int, bias, relu: bool):
-    """bitmm's affine correction in float64, the order of csrc/epilogue.h; bias in float32 after rounding."""
-    la, ra = a_lo.double().view(-1, 1), a_scale.double().view(-1, 1)
-    lb, rb = b_lo.double().view(1, -1), b_scale.double().view(1, -1)
-    out = (float(k) * la * lb + la * rb * col_sums.double().view(1, -1) + ra * lb * row_sums.double().view(-1, 1)
-           + (ra * rb) * product.double()).float()
+    """bitmm's affine correction in float32, the operations and order of csrc/epilogue.h (each torch op rounds once,
+    as each C++ one does): ``la·c + ra·(lb·rowsum + rb·P)`` with ``c = K·lb + rb·colsum``, then ``+ bias``."""
+    la, ra = a_lo.float().view(-1, 1), a_scale.float().view(-1, 1)
+    lb, rb = b_lo.float().view(1, -1), b_scale.float().view(1, -1)
+    col_term = torch.full_like(lb, float(k)) * lb + rb * col_sums.float().view(1, -1)
+    out = la * col_term + ra * (lb * row_sums.float().view(-1, 1) + rb * product.float())
     if bias is not None:
         out = out + bias.view(1, -1)
     return torch.where(out <= 0, torch.zeros_like(out), out) if relu else out
@@ -140,17 +142,17 @@ def bit_spmm_int(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x_p
 
 
 def affine_epilogue(product, lo, scale, row_sums, self_weight, self_codes, row_scale, bias, relu: bool):
-    """csrc/epilogue.h in float64 torch ops, one rounding per operation as in C++."""
-    v = lo.double().view(1, -1) * row_sums.double().view(-1, 1) + scale.double().view(1, -1) * product.double()
+    """csrc/epilogue.h in float32 torch ops, one rounding per operation as in C++."""
+    lo, scale = lo.float().view(1, -1), scale.float().view(1, -1)
+    v = lo * row_sums.float().view(-1, 1) + scale * product.float()
     if self_weight is not None:
-        self_value = lo.view(1, -1) + scale.view(1, -1) * self_codes.float()  # float32, as to_val
-        v = v + self_weight.double().view(-1, 1) * self_value.double()
+        self_value = lo + scale * self_codes.float()  # as to_val
+        v = v + self_weight.float().view(-1, 1) * self_value
     if row_scale is not None:
-        v = v * row_scale.double().view(-1, 1)
+        v = v * row_scale.float().view(-1, 1)
     if bias is not None:
-        v = v + bias.double().view(1, -1)
-    out = v.float()
-    return torch.where(out <= 0, torch.zeros_like(out), out) if relu else out
+        v = v + bias.float().view(1, -1)
+    return torch.where(v <= 0, torch.zeros_like(v), v) if relu else v
 
 
 def bit_spmm_affine(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x_planes, lo, scale, row_sums,

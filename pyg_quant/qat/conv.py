@@ -17,9 +17,9 @@ Evaluation without autograd runs the bit kernels (``bitmm``, the layers'
 bit-tile aggregation) on the quantizers' nearest-rounded codes; with autograd,
 the fake path computes its products and sums in float64 from the same codes'
 unrounded values ``lo + s·q`` (:meth:`FakeQuantize.forward_exact`) and rounds
-once, as the kernels' epilogues do, so the two give the same float32 outputs
-and every later quantizer the same inputs (they could differ only where the
-two float64 evaluations straddle a float32 rounding boundary).  The graph
+once: the exact value of what the kernels compute, whose float32 epilogues stay
+within a few float32 roundings of their terms (``csrc/epilogue.h``).  A value
+that lies on a code boundary can take the neighbouring code in a later layer.  The graph
 handling (adjacency formats, self-loops, degrees, edge-weight codes, caching)
 is the parent layers', unchanged.
 Node features are ``[N, F]`` (no leading batch dimensions); ``out_bits`` is

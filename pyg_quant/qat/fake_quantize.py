@@ -403,9 +403,9 @@ class FakeQuantize(torch.nn.Module):
         float32 rounding, ``lo + scale·q`` in float64 for the codes of :meth:`quantize` (:func:`~pyg_quant.quantization.quantize.exact_values`),
         with forward's gradient; else ``x̃`` is ``forward(x)`` itself.
 
-        The QAT layers' evaluation without the bit kernels multiplies and sums ``x̃`` in float64 and rounds once,
-        as the kernels' epilogues do: both then round the same value to float32 (up to float64 rounding), so a
-        later quantizer gets the same input in both and a value near a rounding boundary gets the same code.
+        The QAT layers' evaluation without the bit kernels multiplies and sums ``x̃`` in float64 and rounds once:
+        the exact value of what the bit kernels compute from the same codes (their float32 epilogues stay within a
+        few float32 roundings of its terms).
         """
         out = self(x, protect)
         if self.training or not self._fake:

@@ -15,9 +15,8 @@ GEMM (:func:`pyg_quant.bitmm`).
   bit kernels, ``bitmm(fq_in.quantize(x), fq_w.quantize(W)ᵀ) + b``.
 * ``eval()`` with autograd on: the fake path, with the product of the
   dequantized operands ``lo + s·q`` (unrounded, :meth:`FakeQuantize.forward_exact`)
-  in float64 and rounded once: the value ``bitmm``'s epilogue rounds, so both
-  eval paths give the same float32 output (they could differ only where the
-  two float64 evaluations straddle a float32 rounding boundary).
+  in float64 and rounded once: the exact value of ``bitmm``'s, whose float32
+  epilogue stays within a few float32 roundings of its terms (``csrc/epilogue.h``).
 
 An input that is quantized already, a :class:`~pyg_quant.BitTensor` of at most
 ``fq_in.bits`` bits with a granularity of ``fq_in``'s (per node or per tensor for

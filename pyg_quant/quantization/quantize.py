@@ -140,8 +140,8 @@ def exact_values(codes: BitTensor) -> torch.Tensor:
     r"""``lo + scale·q`` of ``codes`` in float64, ``[rows, cols]``: the values :func:`~pyg_quant.to_val` rounds to
     float32, here unrounded (exact while ``|lo|`` and ``scale`` are within a factor 2^20 of each other, or lo is 0).
 
-    The bit kernels' affine epilogues sum and multiply these values (``lo·Σ1 + scale·Σq`` in float64), not their
-    float32 roundings, so a float path that is to give the kernels' float32 results must compute with them.
+    The bit kernels' affine epilogues sum and multiply these values (``lo·Σ1 + scale·Σq``), not their float32
+    roundings, so a float path that is to give the exact value of the kernels' results must compute with them.
     """
     view = RANGE_VIEW[codes.dim]
     return codes.lo.double().view(view) + codes.scale.double().view(view) * codes.codes().double()
