@@ -175,7 +175,8 @@ ConvEvalResult gcn_conv_eval(const at::Tensor& window_ptr, const at::Tensor& til
 
 // qat_gcn_conv_eval and qat_gin_conv_eval: a converted QAT layer's eval forward on a BitAdjacency as one op, the
 // steps of pyg_quant/qat/conv.py's bit path (hence its float32 roundings: the QAT layers add GCN's normalization and
-// bias, and GIN's float self term, after the aggregation's rounding, as their training forward does).  The
+// bias, and GIN's float self term, after the aggregation's rounding, as their training forward does; on codes of x
+// the self term is the aggregation epilogue's).  The
 // aggregation's quantizer reads `agg_keys` (its frozen stored range as column keys) where given, else each channel's
 // own range; a channel whose values hold a NaN or inf takes a NaN range instead of the stored one, so that the NaN
 // reaches the output with no host synchronization (the callers raise on the CPU).
@@ -239,6 +240,23 @@ at::Tensor qat_gin_conv_eval(const at::Tensor& window_ptr, const at::Tensor& til
   TORCH_CHECK_VALUE(x_lo.has_value() == x_scale.has_value(), "x_lo and x_scale go together (codes of x)");
   const int64_t rows = res_ptr.size(0) - 1;
   const bool cuda = x.is_cuda();
+  if (x_lo.has_value() && !diag.has_value()) {
+    // Codes of x and no diagonal: (1 + eps)·to_val(x) is the epilogue's self term (A·x rounded, then a float32
+    // multiply and add of (1 + eps)·(lo + scale·q)), with no decoded x.
+    TORCH_CHECK_VALUE(x_dim == 0 || x_dim == -1, "x_dim must be 0 (per column) or -1 (per tensor), got ", x_dim);
+    TORCH_CHECK_VALUE(x_lo->dim() == 1 && x_lo->numel() == (x_dim == 0 ? x_cols : 1),
+                      "x_lo must hold one range a column (x_dim 0) or one for the tensor (x_dim -1)");
+    TORCH_CHECK_VALUE(x.dim() == 3, "x must hold bit planes [bits, cols_pad, words] when x_lo is given");
+    StepScratch scratch(x, {float_bytes(rows, x_cols)});
+    const at::Tensor lo = x_dim == 0 ? *x_lo : x_lo->expand({x_cols}).contiguous();
+    const at::Tensor scale = x_dim == 0 ? *x_scale : x_scale->expand({x_cols}).contiguous();
+    const at::Tensor out = Spmm(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x, lo, scale, row_sums,
+                                one_plus_eps.reshape({-1}), std::nullopt, std::nullopt, false, rows, x_cols, wide,
+                                x_codes);
+    scratch.close();
+    return Mlp(out, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits, weight_bits, relu,
+               std::nullopt, std::nullopt);
+  }
   // Codes of x: their float values and the aggregation; float x: its codes and the aggregation.  Not handed back.
   const int64_t in_cols = x_lo.has_value() ? x_cols : x.dim() == 2 ? x.size(1) : 0;
   StepScratch scratch(x, {float_bytes(rows, in_cols),

@@ -106,6 +106,23 @@ def test_short_path_is_the_general_path(device, kind, bits, observers, monkeypat
     assert torch.equal(model(x, adj), general(model, x, adj))
 
 
+def test_gin_on_codes_takes_its_self_term_in_the_aggregation():
+    """The loader's codes and no diagonal: ``(1 + eps)·x`` is the aggregation's epilogue self term in both the short
+    path (which decodes no x) and the general one (no separate ``addcmul``, which may fuse its multiply and add),
+    the same floats as multiplying and adding after the aggregation."""
+    model, x, adj, _ = converted("cpu", kind="gin")
+    xq = pq.to_bit(x, 4, dim=0, layout="col")
+    for short, run in ((True, model.conv1), (False, lambda *a: general(model.conv1, *a))):
+        with torch.no_grad(), torch.profiler.profile() as prof:
+            out = run(xq, adj)
+        names = {e.name for e in prof.events()}
+        assert "aten::addcmul" not in names and not (short and "pyg_quant::dequantize" in names), names
+    with torch.no_grad():  # the aggregation, then + (1 + eps)·to_val(x): a float32 multiply and add, unfused
+        conv = model.conv1
+        want = conv.nn(pq.bit_spmm(adj, xq) + conv._one_plus_eps() * pq.to_val(xq))
+    assert torch.equal(out, want)
+
+
 def test_what_keeps_the_general_path(monkeypatch):
     model, x, adj, edge_index = converted("cpu")
     calls = short_calls(monkeypatch)

@@ -706,8 +706,14 @@ def qat_gin_conv_eval(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val
     """A converted QATGINConv layer's eval forward (csrc/conv_eval.h): the source features quantized per column
     (over ``agg_keys``, a column holding NaN/inf on CUDA over a NaN range, or each column's own range; codes of
     ``x`` as they are), :func:`bit_spmm_affine` (the adjacency's diagonal only), ``+ (1 + eps)·x`` on the float
-    values (:func:`dequantize` of codes), then :func:`quant_mlp` with its biases and ReLUs."""
+    values (:func:`dequantize` of codes; without a diagonal, the epilogue's self term: the same float32 steps), then
+    :func:`quant_mlp` with its biases and ReLUs."""
     rows = res_ptr.numel() - 1
+    if x_lo is not None and diag is None:
+        lo, scale = x_lo.expand(x_cols).contiguous(), x_scale.expand(x_cols).contiguous()
+        out = bit_spmm_affine(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x, lo, scale, row_sums,
+                              one_plus_eps.reshape(-1), None, None, False, rows, x_cols, wide, x_codes)
+        return quant_mlp(out, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits, weight_bits, relu)
     if x_lo is not None:
         lo, scale = x_lo.expand(x_cols).contiguous(), x_scale.expand(x_cols).contiguous()
         planes, gathered = x, x_codes

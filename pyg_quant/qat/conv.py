@@ -318,6 +318,11 @@ class QATGINConv(_QATConvMixin, QGINConv):
         bit_kernels = bit_kernels_apply(self, x[0], x[1], self.eps)
         fixed = self._agg_ranges(x_src if codes is None else codes)
         if fq is not None and graph.can_run_bits and bit_kernels and codes is not None:
+            if x[0] is x[1] and graph.diag is None:
+                # (1 + eps)·to_val(x) as the aggregation's epilogue self term: the float32 steps of the addcmul below
+                fused = graph.aggregate_bits_fused(codes, self_weight=self._one_plus_eps())
+                if fused is not None:
+                    return self.nn(fused)
             out = graph.aggregate_bits(codes)
         else:
             x_src = x_src if x_src is not None else _float_features(x[0], "x_src")
