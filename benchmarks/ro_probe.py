@@ -1,0 +1,95 @@
+"""Where a ``torch.compile(mode="reduce-overhead")`` call's time goes, against eager: one products-scale batch (the
+workload of ``benchmarks/workload/``), GIN and GCN at 4 bits and PyG fp32 CSR, the same batch each call; host µs a
+call (30 calls without a synchronization, median of 7 blocks), wall µs a call, and five profiled calls' kernels
+(the replay's input copies included) and host ops, a call.
+
+    python3 benchmarks/ro_probe.py
+"""
+import collections
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import workload  # noqa: E402
+
+
+def host_wall(fn, reps=30, rounds=7):
+    """Median host and wall µs a call of ``fn`` over ``rounds`` blocks of ``reps`` calls."""
+    hosts, walls = [], []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        host = time.perf_counter() - t
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t
+        hosts.append(host / reps * 1e6)
+        walls.append(wall / reps * 1e6)
+    return statistics.median(hosts), statistics.median(walls)
+
+
+def profiled(call, calls=5):
+    """Kernels (count, device µs) and the top host ops (self µs, count) a call, over ``calls`` profiled calls."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            call()
+        torch.cuda.synchronize()
+    count, device_us = collections.Counter(), collections.Counter()
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            name = e.name[:60]
+            count[name] += 1
+            device_us[name] += e.device_time_total
+    kernels = [(n, c / calls, device_us[n] / calls) for n, c in count.most_common(12)]
+    host = sorted(((e.key, e.self_cpu_time_total / calls, e.count / calls) for e in prof.key_averages()),
+                  key=lambda r: -r[1])[:8]
+    return kernels, host
+
+
+def main():
+    args = workload.parse_args(["--num-parts", "20", "--parts-per-batch", "20", "--out", ""])
+    device = torch.device("cuda")
+    rec = workload.Recorder("", {}, "cuda")
+    runner = workload.Runner(args, device, rec)
+    data = workload.build_graph(args, device, rec)
+    data.adjacency = args.adjacency
+    workload.build_formats(args, device, data, rec, runner)
+    from torch._inductor import cudagraph_trees
+    for kind in ("GIN", "GCN"):
+        torch.manual_seed(0)
+        pyg = workload.make_pyg(args, kind, normalize=kind != "GCN").to(device).eval()
+        quant = workload.make_pq(args, kind, 4)
+        quant.load_state_dict(pyg.state_dict())
+        variants = [("PyG fp32 CSR", pyg, workload.pyg_inputs(data, kind, "CSR", "fp32", device).resident[0]),
+                    ("pyg_quant 4-bit", quant.to(device).eval(),
+                     workload.pq_inputs(data, kind, 4, device, False).resident[0])]
+        for label, model, inputs in variants:
+            with torch.inference_mode():
+                eager_host, eager_wall = host_wall(lambda: model(*inputs))
+                torch._dynamo.reset()
+                compiled = torch.compile(model, mode="reduce-overhead")
+
+                def call():
+                    torch.compiler.cudagraph_mark_step_begin()
+                    return compiled(*inputs)
+
+                for _ in range(4):  # compile, warm-up, record
+                    call()
+                ro_host, ro_wall = host_wall(call)
+                kernels, host = profiled(call)
+                print(f"{kind} {label:16s} eager host {eager_host:7.1f} wall {eager_wall:7.1f} | RO host "
+                      f"{ro_host:7.1f} wall {ro_wall:7.1f} us a call", flush=True)
+                print("   RO kernels a call:", ", ".join(f"{n} x{c:g} {t:.1f}us" for n, c, t in kernels))
+                print("   RO host ops a call:", ", ".join(f"{k} {t:.1f}us x{c:g}" for k, t, c in host))
+                del compiled
+                cudagraph_trees.reset_cudagraph_trees()
+
+
+if __name__ == "__main__":
+    main()
