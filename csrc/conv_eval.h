@@ -176,10 +176,10 @@ ConvEvalResult gcn_conv_eval(const at::Tensor& window_ptr, const at::Tensor& til
 // qat_gcn_conv_eval and qat_gin_conv_eval: a converted QAT layer's eval forward on a BitAdjacency as one op, the
 // steps of pyg_quant/qat/conv.py's bit path (hence its float32 roundings: the QAT layers add GCN's normalization and
 // bias, and GIN's float self term, after the aggregation's rounding, as their training forward does; on codes of x
-// the self term is the aggregation epilogue's).  The
-// aggregation's quantizer reads `agg_keys` (its frozen stored range as column keys) where given, else each channel's
-// own range; a channel whose values hold a NaN or inf takes a NaN range instead of the stored one, so that the NaN
-// reaches the output with no host synchronization (the callers raise on the CPU).
+// the self term is the aggregation epilogue's).  The aggregation's quantizer reads `agg_keys` (its frozen stored
+// range as column keys) where given, else each channel's own range; a channel whose values hold a NaN or inf takes
+// a NaN range instead of the stored one, so that the NaN reaches the output with no host synchronization (the
+// callers raise on the CPU).
 
 template <SpmmAffineKernel Spmm, MlpKernel Mlp, MlpPlanesKernel MlpPlanes, RangesKernel Ranges,
           StoredRangesKernel StoredRanges>

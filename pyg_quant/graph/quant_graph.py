@@ -3,7 +3,7 @@ r"""One graph operand for a layer's aggregation ``out = Â · Y``, in float or o
 ``Â = A + diag(δ)``: ``A`` holds the edges (multiplicities, or edge weights
 quantized per tensor to ``adj_bits`` codes, ``w ≈ lo_w + s_w·c``), ``δ`` is the
 self-loop term, kept in float32 beside the tiles as :class:`BitAdjacency` does.
-Two ways to compute ``Â · Y`` give the same numbers for the same codes:
+Two ways to compute ``Â · Y`` give the same numbers for the same codes, up to float rounding:
 
 * float (training, and ``bits=None``): ``Σ_e coef_e · Y[src_e]`` with
   ``coef_e = lo_w + s_w·c_e``, as a CSR product with ``A`` (its gradient one with
@@ -15,8 +15,8 @@ Two ways to compute ``Â · Y`` give the same numbers for the same codes:
       Â·Y = lo_w·(lo_y·M1 + s_y·(M·Q)) + s_w·(lo_y·C1 + s_y·(C·Q)) + δ ∘ Y
 
   (``lo_w = 1, s_w = 0`` without weights).  ``M·Q`` and ``C·Q`` are exact integer
-  products on the tiles, the rest is added in float32 (``csrc/epilogue.h``'s bound).  The
-  ``lo_w`` term needs the full ``M·Q`` (not only the degree ``M1``): each edge
+  products on the tiles, the rest is added in float32 (within ``csrc/epilogue.h``'s
+  bound of the exact value).  The ``lo_w`` term needs the full ``M·Q`` (not only the degree ``M1``): each edge
   carries ``lo_w`` times its source's features.
 """
 from typing import Optional, Tuple
