@@ -32,8 +32,9 @@ namespace pyg_quant {
 namespace {
 constexpr int64_t kTileWords64 = kTileWords / 2;  // a tile row as 64-bit words
 // A walked set bit costs one vector add per 16 columns, a popcounted tile 16 rows × 4 words × cols × plane pairs
-// scalar popcounts: the walk wins below ~kSparseTileBitsPerPlanePair set bits per plane pair.
-constexpr int64_t kSparseTileBitsPerPlanePair = 64;
+// scalar popcounts (64 a column and plane pair, against a set bit's cols / 16): the walk wins below ~1,000 set bits
+// per plane pair (benchmarks/RESULTS.md, CPU kernels).
+constexpr int64_t kSparseTileBitsPerPlanePair = 1100;
 // Columns one pass of a row sums: 16 int32 vectors, all held in registers while the row's entries are added.
 constexpr int64_t kColBlock = 256;
 
