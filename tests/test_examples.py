@@ -70,7 +70,7 @@ def test_demo_synthetic_reaches_accuracy_and_shrinks_bytes(capsys):
     assert quant["same_predictions"], "the converted model must predict the same from packed and float inputs"
     assert quant["batch_bytes"] * 3 <= fp32["batch_bytes"], out
     assert quant["model_bytes"] < fp32["model_bytes"], out
-    assert max(result["kernel_errors"].values()) < 1e-5
+    assert max(result["kernel_errors"].values()) <= demo.EPILOGUE_BOUND
     assert quant["ms"] > 0 and fp32["ms"] > 0
     for heading in ("[1/4] data", "[2/4] fp32 GCN", "[3/4] 4-bit QGCN", "[4/4] results", "test accuracy",
                     "model bytes", "batch bytes", "inference"):
