@@ -9,28 +9,18 @@ import collections
 import os
 import statistics
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import workload  # noqa: E402
+from host_profile import time_block  # noqa: E402
 
 
-def host_wall(fn, reps=30, rounds=7):
-    """Median host and wall µs a call of ``fn`` over ``rounds`` blocks of ``reps`` calls."""
-    hosts, walls = [], []
-    for _ in range(rounds):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        host = time.perf_counter() - t
-        torch.cuda.synchronize()
-        wall = time.perf_counter() - t
-        hosts.append(host / reps * 1e6)
-        walls.append(wall / reps * 1e6)
-    return statistics.median(hosts), statistics.median(walls)
+def host_wall(fn, runner, reps=30, rounds=7):
+    """Median host and wall µs a call of ``fn`` over ``rounds`` of host_profile's blocks of ``reps`` calls."""
+    blocks = [time_block(fn, (), runner, reps) for _ in range(rounds)]
+    return (1e6 * statistics.median(h for h, _ in blocks), 1e6 * statistics.median(w for _, w in blocks))
 
 
 def profiled(call, calls=5):
@@ -71,7 +61,7 @@ def main():
                      workload.pq_inputs(data, kind, 4, device, False).resident[0])]
         for label, model, inputs in variants:
             with torch.inference_mode():
-                eager_host, eager_wall = host_wall(lambda: model(*inputs))
+                eager_host, eager_wall = host_wall(lambda: model(*inputs), runner)
                 torch._dynamo.reset()
                 compiled = torch.compile(model, mode="reduce-overhead")
 
@@ -81,7 +71,7 @@ def main():
 
                 for _ in range(4):  # compile, warm-up, record
                     call()
-                ro_host, ro_wall = host_wall(call)
+                ro_host, ro_wall = host_wall(call, runner)
                 kernels, host = profiled(call)
                 print(f"{kind} {label:16s} eager host {eager_host:7.1f} wall {eager_wall:7.1f} | RO host "
                       f"{ro_host:7.1f} wall {ro_wall:7.1f} us a call", flush=True)

@@ -35,6 +35,7 @@ from torch_geometric.data import Data
 
 import pyg_quant as pq
 from pyg_quant import qat
+from pyg_quant.ops.reference import EPILOGUE_BOUND
 from pyg_quant.quantization.affine import RANGE_VIEW
 from pyg_quant.quantization.quantize import exact_values
 from pyg_quant.synthetic import planted_class_graph  # noqa: F401  (re-exported: examples use demo's helpers)
@@ -246,11 +247,6 @@ def median_ms(fn: Callable[[], object], device: torch.device, repeats: int = 20)
         sync()
         times.append(time.perf_counter() - start)
     return sorted(times)[len(times) // 2] * 1e3
-
-
-# The bit kernels' float epilogues stay within this many times the terms' magnitudes of the exact value
-# (csrc/epilogue.h).
-EPILOGUE_BOUND = 8 * 2.0**-24
 
 
 def _term_magnitudes(t: pq.BitTensor) -> torch.Tensor:

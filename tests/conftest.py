@@ -111,9 +111,7 @@ def mag64(bt) -> torch.Tensor:
     return bt.lo.double().abs().view(view) + bt.scale.double().abs().view(view) * ref_codes(bt).double()
 
 
-# The float32 epilogues' bound (csrc/epilogue.h): an output is within this many times the sum of the magnitudes of
-# the terms it adds of its exact value.
-EPILOGUE_ULPS = 8 * 2.0**-24
+EPILOGUE_BOUND = ref.EPILOGUE_BOUND  # csrc/epilogue.h's bound, as the library states it
 
 
 def assert_fp32_close(out, expected, bound, rel_norm=1e-6, scale=None):

@@ -14,7 +14,7 @@ import pyg_quant as pq
 from pyg_quant import ops
 from pyg_quant.ops import reference as ref
 
-from conftest import DEVICES, EPILOGUE_ULPS, dense_from_edges, deq64, gen, mag64, randn, random_edges, requires_compiled
+from conftest import DEVICES, EPILOGUE_BOUND, dense_from_edges, deq64, gen, mag64, randn, random_edges, requires_compiled
 
 
 def _graph(n, e, seed, dup=False):
@@ -68,7 +68,7 @@ def test_epilogue_matches_float64(self_weight, use_row_scale, use_bias, relu, se
     out = pq.bit_spmm(adj, x, self_weight=self_weight, row_scale=row_scale, bias=bias, relu=relu)
     assert out.dtype == torch.float32 and out.shape == (n, f) and out.device == x.device
     want, mag = _expected(adj.to("cpu"), ei, x, self_weight, row_scale, bias, relu)
-    bound = EPILOGUE_ULPS * mag + 1e-30  # mag: the magnitudes of the terms the epilogue adds
+    bound = EPILOGUE_BOUND * mag + 1e-30  # mag: the magnitudes of the terms the epilogue adds
     diff = (out.double().cpu() - want).abs()
     assert (diff <= bound).all(), float((diff / bound).max())
     if relu:

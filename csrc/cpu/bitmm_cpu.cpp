@@ -296,10 +296,13 @@ at::Tensor bitmm_affine_cpu(const at::Tensor& product_in, const at::Tensor& row_
   const std::vector<float> col_term = bitmm_col_terms(k, lb, rb, col_sums.data_ptr<int64_t>(), cols);
   float* o = out.data_ptr<float>();
   const auto product = product_in.contiguous();  // int32 or int64, each converted to float32 to nearest
+#if defined(PYG_QUANT_X86_DISPATCH)
+  const bool vector = cpu_has_avx512_dq();
+#endif
   const auto run = [&](const auto* p) {
     at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
 #if defined(PYG_QUANT_X86_DISPATCH)
-      if (cpu_has_avx512_dq()) {
+      if (vector) {
         bitmm_affine_rows_avx512(p, rs, col_term.data(), la, ra, lb, rb, bp, relu, cols, begin, end, o);
         return;
       }

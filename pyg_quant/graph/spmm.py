@@ -19,14 +19,14 @@ from .bit_adjacency import BitAdjacency
 def _float_vector(value, length: int, device: torch.device, name: str,
                   scalar: bool = False) -> Optional[torch.Tensor]:
     """None, a Python number or a 1-D tensor of ``length`` -> float32 ``[length]`` on ``device`` (or None); with
-    ``scalar``, a number or a one-element tensor becomes ``[1]``, which the op broadcasts (no fill kernel)."""
+    ``scalar``, a number or a 0-dim tensor becomes ``[1]``, which the op broadcasts (no fill kernel)."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float, torch.Tensor)):
         raise TypeError(f"{name} must be a number or a tensor, got {type(value).__name__}")
     if not isinstance(value, torch.Tensor):
         return torch.full((1 if scalar else length,), float(value), dtype=torch.float32, device=device)
-    if value.dim() == 0 or (scalar and value.dim() == 1 and value.numel() == 1):
+    if value.dim() == 0:
         value = value.detach().to(device=device, dtype=torch.float32)
         return value.reshape(1) if scalar else value.expand(length).contiguous()
     if value.dim() != 1 or value.numel() != length:

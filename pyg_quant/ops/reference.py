@@ -106,12 +106,17 @@ def bitmm_int(a_planes, b_planes, rows: int, cols: int, wide: bool):
     return _finish(out[:rows, :cols], wide)
 
 
+# The float epilogues' bound (csrc/epilogue.h): an output is within this many times the sum of the magnitudes of the
+# terms it adds of its exact value.
+EPILOGUE_BOUND = 8 * 2.0**-24
+
+
 def bitmm_affine(product, row_sums, col_sums, a_lo, a_scale, b_lo, b_scale, k: int, bias, relu: bool):
     """bitmm's affine correction in float32, the operations and order of csrc/epilogue.h (each torch op rounds once,
     as each C++ one does): ``la·c + ra·(lb·rowsum + rb·P)`` with ``c = K·lb + rb·colsum``, then ``+ bias``."""
     la, ra = a_lo.float().view(-1, 1), a_scale.float().view(-1, 1)
     lb, rb = b_lo.float().view(1, -1), b_scale.float().view(1, -1)
-    col_term = torch.full_like(lb, float(k)) * lb + rb * col_sums.float().view(1, -1)
+    col_term = float(k) * lb + rb * col_sums.float().view(1, -1)
     out = la * col_term + ra * (lb * row_sums.float().view(-1, 1) + rb * product.float())
     if bias is not None:
         out = out + bias.view(1, -1)

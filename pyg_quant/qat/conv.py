@@ -320,7 +320,7 @@ class QATGINConv(_QATConvMixin, QGINConv):
         if fq is not None and graph.can_run_bits and bit_kernels and codes is not None:
             if x[0] is x[1] and graph.diag is None:
                 # (1 + eps)·to_val(x) as the aggregation's epilogue self term: the float32 steps of the addcmul below
-                fused = graph.aggregate_bits_fused(codes, self_weight=self._one_plus_eps())
+                fused = graph.aggregate_bits_fused(codes, self_weight=self._one_plus_eps().detach().reshape(()))
                 if fused is not None:
                     return self.nn(fused)
             out = graph.aggregate_bits(codes)
