@@ -1,9 +1,10 @@
 """The CPU kernels' instruction-set paths agree bit for bit.
 
-The CPU kernels pick AVX-512 code at run time where the CPU has it (csrc/cpu/cpu_features.h);
-``PYG_QUANT_CPU_ISA=generic`` forces the portable kernels.  A subprocess computes every dispatched op
-on the same operands with the portable kernels, and this process with the ones its CPU picks: the
-integers and the float32 bits must be equal (on a CPU without AVX-512 both runs take the same path).
+The CPU kernels pick AVX-512 code at run time where the CPU has it, else AVX2 code (csrc/cpu/cpu_features.h);
+``PYG_QUANT_CPU_ISA=generic`` forces the portable kernels and ``PYG_QUANT_CPU_ISA=avx2`` the AVX2 ones.  Subprocesses
+compute every dispatched op on the same operands with the portable kernels, with the AVX2 ones, and with the ones the
+CPU picks: the integers and the float32 bits must be equal (where the CPU lacks an instruction set, its run takes the
+next path down, so that its comparison holds trivially).
 """
 import os
 import subprocess
@@ -149,15 +150,17 @@ def test_generic_and_dispatched_kernels_agree(tmp_path):
     script = tmp_path / "ops.py"
     script.write_text(OPS_SCRIPT)
     outputs = {}
-    for isa in ("generic", "default"):
+    for isa in ("generic", "avx2", "default"):
         env = dict(os.environ)
         env.pop("PYG_QUANT_CPU_ISA", None)
-        if isa == "generic":
-            env["PYG_QUANT_CPU_ISA"] = "generic"
+        if isa != "default":
+            env["PYG_QUANT_CPU_ISA"] = isa
         path = tmp_path / f"{isa}.pt"
         subprocess.run([sys.executable, str(script), str(path)], env=env, check=True)
         outputs[isa] = torch.load(path)
-    generic, default = outputs["generic"], outputs["default"]
-    assert generic.keys() == default.keys()
-    for key in generic:
-        assert generic[key].dtype == default[key].dtype and torch.equal(generic[key], default[key]), key
+    generic = outputs["generic"]
+    for isa in ("avx2", "default"):
+        other = outputs[isa]
+        assert generic.keys() == other.keys()
+        for key in generic:
+            assert generic[key].dtype == other[key].dtype and torch.equal(generic[key], other[key]), (isa, key)

@@ -6,7 +6,6 @@
 // the per-pair counts stay below K and combine into int64 at the end.
 #include "bitmm_cpu.h"
 
-#include <ATen/ops/_int_mm.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/Parallel.h>
@@ -19,8 +18,10 @@
 #include "cpu_features.h"
 #include "epilogue.h"
 #include "epilogue_avx512.h"
+#include "int8_gemm.h"
 #include "popcount.h"
 #include "scratch.h"
+#include "unpack_avx2.h"
 #include "unpack_avx512.h"
 
 namespace pyg_quant {
@@ -93,13 +94,15 @@ int64_t used_words(const uint64_t* planes, int64_t plane_stride, int bits, int64
 constexpr int64_t kInt8ChunkRows = 1024;
 constexpr int64_t kInt8ChunkBytes = int64_t{4} << 20;
 
-// The int32 product from both operands' codes unpacked to int8, by torch's int8 GEMM (oneDNN: AMX or VNNI, blocked
-// for the cache), several times faster than the one-row loops below, over the words of K that B uses.  An 8-bit
+// The int32 product from both operands' codes unpacked to int8 (with AVX-512, or with AVX2 where the CPU has no
+// AVX-512), by int8_gemm (torch's oneDNN GEMM: AMX or VNNI, blocked for the cache; the AVX2 kernel elsewhere), several
+// times faster than the one-row loops below, over the words of K that B uses.  An 8-bit
 // operand's codes go in less 128: with a = a' + 128 and b = b' + 128 (each where shifted), over the Kp unpacked
 // positions Σ a·b = Σ a'·b' + 128·Σ b·[a shifted] + 128·Σ a·[b shifted] − 128²·Kp·[both], every term exact (the
 // caller keeps K·(2^s − 1)·(2^t − 1), and so |Σ a'·b'|, within int32 on this path).
 void bitmm_int_int8(const uint64_t* ap, int64_t a_plane, int s, const uint64_t* bp, int64_t b_plane, int t,
-                    int64_t words, int64_t rows, int64_t cols, const at::Tensor& out) {
+                    int64_t words, int64_t rows, int64_t cols, const at::Tensor& out, bool avx512) {
+  const auto unpack = avx512 ? unpack_rows_avx512 : unpack_rows_avx2;
   const int64_t used = used_words(bp, b_plane, t, cols, words);
   if (used == 0) {
     out.zero_();
@@ -113,20 +116,19 @@ void bitmm_int_int8(const uint64_t* ap, int64_t a_plane, int s, const uint64_t* 
   uint8_t* a_codes = scratch.take<uint8_t>(chunk_rows * row_bytes);
   std::vector<int64_t> b_sums(shift_a ? cols : 0), a_sums(shift_b ? chunk_rows : 0);
   at::parallel_for(0, cols, 16, [&](int64_t begin, int64_t end) {
-    unpack_rows_avx512(bp, b_plane, t, begin, end, words, used, b_codes + begin * row_bytes, shift_b,
-                       shift_a ? b_sums.data() + begin : nullptr);
+    unpack(bp, b_plane, t, begin, end, words, used, b_codes + begin * row_bytes, shift_b,
+           shift_a ? b_sums.data() + begin : nullptr);
   });
-  const auto bytes = out.options().dtype(at::kChar);
-  const at::Tensor b_t = at::from_blob(b_codes, {row_bytes, cols}, {1, row_bytes}, bytes);
   const int64_t both = shift_a && shift_b ? 128 * 128 * row_bytes : 0;
   for (int64_t r0 = 0; r0 < rows; r0 += chunk_rows) {
     const int64_t n = std::min(chunk_rows, rows - r0);
     at::parallel_for(r0, r0 + n, 16, [&](int64_t begin, int64_t end) {
-      unpack_rows_avx512(ap, a_plane, s, begin, end, words, used, a_codes + (begin - r0) * row_bytes, shift_a,
-                         shift_b ? a_sums.data() + (begin - r0) : nullptr);
+      unpack(ap, a_plane, s, begin, end, words, used, a_codes + (begin - r0) * row_bytes, shift_a,
+             shift_b ? a_sums.data() + (begin - r0) : nullptr);
     });
-    at::Tensor chunk = out.narrow(0, r0, n);
-    at::_int_mm_out(chunk, at::from_blob(a_codes, {n, row_bytes}, bytes), b_t);
+    const at::Tensor chunk = out.narrow(0, r0, n);
+    int8_gemm(chunk, reinterpret_cast<const int8_t*>(a_codes), row_bytes, n, s,
+              reinterpret_cast<const int8_t*>(b_codes), row_bytes, cols, t, row_bytes);
     if (shift_a || shift_b) {
       int32_t* o = chunk.data_ptr<int32_t>();
       at::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {
@@ -250,8 +252,8 @@ at::Tensor bitmm_int_cpu(const at::Tensor& a_in, const at::Tensor& b_in, int64_t
   int32_t* out32 = wide ? nullptr : out.data_ptr<int32_t>();
   if (rows == 0 || cols == 0) return out;
 #if defined(PYG_QUANT_X86_DISPATCH)
-  if (cpu_has_avx512_vnni() && !wide) {
-    bitmm_int_int8(ap, a_plane, s, bp, b_plane, t, words, rows, cols, out);
+  if ((cpu_has_avx512_vnni() || int8_gemm_own_kernel()) && !wide) {
+    bitmm_int_int8(ap, a_plane, s, bp, b_plane, t, words, rows, cols, out, cpu_has_avx512_vnni());
     return out;
   }
   if (cpu_has_avx512_vnni() && (s <= 7 || t <= 7)) {

@@ -1,8 +1,9 @@
 #pragma once
 // Runtime choice of the CPU kernels' instruction set.  The package is built for generic x86-64 (no -march), so
-// kernels that use AVX-512 are compiled with target attributes and only called when the running CPU has those
+// kernels that use AVX-512 or AVX2 are compiled with target attributes and only called when the running CPU has those
 // features; every path computes the same exact integers, so the choice never changes a result.
-// PYG_QUANT_CPU_ISA=generic forces the portable kernels (to test them on a machine that has AVX-512).
+// PYG_QUANT_CPU_ISA=generic forces the portable kernels, PYG_QUANT_CPU_ISA=avx2 the AVX2 ones where the CPU has
+// AVX-512 (to test them there).
 #include <cstdlib>
 #include <cstring>
 
@@ -17,6 +18,8 @@
 #endif
 // The AVX-512 subset our vector kernels use: byte/word ops (BW), 512-bit VNNI (vpdpbusd) and the 256-bit forms (VL).
 #define PYG_QUANT_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+// AVX2 (with SSSE3's vpmaddubsw): the int8 products and the bit-plane unpacking on CPUs without AVX-512.
+#define PYG_QUANT_TARGET_AVX2 __attribute__((target("avx2")))
 // ... and DQ, for int64 -> float32 conversions.
 #define PYG_QUANT_TARGET_AVX512_DQ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq")))
 #endif
@@ -28,12 +31,28 @@ inline bool isa_forced_generic() {
   return isa != nullptr && std::strcmp(isa, "generic") == 0;
 }
 
+// PYG_QUANT_CPU_ISA=avx2 keeps the AVX-512 kernels off (to test the AVX2 ones on a machine that has AVX-512).
+inline bool isa_capped_avx2() {
+  const char* isa = std::getenv("PYG_QUANT_CPU_ISA");
+  return isa != nullptr && std::strcmp(isa, "avx2") == 0;
+}
+
 // Whether the AVX-512 kernels may run: F, BW, VL and VNNI present, and not forced off.
 inline bool cpu_has_avx512_vnni() {
 #if defined(PYG_QUANT_X86_DISPATCH)
-  static const bool has = !isa_forced_generic() && __builtin_cpu_supports("avx512f") &&
+  static const bool has = !isa_forced_generic() && !isa_capped_avx2() && __builtin_cpu_supports("avx512f") &&
                           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
                           __builtin_cpu_supports("avx512vnni");
+  return has;
+#else
+  return false;
+#endif
+}
+
+// Whether the AVX2 kernels may run: AVX2 present, and not forced off.
+inline bool cpu_has_avx2() {
+#if defined(PYG_QUANT_X86_DISPATCH)
+  static const bool has = !isa_forced_generic() && __builtin_cpu_supports("avx2");
   return has;
 #else
   return false;
@@ -43,7 +62,7 @@ inline bool cpu_has_avx512_vnni() {
 // Whether the AVX-512 popcount kernels may run (VPOPCNTDQ).
 inline bool cpu_has_avx512_popcnt() {
 #if defined(PYG_QUANT_X86_DISPATCH)
-  static const bool has = !isa_forced_generic() && __builtin_cpu_supports("avx512f") &&
+  static const bool has = !isa_forced_generic() && !isa_capped_avx2() && __builtin_cpu_supports("avx512f") &&
                           __builtin_cpu_supports("avx512vpopcntdq");
   return has;
 #else

@@ -1,9 +1,8 @@
 // quant_mlp on the CPU: a block of rows through every layer at once, each layer's integer products one int8 GEMM of
-// the rows' codes and the weight codes (torch's), the per-row quantization and the affine epilogue in AVX-512 where
-// the CPU has it (the portable loops otherwise, with the same results).
+// the rows' codes and the weight codes (int8_gemm.h), the per-row quantization and the affine epilogue in AVX-512
+// where the CPU has it (the portable loops otherwise, with the same results).
 #include "quant_mlp_cpu.h"
 
-#include <ATen/ops/_int_mm.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/Parallel.h>
@@ -16,12 +15,14 @@
 #include "cpu_features.h"
 #include "epilogue.h"
 #include "epilogue_avx512.h"
+#include "int8_gemm.h"
 #include "ordered_key.h"
 #include "quant_mlp_args.h"
 #include "quantize_cpu.h"
 #include "quantize_steps.h"
 #include "row_codes.h"
 #include "scratch.h"
+#include "unpack_avx2.h"
 #include "unpack_avx512.h"
 
 namespace pyg_quant {
@@ -110,6 +111,72 @@ PYG_QUANT_TARGET_AVX512 int64_t codes_avx512(const float* h, int64_t in, Range r
   }
   return _mm512_reduce_add_epi32(total);
 }
+
+// row_range_avx512 and codes_avx512 with AVX2, 8 values at a time, the last few of a row by the scalar steps.
+PYG_QUANT_TARGET_AVX2 Range row_range_avx2(const float* h, int64_t in, float max_code) {
+  __m256 mn = _mm256_set1_ps(h[0]), mx = mn, nan = _mm256_setzero_ps();
+  int64_t c = 0;
+  for (; c + 8 <= in; c += 8) {
+    const __m256 v = _mm256_loadu_ps(h + c);
+    nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    mn = _mm256_min_ps(mn, v);
+    mx = _mm256_max_ps(mx, v);
+  }
+  alignas(32) float lows[8], highs[8];
+  _mm256_store_ps(lows, mn);
+  _mm256_store_ps(highs, mx);
+  bool any_nan = _mm256_movemask_ps(nan) != 0;
+  float lo = lows[0], hi = highs[0];
+  for (int j = 1; j < 8; ++j) {
+    lo = lows[j] < lo ? lows[j] : lo;
+    hi = highs[j] > hi ? highs[j] : hi;
+  }
+  for (; c < in; ++c) {
+    any_nan |= h[c] != h[c];
+    lo = h[c] < lo ? h[c] : lo;
+    hi = h[c] > hi ? h[c] : hi;
+  }
+  if (any_nan) return range_of(NAN, NAN, max_code);
+  if (lo == 0.0f || hi == 0.0f) {
+    c = 0;
+    while (h[c] != 0.0f) ++c;  // there is one: an extremum is 0
+    lo = lo == 0.0f ? h[c] : lo;
+    hi = hi == 0.0f ? h[c] : hi;
+  }
+  return range_of(lo, hi, max_code);
+}
+
+PYG_QUANT_TARGET_AVX2 int64_t codes_avx2(const float* h, int64_t in, Range range, float max_code, int8_t* codes,
+                                         bool shift) {
+  const __m256i flip = _mm256_set1_epi32(shift ? 0x80 : 0);
+  // the low byte of each int32 lane, lane 0's four then lane 1's, in the low 8 bytes
+  const __m256i low_bytes = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                             0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+  const __m256i gather = _mm256_setr_epi32(0, 4, 1, 1, 1, 1, 1, 1);
+  const __m256 lo = _mm256_set1_ps(range.lo), inv = _mm256_set1_ps(range.inv), half = _mm256_set1_ps(0.5f);
+  const __m256 zero = _mm256_setzero_ps(), top = _mm256_set1_ps(max_code);
+  __m256i total = _mm256_setzero_si256();
+  int64_t c = 0;
+  for (; c + 8 <= in; c += 8) {
+    __m256 t = _mm256_add_ps(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(h + c), lo), inv), half);
+    t = _mm256_min_ps(_mm256_max_ps(t, zero), top);  // max(NaN, 0) is 0: maxps returns its second operand
+    const __m256i q = _mm256_cvttps_epi32(t);
+    total = _mm256_add_epi32(total, q);
+    const __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(_mm256_xor_si256(q, flip), low_bytes),
+                                                      gather);
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + c), _mm256_castsi256_si128(bytes));
+  }
+  alignas(32) int32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), total);
+  int64_t sum = 0;
+  for (int j = 0; j < 8; ++j) sum += lanes[j];
+  for (; c < in; ++c) {
+    const uint32_t q = code_of(h[c], range, 0.5f, max_code);
+    sum += q;
+    codes[c] = static_cast<int8_t>(shift ? q ^ 0x80u : q);
+  }
+  return sum;
+}
 #endif
 
 // Rows of the int8 path a block: its buffers stay a few MB however many rows x has (a multiple of 32, so that a
@@ -136,12 +203,13 @@ struct RowCodes {
 };
 
 // Row r of `in` as bytes at dst (the first `cols` codes; with `shift`, each less 128); returns the row's code sum.
-int64_t unpack_row(const RowCodes& in, int64_t r, int64_t cols, int8_t* dst, bool shift, bool vector) {
+int64_t unpack_row(const RowCodes& in, int64_t r, int64_t cols, int8_t* dst, bool shift, bool avx512, bool avx2) {
   uint8_t* out = reinterpret_cast<uint8_t*>(dst);
 #if defined(PYG_QUANT_X86_DISPATCH)
-  if (vector) {
-    return unpack_row_avx512(reinterpret_cast<const uint64_t*>(in.planes), in.plane_stride / 2,
-                             static_cast<int>(in.bits), r, in.words / 2, cols, out, shift);
+  if (avx512 || avx2) {
+    return (avx512 ? unpack_row_avx512 : unpack_row_avx2)(reinterpret_cast<const uint64_t*>(in.planes),
+                                                          in.plane_stride / 2, static_cast<int>(in.bits), r,
+                                                          in.words / 2, cols, out, shift);
   }
 #endif
   int64_t sum = 0;
@@ -215,11 +283,10 @@ at::Tensor quant_mlp_rows(const at::Tensor& x_in, const ColCodes* col_codes, con
   };
   {
     // A block of rows at a time, layer by layer: the rows' codes (int8; 8-bit codes less 128), one int8 GEMM against
-    // the layer's weight codes (torch's: oneDNN, AMX or VNNI) for the integer products, then each row's epilogue;
+    // the layer's weight codes (int8_gemm) for the integer products, then each row's epilogue;
     // the same integers and the same epilogue as a row-at-a-time loop, several times faster.  With a = a' + 128 and
     // w = w' + 128 where shifted, Σ a·w = Σ a'·w' + 128·Σ w·[a shifted] + 128·Σ a·[w shifted] − 128²·K·[both],
     // every term exact in int32 (check_quant_mlp_args bounds K·(2^a − 1)·(2^w − 1)).
-    const auto int8 = x.options().dtype(at::kChar);
     const int64_t block = std::min(rows, kInt8BlockRows);
     int64_t weight_bytes = 0;
     for (const Layer& layer : plan) weight_bytes += layer.in * layer.out;
@@ -237,7 +304,7 @@ at::Tensor quant_mlp_rows(const at::Tensor& x_in, const ColCodes* col_codes, con
     float* row_lo = scratch.take<float>(block);
     float* row_scale = scratch.take<float>(block);
     float* word_values = scratch.take<float>(word_floats);
-    std::vector<at::Tensor> weights_t;  // [in, out] views of the [out, in] weight codes (8-bit ones less 128)
+    std::vector<const int8_t*> weights;  // [out, in] weight codes (8-bit ones less 128)
     for (int64_t l = 0; l < layers; ++l) {
       const Layer& layer = plan[l];
       const uint8_t* w = layer.w;
@@ -246,12 +313,13 @@ at::Tensor quant_mlp_rows(const at::Tensor& x_in, const ColCodes* col_codes, con
         for (int64_t i = 0; i < layer.in * layer.out; ++i) shifted[i] = w[i] ^ 0x80u;
         w = shifted;
       }
-      weights_t.push_back(at::from_blob(const_cast<uint8_t*>(w), {layer.in, layer.out}, {1, layer.in}, int8));
+      weights.push_back(reinterpret_cast<const int8_t*>(w));
     }
 #if defined(PYG_QUANT_X86_DISPATCH)
     const bool vector = cpu_has_avx512_vnni(), vector_epilogue = cpu_has_avx512_dq();
+    const bool avx2 = !vector && cpu_has_avx2();
 #else
-    const bool vector = false;
+    const bool vector = false, avx2 = false;
 #endif
     std::vector<uint32_t> all_keys(keys != nullptr ? 2 * out_cols : 0, 0u);
     for (int64_t r0 = 0; r0 < rows; r0 += block) {
@@ -272,6 +340,13 @@ at::Tensor quant_mlp_rows(const at::Tensor& x_in, const ColCodes* col_codes, con
             row_scale[i] = ranges[i].scale;
             return;
           }
+          if (avx2) {
+            ranges[i] = row_range_avx2(row, layer.in, layer.max_code);
+            row_sums[i] = codes_avx2(row, layer.in, ranges[i], layer.max_code, row_codes, shift_a);
+            row_lo[i] = ranges[i].lo;
+            row_scale[i] = ranges[i].scale;
+            return;
+          }
 #endif
           row_sums[i] = quantize_row(row, layer.in, layer.max_code, reinterpret_cast<uint8_t*>(row_codes),
                                      &ranges[i]);
@@ -287,7 +362,7 @@ at::Tensor quant_mlp_rows(const at::Tensor& x_in, const ColCodes* col_codes, con
           at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
             for (int64_t i = begin; i < end; ++i) {
               const int64_t r = r0 + i, g = in.per_row ? r : 0;
-              row_sums[i] = unpack_row(in, r, layer.in, codes + i * layer.in, shift_a, vector);
+              row_sums[i] = unpack_row(in, r, layer.in, codes + i * layer.in, shift_a, vector, avx2);
               row_lo[i] = in.lo[g];
               row_scale[i] = in.scale[g];
               ranges[i] = {in.lo[g], in.scale[g], 0.0f};
@@ -315,8 +390,8 @@ at::Tensor quant_mlp_rows(const at::Tensor& x_in, const ColCodes* col_codes, con
             for (int64_t i = begin; i < end; ++i) quantize(i, h + i * layer.in);
           });
         }
-        at::Tensor product = at::from_blob(products, {n, layer.out}, x.options().dtype(at::kInt));
-        at::_int_mm_out(product, at::from_blob(codes, {n, layer.in}, int8), weights_t[l]);
+        int8_gemm(at::from_blob(products, {n, layer.out}, x.options().dtype(at::kInt)), codes, layer.in, n,
+                  act_bits[l], weights[l], layer.in, layer.out, weight_bits[l], layer.in);
         const int32_t* pp = products;
         at::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {
           if (shift_a || shift_w) {

@@ -293,6 +293,66 @@ constexpr ColWordFn kColWordCodes[] = {col_word_bits<1, false>, col_word_bits<2,
 // Whether col_word_bits runs here on planes of `words` words a column: AVX-512, and the gather's lane offsets (16
 // columns' words) fit in int32.
 bool col_word_bits_apply(int64_t words) { return cpu_has_avx512_vnni() && words <= (int64_t{1} << 26); }
+
+// unpack_codes of rows [32·w, 32·w + live) of column-layout planes with AVX2, 8 columns at a time: each column's 32
+// codes in one register (vpshufb spreads the bits of each plane's word over the bytes, one bit tested a byte), then
+// the 8 x 32 bytes transposed to 32 rows of 8 bytes (unpack stages of 8, 16 and 32 bits).
+PYG_QUANT_TARGET_AVX2 void col_word_codes_avx2(const uint32_t* in, int64_t bits, int64_t plane_stride, int64_t words,
+                                               int64_t cols, int64_t w, int64_t live, uint8_t* out,
+                                               int64_t out_stride) {
+  const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                          2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  const __m256i select = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
+  for (int64_t c0 = 0; c0 < cols; c0 += 8) {
+    const int64_t n = std::min<int64_t>(8, cols - c0);
+    __m256i v[8];
+    for (int j = 0; j < 8; ++j) {
+      v[j] = _mm256_setzero_si256();
+      if (j >= n) continue;
+      for (int64_t p = 0; p < bits; ++p) {
+        const uint32_t word = in[p * plane_stride + (c0 + j) * words + w];
+        const __m256i x = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(word)), spread);
+        const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(x, select), select);
+        v[j] = _mm256_or_si256(v[j], _mm256_and_si256(set, _mm256_set1_epi8(static_cast<char>(1 << p))));
+      }
+    }
+    // Per 128-bit lane (rows 0-15 in the low lanes, 16-31 in the high ones): byte pairs, then quads, then 8 bytes a row.
+    __m256i pairs[8], quads[8], rows8[8];
+    for (int k = 0; k < 4; ++k) {
+      pairs[k] = _mm256_unpacklo_epi8(v[2 * k], v[2 * k + 1]);      // rows 0-7 (16-23), columns 2k, 2k + 1
+      pairs[4 + k] = _mm256_unpackhi_epi8(v[2 * k], v[2 * k + 1]);  // rows 8-15 (24-31)
+    }
+    for (int h = 0; h < 2; ++h) {  // h: rows 0-7 or 8-15 of the lane
+      const __m256i* p = pairs + 4 * h;
+      quads[4 * h + 0] = _mm256_unpacklo_epi16(p[0], p[1]);  // rows +0..3, columns 0-3
+      quads[4 * h + 1] = _mm256_unpackhi_epi16(p[0], p[1]);  // rows +4..7, columns 0-3
+      quads[4 * h + 2] = _mm256_unpacklo_epi16(p[2], p[3]);  // rows +0..3, columns 4-7
+      quads[4 * h + 3] = _mm256_unpackhi_epi16(p[2], p[3]);  // rows +4..7, columns 4-7
+    }
+    for (int g = 0; g < 4; ++g) {  // g: rows 4g..4g+3 of the lane
+      const __m256i left = quads[(g / 2) * 4 + g % 2], right = quads[(g / 2) * 4 + 2 + g % 2];
+      rows8[2 * g] = _mm256_unpacklo_epi32(left, right);      // rows 4g, 4g + 1 (and + 16)
+      rows8[2 * g + 1] = _mm256_unpackhi_epi32(left, right);  // rows 4g + 2, 4g + 3 (and + 16)
+    }
+    alignas(32) uint64_t row_bytes[32];
+    for (int k = 0; k < 8; ++k) {  // rows8[k]: rows 2k, 2k + 1 in the low lane, 2k + 16, 2k + 17 in the high one
+      alignas(32) uint64_t parts[4];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(parts), rows8[k]);
+      row_bytes[2 * k] = parts[0];
+      row_bytes[2 * k + 1] = parts[1];
+      row_bytes[2 * k + 16] = parts[2];
+      row_bytes[2 * k + 17] = parts[3];
+    }
+    uint8_t* dst = out + 32 * w * out_stride + c0;
+    if (n == 8) {
+      for (int64_t i = 0; i < live; ++i) std::memcpy(dst + i * out_stride, &row_bytes[i], 8);
+    } else {
+      for (int64_t i = 0; i < live; ++i) {
+        for (int64_t j = 0; j < n; ++j) dst[i * out_stride + j] = static_cast<uint8_t>(row_bytes[i] >> (8 * j));
+      }
+    }
+  }
+}
 #endif
 
 }  // namespace
@@ -325,6 +385,14 @@ at::Tensor unpack_codes_cpu(const at::Tensor& planes_in, int64_t rows, int64_t c
         for (int64_t w = begin; w < end; ++w) {
           kColWordCodes[bits - 1](in, plane_stride, words, cols, w, std::min<int64_t>(32, rows - 32 * w), nullptr,
                                   nullptr, false, out + 32 * w * cols, cols);
+        }
+      });
+      return codes;
+    }
+    if (cpu_has_avx2()) {
+      at::parallel_for(0, (rows + 31) / 32, 4, [&](int64_t begin, int64_t end) {
+        for (int64_t w = begin; w < end; ++w) {
+          col_word_codes_avx2(in, bits, plane_stride, words, cols, w, std::min<int64_t>(32, rows - 32 * w), out, cols);
         }
       });
       return codes;

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdlib>
+#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -187,6 +188,108 @@ PYG_QUANT_TARGET_AVX512 void affine_row_avx512(const int32_t* sums, const float*
     _mm512_mask_storeu_ps(o + d, m, v);
   }
 }
+
+// row_sums_avx512 and affine_row_avx512 with AVX2, 8 columns a register: NC registers (up to 64 columns) of sums at a
+// time.  `code_end`: the end of x's codes, past which the last register of a row does not load 8 bytes.
+PYG_QUANT_TARGET_AVX2 inline __m256i codes8(const uint8_t* src, int64_t n, const uint8_t* code_end) {
+  uint64_t v = 0;
+  if (n == 8 || src + 8 <= code_end) {
+    std::memcpy(&v, src, 8);
+  } else {
+    for (int64_t j = 0; j < n; ++j) v |= static_cast<uint64_t>(src[j]) << (8 * j);
+  }
+  return _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(v)));
+}
+
+template <int NC>
+PYG_QUANT_TARGET_AVX2 void row_sums_avx2(const RowSource& s, int64_t d0, int64_t live, uint32_t* dst,
+                                         const uint8_t* code_end) {
+  const int64_t last = live - 8 * (NC - 1);  // columns of the last register: 1..8
+  __m256i acc[NC];
+#pragma GCC unroll 8
+  for (int k = 0; k < NC; ++k) {
+    if (s.dense_row != nullptr) {
+      alignas(32) uint32_t low[8] = {};  // the int64 dense sums' low 32 bits, as the uint32 sums keep them
+      for (int64_t j = 0; j < (k == NC - 1 ? last : 8); ++j) low[j] = static_cast<uint32_t>(s.dense_row[d0 + 8 * k + j]);
+      acc[k] = _mm256_load_si256(reinterpret_cast<const __m256i*>(low));
+    } else {
+      acc[k] = _mm256_setzero_si256();
+    }
+  }
+  for (int64_t i = 0; i < s.num_sparse; ++i) {
+    const int64_t t = s.sparse[i];
+    const uint64_t* trow = s.tiles + t * kTileRows * kTileWords64 + s.r * kTileWords64;
+    const uint8_t* base = s.code + static_cast<int64_t>(s.tcol[t]) * kTileCols * s.cols + d0;
+    for (int a = 0; a < s.a_bits; ++a) {
+      const __m128i shift = _mm_cvtsi32_si128(a);
+      for (int64_t w = 0; w < kTileWords64; ++w) {
+        for (uint64_t v = trow[a * s.tile_plane + w]; v; v &= v - 1) {
+          const uint8_t* src = base + (w * 64 + __builtin_ctzll(v)) * s.cols;
+#pragma GCC unroll 8
+          for (int k = 0; k < NC; ++k) {
+            acc[k] = _mm256_add_epi32(acc[k], _mm256_sll_epi32(codes8(src + 8 * k, k == NC - 1 ? last : 8, code_end),
+                                                               shift));
+          }
+        }
+      }
+    }
+  }
+  for (int64_t e = s.e0; e < s.e1; ++e) {
+    const uint8_t* src = s.code + static_cast<int64_t>(s.rcol[e]) * s.cols + d0;
+    if (s.rval == nullptr) {
+#pragma GCC unroll 8
+      for (int k = 0; k < NC; ++k) acc[k] = _mm256_add_epi32(acc[k], codes8(src + 8 * k, k == NC - 1 ? last : 8, code_end));
+    } else {
+      const __m256i weight = _mm256_set1_epi32(s.rval[e]);
+#pragma GCC unroll 8
+      for (int k = 0; k < NC; ++k) {
+        acc[k] = _mm256_add_epi32(acc[k],
+                                  _mm256_mullo_epi32(weight, codes8(src + 8 * k, k == NC - 1 ? last : 8, code_end)));
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int k = 0; k < NC - 1; ++k) _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 8 * k), acc[k]);
+  alignas(32) uint32_t tail[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(tail), acc[NC - 1]);
+  std::memcpy(dst + 8 * (NC - 1), tail, last * sizeof(uint32_t));
+}
+
+using RowSumsAvx2Fn = void (*)(const RowSource&, int64_t, int64_t, uint32_t*, const uint8_t*);
+constexpr RowSumsAvx2Fn kRowSumsAvx2[] = {nullptr, row_sums_avx2<1>, row_sums_avx2<2>, row_sums_avx2<3>,
+                                          row_sums_avx2<4>, row_sums_avx2<5>, row_sums_avx2<6>, row_sums_avx2<7>,
+                                          row_sums_avx2<8>};
+constexpr int64_t kAvx2Cols = 64;  // columns of one row_sums_avx2 call
+
+PYG_QUANT_TARGET_AVX2 void affine_row_avx2(const int32_t* sums, const float* lo, const float* scale,
+                                           const float* bias, float row_sum, float self_w, const uint8_t* self_codes,
+                                           const float* row_scale, int64_t row, bool relu, int64_t cols, float* o) {
+  const __m256 row_sum_v = _mm256_set1_ps(row_sum), self_w_v = _mm256_set1_ps(self_w), zero = _mm256_setzero_ps();
+  const float row_s = row_scale != nullptr ? row_scale[row] : 1.0f;
+  const __m256 row_s_v = _mm256_set1_ps(row_s);
+  int64_t d = 0;
+  for (; d + 8 <= cols; d += 8) {
+    const __m256 product = _mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sums + d)));
+    const __m256 lo_v = _mm256_loadu_ps(lo + d), scale_v = _mm256_loadu_ps(scale + d);
+    __m256 code = zero;
+    if (self_codes != nullptr) {
+      uint64_t c8;
+      std::memcpy(&c8, self_codes + d, 8);
+      code = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(c8))));
+    }
+    const __m256 self_value = _mm256_add_ps(lo_v, _mm256_mul_ps(scale_v, code));
+    __m256 v = _mm256_add_ps(_mm256_mul_ps(lo_v, row_sum_v), _mm256_mul_ps(scale_v, product));
+    v = _mm256_add_ps(v, _mm256_mul_ps(self_w_v, self_value));
+    if (row_scale != nullptr) v = _mm256_mul_ps(v, row_s_v);
+    v = _mm256_add_ps(v, bias != nullptr ? _mm256_loadu_ps(bias + d) : zero);
+    if (relu) v = _mm256_and_ps(_mm256_cmp_ps(v, zero, _CMP_NLE_UQ), v);  // NaN kept
+    _mm256_storeu_ps(o + d, v);
+  }
+  for (; d < cols; ++d) {
+    o[d] = affine_epilogue(static_cast<float>(sums[d]), lo[d], scale[d], row_sum, self_w,
+                           self_codes ? static_cast<float>(self_codes[d]) : 0.0f, row_s, bias ? bias[d] : 0.0f, relu);
+  }
+}
 #endif
 
 // Where a row's sums go: the int32 or int64 product, or affine_epilogue's floats.
@@ -229,7 +332,8 @@ void bit_spmm_rows(const at::Tensor& window_ptr_in, const at::Tensor& tile_col_i
   const int32_t* rval = res_val.defined() ? res_val.data_ptr<int32_t>() : nullptr;
   const uint8_t* code = codes.defined() ? codes.data_ptr<uint8_t>() : nullptr;
   const int64_t x_max = (int64_t{1} << x_bits) - 1;
-  const bool avx512 = cpu_has_avx512_vnni();
+  const bool avx512 = cpu_has_avx512_vnni(), avx2 = !avx512 && cpu_has_avx2();
+  const uint8_t* code_end = code != nullptr ? code + codes.numel() : nullptr;
   at::parallel_for(0, num_windows, 1, [&](int64_t begin, int64_t end) {
     std::vector<int64_t> dense(kTileRows * cols), wide_row(cols), sparse, dense_tiles;
     std::vector<uint32_t> sums(cols);
@@ -305,6 +409,13 @@ void bit_spmm_rows(const at::Tensor& window_ptr_in, const at::Tensor& tile_col_i
               kRowSumsAvx512[(live + 15) / 16](src, d0, live, dst);
               continue;
             }
+            if (avx2) {
+              for (int64_t e0 = 0; e0 < live; e0 += kAvx2Cols) {
+                const int64_t n = std::min(kAvx2Cols, live - e0);
+                kRowSumsAvx2[(n + 7) / 8](src, d0 + e0, n, dst + e0, code_end);
+              }
+              continue;
+            }
 #endif
             row_sums_scalar<uint32_t>(src, d0, live, dst);
           }
@@ -326,6 +437,11 @@ void bit_spmm_rows(const at::Tensor& window_ptr_in, const at::Tensor& tile_col_i
         if (avx512 && wide_sums == nullptr) {
           affine_row_avx512(sums32, sink.lo, sink.scale, sink.bias, row_sum, self_w, self_codes, sink.row_scale, row,
                             sink.relu, cols, o);
+          continue;
+        }
+        if (avx2 && wide_sums == nullptr) {
+          affine_row_avx2(sums32, sink.lo, sink.scale, sink.bias, row_sum, self_w, self_codes, sink.row_scale, row,
+                          sink.relu, cols, o);
           continue;
         }
 #endif
