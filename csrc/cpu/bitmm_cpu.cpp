@@ -11,6 +11,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <cstring>
 #include <vector>
 
@@ -299,7 +300,7 @@ at::Tensor bitmm_affine_cpu(const at::Tensor& product_in, const at::Tensor& row_
   float* o = out.data_ptr<float>();
   const auto product = product_in.contiguous();  // int32 or int64, each converted to float32 to nearest
 #if defined(PYG_QUANT_X86_DISPATCH)
-  const bool vector = cpu_has_avx512_dq();
+  const bool vector = cpu_has_avx512_dq(), avx2 = !vector && cpu_has_avx2();
 #endif
   const auto run = [&](const auto* p) {
     at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
@@ -307,6 +308,12 @@ at::Tensor bitmm_affine_cpu(const at::Tensor& product_in, const at::Tensor& row_
       if (vector) {
         bitmm_affine_rows_avx512(p, rs, col_term.data(), la, ra, lb, rb, bp, relu, cols, begin, end, o);
         return;
+      }
+      if constexpr (std::is_same_v<std::decay_t<decltype(*p)>, int32_t>) {
+        if (avx2) {
+          bitmm_affine_rows_avx2(p, rs, col_term.data(), la, ra, lb, rb, bp, relu, cols, begin, end, o);
+          return;
+        }
       }
 #endif
       for (int64_t i = begin; i < end; ++i) {

@@ -410,6 +410,11 @@ at::Tensor quant_mlp_rows(const at::Tensor& x_in, const ColCodes* col_codes, con
                                      layer.bias, layer.relu, layer.out, begin, end, next);
             return;
           }
+          if (avx2) {
+            bitmm_affine_rows_avx2(pp, row_sums, layer.col_term, row_lo, row_scale, layer.lo, layer.scale,
+                                   layer.bias, layer.relu, layer.out, begin, end, next);
+            return;
+          }
 #endif
           for (int64_t i = begin; i < end; ++i) {
             const float rs = static_cast<float>(row_sums[i]);
