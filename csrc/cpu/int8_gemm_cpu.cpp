@@ -36,11 +36,11 @@ void pack_columns(const int8_t* w, int64_t ldw, int64_t cols, int64_t k, int64_t
   std::memset(dst, 0, blocks * quads * kQuadBytes);
   for (int64_t j = 0; j < cols; ++j) {
     int8_t* block = dst + (j / kBlockCols) * quads * kQuadBytes + (j % kBlockCols) * 4;
+    const int8_t* row = w + j * ldw;
+    for (int64_t q = 0; q < k / 4; ++q) std::memcpy(block + q * kQuadBytes, row + 4 * q, 4);
+    for (int64_t i = k / 4 * 4; i < k; ++i) block[(i / 4) * kQuadBytes + i % 4] = row[i];
     int64_t sum = 0;
-    for (int64_t i = 0; i < k; ++i) {
-      block[(i / 4) * kQuadBytes + i % 4] = w[j * ldw + i];
-      sum += w[j * ldw + i];
-    }
+    for (int64_t i = 0; i < k; ++i) sum += row[i];
     sums[j] = sum;
   }
 }

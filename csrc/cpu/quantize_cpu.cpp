@@ -27,6 +27,7 @@
 
 #include "cpu_features.h"
 #include "popcount.h"
+#include "unpack_avx2.h"
 
 namespace pyg_quant {
 namespace {
@@ -295,26 +296,17 @@ constexpr ColWordFn kColWordCodes[] = {col_word_bits<1, false>, col_word_bits<2,
 bool col_word_bits_apply(int64_t words) { return cpu_has_avx512_vnni() && words <= (int64_t{1} << 26); }
 
 // unpack_codes of rows [32·w, 32·w + live) of column-layout planes with AVX2, 8 columns at a time: each column's 32
-// codes in one register (vpshufb spreads the bits of each plane's word over the bytes, one bit tested a byte), then
-// the 8 x 32 bytes transposed to 32 rows of 8 bytes (unpack stages of 8, 16 and 32 bits).
+// codes in one register (codes_of_32), then the 8 x 32 bytes transposed to 32 rows of 8 bytes (unpack stages of 8,
+// 16 and 32 bits).
 PYG_QUANT_TARGET_AVX2 void col_word_codes_avx2(const uint32_t* in, int64_t bits, int64_t plane_stride, int64_t words,
                                                int64_t cols, int64_t w, int64_t live, uint8_t* out,
                                                int64_t out_stride) {
-  const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                          2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-  const __m256i select = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
   for (int64_t c0 = 0; c0 < cols; c0 += 8) {
     const int64_t n = std::min<int64_t>(8, cols - c0);
     __m256i v[8];
     for (int j = 0; j < 8; ++j) {
-      v[j] = _mm256_setzero_si256();
-      if (j >= n) continue;
-      for (int64_t p = 0; p < bits; ++p) {
-        const uint32_t word = in[p * plane_stride + (c0 + j) * words + w];
-        const __m256i x = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(word)), spread);
-        const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(x, select), select);
-        v[j] = _mm256_or_si256(v[j], _mm256_and_si256(set, _mm256_set1_epi8(static_cast<char>(1 << p))));
-      }
+      v[j] = j < n ? codes_of_32(in + (c0 + j) * words + w, plane_stride, static_cast<int>(bits))
+                   : _mm256_setzero_si256();
     }
     // Per 128-bit lane (rows 0-15 in the low lanes, 16-31 in the high ones): byte pairs, then quads, then 8 bytes a row.
     __m256i pairs[8], quads[8], rows8[8];
