@@ -1,7 +1,8 @@
 """Where a ``torch.compile(mode="reduce-overhead")`` call's time goes, against eager: one products-scale batch (the
 workload of ``benchmarks/workload/``), GIN and GCN at 4 bits and PyG fp32 CSR, the same batch each call; host µs a
 call (30 calls without a synchronization, median of 7 blocks), wall µs a call, and five profiled calls' kernels
-(the replay's input copies included) and host ops, a call.
+(the replay's input copies included) and host ops, a call.  "RO + freezing": the same with inductor's freezing on
+(``torch._inductor.config.freezing``), which folds the weights' quantization into constants.
 
     python3 benchmarks/ro_probe.py
 """
@@ -62,23 +63,26 @@ def main():
         for label, model, inputs in variants:
             with torch.inference_mode():
                 eager_host, eager_wall = host_wall(lambda: model(*inputs), runner)
-                torch._dynamo.reset()
-                compiled = torch.compile(model, mode="reduce-overhead")
+            for frozen in (False, True):
+                with torch.inference_mode(), torch._inductor.config.patch(freezing=frozen):
+                    torch._dynamo.reset()
+                    compiled = torch.compile(model, mode="reduce-overhead")
 
-                def call():
-                    torch.compiler.cudagraph_mark_step_begin()
-                    return compiled(*inputs)
+                    def call():
+                        torch.compiler.cudagraph_mark_step_begin()
+                        return compiled(*inputs)
 
-                for _ in range(4):  # compile, warm-up, record
-                    call()
-                ro_host, ro_wall = host_wall(call, runner)
-                kernels, host = profiled(call)
-                print(f"{kind} {label:16s} eager host {eager_host:7.1f} wall {eager_wall:7.1f} | RO host "
-                      f"{ro_host:7.1f} wall {ro_wall:7.1f} us a call", flush=True)
-                print("   RO kernels a call:", ", ".join(f"{n} x{c:g} {t:.1f}us" for n, c, t in kernels))
-                print("   RO host ops a call:", ", ".join(f"{k} {t:.1f}us x{c:g}" for k, t, c in host))
-                del compiled
-                cudagraph_trees.reset_cudagraph_trees()
+                    for _ in range(4):  # compile, warm-up, record
+                        call()
+                    ro_host, ro_wall = host_wall(call, runner)
+                    kernels, host = profiled(call)
+                    mode = "RO + freezing" if frozen else "RO"
+                    print(f"{kind} {label:16s} eager host {eager_host:7.1f} wall {eager_wall:7.1f} | {mode} host "
+                          f"{ro_host:7.1f} wall {ro_wall:7.1f} us a call", flush=True)
+                    print(f"   {mode} kernels a call:", ", ".join(f"{n} x{c:g} {t:.1f}us" for n, c, t in kernels))
+                    print(f"   {mode} host ops a call:", ", ".join(f"{k} {t:.1f}us x{c:g}" for k, t, c in host))
+                    del compiled
+                    cudagraph_trees.reset_cudagraph_trees()
 
 
 if __name__ == "__main__":

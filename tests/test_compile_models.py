@@ -5,6 +5,8 @@ package's ops or is exact, so the compiled model must give the eager bits; in tr
 inductor may fuse float steps, so the outputs and gradients must agree to a few float32 ulps except where a fused
 step moves a value across a rounding boundary, which changes that value by at most one quantization step.
 """
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -274,3 +276,26 @@ def test_reduce_overhead_equals_eager(kind):
         for _ in range(3):  # recorded, then replayed
             for args, expected in zip(inputs, want):
                 assert torch.equal(fast(*args), expected)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_frozen_compile_quantizes_weights_once(device):
+    """Inductor's freezing (``torch._inductor.config.freezing = True``) in inference folds the weights' quantization
+    (codes, ranges, code sums) into constants, so the compiled graph runs only the layer's aggregation and fused MLP
+    kernels, and gives the eager bits."""
+    from torch._inductor import config
+    from torch._inductor.utils import run_and_get_code
+
+    x, edge_index = make_graph(n=200, e=1500, device=device)
+    adj = adjacency("gin", "bit_adjacency", edge_index, x.size(0))
+    torch.manual_seed(0)
+    model = QGINConv(mlp(24, 32), bits=4).to(device).eval()
+    xq = pq.to_bit(x, 4, dim=0, layout="col")
+    torch._dynamo.reset()
+    frozen = torch.compile(model, fullgraph=True)
+    with torch.no_grad(), config.patch(freezing=True):
+        want = model(xq, adj)
+        got, codes = run_and_get_code(frozen, xq, adj)
+    assert torch.equal(got, want)
+    called = set(re.findall(r"torch\.ops\.pyg_quant\.(\w+)", "\n".join(codes)))
+    assert called == {"bit_spmm_affine", "quant_mlp"}, called
