@@ -36,8 +36,7 @@ from torch_geometric.data import Data
 import pyg_quant as pq
 from pyg_quant import qat
 from pyg_quant.ops.reference import EPILOGUE_BOUND
-from pyg_quant.quantization.affine import RANGE_VIEW
-from pyg_quant.quantization.quantize import exact_values
+from pyg_quant.quantization.quantize import exact_values, term_magnitudes
 from pyg_quant.synthetic import planted_class_graph  # noqa: F401  (re-exported: examples use demo's helpers)
 
 CORA_RAW_FILES = tuple(f"ind.cora.{name}" for name in ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index"))
@@ -249,12 +248,6 @@ def median_ms(fn: Callable[[], object], device: torch.device, repeats: int = 20)
     return sorted(times)[len(times) // 2] * 1e3
 
 
-def _term_magnitudes(t: pq.BitTensor) -> torch.Tensor:
-    """``|lo| + |scale|·q`` of ``t`` in float64: what each code contributes to the terms the kernels' epilogues add."""
-    view = RANGE_VIEW[t.dim]
-    return t.lo.double().abs().view(view) + t.scale.double().abs().view(view) * t.codes().double()
-
-
 def kernel_check(device: torch.device, bits: int, seed: int = 0) -> Dict[str, float]:
     """Errors of ``bitmm`` and ``bit_spmm`` against the float64 products of the dequantized operands, norm-wise over
     the magnitudes of the terms their float32 epilogues add (at most ``EPILOGUE_BOUND``)."""
@@ -262,7 +255,7 @@ def kernel_check(device: torch.device, bits: int, seed: int = 0) -> Dict[str, fl
     a = pq.to_bit(torch.randn(1000, 300, generator=gen).to(device), bits, dim=1)
     w = pq.to_bit(torch.randn(300, 64, generator=gen).to(device), bits, dim=0, layout="col")
     ref = exact_values(a) @ exact_values(w)
-    terms = _term_magnitudes(a) @ _term_magnitudes(w)
+    terms = term_magnitudes(a) @ term_magnitudes(w)
     bitmm_error = float((pq.bitmm(a, w).double() - ref).norm() / terms.norm())
     edge_index = torch.randint(1000, (2, 20000), generator=gen).to(device)
     x = pq.to_bit(torch.randn(1000, 64, generator=gen).to(device), bits, dim=0, layout="col")
@@ -272,7 +265,7 @@ def kernel_check(device: torch.device, bits: int, seed: int = 0) -> Dict[str, fl
                                                                 device=device), accumulate=True)
     dense.diagonal().masked_fill_(dense.diagonal() == 0, 1.0)  # A + I where there is no self-loop
     ref = dense @ exact_values(x)
-    terms = dense @ _term_magnitudes(x)
+    terms = dense @ term_magnitudes(x)
     spmm_error = float((pq.bit_spmm(adj, x).double() - ref).norm() / terms.norm())
     return {"bitmm": bitmm_error, "bit_spmm": spmm_error}
 

@@ -147,6 +147,14 @@ def exact_values(codes: BitTensor) -> torch.Tensor:
     return codes.lo.double().view(view) + codes.scale.double().view(view) * codes.codes().double()
 
 
+def term_magnitudes(codes: BitTensor) -> torch.Tensor:
+    r"""``|lo| + |scale|·q`` of ``codes`` in float64, ``[rows, cols]``: what each value contributes to the magnitudes of
+    the terms the bit kernels' float32 epilogues add.  A product's error is measured against the same product of
+    these (``pyg_quant.ops.reference.EPILOGUE_BOUND`` times it bounds the error of each output)."""
+    view = RANGE_VIEW[codes.dim]
+    return codes.lo.double().abs().view(view) + codes.scale.double().abs().view(view) * codes.codes().double()
+
+
 def values_finite(x: BitTensor) -> bool:
     """Whether every value ``lo + scale·q`` of ``x`` is finite, judged from its ranges alone: that float32 recipe is
     monotone in ``q``, so each range's values lie between those of codes 0 and ``2**bits - 1``.  A False may be
