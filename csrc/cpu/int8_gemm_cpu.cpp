@@ -1,7 +1,8 @@
 // int8_gemm: torch's int8 GEMM (oneDNN) where the CPU has AVX-512 VNNI; on a CPU with AVX2 only, torch's is a scalar
-// loop (10-20x slower than its float32 GEMM), so the product runs here in AVX2: vpmaddubsw multiplies the unsigned
-// bytes of one operand by the signed bytes of the other and adds pairs in int16, which is exact while no pair can
-// leave int16, and whole int16 sums are widened to int32 (vpmaddwd by ones) before they could.
+// loop, far slower than its float32 GEMM (benchmarks/RESULTS.md, CPU kernels), so the product runs here in AVX2:
+// vpmaddubsw multiplies the unsigned bytes of one operand by the signed bytes of the other and adds pairs in int16,
+// which is exact while no pair can leave int16, and whole int16 sums are widened to int32 (vpmaddwd by ones) before
+// they could.
 #include "int8_gemm.h"
 
 #include <ATen/ops/_int_mm.h>
