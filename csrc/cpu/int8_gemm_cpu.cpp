@@ -13,7 +13,6 @@
 #include <cstring>
 
 #include "cpu_features.h"
-#include "scratch.h"
 
 namespace pyg_quant {
 namespace {

@@ -333,25 +333,18 @@ at::Tensor quant_mlp_rows(const at::Tensor& x_in, const ColCodes* col_codes, con
         const auto quantize = [&](int64_t i, const float* row) {
           int8_t* row_codes = codes + i * layer.in;
 #if defined(PYG_QUANT_X86_DISPATCH)
-          if (vector) {
-            ranges[i] = row_range_avx512(row, layer.in, layer.max_code);
-            row_sums[i] = codes_avx512(row, layer.in, ranges[i], layer.max_code, row_codes, shift_a);
-            row_lo[i] = ranges[i].lo;
-            row_scale[i] = ranges[i].scale;
-            return;
-          }
-          if (avx2) {
-            ranges[i] = row_range_avx2(row, layer.in, layer.max_code);
-            row_sums[i] = codes_avx2(row, layer.in, ranges[i], layer.max_code, row_codes, shift_a);
-            row_lo[i] = ranges[i].lo;
-            row_scale[i] = ranges[i].scale;
-            return;
-          }
+          if (vector || avx2) {
+            ranges[i] = (vector ? row_range_avx512 : row_range_avx2)(row, layer.in, layer.max_code);
+            row_sums[i] = (vector ? codes_avx512 : codes_avx2)(row, layer.in, ranges[i], layer.max_code, row_codes,
+                                                              shift_a);
+          } else
 #endif
-          row_sums[i] = quantize_row(row, layer.in, layer.max_code, reinterpret_cast<uint8_t*>(row_codes),
-                                     &ranges[i]);
-          if (shift_a) {
-            for (int64_t c = 0; c < layer.in; ++c) row_codes[c] = static_cast<int8_t>(row_codes[c] ^ 0x80);
+          {
+            row_sums[i] = quantize_row(row, layer.in, layer.max_code, reinterpret_cast<uint8_t*>(row_codes),
+                                       &ranges[i]);
+            if (shift_a) {
+              for (int64_t c = 0; c < layer.in; ++c) row_codes[c] = static_cast<int8_t>(row_codes[c] ^ 0x80);
+            }
           }
           row_lo[i] = ranges[i].lo;
           row_scale[i] = ranges[i].scale;
