@@ -77,7 +77,7 @@ import torch.nn.functional as F
 # The workload first: it finds pyg_quant in a checkout without an install.
 from workload import (Data, Net, Recorder, Runner, build_formats, build_graph, count_syncs, device_name, kernel_totals,
                       log, make_pq, make_pyg, parse_args, pq, pq_host_batches, pq_inputs, profile_batch,
-                      pyg_inputs, rel_err, torch_geometric)
+                      epoch_stats, pyg_inputs, rel_err, torch_geometric)
 
 from pyg_quant.loader import QuantBatch
 from pyg_quant.quantization.quantize import quantize as pq_quantize  # the layers' quantizer: no host checks
@@ -482,12 +482,17 @@ def run_training(args, device, data: Data, rec: Recorder, runner: Runner) -> Non
                     (f"QAT {qb}-bit edge_index", "QAT", "edge_index", "fp32 x", None),
                     (f"QAT {qb}-bit edge_index, torch.compile", "QAT", "edge_index", "fp32 x", "compile"),
                     (f"QAT {qb}-bit edge_index, captured step", "QAT", "edge_index", "fp32 x", "captured"),
-                    (f"QAT {qb}-bit edge_index, {qb}-bit x", "QAT", "edge_index", "bit x", None)]
+                    (f"QAT {qb}-bit edge_index, {qb}-bit x", "QAT", "edge_index", "bit x", None),
+                    (f"QAT {qb}-bit BitAdjacency", "QAT", "BitAdjacency", "fp32 x", None),
+                    (f"QAT {qb}-bit BitAdjacency, {qb}-bit x", "QAT", "BitAdjacency", "bit x", None),
+                    (f"QAT {qb}-bit BitAdjacency, torch.compile", "QAT", "BitAdjacency", "fp32 x", "compile")]
         # torch.compile's variants by default on the GPU only (inductor takes minutes to compile them on a small CPU)
         variants = [v for v in variants if (any(want in v[0] for want in args.train_variants)
                                             if args.train_variants is not None
                                             else v[4] != "compile" or device.type == "cuda")]
         log(f"== training {kind}: {len(variants)} variants")
+        torch._dynamo.reset()
+        timed = []  # (row, one resident epoch) of every variant measured, for the interleaved rounds
         for label, impl, adjacency, xform, mode in variants:
             row = dict(model=kind, label="train " + label, impl=impl, adjacency=adjacency, features=xform,
                        captured=mode == "captured", compiled=mode == "compile")
@@ -497,20 +502,49 @@ def run_training(args, device, data: Data, rec: Recorder, runner: Runner) -> Non
                 rec.save()
                 continue
             try:
-                run_train_variant(args, device, data, rec, runner, kind, row, init, impl, adjacency, xform, pinned,
-                                  mode)
+                resident_epoch = run_train_variant(args, device, data, rec, runner, kind, row, init, impl, adjacency,
+                                                   xform, pinned, mode)
+                if resident_epoch is not None:
+                    timed.append((row, resident_epoch))
             except Exception as error:  # noqa: BLE001
                 row["error"] = rec.error(f"training {kind} {label}", error)
             finally:
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
                 rec.save()
+        interleave_training(args, runner, rec, kind, timed)
+
+
+def interleave_training(args, runner: Runner, rec: Recorder, kind: str, timed) -> None:
+    """``--train-rounds`` rounds of one resident epoch of every measured variant in turn; each row gets the median
+    as ``resident_interleaved``, and × = PyG fp32 CSR's median over the variant's (a stall of the host costs a
+    variant one epoch, not its whole measurement)."""
+    if args.train_rounds <= 0 or not timed:
+        return
+    times = [[] for _ in timed]
+    for _ in range(args.train_rounds):
+        if runner.time_left() < 30:
+            break
+        for k, (_, epoch) in enumerate(timed):
+            times[k].append(runner.epoch_ms(epoch))
+    if not times[0]:
+        return
+    for (row, _), t in zip(timed, times):
+        row["resident_interleaved"] = epoch_stats(t)
+    pyg = [row["resident_interleaved"]["median_ms"] for row, _ in timed if row["label"] == "train PyG fp32 CSR"]
+    log(f"  {kind}: resident epochs, {len(times[0])} interleaved rounds (median ms, × PyG fp32 CSR's time)")
+    for row, _ in timed:
+        median = row["resident_interleaved"]["median_ms"]
+        ratio = f" ({pyg[0] / median:.2f}×)" if pyg else ""
+        log(f"    {row['label']:50s} {median:9.1f}{ratio}")
+    rec.save()
 
 
 def run_train_variant(args, device, data, rec, runner, kind, row, init, impl, adjacency, xform, pinned,
                       mode=None):
     captured = mode == "captured"
-    model = make_pyg(args, kind, normalize=(adjacency == "edge_index" or kind != "GCN"))
+    # (PyG's GCN on the CSR takes the matrix normalized already; every other adjacency is normalized by the layer)
+    model = make_pyg(args, kind, normalize=(adjacency != "CSR" or kind != "GCN"))
     model.load_state_dict(init)
     model = model.to(device)
     if impl == "QAT":
@@ -519,11 +553,26 @@ def run_train_variant(args, device, data, rec, runner, kind, row, init, impl, ad
     # A captured step takes Adam's update into its graph when the optimizer is capturable (step counts on the device).
     opt = torch.optim.Adam(model.parameters(), lr=args.lr, **({"capturable": True} if captured and runner.cuda else {}))
     step = pq.CapturedTrainStep(model, opt, F.cross_entropy) if captured else None
-    if mode == "compile":
-        torch._dynamo.reset()
+    if mode == "compile":  # (compiled models share Net.forward's cache: reset once per model kind, for the rounds)
         model = torch.compile(model)  # the default backend; compiled in the untimed warm-up epoch
     nb = data.nb
-    if xform == "bit x":  # the QAT model fed the loader's 4-bit features: one QuantBatch copy a batch
+    if adjacency == "BitAdjacency":  # the loader's batches (README's QAT loop): x and the adjacency in one buffer
+        inp = pq_inputs(data, kind, args.qat_bits, device, pinned)
+        feats = [bx if xform == "bit x" else data.x[b] for b, (bx, _) in enumerate(inp.resident)]
+        resident = [(feats[b], adj, data.y[b]) for b, (_, adj) in enumerate(inp.resident)]
+        if xform == "bit x":
+            host = list(inp.host)
+        else:
+            plans = data.plan_gcn if kind == "GCN" else data.plan_gin
+            host = [QuantBatch.from_fields({"adj": plans[b], "x": data.x_host[b]}, pin_memory=pinned,
+                                           adjacency=data.adjacency) for b in range(nb)]
+        row["h2d_mb_per_epoch"] = sum(h.nbytes for h in host) / 1e6
+
+        def batches_h2d():
+            for b, hb in enumerate(host):
+                batch = hb.to(device)
+                yield batch.x, batch.adj, data.y_host[b].to(device, non_blocking=True)
+    elif xform == "bit x":  # the QAT model fed the loader's 4-bit features: one QuantBatch copy a batch
         host = [QuantBatch.from_fields({"x": data.feats[args.qat_bits][b], "edge_index": data.edge_index[b],
                                         "y": data.y[b]}, pin_memory=pinned) for b in range(nb)]
         resident = None
@@ -578,6 +627,7 @@ def run_train_variant(args, device, data, rec, runner, kind, row, init, impl, ad
     row["epochs_trained"] = len(losses)
     log(f"  {kind} {row['label']:40s} +H2D     {row['h2d']['median_ms']:9.1f} ms/epoch  "
         f"loss {row['mean_loss_first_last_epoch'][0]:.3f} -> {row['mean_loss_first_last_epoch'][1]:.3f}")
+    return None if resident is None else (lambda: epoch(lambda: iter(resident)))
 
 
 # --- report ------------------------------------------------------------------------------------------

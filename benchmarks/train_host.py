@@ -1,6 +1,6 @@
 """Where an eager training epoch's host time goes: PyG fp32 CSR against ``qat.prepare(model, bits=4)`` on
 ``edge_index``, over the products-scale workload's 75 resident batches (``benchmarks/workload``; e2e.py's training
-epoch).
+epoch), and the same QAT model on the loader's batches (``BitAdjacency`` and 4-bit ``x``, resident).
 
 Per model and variant: the epoch's wall time and the host's time to issue it (equal when the host is the bound),
 launches and kernel ms a step (``torch.profiler`` over 5 steps), the top self-CPU ops; for the QAT variant (and for
@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, "benchmarks")
 import workload  # noqa: E402
-from workload.inputs import pyg_inputs  # noqa: E402
+from workload.inputs import pq_inputs, pyg_inputs  # noqa: E402
 from workload.models import make_pyg  # noqa: E402
 import pyg_quant as pq  # noqa: E402
 
@@ -47,16 +47,20 @@ def main(argv=None):
     for kind in args.models:
         torch.manual_seed(args.seed)
         init = make_pyg(args, kind).state_dict()
-        for label in ("PyG fp32 CSR", f"QAT {args.qat_bits}-bit edge_index"):
-            adjacency = "CSR" if label.startswith("PyG") else "edge_index"
-            model = make_pyg(args, kind, normalize=(adjacency == "edge_index" or kind != "GCN"))
+        for label in ("PyG fp32 CSR", f"QAT {args.qat_bits}-bit edge_index",
+                      f"QAT {args.qat_bits}-bit BitAdjacency, {args.qat_bits}-bit x"):
+            adjacency = label.split()[2].rstrip(",") if label.startswith("QAT") else "CSR"
+            model = make_pyg(args, kind, normalize=(adjacency != "CSR" or kind != "GCN"))
             model.load_state_dict(init)
             model = model.to(device)
             if not label.startswith("PyG"):
                 model = pq.qat.prepare(model, bits=args.qat_bits)
             model.train()
             opt = torch.optim.Adam(model.parameters(), lr=args.lr)
-            inp = pyg_inputs(data, kind, adjacency, "fp32", device)
+            if adjacency == "BitAdjacency":  # the loader's batches as QuantClusterLoader hands them over
+                inp = pq_inputs(data, kind, args.qat_bits, device, cuda)
+            else:
+                inp = pyg_inputs(data, kind, adjacency, "fp32", device)
             batches = [(x, adj, data.y[b]) for b, (x, adj) in enumerate(inp.resident)]
             variants.append((kind, label, model, opt, batches))
 

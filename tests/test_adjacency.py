@@ -13,6 +13,7 @@ import torch
 from torch_geometric.utils import add_remaining_self_loops
 
 import pyg_quant as pq
+from pyg_quant.graph.packing import decode_bit_adjacency
 from pyg_quant.ops import reference as ref
 
 from conftest import (DEVICES, EPILOGUE_BOUND, assert_fp32_close, deq64, dense_from_edges, gen, mag64, randn, random_edges,
@@ -603,6 +604,10 @@ def test_expand_csr_is_the_tile_free_build(case):
     tiled = compact.expand(tiles=True)
     assert torch.equal(tiled.to_dense(), csr.to_dense())
     assert torch.equal(tiled.row_sums, csr.row_sums)
+    # The tile-free form's entries read as they are stored: the same (src, dst, count), in the same order, as the
+    # tiled form's decoded and made distinct.
+    for got, want in zip(decode_bit_adjacency(csr), decode_bit_adjacency(tiled)):
+        assert got.dtype == want.dtype == torch.int64 and torch.equal(got, want)
     if case == "tiles-only":
         assert compact.res_row.numel() == 0 and compact.num_tiles > 0
     if case in ("residual-only", "empty-graph"):

@@ -190,6 +190,32 @@ def test_compiled_qat_prepared_training_step_equals_eager(kind, form):
     assert_grads_close(got_grads, want_grads)
 
 
+@pytest.mark.parametrize("kind", ["gin", "gcn"])
+def test_traced_qat_training_reads_a_csr_bit_adjacency_as_stored(kind):
+    """A QAT model trained under torch.compile on a tile-free BitAdjacency (the loader's cluster batches): the traced
+    step reads the stored CSR entries, with no decoding sort or ``unique`` (the layers' graph is made at every
+    call of a compiled step, where eager keeps it on the adjacency)."""
+    x, edge_index = make_graph()
+    adj = adjacency(kind, "bit_adjacency", edge_index, x.size(0))
+    assert adj.num_tiles == 0 and adj.res_col.numel() > 0
+    torch.manual_seed(0)
+    model = pq.qat.prepare(pyg_stack(kind, (24, 32, 7)), bits=4).train()
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    out = torch.compile(model, fullgraph=True, backend=record)(x, adj)
+    assert out.requires_grad and len(graphs) == 1
+    calls = [str(node.target) for node in graphs[0].graph.nodes if node.op in ("call_function", "call_method")]
+    assert any("repeat_interleave" in c for c in calls)  # the residual's rows: the entries are read
+    # (torch.unique traces as a function named after its return_inverse / return_counts variant)
+    decoding = ("nonzero", "unique", "_return_inverse", "_return_counts", "sort")
+    assert not [c for c in calls if any(name in c for name in decoding)], calls
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", ["gin", "gcn"])
 def test_compiled_converted_qat_models_equal_eager(kind, device):

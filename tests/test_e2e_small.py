@@ -25,7 +25,7 @@ def test_e2e_tiny_cpu(tmp_path):
     out = tmp_path / "e2e.json"
     data = e2e.main(["--device", "cpu", "--small", "--num-parts", "4", "--part-size", "512", "--parts-per-batch", "2",
                      "--avg-degree", "20", "--bits", "4,1", "--kernel-bits", "4", "--reps", "1", "--train-reps", "1",
-                     "--warmup", "0", "--time-budget", "600", "--out", str(out)])
+                     "--train-rounds", "1", "--warmup", "0", "--time-budget", "600", "--out", str(out)])
     saved = json.loads(out.read_text())
     assert saved["graph"]["batches"] == 2 and saved["graph"]["batch_nodes"] == 1024
     assert os.path.exists(tmp_path / "e2e.png")
@@ -51,12 +51,17 @@ def test_e2e_tiny_cpu(tmp_path):
         assert by_label[(kind, "pyg_quant 4-bit")]["h2d_mb_per_epoch"] < by_label[(kind, "PyG fp32 CSR")]["h2d_mb_per_epoch"]
 
     training = saved["training"]
-    assert len(training) == 2 * 6
+    # (PyG: edge_index, CSR, captured; QAT: edge_index, captured, 4-bit x, and on the loader's BitAdjacency with
+    # float and 4-bit x: torch.compile's variants run on the GPU by default)
+    assert len(training) == 2 * 8
     assert sum(row["captured"] for row in training) == 2 * 2  # run eagerly on the CPU: nothing captured
     for row in training:
         assert "error" not in row and not row.get("skipped"), row
         first, last = row["mean_loss_first_last_epoch"]
         assert torch.isfinite(torch.tensor([first, last])).all()
+        # every variant with resident batches also ran in the interleaved rounds
+        assert ("resident" in row) == ("resident_interleaved" in row), row["label"]
+        assert "resident" not in row or row["resident_interleaved"]["median_ms"] > 0
     assert not [e for e in saved["errors"] if "bf16 CSR" not in e["where"]], saved["errors"]
     assert data["tables_markdown"].startswith("\n### Inference")
 

@@ -49,6 +49,9 @@ def parse_args(argv=None, description=None):
     p.add_argument("--train-reps", type=int, default=None)
     p.add_argument("--train-variants", default=None, type=lambda s: s.split(","),
                    help="only the training variants whose label contains one of these (comma-separated)")
+    p.add_argument("--train-rounds", type=int, default=5,
+                   help="after a model's variants are measured, this many rounds of one resident epoch of each, "
+                        "in turn (the medians are the comparison that the host's drift spreads over all alike)")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--time-budget", type=float, default=None,

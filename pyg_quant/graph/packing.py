@@ -47,8 +47,15 @@ def pack_entries(dst: torch.Tensor, src: torch.Tensor, values: Optional[torch.Te
 
 
 def decode_bit_adjacency(adj: BitAdjacency) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(src, dst, count)`` of every stored entry of ``adj`` (tiles and residual; the diagonal term excluded)."""
+    """``(src, dst, count)`` of every stored entry of ``adj`` (tiles and residual; the diagonal term excluded), in
+    row-major order."""
     device = adj.device
+    if adj.num_tiles == 0:
+        # The CSR form's entries are distinct and row-major already (the packers' sorted keys): no decoding and no
+        # sort, which torch.compile would otherwise run at every call of a traced layer.
+        res_dst = adj.residual_rows()
+        count = torch.ones_like(res_dst) if adj.res_val is None else adj.res_val.long()
+        return adj.res_col.long(), res_dst, count
     windows = adj.window_ptr.numel() - 1
     window_of_tile = torch.repeat_interleave(torch.arange(windows, device=device),
                                              adj.window_ptr[1:] - adj.window_ptr[:-1])

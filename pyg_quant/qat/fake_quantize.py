@@ -338,18 +338,29 @@ class FakeQuantize(torch.nn.Module):
         super()._save_to_state_dict(destination, prefix, keep_vars)
 
     # --- forward -----------------------------------------------------------------------
-    def forward(self, x: torch.Tensor, protect: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def observe(self, x: torch.Tensor) -> None:
+        """What :meth:`forward` records of ``x`` before it quantizes: in training, a static observer that is on
+        takes ``x`` into its range; nothing else is computed (for inputs used as they are, see
+        :func:`pyg_quant.qat.linear.observe_only`)."""
         check_matrix(x)
+        self._record(x)
+
+    def _record(self, x: torch.Tensor) -> None:
         # Modules, flags and buffers are read from the dicts: this runs a few times a layer in every training step.
         state, observer = self.__dict__, self._modules["observer"]
-        training, observing = state["training"], state["_observe"]
-        if training and observing and not observer.dynamic:  # (a dynamic observer keeps nothing)
+        if state["training"] and state["_observe"] and not observer.dynamic:  # (a dynamic observer keeps nothing)
             observer(x)
             state["_range_moved"] = True
             if self._buffers["lo"].numel() == 0 and _group.world_size() > 1:
                 # lo / scale are written when read (a state_dict() on rank 0 alone, say): take their shape now, on
                 # every rank at once, so that DDP's buffer broadcast never meets buffers of different sizes.
                 self._store_range()
+
+    def forward(self, x: torch.Tensor, protect: Optional[torch.Tensor] = None) -> torch.Tensor:
+        check_matrix(x)
+        self._record(x)
+        state, observer = self.__dict__, self._modules["observer"]
+        training, observing = state["training"], state["_observe"]
         if not state["_fake"]:
             return x
         if protect is not None and training and (protect.dtype != torch.bool or protect.shape != (x.size(0),)):

@@ -76,12 +76,11 @@ def observe_only(fq: FakeQuantize, x: Tensor) -> None:
     """Let a static ``fq`` record ``x``'s range in training, as ``fq(x)`` does; ``x``'s values are not changed.
 
     The observer has to see the inputs it will quantize at evaluation time, even when a training
-    input arrives quantized already (the layer uses it as it is).  ``fq(x)`` is called for its
-    side effects (the observer and the ``lo`` / ``scale`` buffers) so that they follow
-    FakeQuantize's own rules; its output is dropped.
+    input arrives quantized already (the layer uses it as it is): :meth:`FakeQuantize.observe`, the
+    recording part of ``fq(x)`` (observer and range bookkeeping) without its fake quantization.
     """
     if fq.training and not fq.frozen and not fq.dynamic:
-        fq(x.detach())
+        fq.observe(x.detach())
 
 
 def _check_qconfig(qconfig) -> QConfig:
