@@ -32,8 +32,10 @@ Variants
   ``pyg_quant.bit_spmm`` with its fused epilogue (GIN: ``A·X̃ + (1+ε)X̃`` in the kernel; GCN:
   ``relu(D^-1/2 (A+I) X̃ + b)`` in the kernel) and fp32 dense layers, to show what the kernels allow.
 * Training (forward + backward + Adam): PyG fp32 on ``edge_index`` and on CSR, and QAT at ``--qat-bits`` on
-  ``edge_index`` (also fed the loader's bit features), eagerly, under ``torch.compile`` (on the GPU by default) and
-  as a ``pyg_quant.CapturedTrainStep``; ``--train-variants`` picks some.
+  ``edge_index`` (also fed the loader's bit features) and on the loader's batches (their ``BitAdjacency``, with float
+  or bit features), eagerly, under ``torch.compile`` (on the GPU by default) and as a
+  ``pyg_quant.CapturedTrainStep``; ``--train-variants`` picks some.  After a model's variants, ``--train-rounds``
+  rounds time one resident epoch of each in turn (the comparison the host's drift spreads over all alike).
 
 Method
 ------
