@@ -237,15 +237,17 @@ def test_fake_quantize_gpu_equals_cpu(shape):
     x = _data(rows, cols, rows + 5 * cols, heavy=cols % 2 == 1)
     x[rows // 2, cols // 2] = float("nan") if rows > 1000 else x[rows // 2, cols // 2]
     noise = torch.rand(rows, cols, generator=gen(rows))
-    for bits, dim, nz, given in itertools.product((1, 2, 3, 4, 8), DIMS, (None, noise), (False, True)):
+    # (each row over its own range, dim 1 without lo / hi, runs a kernel of its own on the GPU: with the mask too)
+    for bits, dim, nz, given, with_mask in itertools.product((1, 2, 3, 4, 8), DIMS, (None, noise), (False, True),
+                                                             (False, True)):
         lo = hi = None
         if given:
             lo, hi = (t * 0.8 for t in _ranges(x.nan_to_num(), dim))
-        cpu = torch.ops.pyg_quant.fake_quantize(x, lo, hi, bits, dim, nz, given)
+        cpu = torch.ops.pyg_quant.fake_quantize(x, lo, hi, bits, dim, nz, with_mask)
         gpu = torch.ops.pyg_quant.fake_quantize(x.cuda(), None if lo is None else lo.cuda(),
                                                 None if hi is None else hi.cuda(), bits, dim,
-                                                None if nz is None else nz.cuda(), given)
-        assert _equal(gpu[0], cpu[0]) and _equal(gpu[1], cpu[1]), (bits, dim, nz is None, given)
+                                                None if nz is None else nz.cuda(), with_mask)
+        assert _equal(gpu[0], cpu[0]) and _equal(gpu[1], cpu[1]), (bits, dim, nz is None, given, with_mask)
 
 
 @pytest.mark.cuda

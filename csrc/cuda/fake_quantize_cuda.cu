@@ -54,28 +54,57 @@ __global__ void fake_quantize_kernel(const float* __restrict__ x, const float* _
   }
 }
 
-// Per row: a warp a row.  Extrema (NaN-propagating, like amin / amax), then every candidate's error,
-// butterfly-reduced (the same order at every run), then the first smallest.
+// Each row over its own range (dim 1, no lo / hi given: the QAT layers' dynamic per-node and per-channel quantizers),
+// a warp a row: the row's extrema, then its values, in one launch instead of amin, amax and the element kernel.
+__global__ void fake_quantize_own_rows_kernel(const float* __restrict__ x, const float* __restrict__ noise,
+                                              int64_t rows, int64_t cols, float levels, float* __restrict__ out,
+                                              bool* __restrict__ mask) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  for (int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; r < rows; r += warps) {
+    const float* row = x + r * cols;
+    float l, h;
+    row_extrema(row, cols, lane, l, h);
+    const AffineParams p = affine_params(l, h, levels);
+    for (int64_t c = lane; c < cols; c += 32) {
+      const int64_t i = r * cols + c;
+      const float v = row[c];
+      out[i] = fake_quantize_value(v, p, noise ? noise[i] : 0.5f, levels);
+      if (mask) mask[i] = v >= l && v <= h;
+    }
+  }
+}
+
+// A row's extrema by its warp, NaN-propagating like amin / amax (every lane gets them).
+__device__ __forceinline__ void row_extrema(const float* __restrict__ row, int64_t cols, int lane, float& lo,
+                                            float& hi) {
+  lo = INFINITY;
+  hi = -INFINITY;
+  bool nan = false;
+  for (int64_t c = lane; c < cols; c += 32) {
+    const float v = row[c];
+    nan |= v != v;
+    lo = fminf(lo, v);
+    hi = fmaxf(hi, v);
+  }
+  for (int s = 16; s > 0; s >>= 1) {
+    lo = fminf(lo, __shfl_xor_sync(kFullMask, lo, s));
+    hi = fmaxf(hi, __shfl_xor_sync(kFullMask, hi, s));
+    nan |= __shfl_xor_sync(kFullMask, static_cast<int>(nan), s) != 0;
+  }
+  if (nan) lo = hi = NAN;
+}
+
+// Per row: a warp a row.  Extrema, then every candidate's error, butterfly-reduced (the same order at every run),
+// then the first smallest.
 __global__ void mse_rows_kernel(const float* __restrict__ x, int64_t rows, int64_t cols, Shrink shrink, float levels,
                                 float* __restrict__ best_lo, float* __restrict__ best_hi) {
   const int lane = threadIdx.x & 31;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
   for (int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; r < rows; r += warps) {
     const float* row = x + r * cols;
-    float lo = INFINITY, hi = -INFINITY;
-    bool nan = false;
-    for (int64_t c = lane; c < cols; c += 32) {
-      const float v = row[c];
-      nan |= v != v;
-      lo = fminf(lo, v);
-      hi = fmaxf(hi, v);
-    }
-    for (int s = 16; s > 0; s >>= 1) {
-      lo = fminf(lo, __shfl_xor_sync(kFullMask, lo, s));
-      hi = fmaxf(hi, __shfl_xor_sync(kFullMask, hi, s));
-      nan |= __shfl_xor_sync(kFullMask, static_cast<int>(nan), s) != 0;
-    }
-    if (nan) lo = hi = NAN;
+    float lo, hi;
+    row_extrema(row, cols, lane, lo, hi);
     double err[kMaxMseCandidates];
 #pragma unroll
     for (int k = 0; k < kMaxMseCandidates; ++k) {
@@ -159,13 +188,21 @@ std::tuple<at::Tensor, at::Tensor> fake_quantize_cuda(const at::Tensor& x_in, co
   check_fake_quantize_args(x_in, lo_in, hi_in, bits, dim, noise_in);
   const c10::cuda::CUDAGuard guard(x_in.device());
   const at::Tensor x = x_in.contiguous();
-  const auto [lo, hi] = ranges_or_extrema(x, lo_in, hi_in, dim);
   const at::Tensor noise = rounding_noise(x, noise_in, random_noise, std::move(generator));
   at::Tensor out = at::empty_like(x);
   at::Tensor mask = at::empty(with_mask ? x.sizes() : at::IntArrayRef{0}, x.options().dtype(at::kBool));
   const int64_t n = x.numel(), cols = x.size(1);
-  const int64_t row_stride = dim == 1 ? 1 : 0, col_stride = dim == 0 ? 1 : 0;
   constexpr int threads = 256;
+  if (dim == 1 && !lo_in.has_value()) {
+    const int64_t rows = x.size(0);
+    fake_quantize_own_rows_kernel<<<blocks_for(rows * 32, threads), threads, 0, c10::cuda::getCurrentCUDAStream()>>>(
+        x.data_ptr<float>(), noise.defined() ? noise.data_ptr<float>() : nullptr, rows, cols,
+        static_cast<float>((1 << bits) - 1), out.data_ptr<float>(), with_mask ? mask.data_ptr<bool>() : nullptr);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return {out, mask};
+  }
+  const auto [lo, hi] = ranges_or_extrema(x, lo_in, hi_in, dim);
+  const int64_t row_stride = dim == 1 ? 1 : 0, col_stride = dim == 0 ? 1 : 0;
   fake_quantize_kernel<<<blocks_for(n, threads), threads, 0, c10::cuda::getCurrentCUDAStream()>>>(
       x.data_ptr<float>(), lo.data_ptr<float>(), hi.data_ptr<float>(), noise.defined() ? noise.data_ptr<float>() : nullptr,
       n, cols, row_stride, col_stride, static_cast<float>((1 << bits) - 1), out.data_ptr<float>(),
