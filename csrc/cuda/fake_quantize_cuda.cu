@@ -41,6 +41,26 @@ int64_t blocks_for(int64_t work, int64_t per_block) {
   return std::max<int64_t>(1, std::min<int64_t>((work + per_block - 1) / per_block, 65535 * 8));
 }
 
+// A row's extrema by its warp, NaN-propagating like amin / amax (every lane gets them).
+__device__ __forceinline__ void row_extrema(const float* __restrict__ row, int64_t cols, int lane, float& lo,
+                                            float& hi) {
+  lo = INFINITY;
+  hi = -INFINITY;
+  bool nan = false;
+  for (int64_t c = lane; c < cols; c += 32) {
+    const float v = row[c];
+    nan |= v != v;
+    lo = fminf(lo, v);
+    hi = fmaxf(hi, v);
+  }
+  for (int s = 16; s > 0; s >>= 1) {
+    lo = fminf(lo, __shfl_xor_sync(kFullMask, lo, s));
+    hi = fmaxf(hi, __shfl_xor_sync(kFullMask, hi, s));
+    nan |= __shfl_xor_sync(kFullMask, static_cast<int>(nan), s) != 0;
+  }
+  if (nan) lo = hi = NAN;
+}
+
 __global__ void fake_quantize_kernel(const float* __restrict__ x, const float* __restrict__ lo,
                                      const float* __restrict__ hi, const float* __restrict__ noise, int64_t n,
                                      int64_t cols, int64_t row_stride, int64_t col_stride, float levels,
@@ -73,26 +93,6 @@ __global__ void fake_quantize_own_rows_kernel(const float* __restrict__ x, const
       if (mask) mask[i] = v >= l && v <= h;
     }
   }
-}
-
-// A row's extrema by its warp, NaN-propagating like amin / amax (every lane gets them).
-__device__ __forceinline__ void row_extrema(const float* __restrict__ row, int64_t cols, int lane, float& lo,
-                                            float& hi) {
-  lo = INFINITY;
-  hi = -INFINITY;
-  bool nan = false;
-  for (int64_t c = lane; c < cols; c += 32) {
-    const float v = row[c];
-    nan |= v != v;
-    lo = fminf(lo, v);
-    hi = fmaxf(hi, v);
-  }
-  for (int s = 16; s > 0; s >>= 1) {
-    lo = fminf(lo, __shfl_xor_sync(kFullMask, lo, s));
-    hi = fmaxf(hi, __shfl_xor_sync(kFullMask, hi, s));
-    nan |= __shfl_xor_sync(kFullMask, static_cast<int>(nan), s) != 0;
-  }
-  if (nan) lo = hi = NAN;
 }
 
 // Per row: a warp a row.  Extrema, then every candidate's error, butterfly-reduced (the same order at every run),
