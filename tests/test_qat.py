@@ -415,6 +415,25 @@ def test_masked_mse_ranges_with_everything_kept_is_mse_ranges():
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
+def test_observe_records_as_forward_does_without_drawing_noise():
+    """``FakeQuantize.observe`` (what a QAT layer does with values that arrive quantized): the observer moves as under
+    ``forward`` in training, and the module's generator draws nothing, so its next rounding noise is a fresh one's."""
+    x, y = randn(40, 6, 1, spread=3.0), randn(40, 6, 2)
+    recorded, passed, fresh = (qat.FakeQuantize(4, "ema", dim=0, seed=5).train() for _ in range(3))
+    recorded.observe(x)
+    passed(x)
+    for a, b in zip(recorded.observer.range_tensors(), passed.observer.range_tensors()):
+        assert torch.equal(a, b)
+    assert torch.equal(recorded.lo, passed.lo) and torch.equal(recorded.scale, passed.scale)
+    fresh.observe(x)
+    out_recorded, out_passed, out_fresh = recorded(y), passed(y), fresh(y)  # the same ranges for all three
+    assert torch.equal(out_recorded, out_fresh)  # the generators' first draw: observe took none
+    assert not torch.equal(out_recorded, out_passed)  # forward on x drew the first
+    frozen = qat.FakeQuantize(4, "ema", dim=0).train().disable_observer()
+    frozen.observe(x)
+    assert not frozen.observer.initialized  # nothing recorded while the observer is off
+
+
 def test_keep_zeros_needs_a_dynamic_observer():
     with pytest.raises(ValueError, match="dynamic"):
         qat.FakeQuantize(2, "ema", keep_zeros=True)
