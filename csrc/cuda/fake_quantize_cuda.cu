@@ -74,8 +74,8 @@ __global__ void fake_quantize_kernel(const float* __restrict__ x, const float* _
   }
 }
 
-// Each row over its own range (dim 1, no lo / hi given: the QAT layers' dynamic per-node and per-channel quantizers),
-// a warp a row: the row's extrema, then its values, in one launch instead of amin, amax and the element kernel.
+// Each row over its own range (dim 1, no lo / hi given: a QAT linear layer's input, a range a node, and its weight, a
+// range an output channel), a warp a row: the row's extrema, then its values, in one launch instead of three.
 __global__ void fake_quantize_own_rows_kernel(const float* __restrict__ x, const float* __restrict__ noise,
                                               int64_t rows, int64_t cols, float levels, float* __restrict__ out,
                                               bool* __restrict__ mask) {
