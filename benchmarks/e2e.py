@@ -560,8 +560,7 @@ def run_train_variant(args, device, data, rec, runner, kind, row, init, impl, ad
     nb = data.nb
     if adjacency == "BitAdjacency":  # the loader's batches (README's QAT loop): x and the adjacency in one buffer
         inp = pq_inputs(data, kind, args.qat_bits, device, pinned)
-        feats = [bx if xform == "bit x" else data.x[b] for b, (bx, _) in enumerate(inp.resident)]
-        resident = [(feats[b], adj, data.y[b]) for b, (_, adj) in enumerate(inp.resident)]
+        resident = [(bx if xform == "bit x" else data.x[b], adj, data.y[b]) for b, (bx, adj) in enumerate(inp.resident)]
         if xform == "bit x":
             host = list(inp.host)
         else:

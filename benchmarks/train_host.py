@@ -47,9 +47,9 @@ def main(argv=None):
     for kind in args.models:
         torch.manual_seed(args.seed)
         init = make_pyg(args, kind).state_dict()
-        for label in ("PyG fp32 CSR", f"QAT {args.qat_bits}-bit edge_index",
-                      f"QAT {args.qat_bits}-bit BitAdjacency, {args.qat_bits}-bit x"):
-            adjacency = label.split()[2].rstrip(",") if label.startswith("QAT") else "CSR"
+        qb = args.qat_bits
+        for label, adjacency in (("PyG fp32 CSR", "CSR"), (f"QAT {qb}-bit edge_index", "edge_index"),
+                                 (f"QAT {qb}-bit BitAdjacency, {qb}-bit x", "BitAdjacency")):
             model = make_pyg(args, kind, normalize=(adjacency != "CSR" or kind != "GCN"))
             model.load_state_dict(init)
             model = model.to(device)

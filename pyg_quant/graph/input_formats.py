@@ -61,7 +61,10 @@ class EdgeSet:
 
 def bit_adjacency_entries(adj: BitAdjacency):
     """``(src, dst, count)`` of ``adj``'s stored entries (its diagonal term apart), decoded once per adjacency: every
-    layer of a model reads the same batch's."""
+    layer of a model reads the same batch's.  The tile-free form's entries are its residual as stored (read, not kept:
+    a copy would only double them)."""
+    if adj.num_tiles == 0:
+        return decode_bit_adjacency(adj)
     return adj.derived("entries", lambda: torch.stack(decode_bit_adjacency(adj))).unbind(0)
 
 
@@ -81,10 +84,7 @@ def bit_adjacency_csr(adj: BitAdjacency, dtype: torch.dtype, transpose: bool = F
     def make() -> torch.Tensor:
         if adj.num_tiles == 0 and not transpose:
             return residual_csr(adj, None, dtype)
-        if adj.num_tiles == 0:  # Aᵀ: the residual's entries sorted by column (one sort, no decoding)
-            count = None if adj.res_val is None else adj.res_val.to(dtype)
-            return csr_matrix(adj.res_col.long(), adj.residual_rows(), count, adj.num_cols, adj.num_rows, dtype)
-        src, dst, count = bit_adjacency_entries(adj)
+        src, dst, count = bit_adjacency_entries(adj)  # (Aᵀ without tiles: the residual's entries, one sort)
         if transpose:
             return csr_matrix(src, dst, count.to(dtype), adj.num_cols, adj.num_rows, dtype)
         return csr_matrix(dst, src, count.to(dtype), adj.num_rows, adj.num_cols, dtype)

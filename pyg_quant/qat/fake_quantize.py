@@ -343,9 +343,6 @@ class FakeQuantize(torch.nn.Module):
         takes ``x`` into its range; nothing else is computed (for inputs used as they are, see
         :func:`pyg_quant.qat.linear.observe_only`)."""
         check_matrix(x)
-        self._record(x)
-
-    def _record(self, x: torch.Tensor) -> None:
         # Modules, flags and buffers are read from the dicts: this runs a few times a layer in every training step.
         state, observer = self.__dict__, self._modules["observer"]
         if state["training"] and state["_observe"] and not observer.dynamic:  # (a dynamic observer keeps nothing)
@@ -357,8 +354,7 @@ class FakeQuantize(torch.nn.Module):
                 self._store_range()
 
     def forward(self, x: torch.Tensor, protect: Optional[torch.Tensor] = None) -> torch.Tensor:
-        check_matrix(x)
-        self._record(x)
+        self.observe(x)
         state, observer = self.__dict__, self._modules["observer"]
         training, observing = state["training"], state["_observe"]
         if not state["_fake"]:
