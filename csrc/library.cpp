@@ -13,6 +13,8 @@
 #include "cpu/tile_plan_cpu.h"
 #include "autograd.h"
 #include "conv_eval.h"
+#include "csr_product.h"
+#include "ema_range.h"
 #include "qat_linear.h"
 #include "quant_mlp_keys.h"
 #ifdef WITH_CUDA
@@ -33,6 +35,14 @@ TORCH_LIBRARY(pyg_quant, m) {
       "fake_quantize(Tensor x, Tensor? lo, Tensor? hi, int bits, int dim, Tensor? noise, bool with_mask, "
       "bool random_noise=False, Generator? generator=None) -> (Tensor, Tensor)");
   m.def("mse_range(Tensor x, int dim, int bits, float[] grid) -> (Tensor, Tensor)");
+  m.def("csr_product(Tensor y, Tensor adj, Tensor adj_t) -> Tensor");
+  m.def(
+      "ema_range(Tensor x, Tensor stored_lo, Tensor stored_hi, float momentum, int dim, float[] grid, int grid_bits) "
+      "-> (Tensor, Tensor)");
+  m.def(
+      "ema_fake_quantize(Tensor x, Tensor stored_lo, Tensor stored_hi, float momentum, int dim, float[] grid, "
+      "int grid_bits, int bits, bool with_mask, bool random_noise=False, Generator? generator=None) -> (Tensor, "
+      "Tensor, Tensor, Tensor)");
   m.def(
       "qat_linear(Tensor x, Tensor weight, Tensor? bias, int x_bits, bool x_random, Generator? x_generator, "
       "int weight_bits, bool weight_random, Generator? weight_generator) -> Tensor");
@@ -174,11 +184,21 @@ TORCH_LIBRARY_IMPL(pyg_quant, CPU, m) {
                                        &pyg_quant::quantize_pack_stored_ranges_cpu, &pyg_quant::dequantize_cpu>);
 }
 
-// The gradient of fake_quantize (the straight-through estimator), for every backend.
-TORCH_LIBRARY_IMPL(pyg_quant, Autograd, m) { m.impl("fake_quantize", &pyg_quant::fake_quantize_autograd); }
+// The gradients of fake_quantize (the straight-through estimator) and csr_product (Aᵀ·dY), for every backend.
+TORCH_LIBRARY_IMPL(pyg_quant, Autograd, m) {
+  m.impl("fake_quantize", &pyg_quant::fake_quantize_autograd);
+  m.impl("csr_product", &pyg_quant::csr_product_autograd);
+}
+
+// A torch product on the CSR matrix, for every backend (dense and sparse CSR inputs alike).
+TORCH_LIBRARY_IMPL(pyg_quant, CompositeExplicitAutograd, m) { m.impl("csr_product", &pyg_quant::csr_product); }
 
 // Ops composed of other ops, whose gradients are their parts' (every backend, torch.compile included).
-TORCH_LIBRARY_IMPL(pyg_quant, CompositeImplicitAutograd, m) { m.impl("qat_linear", &pyg_quant::qat_linear); }
+TORCH_LIBRARY_IMPL(pyg_quant, CompositeImplicitAutograd, m) {
+  m.impl("qat_linear", &pyg_quant::qat_linear);
+  m.impl("ema_range", &pyg_quant::ema_range);
+  m.impl("ema_fake_quantize", &pyg_quant::ema_fake_quantize);
+}
 
 #ifdef WITH_CUDA
 TORCH_LIBRARY_IMPL(pyg_quant, CUDA, m) {

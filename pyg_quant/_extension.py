@@ -27,11 +27,14 @@ _OPS = ("quantize_pack", "quantize_pack_ranges", "fake_quantize", "mse_range", "
         "tile_plan", "expand_tiles", "quant_mlp", "quant_mlp_keys", "quant_mlp_planes", "quant_mlp_planes_keys",
         "quant_mlp_quantized", "quant_mlp_row_codes", "quant_mlp_planes_row_codes", "planes_from_row_codes", "expand_csr",
         "gin_conv_eval",
-        "gcn_conv_eval", "qat_gcn_conv_eval", "qat_gcn_conv_eval_quantized", "qat_gin_conv_eval", "qat_linear")
+        "gcn_conv_eval", "qat_gcn_conv_eval", "qat_gcn_conv_eval_quantized", "qat_gin_conv_eval", "qat_linear",
+        "csr_product", "ema_range", "ema_fake_quantize")
 _DISPATCH_KEYS = {"cpu": "CPU", "cuda": "CUDA"}
-# Ops composed of other ops in C++ (one registration for every backend): they run where the ops they call have
-# kernels.
-_COMPOSITES = {"qat_linear": ("fake_quantize",)}
+# Ops registered once for every backend (composed of other ops in C++, or of torch's): they run where the ops they
+# call have kernels.
+_COMPOSITES = {"qat_linear": ("fake_quantize",), "csr_product": (), "ema_range": ("mse_range",),
+               "ema_fake_quantize": ("mse_range", "fake_quantize")}
+_COMPOSITE_KEYS = ("CompositeImplicitAutograd", "CompositeExplicitAutograd")
 # Filled once at import (the dispatcher query touches no device), so that
 # torch.compile traces has_kernel as a plain dict lookup.
 _KERNELS: Dict[tuple, bool] = {
@@ -40,8 +43,8 @@ _KERNELS: Dict[tuple, bool] = {
     for device_type, key in _DISPATCH_KEYS.items()
 }
 _KERNELS.update({
-    (op, device_type): LOADED and torch._C._dispatch_has_kernel_for_dispatch_key(
-        f"pyg_quant::{op}", "CompositeImplicitAutograd") and all(_KERNELS[(part, device_type)] for part in parts)
+    (op, device_type): LOADED and any(torch._C._dispatch_has_kernel_for_dispatch_key(f"pyg_quant::{op}", key)
+                                      for key in _COMPOSITE_KEYS) and all(_KERNELS[(part, device_type)] for part in parts)
     for op, parts in _COMPOSITES.items()
     for device_type in _DISPATCH_KEYS
 })

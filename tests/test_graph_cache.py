@@ -13,10 +13,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch_geometric.nn import GCNConv, GINConv
 
 import pyg_quant as pq
+from pyg_quant import ops
 from pyg_quant.graph import cache as graph_cache
 from pyg_quant.graph import float_csr, quant_graph
 from pyg_quant.graph.cache import cached_graph, cached_graph_count, graph_cache_disabled
-from pyg_quant.graph.float_csr import SparseProduct
 from pyg_quant.graph.input_formats import to_edge_set
 from pyg_quant.graph.quant_graph import QuantGraph
 from pyg_quant.qat import conv as qat_conv
@@ -335,9 +335,12 @@ def test_csr_product_gradcheck():
     assert adj.layout == torch.sparse_csr and adj.crow_indices().dtype == torch.int32
     assert torch.equal(adj_t.to_dense(), adj.to_dense().t())
     y = torch.randn(5, 3, dtype=torch.float64, generator=gen(8), requires_grad=True)
-    product = lambda y: SparseProduct.apply(y, adj, adj_t)  # noqa: E731
-    assert torch.autograd.gradcheck(product, (y,))
-    assert torch.autograd.gradgradcheck(product, (y,))
+    compiled = lambda y: ops.csr_product(y, adj, adj_t)  # noqa: E731
+    reference = lambda y: ops._ReferenceCsrProduct.apply(y, adj, adj_t)  # noqa: E731
+    for product in (compiled, reference):
+        assert torch.autograd.gradcheck(product, (y,))
+        assert torch.autograd.gradgradcheck(product, (y,))
+    assert torch.equal(compiled(y), reference(y))
 
 
 def test_csr_pair_is_built_once_per_graph_and_dtype(monkeypatch):

@@ -434,6 +434,45 @@ def test_observe_records_as_forward_does_without_drawing_noise():
     assert not frozen.observer.initialized  # nothing recorded while the observer is off
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("observer", ["ema", "mse"])
+@pytest.mark.parametrize("dim", [None, 0, 1])
+def test_static_range_step_in_one_op_is_the_op_by_op_step(device, observer, dim, monkeypatch):
+    """A static EMA / MSE quantizer's training step as one op (``ops.ema_fake_quantize``; the observer's step alone,
+    ``ops.ema_range``) gives what the observer's and the quantizer's ops give one by one: outputs, gradients (clipped
+    values zeroed), stored ranges and rounding noise, bit for bit, a range narrower than MIN_RANGE_WIDTH collapsed."""
+    from pyg_quant import ops
+    calls = []
+    for name in ("ema_fake_quantize", "ema_range"):
+        original = getattr(ops, name)
+        monkeypatch.setattr(ops, name, lambda *a, _f=original, _n=name, **k: calls.append(_n) or _f(*a, **k))
+    fused, stepwise = (qat.FakeQuantize(4, observer, dim=dim, seed=3).to(device).train() for _ in range(2))
+    stepwise.observer.fused_step = lambda x: None  # the op-by-op path
+    weights = randn(37, 9, 99).to(device)
+    protect = torch.arange(37, device=device) % 5 == 0
+    for k in range(5):
+        x = randn(37, 9, k, spread=3.0 + 3 * k).to(device)  # wider each time: the stored range clips
+        x[:, 4] = torch.tensor([0.0, 1e-37], device=device).repeat(19)[:37]  # narrower than MIN_RANGE_WIDTH
+        if k == 1:  # the observer alone (an input used as it is)
+            fused.observe(x)
+            stepwise.observe(x)
+        else:
+            outs, grads = [], []
+            for fq in (fused, stepwise):
+                leaf = x.clone().requires_grad_()
+                out = fq(leaf, protect if k == 3 else None)
+                (out * weights).sum().backward()
+                outs.append(out)
+                grads.append(leaf.grad)
+            assert torch.equal(outs[0], outs[1]) and torch.equal(grads[0], grads[1])
+            if k > 0:
+                assert not bool((grads[0] == weights).all())  # a static range clipped some values
+        for a, b in zip(fused.observer.range_tensors(), stepwise.observer.range_tensors()):
+            assert torch.equal(a, b)
+    assert torch.equal(fused.lo, stepwise.lo) and torch.equal(fused.scale, stepwise.scale)
+    assert calls == ["ema_range"] + ["ema_fake_quantize"] * 3  # (the first batch stores a range op by op)
+
+
 def test_keep_zeros_needs_a_dynamic_observer():
     with pytest.raises(ValueError, match="dynamic"):
         qat.FakeQuantize(2, "ema", keep_zeros=True)

@@ -5,7 +5,7 @@ Training computes ``Â · y`` in float (fake-quantized values, or ``bits=None``)
 scatters it back (``index_add``), and autograd's backward of ``torch.sparse.mm`` on a
 COO matrix transposes and coalesces it (a sort of every edge) at every call.  A graph
 here keeps ``A`` (rows = targets) and ``Aᵀ`` (rows = sources) in CSR, built once with
-one sort each, and :class:`SparseProduct` runs the forward and the backward as one CSR
+one sort each, and :func:`pyg_quant.ops.csr_product` runs the forward and the backward as one CSR
 product each.
 """
 import warnings
@@ -54,21 +54,3 @@ class RebuiltOnCopy(dict):
 
     def __reduce__(self):
         return type(self), ()
-
-
-class SparseProduct(torch.autograd.Function):
-    r"""``A · y`` with the gradient ``Aᵀ · dY`` to ``y`` (``A`` is a constant).
-
-    Autograd's own backward of ``torch.sparse.mm`` transposes and coalesces ``A`` at
-    every call; here ``Aᵀ`` comes prebuilt in CSR and the backward is one more product
-    of the same kind (itself differentiable, so double backward works too).
-    """
-
-    @staticmethod
-    def forward(ctx, y: Tensor, adj: Tensor, adj_t: Tensor) -> Tensor:
-        ctx.adj, ctx.adj_t = adj, adj_t
-        return torch.mm(adj, y)  # one op (torch.sparse.mm dispatches two: zeros, then _sparse_addmm)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        return SparseProduct.apply(grad, ctx.adj_t, ctx.adj), None, None

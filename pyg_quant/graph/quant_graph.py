@@ -23,11 +23,12 @@ from typing import Optional, Tuple
 
 import torch
 
+from .. import ops
 from .._utils import check_finite, is_compiling
 from ..bit_tensor import BitTensor, to_val
 from .adjacency_form import DEFAULT_MIN_TILE_NNZ, check_adjacency_form
 from .edge_ops import edge_bit_spmm, edge_spmm_int
-from .float_csr import RebuiltOnCopy, SparseProduct, csr_matrix
+from .float_csr import RebuiltOnCopy, csr_matrix
 from .input_formats import EdgeSet, bit_adjacency_csr
 from .packing import pack_entries
 from .spmm import bit_spmm, bit_spmm_codes, gather_operands
@@ -261,7 +262,7 @@ class QuantGraph:
                    and not is_compiling())
         pair = self.csr_pair(y.dtype) if use_csr else None
         if pair is not None:
-            out = SparseProduct.apply(y, *pair)
+            out = ops.csr_product(y, *pair)
         else:
             edges = self._float_edges()
             coef = self.edge_coefficients(y.dtype if y.is_floating_point() else torch.float32)

@@ -73,6 +73,48 @@ def qat_linear(x, weight, bias: Optional[torch.Tensor], x_bits: int, x_random: b
     return torch.nn.functional.linear(xq, wq, bias)
 
 
+class _ReferenceCsrProduct(torch.autograd.Function):
+    """The reference of ``csr_product`` (the compiled op's autograd node is C++): ``A · y``, gradient ``Aᵀ · dY``, itself
+    differentiable (double backward)."""
+
+    @staticmethod
+    def forward(ctx, y, adj, adj_t):
+        ctx.adj, ctx.adj_t = adj, adj_t
+        return torch.mm(adj, y)  # one op (torch.sparse.mm dispatches two: zeros, then _sparse_addmm)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _ReferenceCsrProduct.apply(grad, ctx.adj_t, ctx.adj), None, None
+
+
+def csr_product(y, adj, adj_t):
+    """``A · y`` for a constant sparse CSR ``adj`` ``[M, N]`` and dense ``y`` ``[N, F]``, its gradient to ``y`` the
+    product with ``adj_t`` (``Aᵀ`` in CSR, prebuilt: autograd's own backward of ``torch.mm`` on a CSR matrix
+    transposes and coalesces it at every call)."""
+    if use_compiled("csr_product", y.device):
+        return torch.ops.pyg_quant.csr_product(y, adj, adj_t)
+    return _ReferenceCsrProduct.apply(y, adj, adj_t)
+
+
+def ema_range(x, stored_lo, stored_hi, momentum: float, dim: int, grid, grid_bits: int):
+    """A static observer's step in one op: the stored 1-D range moved toward ``x``'s (see ``csrc/ema_range.h``);
+    ``grid`` a list of floats (empty: the min/max)."""
+    if use_compiled("ema_range", x.device):
+        return torch.ops.pyg_quant.ema_range(x, stored_lo, stored_hi, momentum, dim, grid, grid_bits)
+    return reference.ema_range(x, stored_lo, stored_hi, momentum, dim, grid, grid_bits)
+
+
+def ema_fake_quantize(x, stored_lo, stored_hi, momentum: float, dim: int, grid, grid_bits: int, bits: int,
+                      with_mask: bool, random_noise: bool = False, generator: Optional[torch.Generator] = None):
+    """``(fq(x), inside, lo, hi)``: :func:`ema_range` and :func:`fake_quantize` over the new range in one op (see
+    ``csrc/ema_range.h``)."""
+    if use_compiled("ema_fake_quantize", x.device):
+        return torch.ops.pyg_quant.ema_fake_quantize(x, stored_lo, stored_hi, momentum, dim, grid, grid_bits, bits,
+                                                     with_mask, random_noise, generator)
+    return reference.ema_fake_quantize(x, stored_lo, stored_hi, momentum, dim, grid, grid_bits, bits, with_mask,
+                                       random_noise, generator, fake_quantize)
+
+
 def mse_range(x, dim: int, bits: int, grid):
     if use_compiled("mse_range", x.device):
         return torch.ops.pyg_quant.mse_range(x, dim, bits, [float(a) for a in grid])
@@ -317,6 +359,10 @@ if LOADED:
     @torch.library.register_fake("pyg_quant::fake_quantize")
     def _(x, lo, hi, bits, dim, noise, with_mask, random_noise=False, generator=None):
         return x.new_empty(x.shape), x.new_empty(x.shape if with_mask else (0,), dtype=torch.bool)
+
+    @torch.library.register_fake("pyg_quant::csr_product")
+    def _(y, adj, adj_t):
+        return y.new_empty((adj.shape[0], y.shape[1]))
 
     @torch.library.register_fake("pyg_quant::mse_range")
     def _(x, dim, bits, grid):

@@ -411,6 +411,32 @@ def mse_range(x, dim: int, bits: int, grid):
                                                                              bits, 0.5))
 
 
+#: The narrowest range ema_fake_quantize keeps (pyg_quant.quantization.affine.MIN_RANGE_WIDTH).
+_MIN_RANGE_WIDTH = 255 * torch.finfo(torch.float32).tiny
+
+
+def ema_range(x, stored_lo, stored_hi, momentum: float, dim: int, grid, grid_bits: int):
+    """``stored + m·(batch − stored)`` for both ends, the batch's range ``x``'s min/max over ``dim`` (-1: the
+    tensor's) for an empty ``grid``, else :func:`mse_range`'s at ``grid_bits``; float32, no gradient."""
+    with torch.no_grad():
+        x = x.to(torch.float32)
+        lo, hi = mse_range(x, dim, grid_bits, grid) if len(grid) else _own_range(x, dim)
+        if lo.shape != stored_lo.shape or hi.shape != stored_hi.shape:
+            raise ValueError(f"ema_range: x has {lo.numel()} ranges but {stored_lo.numel()} are stored")
+        return stored_lo + (lo - stored_lo) * momentum, stored_hi + (hi - stored_hi) * momentum
+
+
+def ema_fake_quantize(x, stored_lo, stored_hi, momentum: float, dim: int, grid, grid_bits: int, bits: int,
+                      with_mask: bool, random_noise: bool = False, generator: Optional[torch.Generator] = None,
+                      fake_quantize=fake_quantize):
+    """``(fq(x), mask, lo, hi)``: :func:`ema_range`'s ``(lo, hi)``, and ``fake_quantize`` of ``x`` over it with ranges
+    narrower than ``MIN_RANGE_WIDTH`` collapsed to ``hi = lo`` (``fake_quantize`` the differentiable one)."""
+    lo, hi = ema_range(x, stored_lo, stored_hi, momentum, dim, grid, grid_bits)
+    used_hi = torch.where(hi - lo < _MIN_RANGE_WIDTH, lo, hi)
+    out, mask = fake_quantize(x.to(torch.float32), lo, used_hi, bits, dim, None, with_mask, random_noise, generator)
+    return out, mask, lo, hi
+
+
 _GRID_TENSORS = {}
 
 

@@ -347,22 +347,41 @@ class FakeQuantize(torch.nn.Module):
         state, observer = self.__dict__, self._modules["observer"]
         if state["training"] and state["_observe"] and not observer.dynamic:  # (a dynamic observer keeps nothing)
             observer(x)
-            state["_range_moved"] = True
-            if self._buffers["lo"].numel() == 0 and _group.world_size() > 1:
-                # lo / scale are written when read (a state_dict() on rank 0 alone, say): take their shape now, on
-                # every rank at once, so that DDP's buffer broadcast never meets buffers of different sizes.
-                self._store_range()
+            self._recorded()
+
+    def _recorded(self) -> None:
+        """Bookkeeping after the observer recorded a batch: ``lo`` / ``scale`` are stale until read."""
+        self.__dict__["_range_moved"] = True
+        if self._buffers["lo"].numel() == 0 and _group.world_size() > 1:
+            # lo / scale are written when read (a state_dict() on rank 0 alone, say): take their shape now, on
+            # every rank at once, so that DDP's buffer broadcast never meets buffers of different sizes.
+            self._store_range()
 
     def forward(self, x: torch.Tensor, protect: Optional[torch.Tensor] = None) -> torch.Tensor:
-        self.observe(x)
         state, observer = self.__dict__, self._modules["observer"]
         training, observing = state["training"], state["_observe"]
+        step = None
+        if training and observing and state["_fake"] and not state["keep_zeros"]:
+            step = observer.fused_step(check_matrix(x))
+        if step is None or step[1] != (-1 if state["dim"] is None else state["dim"]):
+            self.observe(x)
+            step = None
         if not state["_fake"]:
             return x
         if protect is not None and training and (protect.dtype != torch.bool or protect.shape != (x.size(0),)):
             raise ValueError(f"protect must be a bool tensor of shape ({x.size(0)},), got "
                              f"{protect.dtype}{list(protect.shape)}")
         x32 = x.to(torch.float32)
+        if step is not None:
+            # The observer's step, the collapse of narrow ranges and the fake quantization in one op: what the
+            # general path below computes for a static EMA / MSE range, op by op.
+            random_noise = state["stochastic"]
+            out, _, lo, hi = ops.ema_fake_quantize(x32, *observer.range_tensors(), *step, state["bits"],
+                                                   x32.requires_grad, random_noise,
+                                                   self.generator(x32.device) if random_noise else None)
+            observer.record(lo, hi)
+            self._recorded()
+            return self._protected(out, x32, protect)
         learned = observer.learned
         if learned and training and observing:
             # The range is trained: nearest rounding, LSQ+ gradients to range_lo and log_step.

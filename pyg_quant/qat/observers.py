@@ -54,12 +54,15 @@ from typing import Iterator, Optional, Tuple
 
 import torch
 
+from .. import ops
 from .._utils import check_finite as _check_finite, is_compiling
 from ..distributed import ranges as _ranks
 from ..layout import check_bits
+from ..nn.quant_linear import no_hooks
 from ..quantization.affine import MIN_RANGE_WIDTH
 from ..quantization.quantize import check_matrix
-from ..quantization.ranges import masked_mse_ranges, masked_tensor_range, mse_ranges, tensor_quantiles, tensor_range
+from ..quantization.ranges import (MSE_GRID, masked_mse_ranges, masked_tensor_range, mse_ranges, tensor_quantiles,
+                                   tensor_range)
 
 OBSERVERS = ("dynamic", "minmax", "ema", "percentile", "mse", "dynamic_mse", "learned")
 
@@ -168,6 +171,16 @@ class Observer(torch.nn.Module):
         buffers["min_val"], buffers["max_val"] = lo, hi
         return x
 
+    def fused_step(self, x: torch.Tensor) -> Optional[tuple]:
+        """``(momentum, dim, grid, grid_bits)``, the arguments of :func:`pyg_quant.ops.ema_range` where that op is this
+        observer's step on ``x`` (2-D) now; None where :meth:`forward` records ``x`` (every observer but an eager
+        :class:`EMAMinMaxObserver` / :class:`MSEObserver` with a range stored for ``x``'s shape, in one process)."""
+        return None
+
+    def record(self, lo: torch.Tensor, hi: torch.Tensor) -> None:
+        """Store ``(lo, hi)``, the new range (fresh tensors, assigned in the buffers' dict as forward does)."""
+        self._buffers["min_val"], self._buffers["max_val"] = lo, hi
+
     def range(self, x: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
         """The stored ``(lo, hi)``; before any observation, ``x``'s own range (or a ValueError without ``x``)."""
         if self.initialized:
@@ -242,6 +255,25 @@ class EMAMinMaxObserver(Observer):
         super().__init__(dim)
         self.momentum = _check_momentum(momentum)
 
+    def fused_step(self, x: torch.Tensor) -> Optional[tuple]:
+        grid = _EMA_GRIDS.get(type(self))  # (a subclass with a batch range of its own is not the op's)
+        if grid is None or is_compiling() or _in_place.get() or _ranks.syncing() or not no_hooks(self):
+            return None
+        stored = self._buffers["min_val"]
+        dim = self.dim
+        if (stored.numel() != (1 if dim is None else x.size(1 - dim)) or stored.dtype != torch.float32
+                or stored.device != x.device):
+            return None  # (not observed yet, or forward's error for a new shape)
+        return self.momentum, -1 if dim is None else dim, grid, getattr(self, "bits", 0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_matrix(x)
+        step = self.fused_step(x)
+        if step is None:
+            return super().forward(x)
+        self.record(*ops.ema_range(x, *self.range_tensors(), *step))
+        return x
+
     def combine(self, lo, hi):
         buffers = self._buffers
         stored = [buffers["min_val"], buffers["max_val"]]
@@ -299,6 +331,11 @@ class MSEObserver(EMAMinMaxObserver):
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, bits={self.bits}, momentum={self.momentum}"
+
+
+#: The observers whose step is :func:`pyg_quant.ops.ema_range`'s, and its batch range: ``[]`` the min/max, else
+#: the MSE search's grid.
+_EMA_GRIDS = {EMAMinMaxObserver: [], MSEObserver: [float(a) for a in MSE_GRID]}
 
 
 class DynamicMSEObserver(DynamicObserver):
