@@ -437,11 +437,15 @@ def test_observe_records_as_forward_does_without_drawing_noise():
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("observer", ["ema", "mse"])
 @pytest.mark.parametrize("dim", [None, 0, 1])
-def test_static_range_step_in_one_op_is_the_op_by_op_step(device, observer, dim, monkeypatch):
+@pytest.mark.parametrize("compiled", [True, False])
+def test_static_range_step_in_one_op_is_the_op_by_op_step(device, observer, dim, compiled, monkeypatch):
     """A static EMA / MSE quantizer's training step as one op (``ops.ema_fake_quantize``; the observer's step alone,
     ``ops.ema_range``) gives what the observer's and the quantizer's ops give one by one: outputs, gradients (clipped
-    values zeroed), stored ranges and rounding noise, bit for bit, a range narrower than MIN_RANGE_WIDTH collapsed."""
+    values zeroed), stored ranges and rounding noise, bit for bit, a range narrower than MIN_RANGE_WIDTH collapsed;
+    the compiled op and its reference (every op the reference) alike."""
     from pyg_quant import ops
+    if not compiled:
+        monkeypatch.setattr(ops, "use_compiled", lambda op, device: False)
     calls = []
     for name in ("ema_fake_quantize", "ema_range"):
         original = getattr(ops, name)

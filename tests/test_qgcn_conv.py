@@ -708,3 +708,48 @@ def test_float_layer_on_bit_adjacency_builds_its_matrix_once(monkeypatch, form):
     for twin in (copy.deepcopy(adj), pickle.loads(pickle.dumps(adj))):
         with torch.no_grad():
             assert torch.equal(conv(x, twin), first)
+
+
+@pytest.mark.parametrize("form", ["edge_index", "weighted", "bit_csr", "bit_tiles"])
+@pytest.mark.parametrize("qat_layer", [False, True])
+def test_training_aggregation_folds_the_normalization(form, qat_layer, monkeypatch):
+    """In training, ``D^-1/2 Â h`` is one CSR product on a matrix with ``D^-1/2`` and the self-loop term folded in
+    (``QuantGraph.aggregate_scaled``): outputs and gradients those of PyG's GCNConv (float layer) and of the
+    step-by-step aggregation (product, self-loop term, row scaling), within float32 rounding."""
+    from pyg_quant.graph.quant_graph import QuantGraph
+    x, edge_index, weight = graph()
+    n = x.size(0)
+    ref, conv = pair(None)
+    weighted = form == "weighted"
+    if form.startswith("bit"):
+        adj = pq.BitAdjacency.from_edge_index(edge_index, n, self_loops=1,
+                                              adjacency="csr" if form == "bit_csr" else "tiles")
+        args, pyg_args = (adj,), (edge_index,)
+    else:
+        args = pyg_args = (edge_index, weight) if weighted else (edge_index,)
+    if qat_layer:
+        conv = pq.qat.QATGCNConv.from_float(ref, pq.qat.QConfig(weight_bits=None, act_bits=None))
+    folded = [0]
+    original = QuantGraph.aggregate_scaled
+
+    def counting(graph_, y):
+        out = original(graph_, y)
+        folded[0] += out is not None
+        return out
+
+    monkeypatch.setattr(QuantGraph, "aggregate_scaled", counting)
+    results = []
+    for model, model_args, fold in ((ref, pyg_args, None), (conv, args, True), (conv, args, False)):
+        if fold is False:
+            monkeypatch.setattr(QuantGraph, "aggregate_scaled", lambda graph_, y: None)
+        model.train()
+        leaf = x.clone().requires_grad_()
+        out = model(leaf, *model_args)
+        weights = torch.randn(out.shape, generator=gen(5))
+        (out * weights).sum().backward()
+        results.append((out.detach(), leaf.grad, model.lin.weight.grad.clone()))
+        model.zero_grad()
+    assert folded[0] == 1  # the folded product ran once, in the second call
+    for got in results[1:]:
+        for a, b in zip(got, results[0]):
+            assert torch.allclose(a, b, rtol=1e-5, atol=1e-5)

@@ -6,10 +6,11 @@ scatters it back (``index_add``), and autograd's backward of ``torch.sparse.mm``
 COO matrix transposes and coalesces it (a sort of every edge) at every call.  A graph
 here keeps ``A`` (rows = targets) and ``Aᵀ`` (rows = sources) in CSR, built once with
 one sort each, and :func:`pyg_quant.ops.csr_product` runs the forward and the backward as one CSR
-product each.
+product each; GCN's training aggregation ``D^-1/2 Â`` takes its row scaling and self-loop term folded into the
+matrix (:func:`scaled_csr_pair`).
 """
 import warnings
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -40,6 +41,23 @@ def csr_matrix(rows: Tensor, cols: Tensor, values: Optional[Tensor], num_rows: i
     else:
         values = values.index_select(0, order).to(dtype)
     return csr_tensor(crow, cols.index_select(0, order), values, num_rows, num_cols)
+
+
+def scaled_csr_pair(rows: Tensor, cols: Tensor, values: Optional[Tensor], row_scale: Tensor, diag: Optional[Tensor],
+                    num_rows: int, num_cols: int, dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
+    """``(M, Mᵀ)`` in CSR for ``M = diag(row_scale) · (A + diag(diag))``, ``A[rows[e], cols[e]] += values[e]`` (ones
+    when None): GCN's aggregation ``D^-1/2 Â`` with its row scaling and self-loop term folded into one product
+    (``diag`` needs a square ``A``)."""
+    scale = row_scale.to(dtype)
+    entries = scale.index_select(0, rows)
+    if values is not None:
+        entries = entries * values.to(dtype)
+    if diag is not None:
+        nodes = torch.arange(num_rows, dtype=rows.dtype, device=rows.device)
+        rows, cols = torch.cat((rows, nodes)), torch.cat((cols, nodes))
+        entries = torch.cat((entries, scale * diag.to(dtype)))
+    return (csr_matrix(rows, cols, entries, num_rows, num_cols, dtype),
+            csr_matrix(cols, rows, entries, num_cols, num_rows, dtype))
 
 
 class RebuiltOnCopy(dict):

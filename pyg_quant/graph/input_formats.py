@@ -23,7 +23,7 @@ from torch_geometric.utils import is_torch_sparse_tensor, to_edge_index
 from .._utils import is_compiling
 from .bit_adjacency import BitAdjacency
 from .cache import deferred_index_check, host_read, index_bounds
-from .float_csr import csr_matrix, csr_tensor
+from .float_csr import csr_matrix, csr_tensor, scaled_csr_pair
 from .packing import decode_bit_adjacency
 
 
@@ -90,6 +90,17 @@ def bit_adjacency_csr(adj: BitAdjacency, dtype: torch.dtype, transpose: bool = F
         return csr_matrix(dst, src, count.to(dtype), adj.num_rows, adj.num_cols, dtype)
 
     return adj.derived(f"csr_{'a_t' if transpose else 'a'}_{dtype}", make)
+
+
+def bit_adjacency_scaled_csr(adj: BitAdjacency, row_scale: torch.Tensor, dtype: torch.dtype):
+    """``(M, Mᵀ)`` of :func:`~pyg_quant.graph.float_csr.scaled_csr_pair` for ``adj`` (its diagonal term folded in)
+    with ``row_scale`` (a per-node vector derived from ``adj`` and kept on it, GCN's ``D^-1/2``), built once per
+    adjacency and dtype."""
+    def make():
+        src, dst, count = bit_adjacency_entries(adj)
+        return scaled_csr_pair(dst, src, count, row_scale, adj.diag, adj.num_rows, adj.num_cols, dtype)
+
+    return adj.derived(f"scaled_csr_{dtype}", make)
 
 
 def _check_index_range(edge_index: torch.Tensor, flow: str, num_src: int, num_dst: int, name: str) -> None:

@@ -28,8 +28,8 @@ from .._utils import check_finite, is_compiling
 from ..bit_tensor import BitTensor, to_val
 from .adjacency_form import DEFAULT_MIN_TILE_NNZ, check_adjacency_form
 from .edge_ops import edge_bit_spmm, edge_spmm_int
-from .float_csr import RebuiltOnCopy, csr_matrix
-from .input_formats import EdgeSet, bit_adjacency_csr
+from .float_csr import RebuiltOnCopy, csr_matrix, scaled_csr_pair
+from .input_formats import EdgeSet, bit_adjacency_csr, bit_adjacency_scaled_csr
 from .packing import pack_entries
 from .spmm import bit_spmm, bit_spmm_codes, gather_operands
 
@@ -217,6 +217,33 @@ class QuantGraph:
             pair = (self._csr_matrix(dtype, False, coef), self._csr_matrix(dtype, True, coef))
         cache[dtype] = pair
         return pair
+
+    def aggregate_scaled(self, y: torch.Tensor) -> Optional[torch.Tensor]:
+        r"""``D^{-1/2} Â · y`` (``deg_inv_sqrt`` scaling the rows) in one CSR product, its gradient one with the
+        transpose: the matrix ``D^{-1/2}(A + diag(δ))`` built once per graph and dtype (a float sum in another
+        order than :meth:`aggregate_float` and the row scaling's).  None where that does not apply (no GCN
+        normalization, other than a 2-D float32 / float64 ``y``, ``torch.compile`` tracing, a gradient to the
+        edge coefficients, ``δ`` or ``D^{-1/2}``): the caller takes the steps one by one."""
+        dinv = self.deg_inv_sqrt
+        if (dinv is None or y.dim() != 2 or y.dtype not in (torch.float32, torch.float64) or is_compiling()
+                or dinv.requires_grad or (self.diag is not None and self.diag.requires_grad)):
+            return None
+        cache = self.__dict__.setdefault("_csr", RebuiltOnCopy())
+        key = ("scaled", y.dtype)
+        pair = cache.get(key)
+        if pair is None:
+            prebuilt = self.prebuilt
+            if prebuilt is not None and not self.weighted and self.keep is None:
+                pair = bit_adjacency_scaled_csr(prebuilt, dinv, y.dtype)
+            else:
+                coef = self.edge_coefficients(y.dtype)  # (decodes the edges if needed)
+                if coef is not None and coef.requires_grad:
+                    return None
+                edges = self.edges
+                pair = scaled_csr_pair(edges.dst, edges.src, coef, dinv, self.diag, self.num_dst, self.num_src,
+                                       y.dtype)
+            cache[key] = pair
+        return ops.csr_product(y, *pair)
 
     def _csr_matrix(self, dtype: torch.dtype, transpose: bool, coef: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``A`` (``Aᵀ`` with ``transpose``) as a CSR matrix of ``dtype``, its entries ``coef``

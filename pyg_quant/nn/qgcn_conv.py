@@ -341,9 +341,12 @@ class QGCNConv(StaticRange, MessagePassing):
             self._observe(matrix)
             h = restore(fake_quantize_fixed(matrix, fixed) if fixed is not None
                         else fake_quantize(matrix, act_bits, 0, self.stochastic and self.training))
-        out = graph.aggregate_float(h, explain_edge_mask(self, edge_index, graph))
-        if deg_inv_sqrt is not None:
-            out = out * graph.column(deg_inv_sqrt, out.dtype)
+        mask = explain_edge_mask(self, edge_index, graph)
+        out = graph.aggregate_scaled(h) if self.training and mask is None else None  # D^-1/2 Â h in one product
+        if out is None:
+            out = graph.aggregate_float(h, mask)
+            if deg_inv_sqrt is not None:
+                out = out * graph.column(deg_inv_sqrt, out.dtype)
         if self.bias is not None:
             out = out + self.bias
         return self._finish(out, x, bit_kernels)

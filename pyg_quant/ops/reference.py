@@ -11,6 +11,7 @@ from typing import Optional
 import torch
 
 from ..layout import PACK_ALIGN_BITS, TILE_COLS, TILE_ROWS, container_bits, padded_outer, packed_words, row_code_bytes
+from ..quantization.affine import MIN_RANGE_WIDTH
 
 
 def _bit_weights(device: torch.device) -> torch.Tensor:
@@ -411,10 +412,6 @@ def mse_range(x, dim: int, bits: int, grid):
                                                                              bits, 0.5))
 
 
-#: The narrowest range ema_fake_quantize keeps (pyg_quant.quantization.affine.MIN_RANGE_WIDTH).
-_MIN_RANGE_WIDTH = 255 * torch.finfo(torch.float32).tiny
-
-
 def ema_range(x, stored_lo, stored_hi, momentum: float, dim: int, grid, grid_bits: int):
     """``stored + m·(batch − stored)`` for both ends, the batch's range ``x``'s min/max over ``dim`` (-1: the
     tensor's) for an empty ``grid``, else :func:`mse_range`'s at ``grid_bits``; float32, no gradient."""
@@ -432,7 +429,7 @@ def ema_fake_quantize(x, stored_lo, stored_hi, momentum: float, dim: int, grid, 
     """``(fq(x), mask, lo, hi)``: :func:`ema_range`'s ``(lo, hi)``, and ``fake_quantize`` of ``x`` over it with ranges
     narrower than ``MIN_RANGE_WIDTH`` collapsed to ``hi = lo`` (``fake_quantize`` the differentiable one)."""
     lo, hi = ema_range(x, stored_lo, stored_hi, momentum, dim, grid, grid_bits)
-    used_hi = torch.where(hi - lo < _MIN_RANGE_WIDTH, lo, hi)
+    used_hi = torch.where(hi - lo < MIN_RANGE_WIDTH, lo, hi)
     out, mask = fake_quantize(x.to(torch.float32), lo, used_hi, bits, dim, None, with_mask, random_noise, generator)
     return out, mask, lo, hi
 

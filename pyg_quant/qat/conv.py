@@ -223,8 +223,12 @@ class QATGCNConv(_QATConvMixin, QGCNConv):
                 h = fq(h, protect)
             elif fq is not None:
                 own, h = fq.forward_exact(h, protect)
-            out = _aggregate_float(graph, h, self.training, explain_edge_mask(self, edge_index, graph),
-                                   self_values=own)
+            mask = explain_edge_mask(self, edge_index, graph)
+            scaled = graph.aggregate_scaled(h) if self.training and mask is None else None
+            if scaled is not None:  # D^-1/2 Â h in one product (training): its row scaling is done
+                out, deg_inv_sqrt = scaled.to(torch.float32), None
+            else:
+                out = _aggregate_float(graph, h, self.training, mask, self_values=own)
         if deg_inv_sqrt is not None:
             out = out * graph.column(deg_inv_sqrt, out.dtype)
         if self.bias is not None:

@@ -264,7 +264,7 @@ class EMAMinMaxObserver(Observer):
         if (stored.numel() != (1 if dim is None else x.size(1 - dim)) or stored.dtype != torch.float32
                 or stored.device != x.device):
             return None  # (not observed yet, or forward's error for a new shape)
-        return self.momentum, -1 if dim is None else dim, grid, getattr(self, "bits", 0)
+        return self.momentum, -1 if dim is None else dim, grid, self.bits if grid else 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         check_matrix(x)
