@@ -44,10 +44,10 @@ def csr_matrix(rows: Tensor, cols: Tensor, values: Optional[Tensor], num_rows: i
 
 
 def scaled_csr_pair(rows: Tensor, cols: Tensor, values: Optional[Tensor], row_scale: Tensor, diag: Optional[Tensor],
-                    num_rows: int, num_cols: int, dtype: torch.dtype) -> Tuple[Tensor, Tensor, None]:
-    """``(M, Mᵀ, None)`` in CSR for ``M = diag(row_scale) · (A + diag(diag))``, ``A[rows[e], cols[e]] += values[e]``
-    (ones when None): GCN's aggregation ``D^-1/2 Â`` with its row scaling and self-loop term folded into one product
-    (``diag`` needs a square ``A``; the third entry, a diagonal term left apart, is None here)."""
+                    num_rows: int, num_cols: int, dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
+    """``(M, Mᵀ)`` in CSR for ``M = diag(row_scale) · (A + diag(diag))``, ``A[rows[e], cols[e]] += values[e]`` (ones
+    when None): GCN's aggregation ``D^-1/2 Â`` with its row scaling and self-loop term folded into one product
+    (``diag`` needs a square ``A``)."""
     scale = row_scale.to(dtype)
     entries = scale.index_select(0, rows)
     if values is not None:
@@ -57,7 +57,7 @@ def scaled_csr_pair(rows: Tensor, cols: Tensor, values: Optional[Tensor], row_sc
         rows, cols = torch.cat((rows, nodes)), torch.cat((cols, nodes))
         entries = torch.cat((entries, scale * diag.to(dtype)))
     return (csr_matrix(rows, cols, entries, num_rows, num_cols, dtype),
-            csr_matrix(cols, rows, entries, num_cols, num_rows, dtype), None)
+            csr_matrix(cols, rows, entries, num_cols, num_rows, dtype))
 
 
 class RebuiltOnCopy(dict):

@@ -93,23 +93,12 @@ def bit_adjacency_csr(adj: BitAdjacency, dtype: torch.dtype, transpose: bool = F
 
 
 def bit_adjacency_scaled_csr(adj: BitAdjacency, row_scale: torch.Tensor, dtype: torch.dtype):
-    """``(M, Mᵀ, d)``: ``diag(row_scale) · A`` and its transpose in CSR and ``d``, the diagonal term
-    ``row_scale ∘ diag`` as an ``[N, 1]`` column (``M·y + d∘y`` is ``diag(row_scale)·Â·y``), for ``row_scale`` a
-    per-node vector derived from ``adj`` and kept on it (GCN's ``D^-1/2``); built once per adjacency and dtype.  Without
-    tiles ``M`` is the residual's CSR with scaled values (no sort: a loader's batch arrives with a new adjacency at
-    every step) and ``Mᵀ`` one sort; with tiles the entries are decoded and the diagonal folded into ``M`` (``d``
-    None, :func:`~pyg_quant.graph.float_csr.scaled_csr_pair`)."""
+    """``(M, Mᵀ)`` of :func:`~pyg_quant.graph.float_csr.scaled_csr_pair` for ``adj`` (its diagonal term folded in)
+    with ``row_scale`` (a per-node vector derived from ``adj`` and kept on it, GCN's ``D^-1/2``), built once per
+    adjacency and dtype."""
     def make():
         src, dst, count = bit_adjacency_entries(adj)
-        if adj.num_tiles:
-            return scaled_csr_pair(dst, src, count, row_scale, adj.diag, adj.num_rows, adj.num_cols, dtype)
-        scale = row_scale.to(dtype)
-        values = scale.index_select(0, dst)  # (dst: the residual's rows, in its entries' order)
-        if adj.res_val is not None:
-            values = values * adj.res_val.to(dtype)
-        diag = None if adj.diag is None else (scale * adj.diag.to(dtype)).view(-1, 1)
-        return (residual_csr(adj, values, dtype), csr_matrix(src, dst, values, adj.num_cols, adj.num_rows, dtype),
-                diag)
+        return scaled_csr_pair(dst, src, count, row_scale, adj.diag, adj.num_rows, adj.num_cols, dtype)
 
     return adj.derived(f"scaled_csr_{dtype}", make)
 

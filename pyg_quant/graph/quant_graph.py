@@ -221,8 +221,7 @@ class QuantGraph:
     def aggregate_scaled(self, y: torch.Tensor) -> Optional[torch.Tensor]:
         r"""``D^{-1/2} Â · y`` (``deg_inv_sqrt`` scaling the rows) in one CSR product, its gradient one with the
         transpose: the matrix ``D^{-1/2}(A + diag(δ))`` built once per graph and dtype (a float sum in another
-        order than :meth:`aggregate_float` and the row scaling's); a tile-free BitAdjacency keeps its CSR as it is,
-        ``D^{-1/2}δ`` added apart (``addcmul``).  None where that does not apply (no GCN
+        order than :meth:`aggregate_float` and the row scaling's).  None where that does not apply (no GCN
         normalization, other than a 2-D float32 / float64 ``y``, ``torch.compile`` tracing, a gradient to the
         edge coefficients, ``δ`` or ``D^{-1/2}``): the caller takes the steps one by one."""
         dinv = self.deg_inv_sqrt
@@ -244,9 +243,7 @@ class QuantGraph:
                 pair = scaled_csr_pair(edges.dst, edges.src, coef, dinv, self.diag, self.num_dst, self.num_src,
                                        y.dtype)
             cache[key] = pair
-        matrix, transpose, diag = pair
-        out = ops.csr_product(y, matrix, transpose)
-        return out if diag is None else torch.addcmul(out, diag, y)  # a diagonal term left apart (no sort)
+        return ops.csr_product(y, *pair)
 
     def _csr_matrix(self, dtype: torch.dtype, transpose: bool, coef: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``A`` (``Aᵀ`` with ``transpose``) as a CSR matrix of ``dtype``, its entries ``coef``
