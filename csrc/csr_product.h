@@ -7,7 +7,6 @@
 #include <ATen/ops/mm.h>
 #include <torch/csrc/autograd/custom_function.h>
 
-
 namespace pyg_quant {
 
 using CsrProductSignature = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&);

@@ -43,8 +43,9 @@ _KERNELS: Dict[tuple, bool] = {
     for device_type, key in _DISPATCH_KEYS.items()
 }
 _KERNELS.update({
-    (op, device_type): LOADED and any(torch._C._dispatch_has_kernel_for_dispatch_key(f"pyg_quant::{op}", key)
-                                      for key in _COMPOSITE_KEYS) and all(_KERNELS[(part, device_type)] for part in parts)
+    (op, device_type): LOADED
+    and any(torch._C._dispatch_has_kernel_for_dispatch_key(f"pyg_quant::{op}", key) for key in _COMPOSITE_KEYS)
+    and all(_KERNELS[(part, device_type)] for part in parts)
     for op, parts in _COMPOSITES.items()
     for device_type in _DISPATCH_KEYS
 })

@@ -74,8 +74,8 @@ def qat_linear(x, weight, bias: Optional[torch.Tensor], x_bits: int, x_random: b
 
 
 class _ReferenceCsrProduct(torch.autograd.Function):
-    """The reference of ``csr_product`` (the compiled op's autograd node is C++): ``A · y``, gradient ``Aᵀ · dY``, itself
-    differentiable (double backward)."""
+    """The reference of ``csr_product`` (the compiled op's autograd node is C++): ``A · y``, gradient ``Aᵀ · dY``,
+    itself differentiable (double backward)."""
 
     @staticmethod
     def forward(ctx, y, adj, adj_t):
