@@ -15,17 +15,14 @@
 #include <ATen/ops/sub.h>
 #include <ATen/ops/where.h>
 
-#include <limits>
 #include <optional>
 #include <tuple>
 #include <vector>
 
 #include "autograd.h"  // fake_quantize_op
+#include "layout.h"    // kMinRangeWidth
 
 namespace pyg_quant {
-
-// The narrowest range kept: 255 normal float32 steps (pyg_quant.quantization.affine.MIN_RANGE_WIDTH).
-constexpr double kMinRangeWidth = 255.0 * static_cast<double>(std::numeric_limits<float>::min());
 
 using MseRangeSignature = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, int64_t, int64_t,
                                                              at::ArrayRef<double>);

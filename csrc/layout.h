@@ -3,6 +3,7 @@
 // the same names (kCamelCase), constexpr and callable from host and device code.  layout.py is the definition, with
 // the pictures; tests/test_layout.py checks the compiled ops' shapes against it.
 #include <cstdint>
+#include <limits>
 
 #include "macros.h"
 
@@ -26,6 +27,9 @@ constexpr int kTileCols = 256;
 constexpr int kTileWords = kTileCols / kWordBits;
 // MAX_BITS: the most bit planes a tensor holds.
 constexpr int kMaxBits = 8;
+// MIN_RANGE_WIDTH: the narrowest range [lo, hi] a quantizer keeps (narrower ones collapse to hi = lo), 2^kMaxBits - 1
+// normal float32 steps, so that the inverse scale stays finite.
+constexpr double kMinRangeWidth = ((1 << kMaxBits) - 1) * static_cast<double>(std::numeric_limits<float>::min());
 // Row codes: a node's row is padded to 16 bytes, so that a gathering thread reads its slice with aligned vector loads.
 constexpr int kRowCodeAlignBytes = 16;
 

@@ -87,6 +87,9 @@ TILE_COLS = 256
 TILE_WORDS = TILE_COLS // 32
 MAX_BITS = 8
 LAYOUTS = ("row", "col")
+#: The narrowest range ``[lo, hi]`` a quantizer keeps (narrower ones collapse to ``hi = lo``): ``2**MAX_BITS - 1``
+#: normal float32 steps (``2**-126`` each), so that the inverse scale ``(2**bits - 1) / (hi - lo)`` stays finite.
+MIN_RANGE_WIDTH = (2**MAX_BITS - 1) * 2.0**-126
 
 
 def check_bits(bits, name: str = "bits") -> int:

@@ -10,8 +10,8 @@ from typing import Optional
 
 import torch
 
-from ..layout import PACK_ALIGN_BITS, TILE_COLS, TILE_ROWS, container_bits, padded_outer, packed_words, row_code_bytes
-from ..quantization.affine import MIN_RANGE_WIDTH
+from ..layout import (MIN_RANGE_WIDTH, PACK_ALIGN_BITS, TILE_COLS, TILE_ROWS, container_bits, padded_outer, packed_words,
+                      row_code_bytes)
 
 
 def _bit_weights(device: torch.device) -> torch.Tensor:

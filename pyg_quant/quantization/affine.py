@@ -16,13 +16,14 @@ from typing import Tuple
 
 import torch
 
+from ..layout import MIN_RANGE_WIDTH
+
 #: How a 1-D range (``(1,)``, ``(cols,)`` or ``(rows,)``) of ranges reduced over ``dim`` (None, 0, 1) is viewed to
 #: broadcast against its 2-D tensor ``[rows, cols]``.
 RANGE_VIEW = {None: (1, 1), 0: (1, -1), 1: (-1, 1)}
 
-#: The narrowest range :func:`collapse_narrow_range` keeps: 255 normal float32 steps, so that ``1 / s`` is finite
-#: at up to 8 bits.
-MIN_RANGE_WIDTH = 255 * torch.finfo(torch.float32).tiny
+# MIN_RANGE_WIDTH (from pyg_quant.layout, which the kernels' csrc/layout.h mirrors): the narrowest range
+# collapse_narrow_range keeps, 255 normal float32 steps, so that ``1 / s`` is finite at up to 8 bits.
 
 
 def affine_scale(lo: torch.Tensor, hi: torch.Tensor, bits: int) -> torch.Tensor:
