@@ -429,3 +429,16 @@ def test_csr_product_on_the_gpu_equals_the_dense_reference(kind, flow, options, 
     assert graph.csr_pair(torch.float32)[0].device.type == "cuda"
     assert torch.allclose(out.double().cpu(), dense_a @ y.detach().double().cpu(), rtol=1e-6, atol=1e-5)
     assert torch.allclose(grad.double().cpu(), dense_a.t() @ upstream.double().cpu(), rtol=1e-6, atol=1e-5)
+
+
+def test_csr_product_rejects_operands_that_do_not_fit():
+    edge_index = torch.tensor([[0, 1, 2], [1, 2, 0]])
+    graph = pq.QGCNConv(2, 2, bits=4)._graph(torch.zeros(3, 2), edge_index, None)
+    adj, adj_t = graph.csr_pair(torch.float32)
+    y = torch.randn(3, 4, generator=gen(1))
+    with pytest.raises(ValueError, match="adj_t its transpose"):
+        ops.csr_product(torch.randn(4, 4), adj, adj_t)  # y has 4 rows for a 3-node graph
+    with pytest.raises(ValueError, match="sparse CSR"):
+        ops.csr_product(y, adj.to_dense(), adj_t)
+    with pytest.raises(ValueError, match="dense 2-D"):
+        ops.csr_product(y[0], adj, adj_t)

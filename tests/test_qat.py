@@ -1216,3 +1216,15 @@ def test_narrow_loaded_or_learned_ranges_never_make_nan():
         assert torch.isfinite(t).all()
     learned.eval()
     assert torch.isfinite(learned(x)).all()
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_ema_range_rejects_a_stored_range_of_another_size(compiled, monkeypatch):
+    from pyg_quant import ops
+    if not compiled:
+        monkeypatch.setattr(ops, "use_compiled", lambda op, device: False)
+    x = randn(10, 3, 0)
+    with pytest.raises(ValueError, match="3 ranges but 2 are stored"):
+        ops.ema_range(x, torch.zeros(2), torch.ones(2), 0.1, 0, [], 0)
+    with pytest.raises(ValueError, match="dim must be"):
+        ops.ema_range(x, torch.zeros(1), torch.ones(1), 0.1, 2, [], 0)

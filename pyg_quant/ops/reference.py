@@ -415,6 +415,8 @@ def mse_range(x, dim: int, bits: int, grid):
 def ema_range(x, stored_lo, stored_hi, momentum: float, dim: int, grid, grid_bits: int):
     """``stored + m·(batch − stored)`` for both ends, the batch's range ``x``'s min/max over ``dim`` (-1: the
     tensor's) for an empty ``grid``, else :func:`mse_range`'s at ``grid_bits``; float32, no gradient."""
+    if dim not in (-1, 0, 1):
+        raise ValueError(f"ema_range: dim must be -1 (per tensor), 0 or 1, got {dim}")
     with torch.no_grad():
         x = x.to(torch.float32)
         lo, hi = mse_range(x, dim, grid_bits, grid) if len(grid) else _own_range(x, dim)
