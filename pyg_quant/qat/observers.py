@@ -168,7 +168,7 @@ class Observer(torch.nn.Module):
         # The buffers stay registered (assigned in their dict, as Module.__setattr__ would); the shape is set by the
         # first batch.  Both are fresh tensors (reductions or the combination's arithmetic), never views of x: no
         # copy is needed, and a range handed out before (a BitTensor's lo) keeps its values.
-        buffers["min_val"], buffers["max_val"] = lo, hi
+        self.record(lo, hi)
         return x
 
     def fused_step(self, x: torch.Tensor) -> Optional[tuple]:
