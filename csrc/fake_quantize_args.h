@@ -1,5 +1,5 @@
 #pragma once
-// Argument checks of fake_quantize and mse_range, shared by the CPU and CUDA kernels.
+// Argument checks of fake_quantize, mse_range and ema_range, shared by the CPU and CUDA kernels.
 #include <ATen/core/Tensor.h>
 #include <c10/util/ArrayRef.h>
 #include <c10/util/Exception.h>
@@ -51,6 +51,22 @@ inline std::vector<float> check_mse_args(const at::Tensor& x, int64_t bits, int6
     factors.push_back(static_cast<float>(a));
   }
   return factors;
+}
+
+// ema_range's arguments (its grid, where not empty, is mse_range's): x a non-empty 2-D tensor, the stored range 1-D
+// float32 on x's device, one value per group of x.
+inline void check_ema_range_args(const at::Tensor& x, const at::Tensor& stored_lo, const at::Tensor& stored_hi,
+                                 int64_t dim) {
+  TORCH_CHECK_VALUE(x.dim() == 2 && x.numel() > 0, "ema_range: x must be a non-empty 2-D tensor");
+  TORCH_CHECK_VALUE(dim >= -1 && dim <= 1, "ema_range: dim must be -1 (per tensor), 0 or 1, got ", dim);
+  const int64_t groups = num_groups(x, dim);
+  TORCH_CHECK_VALUE(stored_lo.dim() == 1 && stored_hi.dim() == 1, "ema_range: the stored range must be 1-D");
+  TORCH_CHECK_VALUE(stored_lo.numel() == groups && stored_hi.numel() == groups, "ema_range: x has ", groups,
+                    " ranges but ", stored_lo.numel(), " are stored");
+  TORCH_CHECK_TYPE(stored_lo.scalar_type() == at::kFloat && stored_hi.scalar_type() == at::kFloat,
+                   "ema_range: the stored range (stored_lo, stored_hi) must be float32");
+  TORCH_CHECK_VALUE(stored_lo.device() == x.device() && stored_hi.device() == x.device(),
+                    "ema_range: the stored range must be on x's device");
 }
 
 }  // namespace pyg_quant

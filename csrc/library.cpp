@@ -38,7 +38,7 @@ TORCH_LIBRARY(pyg_quant, m) {
   m.def("csr_product(Tensor y, Tensor adj, Tensor adj_t) -> Tensor");
   m.def(
       "ema_range(Tensor x, Tensor stored_lo, Tensor stored_hi, float momentum, int dim, float[] grid, int grid_bits) "
-      "-> (Tensor, Tensor)");
+      "-> (Tensor, Tensor, Tensor)");
   m.def(
       "ema_fake_quantize(Tensor x, Tensor stored_lo, Tensor stored_hi, float momentum, int dim, float[] grid, "
       "int grid_bits, int bits, bool with_mask, bool random_noise=False, Generator? generator=None) -> (Tensor, "
@@ -140,9 +140,10 @@ TORCH_LIBRARY_IMPL(pyg_quant, CPU, m) {
   m.impl("pack_row_codes", &pyg_quant::pack_row_codes_cpu);
   m.impl("planes_from_row_codes", &pyg_quant::planes_from_row_codes_cpu);
   m.impl("quantize_pack_ranges", &pyg_quant::quantize_pack_ranges_cpu);
-  // fake_quantize and mse_range (pyg_quant.qat's quantizers and range search)
+  // fake_quantize, mse_range and ema_range (pyg_quant.qat's quantizers, range search and static range step)
   m.impl("fake_quantize", &pyg_quant::fake_quantize_cpu);
   m.impl("mse_range", &pyg_quant::mse_range_cpu);
+  m.impl("ema_range", &pyg_quant::ema_range_cpu);
   // bitmm_int and bitmm_affine
   m.impl("bitmm_int", &pyg_quant::bitmm_int_cpu);
   m.impl("bitmm_affine", &pyg_quant::bitmm_affine_cpu);
@@ -196,7 +197,6 @@ TORCH_LIBRARY_IMPL(pyg_quant, CompositeExplicitAutograd, m) { m.impl("csr_produc
 // Ops composed of other ops, whose gradients are their parts' (every backend, torch.compile included).
 TORCH_LIBRARY_IMPL(pyg_quant, CompositeImplicitAutograd, m) {
   m.impl("qat_linear", &pyg_quant::qat_linear);
-  m.impl("ema_range", &pyg_quant::ema_range);
   m.impl("ema_fake_quantize", &pyg_quant::ema_fake_quantize);
 }
 
@@ -211,6 +211,7 @@ TORCH_LIBRARY_IMPL(pyg_quant, CUDA, m) {
   m.impl("quantize_pack_ranges", &pyg_quant::quantize_pack_ranges_cuda);
   m.impl("fake_quantize", &pyg_quant::fake_quantize_cuda);
   m.impl("mse_range", &pyg_quant::mse_range_cuda);
+  m.impl("ema_range", &pyg_quant::ema_range_cuda);
   m.impl("bitmm_int", &pyg_quant::bitmm_int_cuda);
   m.impl("bitmm_affine", &pyg_quant::bitmm_affine_cuda);
   m.impl("bit_spmm_int", &pyg_quant::bit_spmm_int_cuda);

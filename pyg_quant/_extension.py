@@ -32,8 +32,7 @@ _OPS = ("quantize_pack", "quantize_pack_ranges", "fake_quantize", "mse_range", "
 _DISPATCH_KEYS = {"cpu": "CPU", "cuda": "CUDA"}
 # Ops registered once for every backend (composed of other ops in C++, or of torch's): they run where the ops they
 # call have kernels.
-_COMPOSITES = {"qat_linear": ("fake_quantize",), "csr_product": (), "ema_range": ("mse_range",),
-               "ema_fake_quantize": ("mse_range", "fake_quantize")}
+_COMPOSITES = {"qat_linear": ("fake_quantize",), "csr_product": (), "ema_fake_quantize": ("ema_range", "fake_quantize")}
 _COMPOSITE_KEYS = ("CompositeImplicitAutograd", "CompositeExplicitAutograd")
 # Filled once at import (the dispatcher query touches no device), so that
 # torch.compile traces has_kernel as a plain dict lookup.

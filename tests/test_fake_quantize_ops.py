@@ -228,6 +228,51 @@ def test_fake_quantize_gradient_compiles_with_inductor():
     assert torch.allclose(compiled_x.grad, eager_x.grad, rtol=1e-6, atol=0)
 
 
+def _ema_data(rows, cols, seed):
+    """Random values with a NaN, an infinity and a constant (collapsing) group along each dim."""
+    x = _data(rows, cols, seed, heavy=True)
+    x[rows // 2, cols // 3] = float("nan")
+    x[rows // 3, 1] = float("inf")
+    x[:, cols - 1] = x[rows - 1, :] = 0.25  # a column and a row whose range is narrower than MIN_RANGE_WIDTH
+    return x
+
+
+def _ema_cases(x):
+    stored = {}
+    for dim in DIMS:
+        groups = 1 if dim < 0 else x.shape[1 - dim]
+        s_lo, s_hi = randn(groups, 1, 7, shift=-2.0).view(-1), randn(groups, 1, 8, shift=2.0).view(-1)
+        if dim is not None and dim >= 0 and groups > 1:  # the constant group's stored range is its value
+            s_lo[-1] = s_hi[-1] = x[-1, -1]
+        stored[dim] = s_lo, s_hi
+    return [(dim, grid, bits, stored[dim]) for dim in DIMS for grid, bits in (([], 0), (list(MSE_GRID), 4),
+                                                                              ([1.0, 0.5], 2))]
+
+
+@requires_compiled
+@pytest.mark.parametrize("shape", [(1, 1), (37, 9), (1300, 70)])
+def test_ema_range_cpu_equals_reference(shape):
+    """The op's range is the reference's (the observers' batch range, then their EMA step), and its used hi is the
+    collapsed one (hi = lo where narrower than MIN_RANGE_WIDTH); NaN and infinities propagate as amin / amax's."""
+    from pyg_quant.layout import MIN_RANGE_WIDTH
+    x = _ema_data(*shape, 5) if shape[0] > 1 else randn(1, 1, 5)
+    for dim, grid, bits, (s_lo, s_hi) in _ema_cases(x):
+        lo, hi, used_hi = torch.ops.pyg_quant.ema_range(x, s_lo, s_hi, 0.1, dim, grid, bits)
+        r_lo, r_hi = ref.ema_range(x, s_lo, s_hi, 0.1, dim, grid, bits)
+        assert _equal(lo, r_lo) and _equal(hi, r_hi), (dim, grid)
+        assert _equal(used_hi, torch.where(r_hi - r_lo < MIN_RANGE_WIDTH, r_lo, r_hi)), (dim, grid)
+        if shape[0] > 1 and dim is not None and dim >= 0:
+            assert bool((used_hi == lo).any()) and bool(torch.isnan(lo).any())  # the constant group, the NaN
+
+
+@requires_compiled
+def test_ema_range_op_registration():
+    x = _ema_data(300, 40, 6).nan_to_num(posinf=7.0)  # (opcheck compares outputs with NaN != NaN)
+    for dim, grid, bits, stored in _ema_cases(x)[::2]:
+        torch.library.opcheck(torch.ops.pyg_quant.ema_range.default, (x, *stored, 0.25, dim, grid, bits),
+                              test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+
+
 # --- GPU == CPU -----------------------------------------------------------------------------
 
 
@@ -283,3 +328,17 @@ def test_mse_range_gpu_equals_cpu_and_is_deterministic(shape):
     for dim in DIMS:
         assert _equal(torch.ops.pyg_quant.mse_range(x.cuda(), dim, 2, list(MSE_GRID))[0],
                       torch.ops.pyg_quant.mse_range(x, dim, 2, list(MSE_GRID))[0])
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA_OK, reason="needs a CUDA GPU and pyg_quant's compiled CUDA backend")
+@pytest.mark.parametrize("shape", [(1, 1), (37, 9), (1300, 70), (40000, 3)])
+def test_ema_range_gpu_equals_cpu(shape):
+    """The CUDA kernels (a warp a row; per column and per tensor: partial min/max over row chunks and column tiles,
+    then the search and the EMA step) give the CPU's range bits, NaN where the CPU has NaN."""
+    x = _ema_data(*shape, 9) if shape[0] > 1 else randn(1, 1, 9)
+    for dim, grid, bits, (s_lo, s_hi) in _ema_cases(x):
+        cpu = torch.ops.pyg_quant.ema_range(x, s_lo, s_hi, 0.1, dim, grid, bits)
+        gpu = torch.ops.pyg_quant.ema_range(x.cuda(), s_lo.cuda(), s_hi.cuda(), 0.1, dim, grid, bits)
+        for g, c in zip(gpu, cpu):
+            assert _equal(g, c), (dim, grid)

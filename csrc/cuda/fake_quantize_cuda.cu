@@ -1,10 +1,11 @@
-// Fake quantization and the MSE range search on the GPU (the maths: csrc/fake_quantize.h, shared with the
-// CPU kernels; -fmad=false keeps every step rounded as there).  Float64 sums are reduced in a fixed order
+// Fake quantization, the MSE range search and ema_range's step on the GPU (the maths: csrc/fake_quantize.h and
+// csrc/ema_range.h, shared with the CPU kernels; -fmad=false keeps every step rounded as there).  Float64 sums are reduced in a fixed order
 // (no atomics), so a search gives the same range at every run.
 #include "fake_quantize_cuda.h"
 
 #include "fake_quantize.h"
 #include "fake_quantize_args.h"
+#include "layout.h"  // kMinRangeWidth
 
 #include <ATen/ATen.h>  // fake_quantize.h includes only the ATen ops it calls itself
 #include <c10/cuda/CUDAException.h>
@@ -40,6 +41,32 @@ __device__ __forceinline__ float best_shrink(const double (&err)[kMaxMseCandidat
 int64_t blocks_for(int64_t work, int64_t per_block) {
   return std::max<int64_t>(1, std::min<int64_t>((work + per_block - 1) / per_block, 65535 * 8));
 }
+
+// Where a search puts the range it found for group g: as it is, or (stored_lo given: ema_range) moved from the stored
+// range, stored + m·(batch − stored) in the observers' float32 steps, with the hi that fake quantization uses
+// (hi = lo where the range is narrower than kMinRangeWidth, as torch.where(hi - lo < width, lo, hi) in float32).
+struct RangeOut {
+  float *lo, *hi;
+  const float* stored_lo = nullptr;
+  const float* stored_hi = nullptr;
+  float momentum = 0.0f;
+  float* used_hi = nullptr;
+};
+
+__device__ __forceinline__ void store_range(const RangeOut& out, int64_t g, float lo, float hi) {
+  if (out.stored_lo != nullptr) {
+    const float s_lo = out.stored_lo[g], s_hi = out.stored_hi[g];
+    lo = s_lo + (lo - s_lo) * out.momentum;
+    hi = s_hi + (hi - s_hi) * out.momentum;
+    out.used_hi[g] = hi - lo < static_cast<float>(kMinRangeWidth) ? lo : hi;
+  }
+  out.lo[g] = lo;
+  out.hi[g] = hi;
+}
+
+// min / max that return NaN where either operand is NaN (amin / amax's rule; fminf would drop it).
+__device__ __forceinline__ float nan_min(float a, float b) { return a != a || b != b ? NAN : fminf(a, b); }
+__device__ __forceinline__ float nan_max(float a, float b) { return a != a || b != b ? NAN : fmaxf(a, b); }
 
 // A row's extrema by its warp, NaN-propagating like amin / amax (every lane gets them).
 __device__ __forceinline__ void row_extrema(const float* __restrict__ row, int64_t cols, int lane, float& lo,
@@ -98,7 +125,7 @@ __global__ void fake_quantize_own_rows_kernel(const float* __restrict__ x, const
 // Per row: a warp a row.  Extrema, then every candidate's error, butterfly-reduced (the same order at every run),
 // then the first smallest.
 __global__ void mse_rows_kernel(const float* __restrict__ x, int64_t rows, int64_t cols, Shrink shrink, float levels,
-                                float* __restrict__ best_lo, float* __restrict__ best_hi) {
+                                RangeOut best) {
   const int lane = threadIdx.x & 31;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
   for (int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; r < rows; r += warps) {
@@ -118,8 +145,7 @@ __global__ void mse_rows_kernel(const float* __restrict__ x, int64_t rows, int64
       for (int s = 16; s > 0; s >>= 1) err[k] += __shfl_xor_sync(kFullMask, err[k], s);
     if (lane == 0) {
       const MseCandidate chosen = mse_candidate(lo, hi, best_shrink(err, shrink), levels);
-      best_lo[r] = chosen.params.lo;
-      best_hi[r] = chosen.hi;
+      store_range(best, r, chosen.params.lo, chosen.hi);
     }
   }
 }
@@ -157,8 +183,7 @@ __global__ void mse_cols_partial_kernel(const float* __restrict__ x, int64_t row
 // of a per-tensor search, in a fixed order; then a butterfly), and thread 0 keeps the first smallest error's range.
 __global__ void mse_cols_select_kernel(const double* __restrict__ partial, int64_t chunks, int64_t cols,
                                        const float* __restrict__ lo, const float* __restrict__ hi, bool one_group,
-                                       Shrink shrink, float levels, float* __restrict__ best_lo,
-                                       float* __restrict__ best_hi) {
+                                       Shrink shrink, float levels, RangeOut best) {
   __shared__ double totals[kMaxMseCandidates];
   const int64_t group = blockIdx.x;
   const int lane = threadIdx.x & 31, k = threadIdx.x >> 5;
@@ -175,8 +200,64 @@ __global__ void mse_cols_select_kernel(const double* __restrict__ partial, int64
   __syncthreads();
   if (threadIdx.x != 0) return;
   const MseCandidate chosen = mse_candidate(lo[group], hi[group], best_shrink(totals, shrink), levels);
-  best_lo[group] = chosen.params.lo;
-  best_hi[group] = chosen.hi;
+  store_range(best, group, chosen.params.lo, chosen.hi);
+}
+
+// ema_range's min/max per row: a warp a row.
+__global__ void extrema_rows_kernel(const float* __restrict__ x, int64_t rows, int64_t cols, RangeOut out) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  for (int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; r < rows; r += warps) {
+    float lo, hi;
+    row_extrema(x + r * cols, cols, lane, lo, hi);
+    if (lane == 0) store_range(out, r, lo, hi);
+  }
+}
+
+// Per column (or per tensor), pass 1: block (column tile, row chunk) takes the min/max of 32 columns over
+// kRowsPerChunk rows into part_lo / part_hi[chunk][col].
+__global__ void extrema_cols_partial_kernel(const float* __restrict__ x, int64_t rows, int64_t cols,
+                                            float* __restrict__ part_lo, float* __restrict__ part_hi) {
+  __shared__ float stage_lo[kRowLanes][32], stage_hi[kRowLanes][32];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + tx, chunk = blockIdx.y;
+  const int64_t r_end = min(rows, (chunk + 1) * kRowsPerChunk);
+  float lo = INFINITY, hi = -INFINITY;
+  if (c < cols)
+    for (int64_t r = chunk * kRowsPerChunk + ty; r < r_end; r += kRowLanes) {
+      const float v = x[r * cols + c];
+      lo = nan_min(lo, v);
+      hi = nan_max(hi, v);
+    }
+  stage_lo[ty][tx] = lo;
+  stage_hi[ty][tx] = hi;
+  __syncthreads();
+  if (ty != 0 || c >= cols) return;
+  for (int j = 1; j < kRowLanes; ++j) {
+    lo = nan_min(lo, stage_lo[j][tx]);
+    hi = nan_max(hi, stage_hi[j][tx]);
+  }
+  part_lo[chunk * cols + c] = lo;
+  part_hi[chunk * cols + c] = hi;
+}
+
+// Pass 2: a warp a group reduces the partials (every column's for a per-tensor range) and stores the range.
+__global__ void extrema_cols_finish_kernel(const float* __restrict__ part_lo, const float* __restrict__ part_hi,
+                                           int64_t chunks, int64_t cols, bool one_group, RangeOut out) {
+  const int64_t group = blockIdx.x;
+  const int lane = threadIdx.x;
+  const int64_t c_begin = one_group ? 0 : group, width = one_group ? cols : 1;
+  float lo = INFINITY, hi = -INFINITY;
+  for (int64_t i = lane; i < chunks * width; i += 32) {
+    const int64_t at = (i / width) * cols + c_begin + i % width;
+    lo = nan_min(lo, part_lo[at]);
+    hi = nan_max(hi, part_hi[at]);
+  }
+  for (int s = 16; s > 0; s >>= 1) {
+    lo = nan_min(lo, __shfl_xor_sync(kFullMask, lo, s));
+    hi = nan_max(hi, __shfl_xor_sync(kFullMask, hi, s));
+  }
+  if (lane == 0) store_range(out, group, lo, hi);
 }
 
 }  // namespace
@@ -211,43 +292,92 @@ std::tuple<at::Tensor, at::Tensor> fake_quantize_cuda(const at::Tensor& x_in, co
   return {out, mask};
 }
 
+namespace {
+
+// x's range per group of dim (x 2-D float32, contiguous), written through `out`: its min/max (no factors), or the
+// MSE search over the shrink factors.  Per row: one launch; per column or per tensor: two for the min/max, then two
+// for the search.
+void launch_range_search(const at::Tensor& x, int64_t dim, const std::vector<float>& factors, float levels,
+                         const RangeOut& out) {
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  const int64_t rows = x.size(0), cols = x.size(1);
+  Shrink shrink{};
+  shrink.count = static_cast<int>(factors.size());
+  for (int k = 0; k < shrink.count; ++k) shrink.factor[k] = factors[k];
+  if (dim == 1) {
+    constexpr int threads = 256;
+    if (factors.empty())
+      extrema_rows_kernel<<<blocks_for(rows * 32, threads), threads, 0, stream>>>(x.data_ptr<float>(), rows, cols, out);
+    else
+      mse_rows_kernel<<<blocks_for(rows * 32, threads), threads, 0, stream>>>(x.data_ptr<float>(), rows, cols, shrink,
+                                                                              levels, out);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return;
+  }
+  const bool one_group = dim < 0;
+  const int64_t groups = one_group ? 1 : cols;
+  const int64_t chunks = (rows + kRowsPerChunk - 1) / kRowsPerChunk;
+  TORCH_CHECK_VALUE(chunks <= 65535, "x has too many rows for the range search (", rows, ")");
+  const dim3 block(32, kRowLanes), tiles(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>(chunks));
+  const at::Tensor part = at::empty({2, chunks, cols}, x.options());  // each chunk's min, then its max
+  float* part_lo = part.data_ptr<float>();
+  float* part_hi = part_lo + chunks * cols;
+  extrema_cols_partial_kernel<<<tiles, block, 0, stream>>>(x.data_ptr<float>(), rows, cols, part_lo, part_hi);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (factors.empty()) {
+    extrema_cols_finish_kernel<<<static_cast<unsigned>(groups), 32, 0, stream>>>(part_lo, part_hi, chunks, cols,
+                                                                                 one_group, out);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return;
+  }
+  const at::Tensor extrema = at::empty({2, groups}, x.options());
+  float* lo = extrema.data_ptr<float>();
+  float* hi = lo + groups;
+  extrema_cols_finish_kernel<<<static_cast<unsigned>(groups), 32, 0, stream>>>(part_lo, part_hi, chunks, cols,
+                                                                               one_group, RangeOut{lo, hi});
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  at::Tensor partial = at::empty({chunks, shrink.count, cols}, x.options().dtype(at::kDouble));
+  mse_cols_partial_kernel<<<tiles, block, 0, stream>>>(x.data_ptr<float>(), rows, cols, lo, hi, one_group, shrink,
+                                                      levels, partial.data_ptr<double>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  mse_cols_select_kernel<<<static_cast<unsigned>(groups), 32 * shrink.count, 0, stream>>>(
+      partial.data_ptr<double>(), chunks, cols, lo, hi, one_group, shrink, levels, out);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace
+
 std::tuple<at::Tensor, at::Tensor> mse_range_cuda(const at::Tensor& x_in, int64_t dim, int64_t bits,
                                                   at::ArrayRef<double> grid) {
   const std::vector<float> factors = check_mse_args(x_in, bits, dim, grid);
   const c10::cuda::CUDAGuard guard(x_in.device());
-  const auto stream = c10::cuda::getCurrentCUDAStream();
-  Shrink shrink{};
-  shrink.count = static_cast<int>(factors.size());
-  for (int k = 0; k < shrink.count; ++k) shrink.factor[k] = factors[k];
-  const float levels = static_cast<float>((1 << bits) - 1);
   const at::Tensor x = x_in.contiguous();
-  const int64_t rows = x.size(0), cols = x.size(1);
-  if (dim == 1) {
-    at::Tensor best_lo = at::empty({rows}, x.options()), best_hi = at::empty({rows}, x.options());
-    constexpr int threads = 256;
-    mse_rows_kernel<<<blocks_for(rows * 32, threads), threads, 0, stream>>>(
-        x.data_ptr<float>(), rows, cols, shrink, levels, best_lo.data_ptr<float>(), best_hi.data_ptr<float>());
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    return {best_lo, best_hi};
-  }
-  const bool one_group = dim < 0;
-  const at::Tensor lo = one_group ? x.amin().reshape(1) : x.amin(0);
-  const at::Tensor hi = one_group ? x.amax().reshape(1) : x.amax(0);
-  const int64_t groups = lo.numel();
-  const int64_t chunks = (rows + kRowsPerChunk - 1) / kRowsPerChunk;
-  TORCH_CHECK_VALUE(chunks <= 65535, "x has too many rows for the range search (", rows, ")");
-  at::Tensor partial = at::empty({chunks, shrink.count, cols}, x.options().dtype(at::kDouble));
-  const dim3 block(32, kRowLanes), tiles(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>(chunks));
-  mse_cols_partial_kernel<<<tiles, block, 0, stream>>>(x.data_ptr<float>(), rows, cols, lo.data_ptr<float>(),
-                                                      hi.data_ptr<float>(), one_group, shrink, levels,
-                                                      partial.data_ptr<double>());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  const int64_t groups = num_groups(x, dim);
   at::Tensor best_lo = at::empty({groups}, x.options()), best_hi = at::empty({groups}, x.options());
-  mse_cols_select_kernel<<<static_cast<unsigned>(groups), 32 * shrink.count, 0, stream>>>(
-      partial.data_ptr<double>(), chunks, cols, lo.data_ptr<float>(), hi.data_ptr<float>(), one_group, shrink, levels,
-      best_lo.data_ptr<float>(), best_hi.data_ptr<float>());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  launch_range_search(x, dim, factors, static_cast<float>((1 << bits) - 1),
+                      RangeOut{best_lo.data_ptr<float>(), best_hi.data_ptr<float>()});
   return {best_lo, best_hi};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> ema_range_cuda(const at::Tensor& x_in, const at::Tensor& stored_lo_in,
+                                                              const at::Tensor& stored_hi_in, double momentum,
+                                                              int64_t dim, at::ArrayRef<double> grid,
+                                                              int64_t grid_bits) {
+  check_ema_range_args(x_in, stored_lo_in, stored_hi_in, dim);
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  const at::Tensor x = x_in.to(at::kFloat).contiguous();
+  const std::vector<float> factors = grid.empty() ? std::vector<float>{} : check_mse_args(x, grid_bits, dim, grid);
+  const at::Tensor stored_lo = stored_lo_in.contiguous(), stored_hi = stored_hi_in.contiguous();
+  const int64_t groups = num_groups(x, dim);
+  at::Tensor lo = at::empty({groups}, x.options()), hi = at::empty({groups}, x.options()),
+             used_hi = at::empty({groups}, x.options());
+  RangeOut out{lo.data_ptr<float>(), hi.data_ptr<float>()};
+  out.stored_lo = stored_lo.data_ptr<float>();
+  out.stored_hi = stored_hi.data_ptr<float>();
+  out.momentum = static_cast<float>(momentum);  // the foreach step's float32 scalar
+  out.used_hi = used_hi.data_ptr<float>();
+  launch_range_search(x, dim, factors, grid.empty() ? 0.0f : static_cast<float>((1 << grid_bits) - 1), out);
+  return {lo, hi, used_hi};
 }
 
 }  // namespace pyg_quant

@@ -99,8 +99,8 @@ def csr_product(y, adj, adj_t):
 def ema_range(x, stored_lo, stored_hi, momentum: float, dim: int, grid, grid_bits: int):
     """A static observer's step in one op: the stored 1-D range moved toward ``x``'s (see ``csrc/ema_range.h``);
     ``grid`` a list of floats (empty: the min/max)."""
-    if use_compiled("ema_range", x.device):
-        return torch.ops.pyg_quant.ema_range(x, stored_lo, stored_hi, momentum, dim, grid, grid_bits)
+    if use_compiled("ema_range", x.device):  # (x detached: the op has no gradient, its range takes none)
+        return torch.ops.pyg_quant.ema_range(x.detach(), stored_lo, stored_hi, momentum, dim, grid, grid_bits)[:2]
     return reference.ema_range(x, stored_lo, stored_hi, momentum, dim, grid, grid_bits)
 
 
@@ -368,6 +368,11 @@ if LOADED:
     def _(x, dim, bits, grid):
         groups = 1 if dim < 0 else x.shape[1 - dim]
         return x.new_empty((groups,)), x.new_empty((groups,))
+
+    @torch.library.register_fake("pyg_quant::ema_range")
+    def _(x, stored_lo, stored_hi, momentum, dim, grid, grid_bits):
+        return stored_lo.new_empty(stored_lo.shape), stored_lo.new_empty(stored_lo.shape), \
+            stored_lo.new_empty(stored_lo.shape)
 
     @torch.library.register_fake("pyg_quant::unpack_codes")
     def _(planes, rows, cols, col_layout):
