@@ -345,22 +345,39 @@ def test_csr_product_gradcheck():
 
 def test_csr_pair_is_built_once_per_graph_and_dtype(monkeypatch):
     builds = [0]
-    build = float_csr.csr_matrix
+    build = float_csr.csr_pair
 
     def counting_build(*args, **kwargs):
         builds[0] += 1
         return build(*args, **kwargs)
 
-    monkeypatch.setattr(quant_graph, "csr_matrix", counting_build)
+    monkeypatch.setattr(quant_graph, "csr_pair", counting_build)
     graph_cache.clear_graph_cache()
     model = pq.qat.prepare(make_model("GIN"), bits=4, skip_last=False)
     x, edge_index = random_graph()
     for _ in range(2):
         model(x, edge_index).sum().backward()
-    assert builds[0] == 2  # A and Aᵀ in float32, shared by the layers and the steps
+    assert builds[0] == 1  # A and Aᵀ in float32, shared by the layers and the steps
     model.eval()
     model(x, edge_index)
-    assert builds[0] == 4  # and in float64 for evaluation with autograd
+    assert builds[0] == 2  # and in float64 for evaluation with autograd
+
+
+def test_csr_pair_is_the_sorted_coo_matrix_and_its_transpose():
+    """Both matrices equal the dense sums of the entries (repeated entries summed), rows and columns in their
+    stable order, int32 indices; with values and with the shared ones alike."""
+    rows = torch.tensor([2, 0, 2, 1, 2, 0])
+    cols = torch.tensor([1, 3, 1, 0, 2, 3])
+    values = torch.tensor([0.5, 1.0, 2.0, -1.0, 4.0, 3.0])
+    for vals in (values, None):
+        m, m_t = float_csr.csr_pair(rows, cols, vals, 3, 4, torch.float64)
+        dense = torch.zeros(3, 4, dtype=torch.float64).index_put_((rows, cols), (values if vals is not None else
+                                                                            torch.ones(6)).double(), accumulate=True)
+        assert torch.equal(m.to_dense(), dense) and torch.equal(m_t.to_dense(), dense.t())
+        assert m.crow_indices().dtype == m.col_indices().dtype == m_t.col_indices().dtype == torch.int32
+        assert m.col_indices().tolist() == [3, 3, 0, 1, 1, 2]  # each row's entries in their given order
+        single = float_csr.csr_matrix(rows, cols, vals, 3, 4, torch.float64)
+        assert torch.equal(single.values(), m.values()) and torch.equal(single.col_indices(), m.col_indices())
 
 
 def test_csr_matrices_do_not_block_copies():

@@ -32,15 +32,32 @@ def csr_tensor(crow: Tensor, col: Tensor, values: Tensor, num_rows: int, num_col
 def csr_matrix(rows: Tensor, cols: Tensor, values: Optional[Tensor], num_rows: int, num_cols: int,
                dtype: torch.dtype) -> Tensor:
     """``M[rows[e], cols[e]] += values[e]`` (ones when None) as CSR, repeated entries kept (SpMM sums them)."""
-    # One sort gives the row pointers and the column order; a stable one fixes the order of each row's sum.
-    sorted_rows, order = torch.sort(rows, stable=True)
-    out_int32 = _index_dtype(rows.numel(), num_rows, num_cols) == torch.int32
-    crow = torch._convert_indices_from_coo_to_csr(sorted_rows, num_rows, out_int32=out_int32)
-    if values is None:
-        values = torch.ones(rows.numel(), dtype=dtype, device=rows.device)
-    else:
-        values = values.index_select(0, order).to(dtype)
-    return csr_tensor(crow, cols.index_select(0, order), values, num_rows, num_cols)
+    return _csr_matrices(rows, cols, values, num_rows, num_cols, dtype, with_transpose=False)[0]
+
+
+def csr_pair(rows: Tensor, cols: Tensor, values: Optional[Tensor], num_rows: int, num_cols: int,
+             dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
+    """``(M, Mᵀ)`` of :func:`csr_matrix`, the indices cast once for both (and the ones shared)."""
+    return _csr_matrices(rows, cols, values, num_rows, num_cols, dtype, with_transpose=True)
+
+
+def _csr_matrices(rows: Tensor, cols: Tensor, values: Optional[Tensor], num_rows: int, num_cols: int,
+                  dtype: torch.dtype, with_transpose: bool) -> tuple:
+    index_dtype = _index_dtype(rows.numel(), num_rows, num_cols)
+    # Indices in the CSR's own dtype first: int32 sort keys take half the radix passes of int64's (the same stable
+    # order), and the sorted columns need no cast afterwards.
+    rows, cols = rows.to(index_dtype), cols.to(index_dtype)
+    ones = torch.ones(rows.numel(), dtype=dtype, device=rows.device) if values is None else None
+
+    def build(keys: Tensor, other: Tensor, n_keys: int, n_other: int) -> Tensor:
+        # One sort gives the row pointers and the column order; a stable one fixes the order of each row's sum.
+        sorted_keys, order = torch.sort(keys, stable=True)
+        crow = torch._convert_indices_from_coo_to_csr(sorted_keys, n_keys, out_int32=index_dtype == torch.int32)
+        entries = ones if values is None else values.index_select(0, order).to(dtype)
+        return csr_tensor(crow, other.index_select(0, order), entries, n_keys, n_other)
+
+    matrix = build(rows, cols, num_rows, num_cols)
+    return (matrix, build(cols, rows, num_cols, num_rows)) if with_transpose else (matrix,)
 
 
 def scaled_csr_pair(rows: Tensor, cols: Tensor, values: Optional[Tensor], row_scale: Tensor, diag: Optional[Tensor],
@@ -56,8 +73,7 @@ def scaled_csr_pair(rows: Tensor, cols: Tensor, values: Optional[Tensor], row_sc
         nodes = torch.arange(num_rows, dtype=rows.dtype, device=rows.device)
         rows, cols = torch.cat((rows, nodes)), torch.cat((cols, nodes))
         entries = torch.cat((entries, scale * diag.to(dtype)))
-    return (csr_matrix(rows, cols, entries, num_rows, num_cols, dtype),
-            csr_matrix(cols, rows, entries, num_cols, num_rows, dtype))
+    return csr_pair(rows, cols, entries, num_rows, num_cols, dtype)
 
 
 class RebuiltOnCopy(dict):

@@ -28,7 +28,7 @@ from .._utils import check_finite, is_compiling
 from ..bit_tensor import BitTensor, to_val
 from .adjacency_form import DEFAULT_MIN_TILE_NNZ, check_adjacency_form
 from .edge_ops import edge_bit_spmm, edge_spmm_int
-from .float_csr import RebuiltOnCopy, csr_matrix, scaled_csr_pair
+from .float_csr import RebuiltOnCopy, csr_pair, scaled_csr_pair
 from .input_formats import EdgeSet, bit_adjacency_csr, bit_adjacency_scaled_csr
 from .packing import pack_entries
 from .spmm import bit_spmm, bit_spmm_codes, gather_operands
@@ -214,7 +214,8 @@ class QuantGraph:
             coef = self.edge_coefficients(dtype)  # decodes the edges if needed
             if coef is not None and coef.requires_grad:
                 return None
-            pair = (self._csr_matrix(dtype, False, coef), self._csr_matrix(dtype, True, coef))
+            edges = self.edges
+            pair = csr_pair(edges.dst, edges.src, coef, self.num_dst, self.num_src, dtype)
         cache[dtype] = pair
         return pair
 
@@ -244,16 +245,6 @@ class QuantGraph:
                                        y.dtype)
             cache[key] = pair
         return ops.csr_product(y, *pair)
-
-    def _csr_matrix(self, dtype: torch.dtype, transpose: bool, coef: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """``A`` (``Aᵀ`` with ``transpose``) as a CSR matrix of ``dtype``, its entries ``coef``
-        (:meth:`edge_coefficients` when None)."""
-        if coef is None:
-            coef = self.edge_coefficients(dtype)
-        edges = self.edges
-        if transpose:
-            return csr_matrix(edges.src, edges.dst, coef, self.num_src, self.num_dst, dtype)
-        return csr_matrix(edges.dst, edges.src, coef, self.num_dst, self.num_src, dtype)
 
     def column(self, values: Optional[torch.Tensor], dtype: torch.dtype) -> Optional[torch.Tensor]:
         """A per-node vector of this graph (``deg_inv_sqrt``, ``diag``) as an ``[N, 1]`` column of ``dtype``.
