@@ -1,6 +1,6 @@
 // Fake quantization, the MSE range search and ema_range's step on the GPU (the maths: csrc/fake_quantize.h and
-// csrc/ema_range.h, shared with the CPU kernels; -fmad=false keeps every step rounded as there).  Float64 sums are reduced in a fixed order
-// (no atomics), so a search gives the same range at every run.
+// csrc/ema_range.h, shared with the CPU kernels; -fmad=false keeps every step rounded as there).  Float64 sums are
+// reduced in a fixed order (no atomics), so a search gives the same range at every run.
 #include "fake_quantize_cuda.h"
 
 #include "fake_quantize.h"
