@@ -5,7 +5,7 @@
 // range is narrower than kMinRangeWidth: pyg_quant.quantization.affine.collapse_narrow_range), and
 // (ema_fake_quantize) fake_quantize of x over it.  A training step runs it for every static quantizer, and the same
 // ops composed in Python cost more host time than their kernels.
-// ema_range has a kernel per backend (CUDA: csrc/cuda/fake_quantize_cuda.cu, two to four launches instead of the ten
+// ema_range has a kernel per backend (CUDA: csrc/cuda/fake_quantize_cuda.cu, one to four launches instead of the ten
 // of the composition below, which is the CPU's); ema_fake_quantize is composite (CompositeImplicitAutograd): the
 // range takes no gradient, x gets fake_quantize's.
 #include <ATen/ops/_foreach_add.h>
