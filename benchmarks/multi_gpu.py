@@ -30,8 +30,11 @@ and ``PyG fp32 CSR`` (PyG ``GCNConv`` / ``GINConv`` on a torch CSR ``adj_t``, GC
 (the batches on the GPU before the epoch) and ``+H2D`` (each batch copied from pinned host memory with
 non-blocking copies on the compute stream, as e2e.py's training "+H2D").  World sizes: ``1`` (the plain model,
 what one GPU runs), ``1 DDP`` (the same under ``DistributedDataParallel`` over a group of one rank: DDP's own
-cost, no communication) and ``2`` (``DistributedDataParallel`` over both ranks, its defaults; the observers'
-ranges all-reduced each step, ``pyg_quant.distributed.seed_everything`` per rank).  Rank ``r`` of ``R`` takes
+cost, no communication) and ``2`` (``DistributedDataParallel`` over both ranks; the observers' ranges all-reduced
+each step, ``pyg_quant.distributed.seed_everything`` per rank).  ``QAT 4-bit`` is wrapped by
+``pyg_quant.distributed.ddp`` (buffers synced once, not before every forward), ``QAT 4-bit, torch DDP`` by
+``DistributedDataParallel`` with its defaults (a broadcast of every buffer before each forward), ``PyG fp32 CSR``
+too.  Rank ``r`` of ``R`` takes
 batches ``r, r + R, ...``; with 75 batches and 2 ranks the shares are padded to 38 steps each as
 ``QuantClusterLoader``'s ``DistributedPartSampler`` pads (rank 1's last step repeats batch 0), so a 2-GPU epoch
 covers all 75 batches in 38 steps (ideal speedup 75 / 38 = 1.97x).  The loss is taken over 4 nodes in 5 of
@@ -93,7 +96,7 @@ from pyg_quant import distributed as pqd  # noqa: E402
 from pyg_quant.graph.adjacency_form import ADJACENCY_FORMS, DEFAULT_ADJACENCY  # noqa: E402
 from pyg_quant.distributed.group import barrier as group_barrier  # noqa: E402
 
-TRAIN_VARIANTS = ("QAT 4-bit", "PyG fp32 CSR")
+TRAIN_VARIANTS = ("QAT 4-bit", "QAT 4-bit, torch DDP", "PyG fp32 CSR")
 
 
 def log(msg: str) -> None:
@@ -248,8 +251,9 @@ class Bench:
         model.train()
         pqd.seed_everything(seed)  # each rank its own stochastic-rounding noise (rank 0: `seed`, as one process)
         net = model
-        if ddp:
-            net = DistributedDataParallel(model, device_ids=[dev.index] if self.cuda else None,
+        if ddp:  # pyg_quant's wrapper for QAT (buffers synced once); torch's defaults for the others
+            wrap = pqd.ddp if variant == "QAT 4-bit" else DistributedDataParallel
+            net = wrap(model, device_ids=[dev.index] if self.cuda else None,
                                           process_group=self.solo if size < self.world else None)
         opt = torch.optim.Adam(net.parameters(), lr=args.lr)
         inp = workload.pyg_inputs(data, kind, adjacency, "fp32", dev)
@@ -690,7 +694,8 @@ def worker(rank: int, args, store: str, start_wall: float) -> None:
                 torch_geometric=workload.torch_geometric.__version__, pyg_quant=pq.__version__, backends=pq.backends(),
                 cpu_count=os.cpu_count(), threads_per_rank=torch.get_num_threads(), args=vars(args), command=args.command,
                 cpus_by_rank=bench.gather_objects(sorted(os.sched_getaffinity(0))), cpu_quota=cpu_quota(),
-                stream="default (a user's loop)", ddp="DistributedDataParallel defaults (broadcast_buffers=True)")
+                stream="default (a user's loop)", ddp="QAT 4-bit: pyg_quant.distributed.ddp; QAT 4-bit, torch DDP "
+                "and PyG fp32 CSR: DistributedDataParallel's defaults")
     bench.rec = workload.Recorder(args.out if rank == 0 else None, meta, args.device)
     for key in ("inference", "transfer", "training", "profiles"):
         del bench.rec.data[key]  # e2e.py's sections; this script's are its rows

@@ -12,8 +12,8 @@ What each rank does (``pyg_quant.distributed``):
    other ranks wait and read its file (or receive its result);
 2. ``QuantClusterLoader`` shards itself over the ranks: each gets a disjoint share of the parts every
    epoch (``set_epoch`` reshuffles; the same number of batches on every rank);
-3. the ``qat.prepare``-d GCN trains under ``DistributedDataParallel``: gradients are averaged, the
-   observers' ranges are all-reduced (equal on every rank), stochastic rounding draws each rank's own
+3. the ``qat.prepare``-d GCN trains under ``DistributedDataParallel`` (``pqd.ddp``: buffers synced once): gradients
+   are averaged, the observers' ranges are all-reduced (equal on every rank), stochastic rounding draws each rank's own
    noise (``seed_everything``).  A batch without training nodes still runs backward with a zero loss:
    a rank that skipped it would leave the others waiting in the gradient all-reduce;
 4. ``sharded_inference`` runs every batch once, on some rank, and gathers the ``[N, C]`` output in node
@@ -32,7 +32,6 @@ from typing import Dict
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cluster_gcn import GCN, SMALL  # noqa: E402  (QGCNConv layers reading BitAdjacency batches)
@@ -115,8 +114,9 @@ def run(args) -> Dict[str, object]:
     model = qat.prepare(GCN(data.num_features, args.hidden, int(data.y.max()) + 1, args.layers), bits=args.bits,
                         seed=args.seed).to(device)
     pqd.seed_everything(args.seed)  # from here each rank draws its own dropout and rounding noise
-    ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None) \
-        if dist.is_initialized() else model
+    # DDP whose buffers are synced once, not before every forward: the observers keep the ranks' ranges equal
+    ddp = pqd.ddp(model, device_ids=[device.index] if device.type == "cuda" else None) if dist.is_initialized() \
+        else model
     optimizer = torch.optim.Adam(ddp.parameters(), lr=args.lr, weight_decay=args.weight_decay)
 
     best, best_state, epoch_s = -1.0, None, []

@@ -256,7 +256,7 @@ def _ddp_worker(rank, parts, out, device):
     pqd.seed_everything(0)
     model = qat_model(init=rank, seed=0, weight_observer="learned", input_observer="minmax", agg_observer="mse")
     model = model.to(device)
-    ddp = DDP(model, device_ids=[rank] if device != "cpu" else None)
+    ddp = pqd.ddp(model, device_ids=[rank] if device != "cpu" else None)  # buffers synced once: the ranks keep them
     with pytest.raises(TypeError, match="DistributedDataParallel"):
         pq.CapturedTrainStep(ddp, torch.optim.SGD(ddp.parameters(), lr=0.1), F.cross_entropy)
     with pytest.raises(ValueError, match="runs one process"):
@@ -270,7 +270,7 @@ def _ddp_worker(rank, parts, out, device):
         for i, batch in enumerate(loader):
             train_step(ddp, optimizer, batch.to(device))
             if rank == 0 and epoch == 0 and i == 0:
-                model.state_dict()  # rank 0 alone reads the ranges (a checkpoint): DDP's next broadcast still fits
+                model.state_dict()  # rank 0 alone reads the ranges (a checkpoint): the ranks' steps still match
     grads = {n: p.grad.cpu() for n, p in model.named_parameters() if p.grad is not None}
     state = {k: v.cpu() for k, v in ddp.module.state_dict().items()}
     batch = next(iter(QuantClusterLoader(parts, batch_size=3, bits=4, shard=False))).to(device)
@@ -308,6 +308,49 @@ def check_ddp_results(tmp_path, parts, device):
 def test_ddp_qat_keeps_gradients_and_ranges_equal(parts, tmp_path):
     run_ranks(_ddp_worker, tmp_path, parts, str(tmp_path / "ddp"), "cpu")
     check_ddp_results(tmp_path, parts, "cpu")
+
+
+def _buffer_sync_worker(rank, parts, out, forward_sync_param):
+    from pyg_quant.distributed import data_parallel as ddp_module
+    ddp_module._FORWARD_SYNC = forward_sync_param  # both paths: torch >= 2.13's DDP argument, and the broadcast here
+    model = qat_model(init=rank, seed=0)
+    batch = next(iter(QuantClusterLoader(parts, batch_size=2, bits=4, shard=False)))
+    with pqd.local_ranges():
+        model(batch.x, batch.adj)  # the observers' ranges exist
+    for buffer in model.buffers():  # each rank its own values
+        if buffer.is_floating_point():
+            buffer.fill_(float(rank + 1))
+    pqd.ddp(model)
+    at_wrap = {k: v.clone() for k, v in model.named_buffers()}
+    # a module whose eval forward writes no buffer: a later change on rank 1 only stays (DDP's default would restore
+    # rank 0's before the forward)
+    torch.manual_seed(0)
+    norm = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3)).eval()
+    wrapped = pqd.ddp(norm)
+    if rank == 1:
+        norm[1].running_mean.fill_(7.0)
+    with torch.no_grad():
+        wrapped(torch.ones(2, 3))
+    torch.save({"at_wrap": at_wrap, "mean": norm[1].running_mean.clone()}, f"{out}_{rank}.pt")
+
+
+@pytest.mark.parametrize("forward_sync_param", [True, False])
+def test_ddp_syncs_buffers_once(parts, tmp_path, forward_sync_param):
+    """``pqd.ddp``: rank 0's buffers everywhere when it wraps the model (torch's ``forward_sync_buffers=False``, or its
+    own broadcast on an older torch), and no broadcast before a forward."""
+    from pyg_quant.distributed import data_parallel as ddp_module
+    if forward_sync_param and not ddp_module._FORWARD_SYNC:
+        pytest.skip("this torch's DistributedDataParallel has no forward_sync_buffers")
+    with pytest.raises(TypeError, match="broadcast_buffers"):
+        pqd.ddp(torch.nn.Linear(2, 2), broadcast_buffers=True)
+    run_ranks(_buffer_sync_worker, tmp_path, parts, str(tmp_path / "bufs"), forward_sync_param)
+    first, second = saved(tmp_path, "bufs")
+    assert any(k.endswith("min_val") and v.numel() for k, v in first["at_wrap"].items())
+    for key in first["at_wrap"]:
+        assert torch.equal(first["at_wrap"][key], second["at_wrap"][key]), key  # rank 0's at the start
+        if first["at_wrap"][key].is_floating_point() and first["at_wrap"][key].numel():
+            assert bool((first["at_wrap"][key] == 1.0).all()), key
+    assert bool((second["mean"] == 7.0).all()) and not bool((first["mean"] == 7.0).any())
 
 
 def _match_worker(rank, parts, out, steps):

@@ -1,0 +1,36 @@
+r"""``DistributedDataParallel`` for QAT models: buffers synced once, at the start, not before every forward.
+
+``DistributedDataParallel`` broadcasts every buffer from rank 0 before each forward (``broadcast_buffers=True``, its
+default): a copy per buffer and step, and a QAT model has many small ones (a 3-layer GIN after ``qat.prepare``: 63,
+the quantizers' ranges, flags and scales).  pyg_quant keeps those equal on every rank by itself: static observers
+all-reduce each batch's range (:mod:`.ranges`), weights' ranges follow the weights DDP keeps equal, learned ranges
+are parameters.  :func:`ddp` therefore syncs the buffers from rank 0 once, when it wraps the model, and never again.
+
+Not for models whose other buffers must follow rank 0 at every step (BatchNorm's running statistics: use
+``torch.nn.SyncBatchNorm``, or plain DDP), nor under :func:`~pyg_quant.distributed.local_ranges` (where rank 0's
+broadcast decides the ranks' ranges).
+"""
+import inspect
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+_FORWARD_SYNC = "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
+
+
+def ddp(module: torch.nn.Module, **kwargs) -> DistributedDataParallel:
+    """``DistributedDataParallel(module, **kwargs)`` that syncs ``module``'s buffers from rank 0 (of ``process_group``
+    where given) when it wraps it and not before each forward; every other argument is DDP's."""
+    for name in ("broadcast_buffers", "forward_sync_buffers"):
+        if name in kwargs:
+            raise TypeError(f"ddp() sets {name} itself (buffers synced once); use DistributedDataParallel to choose")
+    if _FORWARD_SYNC:  # torch >= 2.13: synced at init only
+        return DistributedDataParallel(module, forward_sync_buffers=False, **kwargs)
+    wrapped = DistributedDataParallel(module, broadcast_buffers=False, **kwargs)  # (syncs no buffer at all)
+    group = kwargs.get("process_group")
+    src = 0 if group is None else dist.get_global_rank(group, 0)
+    with torch.no_grad():
+        for buffer in module.buffers():
+            dist.broadcast(buffer, src=src, group=group)
+    return wrapped
