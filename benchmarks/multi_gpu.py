@@ -488,9 +488,19 @@ class Bench:
                 self.rec.data["accuracy"].append(row)
             self.run_mode(row, size, lambda: self.train(kind, "QAT", "resident", size, size > 1, seed, epochs))
 
+    def warm_up(self) -> None:
+        """Two untimed QAT training epochs of the first model on one GPU, then on every GPU: a process's first epochs
+        also grow the allocator's pools, load the kernels and set up the communicators (without this, the first
+        configuration measured came out up to 2x slower than the same one measured later)."""
+        for size in sorted({1, self.world}):
+            if self.rank < size:
+                self.train(self.args.models[0], TRAIN_VARIANTS[0], "resident", size, size > 1, self.args.seed, epochs=2)
+            self.wait()
+
     def run(self) -> None:
         args = self.args
         self.build()
+        self.warm_up()
         big = not args.small
         for kind in args.models:  # the core: resident training and eager inference, both models
             for variant in TRAIN_VARIANTS:
@@ -652,13 +662,32 @@ def nccl_version() -> str:
     return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
 
 
+def _core_of(cpu: int) -> str:
+    """The CPUs that share ``cpu``'s physical core (its SMT siblings), as the kernel lists them; ``cpu`` alone where
+    the topology cannot be read."""
+    for name in ("core_cpus_list", "thread_siblings_list"):
+        try:
+            with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/{name}") as f:
+                return f.read().strip()
+        except OSError:
+            continue
+    return str(cpu)
+
+
 def rank_cpus(rank: int, world: int) -> list:
-    """This rank's share of the launcher's CPUs: ``world`` disjoint contiguous ranges (what ``torchrun
-    --numa-binding`` or ``numactl`` give a rank), so that one rank's host work never waits for a core another
-    rank's threads hold; every CPU where there are fewer than ranks."""
+    """This rank's share of the launcher's CPUs: ``world`` disjoint shares of whole physical cores (a core's SMT
+    siblings stay in one share, so that two ranks' busy threads never share a core; a contiguous split of logical
+    CPUs can pair CPU k with its sibling k + cores in the other rank), every CPU where there are fewer cores than
+    ranks."""
     cpus = sorted(os.sched_getaffinity(0))
-    share = len(cpus) // world
-    return cpus[rank * share:(rank + 1) * share] if share else cpus
+    cores: dict = {}
+    for cpu in cpus:
+        cores.setdefault(_core_of(cpu), []).append(cpu)
+    groups = sorted(cores.values())
+    share = len(groups) // world
+    if not share:
+        return cpus
+    return sorted(cpu for group in groups[rank * share:(rank + 1) * share] for cpu in group)
 
 
 def cpu_quota() -> Optional[str]:
