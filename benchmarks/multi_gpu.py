@@ -57,10 +57,12 @@ Each 2-GPU output is compared with the 1-GPU one (``max_abs_diff_vs_1gpu``).
 Timing: one epoch is the wall time between two synchronisations of every rank in the configuration (an
 all-reduce of one element on the default group, then ``torch.cuda.synchronize()``), so a 2-GPU epoch lasts
 until its slower rank is done and includes the gradient all-reduces (training) or the gather (inference);
-``--warmup`` epochs first, then the median of ``--reps`` (training) / ``--infer-reps`` (inference) epochs.
+before any configuration, two untimed QAT epochs on 1 GPU and on all (``warm_up``); then per configuration
+``--warmup`` epochs, and the median of ``--reps`` (training) / ``--infer-reps`` (inference) epochs.
 Inference rows also give each rank's busy time (its batches, before the gather).  The default CUDA stream.
-Each rank runs on its own share of the CPUs (``rank_cpus``; ``--no-bind-cpus`` leaves them all to every rank):
-the eager loops are bound by host time, and a rank whose thread waits for a core runs its batches slower.
+Each rank runs on its own share of the CPUs, whole physical cores (``rank_cpus``; ``--no-bind-cpus`` leaves them
+all to every rank): the eager loops are bound by host time, and a rank whose thread waits for a core runs its
+batches slower.
 Ratios within this run: ``speedup_2_vs_1`` (1-GPU time over 2-GPU time, per variant and path),
 ``pyg_quant_vs_pyg`` (PyG fp32 CSR time over pyg_quant's, per world size; above 1: pyg_quant faster), and the
 issue's targets (2 vs 1: training ≥ 1.8x, inference ≥ 1.9x; pyg_quant's advantage over PyG on 2 GPUs at least
