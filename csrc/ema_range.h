@@ -45,7 +45,7 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> ema_range_cpu(const at::Te
                                                                     int64_t dim, at::ArrayRef<double> grid,
                                                                     int64_t grid_bits) {
   check_ema_range_args(x, stored_lo, stored_hi, dim);
-  const at::Tensor x32 = x.detach().to(at::kFloat);
+  const at::Tensor x32 = x.to(at::kFloat);
   at::Tensor lo, hi;
   if (!grid.empty()) {
     std::tie(lo, hi) = mse_range_op().call(x32, dim, grid_bits, grid);

@@ -254,13 +254,13 @@ def _ema_cases(x):
 def test_ema_range_cpu_equals_reference(shape):
     """The op's range is the reference's (the observers' batch range, then their EMA step), and its used hi is the
     collapsed one (hi = lo where narrower than MIN_RANGE_WIDTH); NaN and infinities propagate as amin / amax's."""
-    from pyg_quant.layout import MIN_RANGE_WIDTH
+    from pyg_quant.quantization.affine import collapse_narrow_range
     x = _ema_data(*shape, 5) if shape[0] > 1 else randn(1, 1, 5)
     for dim, grid, bits, (s_lo, s_hi) in _ema_cases(x):
         lo, hi, used_hi = torch.ops.pyg_quant.ema_range(x, s_lo, s_hi, 0.1, dim, grid, bits)
         r_lo, r_hi = ref.ema_range(x, s_lo, s_hi, 0.1, dim, grid, bits)
         assert _equal(lo, r_lo) and _equal(hi, r_hi), (dim, grid)
-        assert _equal(used_hi, torch.where(r_hi - r_lo < MIN_RANGE_WIDTH, r_lo, r_hi)), (dim, grid)
+        assert _equal(used_hi, collapse_narrow_range(r_lo, r_hi)[1]), (dim, grid)
         if shape[0] > 1 and dim is not None and dim >= 0:
             assert bool((used_hi == lo).any()) and bool(torch.isnan(lo).any())  # the constant group, the NaN
 

@@ -40,7 +40,7 @@ int first_smallest(const double* errors, int count) {
 // The parameters of every group, one array each, and the output's pointers.
 struct FakeQuantizeRows {
   const float *x, *lo, *hi, *noise;  // noise null: round to nearest
-  const float *p_lo, *p_scale, *p_inv;  // affine_params of each group
+  const float *scale, *inv;           // affine_params of each group (its lo is the group's lo)
   float* out;
   bool* mask;  // null: no mask
   int64_t cols;
@@ -53,7 +53,7 @@ inline void fake_quantize_values(const FakeQuantizeRows& a, int64_t r, int64_t c
   const int64_t row = r * a.cols;
   for (int64_t c = c0; c < a.cols; ++c) {
     const int64_t grp = r * a.g.row + c * a.g.col;
-    const AffineParams p{a.p_lo[grp], a.p_scale[grp], a.p_inv[grp]};
+    const AffineParams p{a.lo[grp], a.scale[grp], a.inv[grp]};
     a.out[row + c] = fake_quantize_value(a.x[row + c], p, a.noise ? a.noise[row + c] : 0.5f, a.levels);
   }
 }
@@ -84,13 +84,13 @@ PYG_QUANT_TARGET_AVX2 void fake_quantize_rows_avx2(const FakeQuantizeRows& a, in
     for (int64_t c = 0; c < vec_end; c += 8) {
       __m256 lo, scale, inv;
       if (a.g.col == 0) {
-        lo = _mm256_set1_ps(a.p_lo[grp]);
-        scale = _mm256_set1_ps(a.p_scale[grp]);
-        inv = _mm256_set1_ps(a.p_inv[grp]);
+        lo = _mm256_set1_ps(a.lo[grp]);
+        scale = _mm256_set1_ps(a.scale[grp]);
+        inv = _mm256_set1_ps(a.inv[grp]);
       } else {
-        lo = _mm256_loadu_ps(a.p_lo + grp + c);
-        scale = _mm256_loadu_ps(a.p_scale + grp + c);
-        inv = _mm256_loadu_ps(a.p_inv + grp + c);
+        lo = _mm256_loadu_ps(a.lo + grp + c);
+        scale = _mm256_loadu_ps(a.scale + grp + c);
+        inv = _mm256_loadu_ps(a.inv + grp + c);
       }
       const __m256 u = a.noise ? _mm256_loadu_ps(a.noise + row + c) : half;
       __m256 t = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(a.x + row + c), lo), inv);
@@ -125,15 +125,13 @@ std::tuple<at::Tensor, at::Tensor> fake_quantize_cpu(const at::Tensor& x_in, con
   bool* mp = with_mask ? mask.data_ptr<bool>() : nullptr;
   // One scale and reciprocal per group, not per element: the division dominated a small tensor's time.
   const int64_t groups = lo_t.numel();
-  std::vector<float> p_lo(groups), p_scale(groups), p_inv(groups);
+  std::vector<float> scale(groups), inv(groups);
   for (int64_t grp = 0; grp < groups; ++grp) {
     const AffineParams p = affine_params(lo[grp], hi[grp], levels);
-    p_lo[grp] = p.lo;
-    p_scale[grp] = p.scale;
-    p_inv[grp] = p.inv;
+    scale[grp] = p.scale;
+    inv[grp] = p.inv;
   }
-  const FakeQuantizeRows rows_of{xp, lo, hi, noise, p_lo.data(), p_scale.data(), p_inv.data(), op, mp, cols,
-                                 group_stride(dim), levels};
+  const FakeQuantizeRows rows_of{xp, lo, hi, noise, scale.data(), inv.data(), op, mp, cols, group_stride(dim), levels};
 #if defined(PYG_QUANT_X86_DISPATCH)
   const bool avx2 = cpu_has_avx2();
 #endif

@@ -73,19 +73,14 @@ __device__ __forceinline__ void row_extrema(const float* __restrict__ row, int64
                                             float& hi) {
   lo = INFINITY;
   hi = -INFINITY;
-  bool nan = false;
   for (int64_t c = lane; c < cols; c += 32) {
-    const float v = row[c];
-    nan |= v != v;
-    lo = fminf(lo, v);
-    hi = fmaxf(hi, v);
+    lo = nan_min(lo, row[c]);
+    hi = nan_max(hi, row[c]);
   }
   for (int s = 16; s > 0; s >>= 1) {
-    lo = fminf(lo, __shfl_xor_sync(kFullMask, lo, s));
-    hi = fmaxf(hi, __shfl_xor_sync(kFullMask, hi, s));
-    nan |= __shfl_xor_sync(kFullMask, static_cast<int>(nan), s) != 0;
+    lo = nan_min(lo, __shfl_xor_sync(kFullMask, lo, s));
+    hi = nan_max(hi, __shfl_xor_sync(kFullMask, hi, s));
   }
-  if (nan) lo = hi = NAN;
 }
 
 __global__ void fake_quantize_kernel(const float* __restrict__ x, const float* __restrict__ lo,

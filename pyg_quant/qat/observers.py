@@ -165,9 +165,8 @@ class Observer(torch.nn.Module):
                     stored.copy_(lo)
                     buffers["max_val"].copy_(hi)
                     return x
-        # The buffers stay registered (assigned in their dict, as Module.__setattr__ would); the shape is set by the
-        # first batch.  Both are fresh tensors (reductions or the combination's arithmetic), never views of x: no
-        # copy is needed, and a range handed out before (a BitTensor's lo) keeps its values.
+        # Fresh tensors (reductions or the combination's arithmetic), never views of x: record keeps them as they are,
+        # and a range handed out before (a BitTensor's lo) keeps its values.
         self.record(lo, hi)
         return x
 
@@ -178,7 +177,8 @@ class Observer(torch.nn.Module):
         return None
 
     def record(self, lo: torch.Tensor, hi: torch.Tensor) -> None:
-        """Store ``(lo, hi)``, the new range (fresh tensors, assigned in the buffers' dict as forward does)."""
+        """Store ``(lo, hi)``, the new range (fresh tensors), in the buffers' dict as ``Module.__setattr__`` would: they
+        stay registered, with the shape of the first batch's range."""
         self._buffers["min_val"], self._buffers["max_val"] = lo, hi
 
     def range(self, x: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
