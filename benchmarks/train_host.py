@@ -98,6 +98,12 @@ def main(argv=None):
             self_cpu[e.key] += e.self_cpu_time_total
             calls[e.key] += e.count
         print(f"\n## {kind} {label}: a step: {len(kernels) / 5:.0f} launches, {kernel_ms:.2f} ms of kernels")
+        by_kernel, kernel_calls = collections.Counter(), collections.Counter()
+        for e in kernels:
+            by_kernel[e.name[:60]] += getattr(e, "device_time_total", 0)
+            kernel_calls[e.name[:60]] += 1
+        print("   kernels a step (µs, launches):",
+              [(k, round(v / 5, 1), kernel_calls[k] / 5) for k, v in by_kernel.most_common(25)])
         print("   top self-CPU (ms over 5 steps, calls):",
               [(k[:50], round(v / 1e3, 2), calls[k]) for k, v in self_cpu.most_common(20)])
         if not label.startswith("PyG") or own.cprofile_pyg:

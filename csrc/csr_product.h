@@ -6,6 +6,9 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/mm.h>
 #include <torch/csrc/autograd/custom_function.h>
+#ifdef WITH_CUDA
+#include "cuda/csr_product_cuda.h"
+#endif
 
 namespace pyg_quant {
 
@@ -17,7 +20,8 @@ inline const c10::TypedOperatorHandle<CsrProductSignature>& csr_product_op() {
   return op;
 }
 
-// Every backend (registered for CompositeExplicitAutograd): one sparse-dense product.
+// Every backend (registered for CompositeExplicitAutograd): one sparse-dense product, float32 on CUDA by our kernel
+// (csr_product_cuda.cu), anything else by torch's.
 inline at::Tensor csr_product(const at::Tensor& y, const at::Tensor& adj, const at::Tensor& adj_t) {
   TORCH_CHECK_VALUE(adj.layout() == at::kSparseCsr && adj_t.layout() == at::kSparseCsr,
                     "csr_product: adj and adj_t must be sparse CSR matrices");
@@ -25,6 +29,11 @@ inline at::Tensor csr_product(const at::Tensor& y, const at::Tensor& adj, const 
   TORCH_CHECK_VALUE(adj.dim() == 2 && adj_t.dim() == 2 && adj.size(1) == y.size(0) && adj_t.size(0) == y.size(0) &&
                         adj_t.size(1) == adj.size(0),
                     "csr_product: adj must be [M, N] with N = y.size(0), adj_t its transpose [N, M]");
+#ifdef WITH_CUDA
+  if (y.is_cuda() && adj.device() == y.device() && y.scalar_type() == at::kFloat &&
+      adj.scalar_type() == at::kFloat)
+    return csr_product_cuda(y, adj);
+#endif
   return at::mm(adj, y);
 }
 

@@ -63,8 +63,9 @@ PYG_QUANT_HOST_DEVICE double squared_error(float x, const AffineParams& p, float
   return e * e;
 }
 
-// The rounding noise: the given tensor, U[0, 1) drawn here from `generator` (torch's default one when None,
-// exactly what torch.rand(x.shape, generator=generator) draws), or none (round to nearest).
+// The CPU kernel's rounding noise: the given tensor, U[0, 1) drawn here from `generator` (torch's default one when
+// None, exactly what torch.rand(x.shape, generator=generator) draws), or none (round to nearest).  The CUDA kernels
+// draw theirs inside the kernel from the generator's Philox state (fake_quantize_cuda.cu).
 inline at::Tensor rounding_noise(const at::Tensor& x, const std::optional<at::Tensor>& noise, bool random_noise,
                                  std::optional<at::Generator> generator) {
   TORCH_CHECK_VALUE(!(noise && random_noise), "pass noise or random_noise=True, not both");

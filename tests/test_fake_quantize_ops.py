@@ -304,10 +304,55 @@ def test_fake_quantize_carries_the_straight_through_gradient_on_the_gpu():
     _check_straight_through_gradient("cuda")
 
 
+def _noise_at(seed, offset, index, cols):
+    """The u that fake_quantize draws for element ``index`` of a ``[1, cols]`` tensor at generator state (seed, offset):
+    1-bit rounding over the row's range [0, 1] gives 1 exactly where u >= 1 - v, so 24 replays of the same state
+    bisect u on its 2^-24 grid."""
+    low, high = 0, 2**24  # u * 2^24 lies in [low, high)
+    while high - low > 1:
+        mid = (low + high) // 2
+        x = torch.full((1, cols), 0.5, device="cuda")
+        x[0, 1], x[0, 2] = 0.0, 1.0  # the row's range (index is a multiple of 4)
+        x[0, index] = 1.0 - mid / 2**24  # exact in float32: 1 - v = mid / 2^24
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        g.set_offset(offset)
+        up = ops.fake_quantize(x, None, None, 1, 1, None, False, True, g)[0][0, index] == 1.0
+        low, high = (mid, high) if up else (low, mid)
+    return low / 2**24
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not CUDA_OK, reason="needs a CUDA GPU and pyg_quant's compiled CUDA backend")
-def test_fake_quantize_draws_its_noise_on_the_gpu_like_torch_rand():
-    _check_drawn_noise("cuda")
+def test_fake_quantize_draws_its_noise_on_the_gpu():
+    """The CUDA kernels draw u in the kernel (Philox, no torch.rand launch): seed-deterministic, moved on by each call,
+    the same for an element whichever kernel runs (own-row ranges or given ones), unbiased, and curand's Philox
+    numbers (element 4k takes the first of subsequence k's four, as torch.rand's element k of a short tensor does)."""
+    x = _data(300, 17, 4).cuda()
+    for dim in DIMS:
+        g1 = torch.Generator(device="cuda").manual_seed(5)
+        g2 = torch.Generator(device="cuda").manual_seed(5)
+        first = ops.fake_quantize(x, None, None, 2, dim, None, False, True, g1)[0]
+        assert _equal(first, ops.fake_quantize(x, None, None, 2, dim, None, False, True, g2)[0])
+        assert not _equal(first, ops.fake_quantize(x, None, None, 2, dim, None, False, True, g1)[0])  # moved on
+    lo, hi = x.amin(1), x.amax(1)
+    own = ops.fake_quantize(x, None, None, 3, 1, None, False, True, torch.Generator(device="cuda").manual_seed(9))[0]
+    given = ops.fake_quantize(x, lo, hi, 3, 1, None, False, True, torch.Generator(device="cuda").manual_seed(9))[0]
+    assert _equal(own, given)
+    y = torch.full((2000, 8), 0.3, device="cuda")
+    y[0, 0], y[1, 0] = 0.0, 1.0  # the per-tensor range [0, 1], 1 bit
+    for dim in (-1, 0):
+        mean = ops.fake_quantize(y, None, None, 1, dim, None, False, True,
+                                 torch.Generator(device="cuda").manual_seed(1))[0][2:].mean()
+        assert abs(float(mean) - 0.3) < 0.01, dim
+    with pytest.raises(ValueError, match="not both"):
+        ops.fake_quantize(x, None, None, 2, 0, torch.rand(x.shape, device="cuda"), False, True, None)
+    with pytest.raises(RuntimeError, match="generator"):  # a CPU generator for a CUDA tensor
+        ops.fake_quantize(x, None, None, 2, 0, None, False, True, torch.Generator().manual_seed(1))
+    g = torch.Generator(device="cuda").manual_seed(123)
+    g.set_offset(8)
+    want = torch.rand(3, generator=g, device="cuda").tolist()
+    got = [_noise_at(123, 8, 4 * k, 13) for k in range(3)]
+    assert all(abs(a - b) <= 2**-24 for a, b in zip(got, want)), (got, want)
 
 
 @pytest.mark.parametrize("shape", SHAPES + [(70000, 3), (600, 64)])

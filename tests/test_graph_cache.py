@@ -448,6 +448,41 @@ def test_csr_product_on_the_gpu_equals_the_dense_reference(kind, flow, options, 
     assert torch.allclose(grad.double().cpu(), dense_a.t() @ upstream.double().cpu(), rtol=1e-6, atol=1e-5)
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("width", [1, 3, 4, 16, 47, 64, 130])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_csr_product_kernel_on_the_gpu(width, index_dtype):
+    """The float32 CUDA product (a group of lanes a row, the row's entries in CSR order): within n float32 roundings
+    of the exact sum for a row of n entries (|error| <= n·2^-24·Σ|a·y| elementwise), the same bits at every run, empty
+    rows zero, a strided y taken as its values; its gradient is the product with Aᵀ."""
+    g = gen(width)
+    rows, cols, nnz = 300, 257, 4000
+    dst = torch.randint(rows - 20, (nnz,), generator=g)  # rows 280.. stay empty
+    src = torch.randint(cols, (nnz,), generator=g)
+    values = torch.randn(nnz, generator=g)
+    adj, adj_t = float_csr.csr_pair(dst, src, values, rows, cols, torch.float32)
+    if index_dtype == torch.int64:
+        adj, adj_t = [torch.sparse_csr_tensor(m.crow_indices().long(), m.col_indices().long(), m.values(), m.shape)
+                      for m in (adj, adj_t)]
+    dense = torch.zeros(rows, cols, dtype=torch.float64).index_put_((dst, src), values.double(), accumulate=True)
+    y = torch.randn(cols, 2 * width, generator=g)[:, ::2]  # strided
+    adj_g, adj_t_g = adj.cuda(), adj_t.cuda()
+    yg = y.cuda().requires_grad_()
+    out = ops.csr_product(yg, adj_g, adj_t_g)
+    assert torch.equal(out, ops.csr_product(yg, adj_g, adj_t_g))
+    exact = dense @ y.double()
+    per_row = torch.bincount(dst, minlength=rows).double().view(-1, 1)
+    bound = per_row * 2.0**-24 * (dense.abs() @ y.double().abs())
+    assert ((out.detach().double().cpu() - exact).abs() <= bound).all()
+    assert torch.equal(out[rows - 20:].cpu(), torch.zeros(20, width))
+    upstream = torch.randn(rows, width, generator=g)
+    (grad,) = torch.autograd.grad((out * upstream.cuda()).sum(), yg)
+    per_col = torch.bincount(src, minlength=cols).double().view(-1, 1)
+    bound = per_col * 2.0**-24 * (dense.abs().t() @ upstream.double().abs())
+    assert ((grad.double().cpu() - dense.t() @ upstream.double()).abs() <= bound).all()
+
+
 def test_csr_product_rejects_operands_that_do_not_fit():
     edge_index = torch.tensor([[0, 1, 2], [1, 2, 0]])
     graph = pq.QGCNConv(2, 2, bits=4)._graph(torch.zeros(3, 2), edge_index, None)

@@ -735,8 +735,9 @@ def test_qat_linear_paths_agree_and_train():
 @pytest.mark.parametrize("stochastic", [False, True])
 def test_qat_linear_training_op_equals_the_quantizers(monkeypatch, device, stochastic):
     """Training with the default quantizers runs ``pyg_quant::qat_linear`` (one op); its output and gradients equal
-    the quantizers' own composition (the general path, taken here through an all-False Degree-Quant mask) and the
-    torch reference's (the extension's kernels off) bit for bit, the noise drawn in the same order."""
+    the quantizers' own composition (the general path, taken here through an all-False Degree-Quant mask) bit for
+    bit, the noise drawn in the same order, and the torch reference's (the extension's kernels off) where it draws the
+    same noise (torch.rand's: on the CPU, or rounding to nearest; the CUDA kernels draw theirs in the kernel)."""
     skip_unless_compiled()
     x = randn(40, 24, 3).to(device)
     weights = torch.rand(40, 10, generator=gen(5)).to(device)  # a loss whose gradient is not all ones
@@ -757,7 +758,8 @@ def test_qat_linear_training_op_equals_the_quantizers(monkeypatch, device, stoch
         (out * weights).sum().backward()
         results.append((out.detach(), x_grad.grad, lin.weight.grad, lin.bias.grad))
     assert all(torch.equal(a, b) for a, b in zip(results[0], results[1]))
-    assert all(torch.equal(a, b) for a, b in zip(results[0], results[2]))
+    if device == "cpu" or not stochastic:
+        assert all(torch.equal(a, b) for a, b in zip(results[0], results[2]))
     monkeypatch.undo()
     torch.library.opcheck(torch.ops.pyg_quant.qat_linear.default,
                           (x.clone().requires_grad_(), lin.weight.detach().clone().requires_grad_(), lin.bias.detach(),

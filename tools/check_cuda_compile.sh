@@ -15,7 +15,7 @@ files=("$@")
 [ ${#files[@]} -eq 0 ] && files=(csrc/cuda/*.cu)
 status=0
 for f in "${files[@]}"; do
-  if nvcc -c -std=c++20 -O0 -arch=sm_90a -DPYG_QUANT_SM90A -DWITH_CUDA -DAT_PER_OPERATOR_HEADERS \
+  if nvcc -c -std=c++17 -O0 -arch=sm_90a -DPYG_QUANT_SM90A -DWITH_CUDA -DAT_PER_OPERATOR_HEADERS \
       --expt-relaxed-constexpr -diag-suppress 3306 -I"$stub" -I"$torch_include" \
       -I"$torch_include/torch/csrc/api/include" -I"$python_include" -Icsrc -Xcompiler -fPIC "$f" \
       -o "$stub/$(basename "$f").o" > "$stub/log" 2>&1; then

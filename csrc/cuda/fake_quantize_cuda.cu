@@ -6,8 +6,11 @@
 #include "fake_quantize.h"
 #include "fake_quantize_args.h"
 #include "layout.h"  // kMinRangeWidth
+#include "philox.cuh"
 
 #include <ATen/ATen.h>  // fake_quantize.h includes only the ATen ops it calls itself
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#include <ATen/cuda/PhiloxUtils.cuh>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -83,24 +86,57 @@ __device__ __forceinline__ void row_extrema(const float* __restrict__ row, int64
   }
 }
 
+// The rounding noise of one call: none (round to nearest), the caller's U[0, 1) tensor, or drawn here from a Philox
+// generator state (random_noise, philox.cuh): element i's value depends on the seed, the generator's offset and i,
+// not on the launch shape; a call moves the offset on by 4, and a CUDA graph replay draws afresh (the state is
+// graph-safe).  One launch fewer than drawing the tensor with torch.rand first.
+struct Noise {
+  const float* given = nullptr;
+  at::PhiloxCudaState philox;
+  bool draw = false;
+};
+
+class NoiseSource {
+ public:
+  __device__ explicit NoiseSource(const Noise& n) : given_(n.given), draw_(n.draw) {
+    if (draw_) {
+      const auto state = at::cuda::philox::unpack(n.philox);
+      seed_ = std::get<0>(state);
+      offset_ = std::get<1>(state);
+    }
+  }
+  // u of element i: U[0, 1) on the grid of 2^-24 (a float32 holds it exactly), or 1/2.
+  __device__ __forceinline__ float at(int64_t i) const {
+    if (given_ != nullptr) return given_[i];
+    if (!draw_) return 0.5f;
+    return philox_uniform(seed_, offset_, static_cast<uint64_t>(i));
+  }
+
+ private:
+  const float* given_;
+  bool draw_;
+  uint64_t seed_ = 0, offset_ = 0;
+};
+
 __global__ void fake_quantize_kernel(const float* __restrict__ x, const float* __restrict__ lo,
-                                     const float* __restrict__ hi, const float* __restrict__ noise, int64_t n,
-                                     int64_t cols, int64_t row_stride, int64_t col_stride, float levels,
-                                     float* __restrict__ out, bool* __restrict__ mask) {
+                                     const float* __restrict__ hi, Noise noise, int64_t n, int64_t cols,
+                                     int64_t row_stride, int64_t col_stride, float levels, float* __restrict__ out,
+                                     bool* __restrict__ mask) {
+  const NoiseSource u(noise);
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = i / cols, c = i - r * cols, group = r * row_stride + c * col_stride;
     const float v = x[i], l = lo[group], h = hi[group];
-    out[i] = fake_quantize_value(v, affine_params(l, h, levels), noise ? noise[i] : 0.5f, levels);
+    out[i] = fake_quantize_value(v, affine_params(l, h, levels), u.at(i), levels);
     if (mask) mask[i] = v >= l && v <= h;
   }
 }
 
 // Each row over its own range (dim 1, no lo / hi given: a QAT linear layer's input, a range a node, and its weight, a
 // range an output channel), a warp a row: the row's extrema, then its values, in one launch instead of three.
-__global__ void fake_quantize_own_rows_kernel(const float* __restrict__ x, const float* __restrict__ noise,
-                                              int64_t rows, int64_t cols, float levels, float* __restrict__ out,
-                                              bool* __restrict__ mask) {
+__global__ void fake_quantize_own_rows_kernel(const float* __restrict__ x, Noise noise, int64_t rows, int64_t cols,
+                                              float levels, float* __restrict__ out, bool* __restrict__ mask) {
+  const NoiseSource u(noise);
   const int lane = threadIdx.x & 31;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
   for (int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; r < rows; r += warps) {
@@ -111,7 +147,7 @@ __global__ void fake_quantize_own_rows_kernel(const float* __restrict__ x, const
     for (int64_t c = lane; c < cols; c += 32) {
       const int64_t i = r * cols + c;
       const float v = row[c];
-      out[i] = fake_quantize_value(v, p, noise ? noise[i] : 0.5f, levels);
+      out[i] = fake_quantize_value(v, p, u.at(i), levels);
       if (mask) mask[i] = v >= l && v <= h;
     }
   }
@@ -262,9 +298,19 @@ std::tuple<at::Tensor, at::Tensor> fake_quantize_cuda(const at::Tensor& x_in, co
                                                       const std::optional<at::Tensor>& noise_in, bool with_mask,
                                                       bool random_noise, std::optional<at::Generator> generator) {
   check_fake_quantize_args(x_in, lo_in, hi_in, bits, dim, noise_in);
+  TORCH_CHECK_VALUE(!(noise_in && random_noise), "pass noise or random_noise=True, not both");
   const c10::cuda::CUDAGuard guard(x_in.device());
   const at::Tensor x = x_in.contiguous();
-  const at::Tensor noise = rounding_noise(x, noise_in, random_noise, std::move(generator));
+  const at::Tensor given = noise_in ? noise_in->contiguous() : at::Tensor();
+  Noise noise;
+  noise.given = given.defined() ? given.data_ptr<float>() : nullptr;
+  if (random_noise) {
+    auto* gen = at::get_generator_or_default<at::CUDAGeneratorImpl>(
+        generator, at::cuda::detail::getDefaultCUDAGenerator(x.device().index()));
+    const std::lock_guard<std::mutex> lock(gen->mutex_);
+    noise.philox = gen->philox_cuda_state(4);
+    noise.draw = true;
+  }
   at::Tensor out = at::empty_like(x);
   at::Tensor mask = at::empty(with_mask ? x.sizes() : at::IntArrayRef{0}, x.options().dtype(at::kBool));
   const int64_t n = x.numel(), cols = x.size(1);
@@ -272,17 +318,16 @@ std::tuple<at::Tensor, at::Tensor> fake_quantize_cuda(const at::Tensor& x_in, co
   if (dim == 1 && !lo_in.has_value()) {
     const int64_t rows = x.size(0);
     fake_quantize_own_rows_kernel<<<blocks_for(rows * 32, threads), threads, 0, c10::cuda::getCurrentCUDAStream()>>>(
-        x.data_ptr<float>(), noise.defined() ? noise.data_ptr<float>() : nullptr, rows, cols,
-        static_cast<float>((1 << bits) - 1), out.data_ptr<float>(), with_mask ? mask.data_ptr<bool>() : nullptr);
+        x.data_ptr<float>(), noise, rows, cols, static_cast<float>((1 << bits) - 1), out.data_ptr<float>(),
+        with_mask ? mask.data_ptr<bool>() : nullptr);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return {out, mask};
   }
   const auto [lo, hi] = ranges_or_extrema(x, lo_in, hi_in, dim);
   const int64_t row_stride = dim == 1 ? 1 : 0, col_stride = dim == 0 ? 1 : 0;
   fake_quantize_kernel<<<blocks_for(n, threads), threads, 0, c10::cuda::getCurrentCUDAStream()>>>(
-      x.data_ptr<float>(), lo.data_ptr<float>(), hi.data_ptr<float>(), noise.defined() ? noise.data_ptr<float>() : nullptr,
-      n, cols, row_stride, col_stride, static_cast<float>((1 << bits) - 1), out.data_ptr<float>(),
-      with_mask ? mask.data_ptr<bool>() : nullptr);
+      x.data_ptr<float>(), lo.data_ptr<float>(), hi.data_ptr<float>(), noise, n, cols, row_stride, col_stride,
+      static_cast<float>((1 << bits) - 1), out.data_ptr<float>(), with_mask ? mask.data_ptr<bool>() : nullptr);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {out, mask};
 }

@@ -38,9 +38,10 @@ the ranges, i.e. ``x̃ = Dropout(Q(x))`` rather than ``Q(Dropout(x))`` for a dro
 before the quantizer, whose zeros inference never sees.
 
 The noise ``u`` comes from the module's own ``torch.Generator`` seeded with
-``seed`` (one per device, so the same seed gives the same codes; on CUDA
-``torch.rand`` with a CUDA generator is Philox), or from torch's global
-generator when ``seed`` is None (then ``torch.manual_seed`` fixes it).  In a job of
+``seed`` (one per device, so the same seed gives the same codes), or from torch's global
+generator when ``seed`` is None (then ``torch.manual_seed`` fixes it): on the CPU it is
+``torch.rand``'s, on CUDA the fused kernels draw it themselves from the generator's
+Philox state (one launch fewer; a CUDA graph replay draws afresh).  In a job of
 several processes (``torch.distributed`` initialized) rank ``r``'s generator is seeded
 with :func:`pyg_quant.distributed.rank_seed` ``(seed, r)``: ``seed`` itself on rank 0,
 a seed of its own on every other rank, so the ranks draw different noise, reproducibly
