@@ -430,7 +430,8 @@ def test_training_steps_equal_with_and_without_the_cache(kind, monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("kind, flow, options, weighted", [case for case in GRAPH_CASES if not case[3]])
 def test_csr_product_on_the_gpu_equals_the_dense_reference(kind, flow, options, weighted):
-    """int32 CSR products (cuSPARSE) forward and backward, against float64 dense products of the same graph."""
+    """int32 CSR products (csr_product's CUDA kernel) forward and backward, against float64 dense products of the same
+    graph."""
     graph_cpu = layer_graph(kind, flow, options, weighted)
     edges = graph_cpu.edges
     num_src, num_dst = graph_cpu.num_src, graph_cpu.num_dst

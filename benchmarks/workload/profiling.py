@@ -69,6 +69,8 @@ def kernel_category(name: str) -> str:
         return "pq quantize_pack"
     if "unpack" in low or "code_sums" in low:
         return "pq unpack/code_sums"
+    if "csr_product" in low:
+        return "pq csr_product"
     if "spmm" in low or "csrmm" in low or "sparse" in low or "cusparse" in low:
         return "float SpMM (cuSPARSE)"
     if "gemm" in low or "cutlass" in low or "sm90_" in low or "sm80_" in low or "ampere" in low:
