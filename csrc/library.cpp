@@ -185,18 +185,23 @@ TORCH_LIBRARY_IMPL(pyg_quant, CPU, m) {
                                        &pyg_quant::quantize_pack_stored_ranges_cpu, &pyg_quant::dequantize_cpu>);
 }
 
-// The gradients of fake_quantize (the straight-through estimator) and csr_product (Aᵀ·dY), for every backend.
+// The gradients of fake_quantize (the straight-through estimator), csr_product (Aᵀ·dY) and qat_linear (the
+// straight-through linear's), for every backend.
 TORCH_LIBRARY_IMPL(pyg_quant, Autograd, m) {
   m.impl("fake_quantize", &pyg_quant::fake_quantize_autograd);
   m.impl("csr_product", &pyg_quant::csr_product_autograd);
+  m.impl("qat_linear", &pyg_quant::qat_linear_autograd);
 }
 
-// A torch product on the CSR matrix, for every backend (dense and sparse CSR inputs alike).
-TORCH_LIBRARY_IMPL(pyg_quant, CompositeExplicitAutograd, m) { m.impl("csr_product", &pyg_quant::csr_product); }
+// Forwards built from other ops, for every backend: a CSR product (ours for float32 on CUDA, else torch's) and
+// qat_linear's two fake quantizations and linear.
+TORCH_LIBRARY_IMPL(pyg_quant, CompositeExplicitAutograd, m) {
+  m.impl("csr_product", &pyg_quant::csr_product);
+  m.impl("qat_linear", &pyg_quant::qat_linear);
+}
 
 // Ops composed of other ops, whose gradients are their parts' (every backend, torch.compile included).
 TORCH_LIBRARY_IMPL(pyg_quant, CompositeImplicitAutograd, m) {
-  m.impl("qat_linear", &pyg_quant::qat_linear);
   m.impl("ema_fake_quantize", &pyg_quant::ema_fake_quantize);
 }
 

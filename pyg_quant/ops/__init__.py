@@ -364,6 +364,10 @@ if LOADED:
     def _(y, adj, adj_t):
         return y.new_empty((adj.shape[0], y.shape[1]))
 
+    @torch.library.register_fake("pyg_quant::qat_linear")
+    def _(x, weight, bias, x_bits, x_random, x_generator, weight_bits, weight_random, weight_generator):
+        return x.new_empty((x.shape[0], weight.shape[0]), dtype=torch.float32)
+
     @torch.library.register_fake("pyg_quant::mse_range")
     def _(x, dim, bits, grid):
         groups = 1 if dim < 0 else x.shape[1 - dim]
