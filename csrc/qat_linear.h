@@ -56,8 +56,23 @@ inline at::Tensor qat_linear(const at::Tensor& x, const at::Tensor& weight, cons
   return at::linear(xq, wq, bias);
 }
 
+// fq(v) with the straight-through gradient to v (the identity): what a double backward through qat_linear
+// differentiates, as the composition's fake_quantize nodes would give it.
+class StraightThrough : public torch::autograd::Function<StraightThrough> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext*, const at::Tensor& v, const at::Tensor& quantized) {
+    return quantized.clone();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
+                                                 torch::autograd::variable_list grads) {
+    return {grads[0], at::Tensor()};
+  }
+};
+
 // The straight-through gradients: dL/dx = g · fq(W), dL/dW = gᵀ · fq(x), dL/db = Σ_rows g, in the operand order and
-// layout that autograd's addmm backward uses for linear's (a column-major mat2 = fq(W)ᵀ takes (gᵀ · fq(x))ᵀ).
+// layout that autograd's addmm backward uses for linear's (a column-major mat2 = fq(W)ᵀ takes (gᵀ · fq(x))ᵀ).  Under
+// create_graph the operands are fq(x) and fq(W) with their straight-through gradients, so that a double backward
+// reaches x and W as it does through the composition.
 class QatLinearGrad : public torch::autograd::Function<QatLinearGrad> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
@@ -69,6 +84,9 @@ class QatLinearGrad : public torch::autograd::Function<QatLinearGrad> {
                                         weight_random, std::move(weight_generator));
     at::Tensor out = at::linear(xq, wq, bias);
     ctx->save_for_backward({xq, wq});
+    // The inputs, for a double backward's straight-through path only (their values are not read: no version check).
+    ctx->saved_data["x"] = x;
+    ctx->saved_data["weight"] = weight;
     ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
     ctx->saved_data["weight_dtype"] = static_cast<int64_t>(weight.scalar_type());
     ctx->saved_data["bias_sizes"] = bias.has_value() && bias->defined() ? bias->sizes().vec() : std::vector<int64_t>{};
@@ -80,7 +98,11 @@ class QatLinearGrad : public torch::autograd::Function<QatLinearGrad> {
                                                  torch::autograd::variable_list grads) {
     const at::Tensor& grad = grads[0];
     const auto saved = ctx->get_saved_variables();
-    const at::Tensor &xq = saved[0], &wq = saved[1];
+    at::Tensor xq = saved[0], wq = saved[1];
+    if (at::GradMode::is_enabled()) {  // create_graph: differentiable in x and W too
+      xq = StraightThrough::apply(ctx->saved_data["x"].toTensor().to(at::kFloat), xq);
+      wq = StraightThrough::apply(ctx->saved_data["weight"].toTensor().to(at::kFloat), wq);
+    }
     at::Tensor grad_x, grad_w, grad_b;
     if (ctx->needs_input_grad(0))
       grad_x = at::mm(grad, wq).to(static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt()));

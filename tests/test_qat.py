@@ -732,6 +732,30 @@ def test_qat_linear_paths_agree_and_train():
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_qat_linear_op_double_backward_equals_the_quantizers(monkeypatch, device):
+    """A double backward (create_graph=True) through ``pyg_quant::qat_linear`` reaches x and W as it does through the
+    quantizers' composition (straight-through fake quantizations, then linear): a gradient penalty's gradients
+    agree, first-order gradients bit for bit."""
+    skip_unless_compiled()
+    x = randn(40, 24, 11).to(device)
+    weights = torch.rand(40, 10, generator=gen(12)).to(device)
+    results = []
+    for path in ("op", "general"):
+        protect = torch.zeros(40, dtype=torch.bool, device=device) if path == "general" else None
+        torch.manual_seed(0)
+        lin = qat.QATLinear(24, 10, qconfig=qat.QConfig(weight_bits=3, act_bits=4, stochastic=False)).to(device)
+        x_grad = x.clone().requires_grad_()
+        out = lin.train()(x_grad, protect=protect)
+        gx, gw = torch.autograd.grad((out * weights).sum() + (out ** 2).sum(), (x_grad, lin.weight), create_graph=True)
+        penalty = (gx ** 2).sum() + (gw ** 2).sum()
+        results.append((gx.detach(), gw.detach()) + torch.autograd.grad(penalty, (x_grad, lin.weight)))
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+    for a, b in zip(results[0][2:], results[1][2:]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert results[0][2].abs().sum() > 0 and results[0][3].abs().sum() > 0  # the penalty reaches x and W
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("stochastic", [False, True])
 def test_qat_linear_training_op_equals_the_quantizers(monkeypatch, device, stochastic):
     """Training with the default quantizers runs ``pyg_quant::qat_linear`` (one op); its output and gradients equal
