@@ -13,6 +13,8 @@ formats, the models, and the run's recording and timing.  Measured numbers: ``be
   :func:`log`.
 * :mod:`.profiling`: :func:`rel_err`, :func:`count_syncs`, :func:`profile_batch`.
 * :mod:`.options`: :func:`add_workload_arguments`, and :func:`parse_args` (``e2e.py``'s command line).
+* ``e2e.py``'s sections (imported by it, not here): :mod:`.e2e_inference`, :mod:`.e2e_training` (transfer and
+  training) and :mod:`.e2e_report` (ratios, targets, tables, plot).
 
 Each script puts ``benchmarks/`` on ``sys.path`` and imports ``workload``.
 """
