@@ -167,17 +167,15 @@ class QuantGraph:
     def degree(self) -> torch.Tensor:
         r"""``Â·1`` per target, float32 (GCN's :math:`\hat{d}`).
 
-        With quantized weights it is evaluated from the exact integer row sums
-        (``lo_w·M1 + s_w·C1 + δ`` in float64), so every format and both paths get
-        the same bits; the gradient to the weights flows through the float sum.
+        Without weights it is the integer row sums (exact in float32 below 2^24) plus ``δ``, one float32
+        rounding.  With quantized weights it is evaluated from the exact integer row sums
+        (``lo_w·M1 + s_w·C1 + δ`` in float64), so every format and both paths get the
+        same bits; the gradient to the weights flows through the float sum.
         """
         diag = self.diag
-        if self.prebuilt is not None:
-            deg = self.prebuilt.row_sums.to(torch.float64)
-            return (deg + diag.to(torch.float64) if diag is not None else deg).to(torch.float32)
-        if not self.weighted:
-            deg = self._row_sums(None).to(torch.float64)
-            return (deg + diag.to(torch.float64) if diag is not None else deg).to(torch.float32)
+        if self.prebuilt is not None or not self.weighted:
+            deg = (self.prebuilt.row_sums if self.prebuilt is not None else self._row_sums(None)).to(torch.float32)
+            return deg + diag.to(torch.float32) if diag is not None else deg
         if self.adj_bits is None:
             coef = self.edge_coefficients()
             deg = torch.zeros(self.num_dst, dtype=coef.dtype, device=coef.device).index_add(0, self.edges.dst, coef)
