@@ -84,13 +84,11 @@ class QatLinearGrad : public torch::autograd::Function<QatLinearGrad> {
                                         weight_random, std::move(weight_generator));
     at::Tensor out = at::linear(xq, wq, bias);
     ctx->save_for_backward({xq, wq});
-    // The inputs, for a double backward's straight-through path only (their values are not read: no version check).
+    // The inputs, for their dtypes and a double backward's straight-through path (their values are not read: no
+    // version check).
     ctx->saved_data["x"] = x;
     ctx->saved_data["weight"] = weight;
-    ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
-    ctx->saved_data["weight_dtype"] = static_cast<int64_t>(weight.scalar_type());
-    ctx->saved_data["bias_sizes"] = bias.has_value() && bias->defined() ? bias->sizes().vec() : std::vector<int64_t>{};
-    ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
+    if (bias.has_value() && bias->defined()) ctx->saved_data["bias_sizes"] = bias->sizes().vec();
     return out;
   }
 
@@ -98,17 +96,16 @@ class QatLinearGrad : public torch::autograd::Function<QatLinearGrad> {
                                                  torch::autograd::variable_list grads) {
     const at::Tensor& grad = grads[0];
     const auto saved = ctx->get_saved_variables();
+    const at::Tensor x = ctx->saved_data["x"].toTensor(), weight = ctx->saved_data["weight"].toTensor();
     at::Tensor xq = saved[0], wq = saved[1];
     if (at::GradMode::is_enabled()) {  // create_graph: differentiable in x and W too
-      xq = StraightThrough::apply(ctx->saved_data["x"].toTensor().to(at::kFloat), xq);
-      wq = StraightThrough::apply(ctx->saved_data["weight"].toTensor().to(at::kFloat), wq);
+      xq = StraightThrough::apply(x.to(at::kFloat), xq);
+      wq = StraightThrough::apply(weight.to(at::kFloat), wq);
     }
     at::Tensor grad_x, grad_w, grad_b;
-    if (ctx->needs_input_grad(0))
-      grad_x = at::mm(grad, wq).to(static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt()));
-    if (ctx->needs_input_grad(1))
-      grad_w = at::mm(grad.t(), xq).to(static_cast<at::ScalarType>(ctx->saved_data["weight_dtype"].toInt()));
-    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2))
+    if (ctx->needs_input_grad(0)) grad_x = at::mm(grad, wq).to(x.scalar_type());
+    if (ctx->needs_input_grad(1)) grad_w = at::mm(grad.t(), xq).to(weight.scalar_type());
+    if (ctx->saved_data.count("bias_sizes") != 0 && ctx->needs_input_grad(2))
       grad_b = at::sum_to(grad, ctx->saved_data["bias_sizes"].toIntVector());
     return {grad_x, grad_w, grad_b, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
             at::Tensor()};

@@ -173,8 +173,10 @@ class QuantGraph:
         same bits; the gradient to the weights flows through the float sum.
         """
         diag = self.diag
-        if self.prebuilt is not None or not self.weighted:
-            deg = (self.prebuilt.row_sums if self.prebuilt is not None else self._row_sums(None)).to(torch.float32)
+        if self.prebuilt is not None:
+            return self.prebuilt.degree()  # (its diagonal is self.diag)
+        if not self.weighted:
+            deg = self._row_sums(None).to(torch.float32)
             return deg + diag.to(torch.float32) if diag is not None else deg
         if self.adj_bits is None:
             coef = self.edge_coefficients()

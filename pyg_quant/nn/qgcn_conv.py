@@ -39,15 +39,9 @@ def inv_sqrt_degree(deg: Tensor) -> Tensor:
 
 def bit_adjacency_deg_inv_sqrt(adj: BitAdjacency) -> Tensor:
     r""":func:`inv_sqrt_degree` of a :class:`BitAdjacency` that is the whole :math:`\hat{A}` (its self-loops
-    included), made once per adjacency: every layer called on it shares it.  The degrees are its integer row sums
-    plus its diagonal in float32, one rounding (what ``QuantGraph.degree`` gives)."""
-    def make() -> Tensor:
-        deg = adj.row_sums.to(torch.float32)
-        if adj.diag is not None:
-            deg = deg + adj.diag.to(torch.float32)
-        return inv_sqrt_degree(deg)
-
-    return adj.derived("gcn_deg_inv_sqrt", make)
+    included), made once per adjacency: every layer called on it shares it (its degrees: ``adj.degree()``, what
+    ``QuantGraph.degree`` gives)."""
+    return adj.derived("gcn_deg_inv_sqrt", lambda: inv_sqrt_degree(adj.degree()))
 
 
 class QGCNConv(StaticRange, MessagePassing):
