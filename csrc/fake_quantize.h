@@ -68,7 +68,6 @@ PYG_QUANT_HOST_DEVICE double squared_error(float x, const AffineParams& p, float
 // draw theirs inside the kernel from the generator's Philox state (fake_quantize_cuda.cu).
 inline at::Tensor rounding_noise(const at::Tensor& x, const std::optional<at::Tensor>& noise, bool random_noise,
                                  std::optional<at::Generator> generator) {
-  TORCH_CHECK_VALUE(!(noise && random_noise), "pass noise or random_noise=True, not both");
   if (random_noise) return at::rand(x.sizes(), std::move(generator), x.options());
   return noise ? noise->contiguous() : at::Tensor();
 }

@@ -19,7 +19,7 @@ inline int64_t num_groups(const at::Tensor& x, int64_t dim) { return dim < 0 ? 1
 // fake_quantize's arguments: lo and hi given together (one value a range) or not at all.
 inline void check_fake_quantize_args(const at::Tensor& x, const std::optional<at::Tensor>& lo,
                                      const std::optional<at::Tensor>& hi, int64_t bits, int64_t dim,
-                                     const std::optional<at::Tensor>& noise) {
+                                     const std::optional<at::Tensor>& noise, bool random_noise) {
   TORCH_CHECK_VALUE(x.dim() == 2 && x.scalar_type() == at::kFloat, "x must be a 2-D float32 tensor");
   TORCH_CHECK_VALUE(x.numel() > 0, "x must not be empty");
   TORCH_CHECK_VALUE(bits >= 1 && bits <= kMaxBits, "bits must be in 1..8, got ", bits);
@@ -35,6 +35,7 @@ inline void check_fake_quantize_args(const at::Tensor& x, const std::optional<at
   TORCH_CHECK_VALUE(!noise || (noise->sizes() == x.sizes() && noise->scalar_type() == at::kFloat &&
                                noise->device() == x.device()),
                     "noise must be float32 with x's shape and device");
+  TORCH_CHECK_VALUE(!(noise && random_noise), "pass noise or random_noise=True, not both");
 }
 
 // mse_range's arguments; returns the grid's shrink factors as float32.

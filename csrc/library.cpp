@@ -5,6 +5,7 @@
 #include <torch/library.h>
 
 #include "cpu/bitmm_cpu.h"
+#include "cpu/csr_pair_cpu.h"
 #include "cpu/expand_cpu.h"
 #include "cpu/fake_quantize_cpu.h"
 #include "cpu/quant_mlp_cpu.h"
@@ -19,6 +20,7 @@
 #include "quant_mlp_keys.h"
 #ifdef WITH_CUDA
 #include "cuda/bitmm_cuda.h"
+#include "cuda/csr_pair_cuda.h"
 #include "cuda/expand_cuda.h"
 #include "cuda/fake_quantize_cuda.h"
 #include "cuda/quant_mlp_cuda.h"
@@ -36,6 +38,9 @@ TORCH_LIBRARY(pyg_quant, m) {
       "bool random_noise=False, Generator? generator=None) -> (Tensor, Tensor)");
   m.def("mse_range(Tensor x, int dim, int bits, float[] grid) -> (Tensor, Tensor)");
   m.def("csr_product(Tensor y, Tensor adj, Tensor adj_t) -> Tensor");
+  m.def(
+      "csr_pair(Tensor rows, Tensor cols, Tensor? values, Tensor? keep, Tensor? row_scale, Tensor? diag, "
+      "int num_rows, int num_cols, ScalarType dtype, bool transpose=True) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "ema_range(Tensor x, Tensor stored_lo, Tensor stored_hi, float momentum, int dim, float[] grid, int grid_bits) "
       "-> (Tensor, Tensor, Tensor)");
@@ -152,6 +157,8 @@ TORCH_LIBRARY_IMPL(pyg_quant, CPU, m) {
   m.impl("bit_spmm_affine", &pyg_quant::bit_spmm_affine_cpu);
   // tile_plan (CPU only: a loader-side op; on other devices the torch reference runs)
   m.impl("tile_plan", &pyg_quant::tile_plan_cpu);
+  // csr_pair (a float aggregation's M and Mᵀ in CSR from an edge list)
+  m.impl("csr_pair", &pyg_quant::csr_pair_cpu);
   // expand_tiles and expand_csr (CompactAdjacency -> BitAdjacency tensors)
   m.impl("expand_tiles", &pyg_quant::expand_tiles_cpu);
   m.impl("expand_csr", &pyg_quant::expand_csr_cpu);
@@ -223,6 +230,7 @@ TORCH_LIBRARY_IMPL(pyg_quant, CUDA, m) {
   m.impl("bit_spmm_affine", &pyg_quant::bit_spmm_affine_cuda);
   m.impl("expand_tiles", &pyg_quant::expand_tiles_cuda);
   m.impl("expand_csr", &pyg_quant::expand_csr_cuda);
+  m.impl("csr_pair", &pyg_quant::csr_pair_cuda);
   m.impl("quant_mlp", &pyg_quant::mlp<&pyg_quant::quant_mlp_cuda>);
   m.impl("quant_mlp_keys", &pyg_quant::mlp_keys<&pyg_quant::quant_mlp_cuda>);
   m.impl("quant_mlp_planes", &pyg_quant::mlp_planes<&pyg_quant::quant_mlp_planes_cuda>);

@@ -111,7 +111,7 @@ std::tuple<at::Tensor, at::Tensor> fake_quantize_cpu(const at::Tensor& x_in, con
                                                      const std::optional<at::Tensor>& hi_in, int64_t bits, int64_t dim,
                                                      const std::optional<at::Tensor>& noise_in, bool with_mask,
                                                      bool random_noise, std::optional<at::Generator> generator) {
-  check_fake_quantize_args(x_in, lo_in, hi_in, bits, dim, noise_in);
+  check_fake_quantize_args(x_in, lo_in, hi_in, bits, dim, noise_in, random_noise);
   const at::Tensor x = x_in.contiguous();
   const auto [lo_t, hi_t] = ranges_or_extrema(x, lo_in, hi_in, dim);
   const at::Tensor noise_t = rounding_noise(x, noise_in, random_noise, std::move(generator));

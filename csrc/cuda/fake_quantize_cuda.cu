@@ -297,8 +297,7 @@ std::tuple<at::Tensor, at::Tensor> fake_quantize_cuda(const at::Tensor& x_in, co
                                                       const std::optional<at::Tensor>& hi_in, int64_t bits, int64_t dim,
                                                       const std::optional<at::Tensor>& noise_in, bool with_mask,
                                                       bool random_noise, std::optional<at::Generator> generator) {
-  check_fake_quantize_args(x_in, lo_in, hi_in, bits, dim, noise_in);
-  TORCH_CHECK_VALUE(!(noise_in && random_noise), "pass noise or random_noise=True, not both");
+  check_fake_quantize_args(x_in, lo_in, hi_in, bits, dim, noise_in, random_noise);
   const c10::cuda::CUDAGuard guard(x_in.device());
   const at::Tensor x = x_in.contiguous();
   const at::Tensor given = noise_in ? noise_in->contiguous() : at::Tensor();

@@ -152,6 +152,13 @@ class QuantGraph:
             coef = self.keep.to(dtype) if coef is None else torch.where(self.keep, coef, torch.zeros_like(coef))
         return coef
 
+    def _csr_values(self, dtype: torch.dtype) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+        """``(values, keep)`` for :func:`~pyg_quant.graph.float_csr.csr_pair`: an unweighted graph's multiplicities
+        (None: ones) and self-loop mask as they are (the op applies them), else :meth:`edge_coefficients`."""
+        if self.weighted:
+            return self.edge_coefficients(dtype), None
+        return self._float_edges().count, self.keep
+
     def _row_sums(self, values: Optional[torch.Tensor]) -> torch.Tensor:
         """``Σ_j`` of ``A`` (``values=None``: of the multiplicity adjacency ``M``) per target, int64, exact."""
         edges, keep = self.edges, self.keep
@@ -211,11 +218,11 @@ class QuantGraph:
             # A user's BitAdjacency is one graph for every layer and call: its matrices are kept on it.
             pair = (bit_adjacency_csr(prebuilt, dtype), bit_adjacency_csr(prebuilt, dtype, transpose=True))
         else:
-            coef = self.edge_coefficients(dtype)  # decodes the edges if needed
-            if coef is not None and coef.requires_grad:
+            values, keep = self._csr_values(dtype)  # decodes the edges if needed
+            if values is not None and values.requires_grad:
                 return None
             edges = self.edges
-            pair = csr_pair(edges.dst, edges.src, coef, self.num_dst, self.num_src, dtype)
+            pair = csr_pair(edges.dst, edges.src, values, self.num_dst, self.num_src, dtype, keep)
         cache[dtype] = pair
         return pair
 
@@ -237,12 +244,12 @@ class QuantGraph:
             if prebuilt is not None and not self.weighted and self.keep is None:
                 pair = bit_adjacency_scaled_csr(prebuilt, dinv, y.dtype)
             else:
-                coef = self.edge_coefficients(y.dtype)  # (decodes the edges if needed)
-                if coef is not None and coef.requires_grad:
+                values, keep = self._csr_values(y.dtype)  # (decodes the edges if needed)
+                if values is not None and values.requires_grad:
                     return None
                 edges = self.edges
-                pair = scaled_csr_pair(edges.dst, edges.src, coef, dinv, self.diag, self.num_dst, self.num_src,
-                                       y.dtype)
+                pair = scaled_csr_pair(edges.dst, edges.src, values, dinv, self.diag, self.num_dst, self.num_src,
+                                       y.dtype, keep)
             cache[key] = pair
         return ops.csr_product(y, *pair)
 

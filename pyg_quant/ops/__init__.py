@@ -96,6 +96,18 @@ def csr_product(y, adj, adj_t):
     return _ReferenceCsrProduct.apply(y, adj, adj_t)
 
 
+def csr_pair(rows, cols, values, keep, row_scale, diag, num_rows: int, num_cols: int, dtype: torch.dtype,
+             transpose: bool = True):
+    """``(crow, col, val)`` of ``M = diag(row_scale) · (A + diag(diag))`` and of ``Mᵀ``: see
+    :func:`reference.csr_pair`.  The kernels take matrices with int32 indices; larger ones take the reference."""
+    nnz = rows.numel() + (num_rows if diag is not None else 0)
+    if (use_compiled("csr_pair", rows.device)
+            and reference.csr_index_dtype(nnz, num_rows, num_cols) == torch.int32):
+        return torch.ops.pyg_quant.csr_pair(rows, cols, values, keep, row_scale, diag, num_rows, num_cols, dtype,
+                                            transpose)
+    return reference.csr_pair(rows, cols, values, keep, row_scale, diag, num_rows, num_cols, dtype, transpose)
+
+
 def ema_range(x, stored_lo, stored_hi, momentum: float, dim: int, grid, grid_bits: int):
     """A static observer's step in one op: the stored 1-D range moved toward ``x``'s (see ``csrc/ema_range.h``);
     ``grid`` a list of floats (empty: the min/max)."""
@@ -363,6 +375,14 @@ if LOADED:
     @torch.library.register_fake("pyg_quant::csr_product")
     def _(y, adj, adj_t):
         return y.new_empty((adj.shape[0], y.shape[1]))
+
+    @torch.library.register_fake("pyg_quant::csr_pair")
+    def _(rows, cols, values, keep, row_scale, diag, num_rows, num_cols, dtype, transpose=True):
+        nnz = rows.shape[0] + (num_rows if diag is not None else 0)
+        t_rows, t_nnz = (num_cols + 1, nnz) if transpose else (0, 0)
+        return (rows.new_empty((num_rows + 1,), dtype=torch.int32), rows.new_empty((nnz,), dtype=torch.int32),
+                rows.new_empty((nnz,), dtype=dtype), rows.new_empty((t_rows,), dtype=torch.int32),
+                rows.new_empty((t_nnz,), dtype=torch.int32), rows.new_empty((t_nnz,), dtype=dtype))
 
     @torch.library.register_fake("pyg_quant::qat_linear")
     def _(x, weight, bias, x_bits, x_random, x_generator, weight_bits, weight_random, weight_generator):

@@ -177,6 +177,40 @@ assert PACK_ALIGN_BITS % TILE_COLS == 0
 _DENSE_BLOCK_INDEX = 1 << 22  # count blocks with bincount below this many, with unique above
 
 
+def csr_index_dtype(nnz: int, num_rows: int, num_cols: int) -> torch.dtype:
+    """The index dtype of a CSR matrix: int32 where its entries, rows and columns fit."""
+    return torch.int32 if max(nnz, num_rows, num_cols) < 2**31 - 1 else torch.int64
+
+
+def csr_pair(rows, cols, values, keep, row_scale, diag, num_rows: int, num_cols: int, dtype: torch.dtype,
+             transpose: bool = True):
+    """``(crow, col, val)`` of ``M = diag(row_scale) · (A + diag(diag))`` and, with ``transpose``, of ``Mᵀ`` (else
+    three empty tensors), ``A[rows[e], cols[e]] += keep[e] ? values[e] : 0`` (``values``, ``keep``: ones where
+    None): each row's entries in edge order, a row's diagonal entry after its edges (a stable sort).  Indices int32
+    where they fit (:func:`csr_index_dtype`)."""
+    device = rows.device
+    edges = rows.numel()
+    index_dtype = csr_index_dtype(edges + (num_rows if diag is not None else 0), num_rows, num_cols)
+    rows, cols = rows.to(index_dtype), cols.to(index_dtype)
+    coef = torch.ones(edges, dtype=dtype, device=device) if values is None else values.to(dtype)
+    if keep is not None:
+        coef = torch.where(keep, coef, torch.zeros_like(coef))
+    if diag is not None:
+        nodes = torch.arange(num_rows, dtype=index_dtype, device=device)
+        rows, cols, coef = torch.cat((rows, nodes)), torch.cat((cols, nodes)), torch.cat((coef, diag.to(dtype)))
+    entries = coef if row_scale is None else row_scale.to(dtype).index_select(0, rows) * coef
+
+    def build(keys, other, n_keys):
+        sorted_keys, order = torch.sort(keys, stable=True)
+        crow = torch._convert_indices_from_coo_to_csr(sorted_keys, n_keys, out_int32=index_dtype == torch.int32)
+        return crow, other.index_select(0, order), entries.index_select(0, order)
+
+    if not transpose:
+        empty = rows.new_empty(0)
+        return build(rows, cols, num_rows) + (empty, empty, entries.new_empty(0))
+    return build(rows, cols, num_rows) + build(cols, rows, num_cols)
+
+
 def tile_plan(keys, sums, num_rows: int, num_cols: int, min_tile_nnz: int, planes: int):
     """The tile plan of sorted distinct entries (see :mod:`pyg_quant.graph.bit_adjacency`): ``(tile_key int32,
     row_count int16 [T, 16], entry_col uint8, entry_val uint8, res_row int32, res_col int32, res_sum int64,
