@@ -133,7 +133,8 @@ def test_opcheck():
 @pytest.mark.parametrize("num_nodes", [1, 255, 256, 70_000])
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 def test_gpu_sorts_every_key_bit(num_nodes, index_dtype):
-    """Keys over 1 to 17 bits (the sort reads only those): the GPU gives the CPU kernel's matrices."""
+    """Keys over 1 to 17 bits and the direction bit above them (the sort reads only those): the GPU gives the CPU
+    kernel's matrices."""
     for case in (dict(), dict(values="float", keep=True, scaled=True, diag=True)):
         args = random_case(num_nodes, num_nodes, 5 * num_nodes + 3, seed=num_nodes, index_dtype=index_dtype, **case)
         want = torch.ops.pyg_quant.csr_pair(*args, torch.float32)

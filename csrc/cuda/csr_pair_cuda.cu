@@ -1,7 +1,7 @@
-// csr_pair on the GPU: per direction one stable radix sort of (key, entry id) over only the bits a key needs (two
-// 8-bit passes for up to 65,536 rows, where a sort of whole int32 keys takes four), then one kernel that writes the
-// row pointers from the sorted keys and gathers each entry's column and value.  One op: the host issues the two
-// sorts and three kernels from C++.
+// csr_pair on the GPU: one stable radix sort of (key, entry id) for both directions at once (Mᵀ's keys carry a bit
+// above M's) over only the bits a key needs (two 8-bit passes for up to 32,768 rows, where a sort of whole int32 keys
+// takes four, twice), then one kernel that writes both matrices' row pointers from the sorted keys and gathers each
+// entry's column and value.  One op: the host issues one sort and two kernels from C++.
 #include "csr_pair_cuda.h"
 
 #include <ATen/ATen.h>
@@ -24,11 +24,11 @@ __device__ __forceinline__ int32_t clamp_index(int64_t index, int64_t bound) {
   return static_cast<int32_t>(index < 0 ? 0 : (index >= bound ? bound - 1 : index));
 }
 
-// Sort keys for both directions (M's rows, M's columns) and the entry ids: edge e, then diagonal entry i at edges + i.
+// Sort keys (M's rows, then Mᵀ's rows with `t_bit` set) and entry ids: edge e, then diagonal entry i at edges + i.
 template <typename index_t>
 __global__ void csr_keys_kernel(const index_t* __restrict__ rows, const index_t* __restrict__ cols, int64_t edges,
-                                int64_t nnz, int64_t num_rows, int64_t num_cols, int32_t* __restrict__ keys_m,
-                                int32_t* __restrict__ keys_t, int32_t* __restrict__ ids) {
+                                int64_t nnz, int64_t num_rows, int64_t num_cols, bool transpose, int32_t t_bit,
+                                int32_t* __restrict__ keys, int32_t* __restrict__ ids) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < nnz;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     int32_t r, c;
@@ -40,55 +40,46 @@ __global__ void csr_keys_kernel(const index_t* __restrict__ rows, const index_t*
     } else {
       r = c = static_cast<int32_t>(i - edges);
     }
-    keys_m[i] = r;
-    keys_t[i] = c;
+    keys[i] = r;
     ids[i] = static_cast<int32_t>(i);
+    if (transpose) {
+      keys[nnz + i] = c | t_bit;
+      ids[nnz + i] = static_cast<int32_t>(i);
+    }
   }
 }
 
-// Position p of the sorted entries: rows (keys[p - 1], keys[p]] start at p (crow), and entry p's column and value.
+// Position p of a direction's sorted entries: its rows (keys[p - 1], keys[p]] start at p (crow), and entry p's
+// column and value.  Thread j takes position j % (nnz + 1) of direction j / (nnz + 1) (0: M, 1: Mᵀ).
 template <typename scalar_t, typename index_t>
-__global__ void csr_fill_kernel(const int32_t* __restrict__ keys, const int32_t* __restrict__ ids,
-                                const index_t* __restrict__ other, int64_t edges, int64_t nnz, int64_t num_keys,
-                                int64_t num_other, bool scale_by_key, const scalar_t* __restrict__ values,
-                                const bool* __restrict__ keep, const scalar_t* __restrict__ row_scale,
-                                const scalar_t* __restrict__ diag, int32_t* __restrict__ crow,
-                                int32_t* __restrict__ col, scalar_t* __restrict__ val) {
-  for (int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; p <= nnz;
-       p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t before = p == 0 ? -1 : keys[p - 1];
-    const int64_t here = p == nnz ? num_keys : keys[p];
+__global__ void csr_fill_kernel(const int32_t* __restrict__ sorted_keys, const int32_t* __restrict__ sorted_ids,
+                                const index_t* __restrict__ rows, const index_t* __restrict__ cols, int64_t edges,
+                                int64_t nnz, int64_t num_rows, int64_t num_cols, int directions, int32_t key_mask,
+                                const scalar_t* __restrict__ values, const bool* __restrict__ keep,
+                                const scalar_t* __restrict__ row_scale, const scalar_t* __restrict__ diag,
+                                int32_t* __restrict__ crow_m, int32_t* __restrict__ col_m, scalar_t* __restrict__ val_m,
+                                int32_t* __restrict__ crow_t, int32_t* __restrict__ col_t,
+                                scalar_t* __restrict__ val_t) {
+  const int64_t total = static_cast<int64_t>(directions) * (nnz + 1);
+  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < total;
+       j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const bool t = j > nnz;
+    const int64_t p = t ? j - nnz - 1 : j;
+    const int32_t* keys = sorted_keys + (t ? nnz : 0);
+    const int64_t num_keys = t ? num_cols : num_rows;
+    int32_t* crow = t ? crow_t : crow_m;
+    const int64_t before = p == 0 ? -1 : (keys[p - 1] & key_mask);
+    const int64_t here = p == nnz ? num_keys : (keys[p] & key_mask);
     for (int64_t r = before + 1; r <= here; ++r) crow[r] = static_cast<int32_t>(p);
     if (p == nnz) continue;
-    const int64_t id = ids[p];
+    const int64_t id = sorted_ids[(t ? nnz : 0) + p];
     const bool is_edge = id < edges;
-    const int32_t to = is_edge ? clamp_index(other[id], num_other) : static_cast<int32_t>(id - edges);
-    col[p] = to;
+    const int32_t to = is_edge ? clamp_index(t ? rows[id] : cols[id], t ? num_rows : num_cols)
+                               : static_cast<int32_t>(id - edges);
     const scalar_t coef = is_edge ? csr_edge_coef(values, keep, id) : diag[id - edges];
-    val[p] = csr_entry_value(coef, row_scale, scale_by_key ? here : to);
+    (t ? col_t : col_m)[p] = to;
+    (t ? val_t : val_m)[p] = csr_entry_value(coef, row_scale, t ? to : here);  // scaled by M's row
   }
-}
-
-template <typename scalar_t, typename index_t>
-void fill_direction(const at::Tensor& keys, const at::Tensor& ids, at::Tensor& sorted_keys, at::Tensor& sorted_ids,
-                    const index_t* other, int64_t edges, int64_t nnz, int64_t num_keys, int64_t num_other,
-                    bool scale_by_key, const CsrPairOperands& ops, at::Tensor& crow, at::Tensor& col,
-                    at::Tensor& val) {
-  const auto stream = c10::cuda::getCurrentCUDAStream();
-  if (nnz > 0) {
-    // Only the bits a key can use: stable either way, fewer passes.
-    const int end_bit = at::cuda::cub::get_num_bits(static_cast<uint64_t>(std::max<int64_t>(num_keys - 1, 1)));
-    at::cuda::cub::radix_sort_pairs<int32_t, int32_t>(keys.const_data_ptr<int32_t>(),
-                                                      sorted_keys.mutable_data_ptr<int32_t>(),
-                                                      ids.const_data_ptr<int32_t>(),
-                                                      sorted_ids.mutable_data_ptr<int32_t>(), nnz, false, 0, end_bit);
-  }
-  csr_fill_kernel<scalar_t, index_t><<<blocks_for(nnz + 1), kThreads, 0, stream>>>(
-      sorted_keys.const_data_ptr<int32_t>(), sorted_ids.const_data_ptr<int32_t>(), other, edges, nnz, num_keys,
-      num_other, scale_by_key, data_or_null<scalar_t>(ops.values), data_or_null<bool>(ops.keep),
-      data_or_null<scalar_t>(ops.row_scale), data_or_null<scalar_t>(ops.diag), crow.mutable_data_ptr<int32_t>(),
-      col.mutable_data_ptr<int32_t>(), val.mutable_data_ptr<scalar_t>());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 }  // namespace
@@ -102,9 +93,15 @@ CsrPair csr_pair_cuda(const at::Tensor& rows_in, const at::Tensor& cols_in, cons
   const at::Tensor rows = rows_in.contiguous(), cols = cols_in.contiguous();
   const CsrPairOperands ops = csr_pair_operands(values, keep, row_scale, diag, dtype);
   const int64_t edges = rows.numel(), nnz = edges + (diag ? num_rows : 0);
+  const int directions = transpose ? 2 : 1;
+  // Only the bits a key can use, plus the direction's: stable either way, fewer passes.
+  const int64_t widest = std::max<int64_t>({num_rows - 1, transpose ? num_cols - 1 : 0, 1});
+  const int key_bits = at::cuda::cub::get_num_bits(static_cast<uint64_t>(widest));
+  TORCH_CHECK_VALUE(key_bits < 31, "csr_pair: the matrix must have fewer than 2^30 rows and columns");
+  const int32_t t_bit = int32_t{1} << key_bits;
   const auto index_options = rows.options().dtype(at::kInt);
-  // The four index tensors of the result are views of one allocation, the five sort buffers of another; without the
-  // transpose its three tensors are empty.
+  // The four index tensors of the result are views of one allocation, the sort's four buffers of another; without
+  // the transpose its three tensors are empty.
   const int64_t t_rows = transpose ? num_cols + 1 : 0, t_nnz = transpose ? nnz : 0;
   at::Tensor indices = at::empty({num_rows + 1 + nnz + t_rows + t_nnz}, index_options);
   at::Tensor crow_m = indices.narrow(0, 0, num_rows + 1), col_m = indices.narrow(0, num_rows + 1, nnz);
@@ -112,26 +109,32 @@ CsrPair csr_pair_cuda(const at::Tensor& rows_in, const at::Tensor& cols_in, cons
              col_t = indices.narrow(0, num_rows + 1 + nnz + t_rows, t_nnz);
   at::Tensor vals = at::empty({nnz + t_nnz}, rows.options().dtype(dtype));
   at::Tensor val_m = vals.narrow(0, 0, nnz), val_t = vals.narrow(0, nnz, t_nnz);
-  at::Tensor work = at::empty({5 * nnz}, index_options);
-  at::Tensor keys_m = work.narrow(0, 0, nnz), keys_t = work.narrow(0, nnz, nnz), ids = work.narrow(0, 2 * nnz, nnz);
-  at::Tensor sorted_keys = work.narrow(0, 3 * nnz, nnz), sorted_ids = work.narrow(0, 4 * nnz, nnz);
+  const int64_t sorted = directions * nnz;
+  at::Tensor work = at::empty({4 * sorted}, index_options);
+  int32_t* keys = work.mutable_data_ptr<int32_t>();
+  int32_t* ids = keys + sorted;
+  int32_t* sorted_keys = ids + sorted;
+  int32_t* sorted_ids = sorted_keys + sorted;
   const auto stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_INDEX_TYPES(rows.scalar_type(), "csr_pair_cuda", [&] {
     const index_t* r = rows.const_data_ptr<index_t>();
     const index_t* c = cols.const_data_ptr<index_t>();
     if (nnz > 0) {
-      csr_keys_kernel<index_t><<<blocks_for(nnz), kThreads, 0, stream>>>(
-          r, c, edges, nnz, num_rows, num_cols, keys_m.mutable_data_ptr<int32_t>(), keys_t.mutable_data_ptr<int32_t>(),
-          ids.mutable_data_ptr<int32_t>());
+      csr_keys_kernel<index_t><<<blocks_for(nnz), kThreads, 0, stream>>>(r, c, edges, nnz, num_rows, num_cols,
+                                                                         transpose, t_bit, keys, ids);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
+      at::cuda::cub::radix_sort_pairs<int32_t, int32_t>(keys, sorted_keys, ids, sorted_ids, sorted, false, 0,
+                                                        key_bits + (transpose ? 1 : 0));
     }
     AT_DISPATCH_FLOATING_TYPES(dtype, "csr_pair_cuda", [&] {
-      // The sorted buffers serve M, then Mᵀ (the stream orders the second sort after the first fill).
-      fill_direction<scalar_t, index_t>(keys_m, ids, sorted_keys, sorted_ids, c, edges, nnz, num_rows, num_cols, true,
-                                        ops, crow_m, col_m, val_m);
-      if (!transpose) return;
-      fill_direction<scalar_t, index_t>(keys_t, ids, sorted_keys, sorted_ids, r, edges, nnz, num_cols, num_rows, false,
-                                        ops, crow_t, col_t, val_t);
+      csr_fill_kernel<scalar_t, index_t><<<blocks_for(directions * (nnz + 1)), kThreads, 0, stream>>>(
+          sorted_keys, sorted_ids, r, c, edges, nnz, num_rows, num_cols, directions, t_bit - 1,
+          data_or_null<scalar_t>(ops.values), data_or_null<bool>(ops.keep), data_or_null<scalar_t>(ops.row_scale),
+          data_or_null<scalar_t>(ops.diag), crow_m.mutable_data_ptr<int32_t>(), col_m.mutable_data_ptr<int32_t>(),
+          val_m.mutable_data_ptr<scalar_t>(), transpose ? crow_t.mutable_data_ptr<int32_t>() : nullptr,
+          transpose ? col_t.mutable_data_ptr<int32_t>() : nullptr,
+          transpose ? val_t.mutable_data_ptr<scalar_t>() : nullptr);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
   });
   return {crow_m, col_m, val_m, crow_t, col_t, val_t};
