@@ -44,11 +44,14 @@ def batches(args, device):
 def summarize(prof, steps: int) -> dict:
     kernels = collections.Counter()
     device_us = collections.Counter()
+    by_name = collections.Counter()
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
             kind = "nccl" if "nccl" in e.name.lower() else "other"
+            us = e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
             kernels[kind] += 1
-            device_us[kind] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+            device_us[kind] += us
+            by_name[e.name[:70]] += us
     top = collections.Counter()
     for e in prof.events():
         if e.cpu_parent is None and e.device_type == torch.autograd.DeviceType.CPU:
@@ -57,7 +60,8 @@ def summarize(prof, steps: int) -> dict:
                       key=lambda r: -r[2])[:15]
     return {"kernels": {k: v / steps for k, v in kernels.items()},
             "kernel_ms": {k: v / steps / 1e3 for k, v in device_us.items()},
-            "top_level_ops": sum(top.values()) / steps, "self_cpu": self_cpu}
+            "top_level_ops": sum(top.values()) / steps, "self_cpu": self_cpu,
+            "top_kernels": [(name, us / steps) for name, us in by_name.most_common(8)]}
 
 
 def worker(rank, world, args, store_path, queue):
@@ -142,6 +146,8 @@ def main():
                   f"{ {k: round(v, 3) for k, v in r['kernel_ms'].items()} }")
             for name, count, us in r["self_cpu"]:
                 print(f"    {name:60s} {count:7.1f} calls {us:9.1f} µs self CPU")
+            for name, us in r["top_kernels"]:
+                print(f"    kernel {name:70s} {us:9.1f} µs a step")
 
 
 if __name__ == "__main__":

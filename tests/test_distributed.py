@@ -257,6 +257,7 @@ def _ddp_worker(rank, parts, out, device):
     model = qat_model(init=rank, seed=0, weight_observer="learned", input_observer="minmax", agg_observer="mse")
     model = model.to(device)
     ddp = pqd.ddp(model, device_ids=[rank] if device != "cpu" else None)  # buffers synced once: the ranks keep them
+    assert ddp.gradient_as_bucket_view  # (pqd.ddp's default: no copy of each gradient into its bucket and back)
     with pytest.raises(TypeError, match="DistributedDataParallel"):
         pq.CapturedTrainStep(ddp, torch.optim.SGD(ddp.parameters(), lr=0.1), F.cross_entropy)
     with pytest.raises(ValueError, match="runs one process"):
@@ -308,6 +309,65 @@ def check_ddp_results(tmp_path, parts, device):
 def test_ddp_qat_keeps_gradients_and_ranges_equal(parts, tmp_path):
     run_ranks(_ddp_worker, tmp_path, parts, str(tmp_path / "ddp"), "cpu")
     check_ddp_results(tmp_path, parts, "cpu")
+
+
+def _synced_step_worker(rank, out):
+    """Each static EMA / MSE quantizer (per tensor, column and row) fed three rank-specific batches twice: through its
+    synced step in ``ema_range`` (the path that runs), and op by op (``Observer.forward``'s all-reduce and foreach
+    steps, then ``fake_quantize``)."""
+    from pyg_quant.qat.observers import EMAMinMaxObserver
+    runs = {}
+    for fused in (True, False):
+        steps = [0]
+        original_fused, original_range = EMAMinMaxObserver.fused_step, EMAMinMaxObserver.step_range
+
+        def counted(self, x, step):
+            steps[0] += 1
+            return original_range(self, x, step)
+
+        EMAMinMaxObserver.step_range = counted
+        if not fused:
+            EMAMinMaxObserver.fused_step = lambda self, x: None
+        try:
+            for observer in ("ema", "mse"):
+                for dim in (None, 0, 1):
+                    fq = qat.FakeQuantize(3, observer, dim=dim, seed=5).train()
+                    g = torch.Generator().manual_seed(10 * rank + (dim or 0))
+                    xs = [torch.randn(24, 6, generator=g) * (rank + 1) for _ in range(3)]
+                    outs = [fq(x.clone().requires_grad_()) for x in xs]
+                    runs[(fused, observer, dim)] = (torch.stack(outs).detach(), fq.observer.min_val.clone(),
+                                                    fq.observer.max_val.clone(), torch.stack(xs))
+        finally:
+            EMAMinMaxObserver.fused_step, EMAMinMaxObserver.step_range = original_fused, original_range
+        runs[(fused, "steps")] = steps[0]
+    torch.save(runs, f"{out}_{rank}.pt")
+
+
+def test_synced_observer_step_in_one_op_equals_the_op_by_op_path(tmp_path):
+    """Both paths give the same outputs and ranges bit for bit, the same ranges on both ranks, and those are the EMA
+    of the batch ranges reduced over the ranks (extrema for "ema", the mean for "mse") that one process computes."""
+    from pyg_quant.quantization.ranges import mse_ranges, tensor_range
+    run_ranks(_synced_step_worker, tmp_path, str(tmp_path / "synced"))
+    first, second = saved(tmp_path, "synced")
+    assert first[(True, "steps")] == 12 and first[(False, "steps")] == 0  # 6 quantizers, steps 2 and 3 each
+    for key in first:
+        if key[1] == "steps":
+            continue
+        fused, observer, dim = key
+        for a, b in zip(first[key][:3], first[(not fused, observer, dim)][:3]):
+            assert torch.equal(a, b), key  # the same outputs and ranges, bit for bit
+        for a, b in zip(first[key][1:3], second[key][1:3]):
+            assert torch.equal(a, b), key  # the same ranges on both ranks
+        stored = None
+        for x0, x1 in zip(first[key][3], second[key][3]):
+            ranges = [tensor_range(x, dim) if observer == "ema" else mse_ranges(x, dim, 3) for x in (x0, x1)]
+            if observer == "ema":
+                batch = (torch.minimum(ranges[0][0], ranges[1][0]), torch.maximum(ranges[0][1], ranges[1][1]))
+            else:
+                batch = ((ranges[0][0] + ranges[1][0]) / 2, (ranges[0][1] + ranges[1][1]) / 2)
+            stored = batch if stored is None else tuple(s + (b - s) * 0.1 for s, b in zip(stored, batch))
+        for got, want in zip(first[key][1:3], stored):
+            assert torch.allclose(got, want, rtol=1e-6, atol=1e-7), key
 
 
 def _buffer_sync_worker(rank, parts, out, forward_sync_param):

@@ -258,9 +258,9 @@ def test_ema_range_cpu_equals_reference(shape):
     x = _ema_data(*shape, 5) if shape[0] > 1 else randn(1, 1, 5)
     for dim, grid, bits, (s_lo, s_hi) in _ema_cases(x):
         lo, hi, used_hi = torch.ops.pyg_quant.ema_range(x, s_lo, s_hi, 0.1, dim, grid, bits)
-        r_lo, r_hi = ref.ema_range(x, s_lo, s_hi, 0.1, dim, grid, bits)
+        r_lo, r_hi, r_used = ref.ema_range(x, s_lo, s_hi, 0.1, dim, grid, bits)
         assert _equal(lo, r_lo) and _equal(hi, r_hi), (dim, grid)
-        assert _equal(used_hi, collapse_narrow_range(r_lo, r_hi)[1]), (dim, grid)
+        assert _equal(used_hi, collapse_narrow_range(r_lo, r_hi)[1]) and _equal(r_used, used_hi), (dim, grid)
         if shape[0] > 1 and dim is not None and dim >= 0:
             assert bool((used_hi == lo).any()) and bool(torch.isnan(lo).any())  # the constant group, the NaN
 

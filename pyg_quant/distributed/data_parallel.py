@@ -6,6 +6,9 @@ the quantizers' ranges, flags and scales).  pyg_quant keeps those equal on every
 all-reduce each batch's range (:mod:`.ranges`), weights' ranges follow the weights DDP keeps equal, learned ranges
 are parameters.  :func:`ddp` therefore syncs the buffers from rank 0 once, when it wraps the model, and never again.
 
+Its gradients are views of DDP's communication buckets (``gradient_as_bucket_view=True`` unless given): a QAT
+model's many small parameters otherwise cost a copy each, into its bucket and back, at every step.
+
 Not for models whose other buffers must follow rank 0 at every step (BatchNorm's running statistics: use
 ``torch.nn.SyncBatchNorm``, or plain DDP), nor under :func:`~pyg_quant.distributed.local_ranges` (where rank 0's
 broadcast decides the ranks' ranges).
@@ -21,10 +24,12 @@ _FORWARD_SYNC = "forward_sync_buffers" in inspect.signature(DistributedDataParal
 
 def ddp(module: torch.nn.Module, **kwargs) -> DistributedDataParallel:
     """``DistributedDataParallel(module, **kwargs)`` that syncs ``module``'s buffers from rank 0 (of ``process_group``
-    where given) when it wraps it and not before each forward; every other argument is DDP's."""
+    where given) when it wraps it and not before each forward, its gradients views of the buckets unless
+    ``gradient_as_bucket_view=False``; every other argument is DDP's."""
     for name in ("broadcast_buffers", "forward_sync_buffers"):
         if name in kwargs:
             raise TypeError(f"ddp() sets {name} itself (buffers synced once); use DistributedDataParallel to choose")
+    kwargs.setdefault("gradient_as_bucket_view", True)
     if _FORWARD_SYNC:  # torch >= 2.13: synced at init only
         return DistributedDataParallel(module, forward_sync_buffers=False, **kwargs)
     wrapped = DistributedDataParallel(module, broadcast_buffers=False, **kwargs)  # (syncs no buffer at all)

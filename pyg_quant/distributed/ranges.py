@@ -58,22 +58,33 @@ def syncing() -> bool:
 
 
 @torch.no_grad()
-def all_reduce_range(lo: torch.Tensor, hi: torch.Tensor, how: str) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``(lo, hi)`` reduced over the ranks in one all-reduce: ``"extrema"`` (min of ``lo``, max of ``hi``) or
-    ``"mean"``; float32, on ``lo``'s device, the same on every rank."""
+def all_reduce_range_rows(lo: torch.Tensor, hi: torch.Tensor, how: str) -> torch.Tensor:
+    """``(lo, hi)`` reduced over the ranks in one all-reduce, as the rows of one float32 ``[2, n]`` tensor on ``lo``'s
+    device (the same on every rank): ``"extrema"`` (min of ``lo``, max of ``hi``) or ``"mean"``."""
     if how not in REDUCTIONS:
         raise ValueError(f"how must be one of {REDUCTIONS}, got {how!r}")
     device, n = lo.device, lo.numel()
+    lo, hi = lo.reshape(-1).to(torch.float32), hi.reshape(-1).to(torch.float32)
+    target = collective_device()
     if how == "extrema":
-        both = torch.cat([-lo.to(torch.float32), hi.to(torch.float32)])  # negation is exact: one MAX does both
-        both = both.to(collective_device())
+        both = torch.cat((lo.neg(), hi))  # negation is exact: one MAX does both
+        both = both if both.device == target else both.to(target)
         dist.all_reduce(both, op=dist.ReduceOp.MAX)
-        both = both.to(device)
-        return -both[:n], both[n:].clone()
-    both = torch.cat([lo.to(torch.float32), hi.to(torch.float32)]).to(collective_device())
-    dist.all_reduce(both, op=dist.ReduceOp.SUM)
-    both = (both / float(world_size())).to(device)
-    return both[:n].clone(), both[n:].clone()
+        both = both if both.device == device else both.to(device)
+        both[:n].neg_()
+    else:
+        both = torch.cat((lo, hi))
+        both = both if both.device == target else both.to(target)
+        dist.all_reduce(both, op=dist.ReduceOp.SUM)
+        both = both if both.device == device else both.to(device)
+        both.div_(float(world_size()))
+    return both.view(2, n)
+
+
+def all_reduce_range(lo: torch.Tensor, hi: torch.Tensor, how: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(lo, hi)`` of :func:`all_reduce_range_rows` as two fresh 1-D tensors."""
+    rows = all_reduce_range_rows(lo, hi, how)
+    return rows[0].clone(), rows[1].clone()
 
 
 def check_same_count(count: int, what: str) -> None:

@@ -109,10 +109,10 @@ def csr_pair(rows, cols, values, keep, row_scale, diag, num_rows: int, num_cols:
 
 
 def ema_range(x, stored_lo, stored_hi, momentum: float, dim: int, grid, grid_bits: int):
-    """A static observer's step in one op: the stored 1-D range moved toward ``x``'s (see ``csrc/ema_range.h``);
-    ``grid`` a list of floats (empty: the min/max)."""
+    """``(lo, hi, used_hi)``: a static observer's step in one op, the stored 1-D range moved toward ``x``'s, and the
+    hi that fake quantization uses (see ``csrc/ema_range.h``); ``grid`` a list of floats (empty: the min/max)."""
     if use_compiled("ema_range", x.device):  # (x detached: the op has no gradient, its range takes none)
-        return torch.ops.pyg_quant.ema_range(x.detach(), stored_lo, stored_hi, momentum, dim, grid, grid_bits)[:2]
+        return torch.ops.pyg_quant.ema_range(x.detach(), stored_lo, stored_hi, momentum, dim, grid, grid_bits)
     return reference.ema_range(x, stored_lo, stored_hi, momentum, dim, grid, grid_bits)
 
 

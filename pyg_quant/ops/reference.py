@@ -447,8 +447,9 @@ def mse_range(x, dim: int, bits: int, grid):
 
 
 def ema_range(x, stored_lo, stored_hi, momentum: float, dim: int, grid, grid_bits: int):
-    """``stored + m·(batch − stored)`` for both ends, the batch's range ``x``'s min/max over ``dim`` (-1: the
-    tensor's) for an empty ``grid``, else :func:`mse_range`'s at ``grid_bits``; float32, no gradient."""
+    """``(lo, hi, used_hi)``: ``stored + m·(batch − stored)`` for both ends, the batch's range ``x``'s min/max over
+    ``dim`` (-1: the tensor's) for an empty ``grid``, else :func:`mse_range`'s at ``grid_bits``; and the hi that fake
+    quantization uses (``lo`` where the range is narrower than ``MIN_RANGE_WIDTH``); float32, no gradient."""
     if dim not in (-1, 0, 1):
         raise ValueError(f"ema_range: dim must be -1 (per tensor), 0 or 1, got {dim}")
     with torch.no_grad():
@@ -456,7 +457,8 @@ def ema_range(x, stored_lo, stored_hi, momentum: float, dim: int, grid, grid_bit
         lo, hi = mse_range(x, dim, grid_bits, grid) if len(grid) else _own_range(x, dim)
         if lo.shape != stored_lo.shape or hi.shape != stored_hi.shape:
             raise ValueError(f"ema_range: x has {lo.numel()} ranges but {stored_lo.numel()} are stored")
-        return stored_lo + (lo - stored_lo) * momentum, stored_hi + (hi - stored_hi) * momentum
+        lo, hi = stored_lo + (lo - stored_lo) * momentum, stored_hi + (hi - stored_hi) * momentum
+        return lo, hi, torch.where(hi - lo < MIN_RANGE_WIDTH, lo, hi)
 
 
 def ema_fake_quantize(x, stored_lo, stored_hi, momentum: float, dim: int, grid, grid_bits: int, bits: int,
@@ -464,8 +466,7 @@ def ema_fake_quantize(x, stored_lo, stored_hi, momentum: float, dim: int, grid, 
                       fake_quantize=fake_quantize):
     """``(fq(x), mask, lo, hi)``: :func:`ema_range`'s ``(lo, hi)``, and ``fake_quantize`` of ``x`` over it with ranges
     narrower than ``MIN_RANGE_WIDTH`` collapsed to ``hi = lo`` (``fake_quantize`` the differentiable one)."""
-    lo, hi = ema_range(x, stored_lo, stored_hi, momentum, dim, grid, grid_bits)
-    used_hi = torch.where(hi - lo < MIN_RANGE_WIDTH, lo, hi)
+    lo, hi, used_hi = ema_range(x, stored_lo, stored_hi, momentum, dim, grid, grid_bits)
     out, mask = fake_quantize(x.to(torch.float32), lo, used_hi, bits, dim, None, with_mask, random_noise, generator)
     return out, mask, lo, hi
 

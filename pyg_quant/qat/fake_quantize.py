@@ -56,7 +56,7 @@ import torch
 from .. import ops
 from .._utils import is_compiling
 from ..bit_tensor import BitTensor
-from ..distributed import group as _group
+from ..distributed import group as _group, ranges as _ranks
 from ..layout import check_bits
 from ..quantization.affine import RANGE_VIEW, affine_params, affine_scale, collapse_narrow_range
 from ..quantization.quantize import check_matrix, exact_values
@@ -374,12 +374,17 @@ class FakeQuantize(torch.nn.Module):
                              f"{protect.dtype}{list(protect.shape)}")
         x32 = x.to(torch.float32)
         if step is not None:
-            # The observer's step, the collapse of narrow ranges and the fake quantization in one op: what the
-            # general path below computes for a static EMA / MSE range, op by op.
+            # The observer's step, the collapse of narrow ranges and the fake quantization in one op (two where the
+            # ranks sync their ranges): what the general path below computes for a static EMA / MSE range, op by op.
             random_noise = state["stochastic"]
-            out, _, lo, hi = ops.ema_fake_quantize(x32, *observer.range_tensors(), *step, state["bits"],
-                                                   x32.requires_grad, random_noise,
-                                                   self.generator(x32.device) if random_noise else None)
+            generator = self.generator(x32.device) if random_noise else None
+            if _ranks.syncing():
+                lo, hi, used_hi = observer.step_range(x32, step)
+                out = ops.fake_quantize(x32, lo, used_hi, state["bits"], step[1], None, x32.requires_grad,
+                                        random_noise, generator)[0]
+            else:
+                out, _, lo, hi = ops.ema_fake_quantize(x32, *observer.range_tensors(), *step, state["bits"],
+                                                       x32.requires_grad, random_noise, generator)
             observer.record(lo, hi)
             self._recorded()
             return self._protected(out, x32, protect)

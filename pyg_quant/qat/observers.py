@@ -172,9 +172,16 @@ class Observer(torch.nn.Module):
 
     def fused_step(self, x: torch.Tensor) -> Optional[tuple]:
         """``(momentum, dim, grid, grid_bits)``, the arguments of :func:`pyg_quant.ops.ema_range` where that op is this
-        observer's step on ``x`` (2-D) now; None where :meth:`forward` records ``x`` (every observer but an eager
-        :class:`EMAMinMaxObserver` / :class:`MSEObserver` with a range stored for ``x``'s shape, in one process)."""
+        observer's step on ``x`` (2-D) now (:meth:`step_range`); None where :meth:`forward` records ``x`` (every
+        observer but an eager :class:`EMAMinMaxObserver` / :class:`MSEObserver` with a range stored for ``x``'s
+        shape)."""
         return None
+
+    def step_range(self, x: torch.Tensor, step: tuple) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(lo, hi, used_hi)`` of :func:`pyg_quant.ops.ema_range` for :meth:`fused_step`'s ``step``: the stored range
+        moved toward ``x``'s batch range (reduced over the ranks first where they sync, see
+        :mod:`pyg_quant.distributed.ranges`), and the hi that fake quantization uses."""
+        raise NotImplementedError
 
     def record(self, lo: torch.Tensor, hi: torch.Tensor) -> None:
         """Store ``(lo, hi)``, the new range (fresh tensors), in the buffers' dict as ``Module.__setattr__`` would: they
@@ -257,7 +264,7 @@ class EMAMinMaxObserver(Observer):
 
     def fused_step(self, x: torch.Tensor) -> Optional[tuple]:
         grid = _EMA_GRIDS.get(type(self))  # (a subclass with a batch range of its own is not the op's)
-        if grid is None or is_compiling() or _in_place.get() or _ranks.syncing() or not no_hooks(self):
+        if grid is None or is_compiling() or _in_place.get() or not no_hooks(self):
             return None
         stored = self._buffers["min_val"]
         dim = self.dim
@@ -266,12 +273,22 @@ class EMAMinMaxObserver(Observer):
             return None  # (not observed yet, or forward's error for a new shape)
         return self.momentum, -1 if dim is None else dim, grid, self.bits if grid else 0
 
+    def step_range(self, x, step):
+        if not _ranks.syncing():
+            return ops.ema_range(x, *self.range_tensors(), *step)
+        # Several processes: the batch range reduced over the ranks (one all-reduce), then the op's step over the
+        # min/max of those two rows, which are that range itself: the foreach steps of forward's path, fewer ops.
+        momentum, dim = step[:2]
+        rows = _ranks.all_reduce_range_rows(*self.batch_range(x.detach()), self.rank_reduction)
+        batch = rows.t() if dim == 1 else rows if dim == 0 else rows.view(2, 1)
+        return ops.ema_range(batch, *self.range_tensors(), momentum, dim, [], 0)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         check_matrix(x)
         step = self.fused_step(x)
         if step is None:
             return super().forward(x)
-        self.record(*ops.ema_range(x, *self.range_tensors(), *step))
+        self.record(*self.step_range(x, step)[:2])
         return x
 
     def combine(self, lo, hi):
