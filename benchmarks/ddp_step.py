@@ -46,7 +46,10 @@ def summarize(prof, steps: int) -> dict:
     device_us = collections.Counter()
     by_name = collections.Counter()
     for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
+        # (a record_function's range on the GPU, e.g. "Optimizer.step#Adam.step", is no kernel)
+        annotation = getattr(e, "is_user_annotation", False) or e.name.startswith(("DistributedDataParallel",
+                                                                                   "Optimizer.", "nccl:"))
+        if e.device_type == torch.autograd.DeviceType.CUDA and not annotation:
             kind = "nccl" if "nccl" in e.name.lower() else "other"
             us = e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
             kernels[kind] += 1

@@ -6,6 +6,7 @@
 
 #include "cpu/bitmm_cpu.h"
 #include "cpu/csr_pair_cpu.h"
+#include "cpu/degree_cpu.h"
 #include "cpu/expand_cpu.h"
 #include "cpu/fake_quantize_cpu.h"
 #include "cpu/quant_mlp_cpu.h"
@@ -21,6 +22,7 @@
 #ifdef WITH_CUDA
 #include "cuda/bitmm_cuda.h"
 #include "cuda/csr_pair_cuda.h"
+#include "cuda/degree_cuda.h"
 #include "cuda/expand_cuda.h"
 #include "cuda/fake_quantize_cuda.h"
 #include "cuda/quant_mlp_cuda.h"
@@ -41,6 +43,7 @@ TORCH_LIBRARY(pyg_quant, m) {
   m.def(
       "csr_pair(Tensor rows, Tensor cols, Tensor? values, Tensor? keep, Tensor? row_scale, Tensor? diag, "
       "int num_rows, int num_cols, ScalarType dtype, bool transpose=True) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def("degree_inv_sqrt(Tensor dst, Tensor? keep, Tensor? count, Tensor? diag, int num_nodes) -> (Tensor, Tensor)");
   m.def(
       "ema_range(Tensor x, Tensor stored_lo, Tensor stored_hi, float momentum, int dim, float[] grid, int grid_bits) "
       "-> (Tensor, Tensor, Tensor)");
@@ -157,8 +160,9 @@ TORCH_LIBRARY_IMPL(pyg_quant, CPU, m) {
   m.impl("bit_spmm_affine", &pyg_quant::bit_spmm_affine_cpu);
   // tile_plan (CPU only: a loader-side op; on other devices the torch reference runs)
   m.impl("tile_plan", &pyg_quant::tile_plan_cpu);
-  // csr_pair (a float aggregation's M and Mᵀ in CSR from an edge list)
+  // csr_pair (a float aggregation's M and Mᵀ in CSR from an edge list), degree_inv_sqrt (GCN's degrees of one)
   m.impl("csr_pair", &pyg_quant::csr_pair_cpu);
+  m.impl("degree_inv_sqrt", &pyg_quant::degree_inv_sqrt_cpu);
   // expand_tiles and expand_csr (CompactAdjacency -> BitAdjacency tensors)
   m.impl("expand_tiles", &pyg_quant::expand_tiles_cpu);
   m.impl("expand_csr", &pyg_quant::expand_csr_cpu);
@@ -231,6 +235,7 @@ TORCH_LIBRARY_IMPL(pyg_quant, CUDA, m) {
   m.impl("expand_tiles", &pyg_quant::expand_tiles_cuda);
   m.impl("expand_csr", &pyg_quant::expand_csr_cuda);
   m.impl("csr_pair", &pyg_quant::csr_pair_cuda);
+  m.impl("degree_inv_sqrt", &pyg_quant::degree_inv_sqrt_cuda);
   m.impl("quant_mlp", &pyg_quant::mlp<&pyg_quant::quant_mlp_cuda>);
   m.impl("quant_mlp_keys", &pyg_quant::mlp_keys<&pyg_quant::quant_mlp_cuda>);
   m.impl("quant_mlp_planes", &pyg_quant::mlp_planes<&pyg_quant::quant_mlp_planes_cuda>);

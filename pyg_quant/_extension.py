@@ -28,7 +28,7 @@ _OPS = ("quantize_pack", "quantize_pack_ranges", "fake_quantize", "mse_range", "
         "quant_mlp_quantized", "quant_mlp_row_codes", "quant_mlp_planes_row_codes", "planes_from_row_codes", "expand_csr",
         "gin_conv_eval",
         "gcn_conv_eval", "qat_gcn_conv_eval", "qat_gcn_conv_eval_quantized", "qat_gin_conv_eval", "qat_linear",
-        "csr_product", "csr_pair", "ema_range", "ema_fake_quantize")
+        "csr_product", "csr_pair", "degree_inv_sqrt", "ema_range", "ema_fake_quantize")
 _DISPATCH_KEYS = {"cpu": "CPU", "cuda": "CUDA"}
 # Ops registered once for every backend (composed of other ops in C++, or of torch's): they run where the ops they
 # call have kernels.

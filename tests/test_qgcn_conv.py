@@ -33,6 +33,7 @@ from torch_geometric.utils import coalesce, to_torch_coo_tensor, to_torch_csc_te
 import pyg_quant as pq
 from pyg_quant.nn import QGCNConv
 from pyg_quant.graph.packing import decode_bit_adjacency, pack_entries
+from pyg_quant.graph.quant_graph import QuantGraph
 
 from conftest import gen, random_edges
 
@@ -666,6 +667,8 @@ def test_layers_on_one_bit_adjacency_share_its_normalization(monkeypatch, mode):
         calls = []
         inv_sqrt = qgcn_module.inv_sqrt_degree
         monkeypatch.setattr(qgcn_module, "inv_sqrt_degree", lambda deg: calls.append(None) or inv_sqrt(deg))
+        graph_inv_sqrt = QuantGraph.degree_inv_sqrt  # (an edge list's, in one op)
+        monkeypatch.setattr(QuantGraph, "degree_inv_sqrt", lambda graph: calls.append(None) or graph_inv_sqrt(graph))
         adj = pq.BitAdjacency.from_edge_index(edge_index, 120, self_loops=1)
         first, second = run(adj), run(adj)
     assert len(calls) == 1

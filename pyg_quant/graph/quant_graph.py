@@ -202,6 +202,15 @@ class QuantGraph:
             summed = summed + diag.to(torch.float32)
         return exact + (summed - summed.detach())
 
+    def degree_inv_sqrt(self) -> torch.Tensor:
+        r""":math:`\hat{d}^{-1/2}` of :meth:`degree`, 0 where a degree is 0 (the floats of
+        :func:`pyg_quant.ops.reference.inv_sqrt_degree`); an unweighted edge list's in one op
+        (:func:`pyg_quant.ops.degree_inv_sqrt`)."""
+        if self.prebuilt is None and not self.weighted and not is_compiling():
+            edges = self._float_edges()
+            return ops.degree_inv_sqrt(edges.dst, self.keep, edges.count, self.diag, self.num_dst)[1]
+        return ops.reference.inv_sqrt_degree(self.degree())
+
     # --- aggregation -------------------------------------------------------------------
     def csr_pair(self, dtype: torch.dtype) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
         """``(A, Aᵀ)`` (the edges, self-loop term apart) as CSR matrices of ``dtype``, kept on the graph.

@@ -12,6 +12,7 @@ from ..graph.bit_adjacency import BitAdjacency
 from ..graph.cache import cached_graph
 from ..graph.input_formats import to_edge_set
 from ..graph.quant_graph import QuantGraph
+from ..ops.reference import inv_sqrt_degree
 from ..quantization.bits import UNSET, check_optional_bits, resolve_bits
 from ..quantization.fixed import fake_quantize_fixed, quantize_fixed
 from ..quantization.quantize import fake_quantize, quantize
@@ -27,14 +28,6 @@ def _cache_attribute(edge_index) -> str:
     """PyG's cache attribute for an adjacency: ``_cached_edge_index`` for tensors (``torch.sparse`` too), else
     ``_cached_adj_t`` (a ``SparseTensor``; a ``BitAdjacency``, which PyG does not know, counts as one)."""
     return "_cached_adj_t" if isinstance(edge_index, (SparseTensor, BitAdjacency)) else "_cached_edge_index"
-
-
-def inv_sqrt_degree(deg: Tensor) -> Tensor:
-    r"""GCN's :math:`\hat{d}^{-1/2}` of float32 degrees, 0 where a degree is 0.  sqrt and division are correctly
-    rounded in float64 everywhere, so eager and compiled code (where ``pow(-0.5)`` may become an approximate rsqrt)
-    get the same floats."""
-    d = (1.0 / deg.double().sqrt()).to(deg.dtype)
-    return d.masked_fill(d == float("inf"), 0.0)
 
 
 def bit_adjacency_deg_inv_sqrt(adj: BitAdjacency) -> Tensor:
@@ -265,7 +258,7 @@ class QGCNConv(StaticRange, MessagePassing):
             # the same D^-1/2, made once (the graph cache does not see BitAdjacency inputs).
             prebuilt = graph.prebuilt
             graph.deg_inv_sqrt = (bit_adjacency_deg_inv_sqrt(prebuilt) if prebuilt is not None
-                                  else inv_sqrt_degree(graph.degree()))
+                                  else graph.degree_inv_sqrt())
         return graph
 
     def forward(self, x: Union[Tensor, BitTensor], edge_index, edge_weight: Optional[Tensor] = None):

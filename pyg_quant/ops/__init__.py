@@ -108,6 +108,13 @@ def csr_pair(rows, cols, values, keep, row_scale, diag, num_rows: int, num_cols:
     return reference.csr_pair(rows, cols, values, keep, row_scale, diag, num_rows, num_cols, dtype, transpose)
 
 
+def degree_inv_sqrt(dst, keep, count, diag, num_nodes: int):
+    """``(d, d^-1/2)``: GCN's degrees of an unweighted edge list (see :func:`reference.degree_inv_sqrt`)."""
+    if use_compiled("degree_inv_sqrt", dst.device):
+        return torch.ops.pyg_quant.degree_inv_sqrt(dst, keep, count, diag, num_nodes)
+    return reference.degree_inv_sqrt(dst, keep, count, diag, num_nodes)
+
+
 def ema_range(x, stored_lo, stored_hi, momentum: float, dim: int, grid, grid_bits: int):
     """``(lo, hi, used_hi)``: a static observer's step in one op, the stored 1-D range moved toward ``x``'s, and the
     hi that fake quantization uses (see ``csrc/ema_range.h``); ``grid`` a list of floats (empty: the min/max)."""
@@ -383,6 +390,10 @@ if LOADED:
         return (rows.new_empty((num_rows + 1,), dtype=torch.int32), rows.new_empty((nnz,), dtype=torch.int32),
                 rows.new_empty((nnz,), dtype=dtype), rows.new_empty((t_rows,), dtype=torch.int32),
                 rows.new_empty((t_nnz,), dtype=torch.int32), rows.new_empty((t_nnz,), dtype=dtype))
+
+    @torch.library.register_fake("pyg_quant::degree_inv_sqrt")
+    def _(dst, keep, count, diag, num_nodes):
+        return dst.new_empty((num_nodes,), dtype=torch.float32), dst.new_empty((num_nodes,), dtype=torch.float32)
 
     @torch.library.register_fake("pyg_quant::qat_linear")
     def _(x, weight, bias, x_bits, x_random, x_generator, weight_bits, weight_random, weight_generator):

@@ -177,6 +177,28 @@ assert PACK_ALIGN_BITS % TILE_COLS == 0
 _DENSE_BLOCK_INDEX = 1 << 22  # count blocks with bincount below this many, with unique above
 
 
+def inv_sqrt_degree(deg: torch.Tensor) -> torch.Tensor:
+    r"""GCN's :math:`\hat{d}^{-1/2}` of float32 degrees, 0 where a degree is 0.  sqrt and division are correctly
+    rounded in float64 everywhere, so eager and compiled code (where ``pow(-0.5)`` may become an approximate rsqrt)
+    and the kernels of :func:`degree_inv_sqrt` get the same floats."""
+    d = (1.0 / deg.double().sqrt()).to(deg.dtype)
+    return d.masked_fill(d == float("inf"), 0.0)
+
+
+def degree_inv_sqrt(dst, keep, count, diag, num_nodes: int):
+    """``(d, d^-1/2)``, float32 ``[num_nodes]``: ``d_i`` the sum of ``count`` (ones where None) over the edges into
+    ``i`` that ``keep`` keeps (all where None), in int64, then in float32 plus ``diag_i``; ``d^-1/2`` by
+    :func:`inv_sqrt_degree`."""
+    values = torch.ones_like(dst, dtype=torch.int64) if count is None else count.to(torch.int64)
+    if keep is not None:
+        values = torch.where(keep, values, torch.zeros_like(values))
+    deg = torch.zeros(num_nodes, dtype=torch.int64, device=dst.device).index_add_(0, dst.long(), values)
+    deg = deg.to(torch.float32)
+    if diag is not None:
+        deg = deg + diag.to(torch.float32)
+    return deg, inv_sqrt_degree(deg)
+
+
 def csr_index_dtype(nnz: int, num_rows: int, num_cols: int) -> torch.dtype:
     """The index dtype of a CSR matrix: int32 where its entries, rows and columns fit."""
     return torch.int32 if max(nnz, num_rows, num_cols) < 2**31 - 1 else torch.int64
