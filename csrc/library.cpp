@@ -54,6 +54,7 @@ TORCH_LIBRARY(pyg_quant, m) {
   m.def(
       "qat_linear(Tensor x, Tensor weight, Tensor? bias, int x_bits, bool x_random, Generator? x_generator, "
       "int weight_bits, bool weight_random, Generator? weight_generator) -> Tensor");
+  m.def("pack_codes(Tensor codes, int bits, bool col_layout) -> Tensor");
   m.def("unpack_codes(Tensor planes, int rows, int cols, bool col_layout) -> Tensor");
   m.def("dequantize(Tensor planes, int rows, int cols, bool col_layout, Tensor lo, Tensor scale, int dim) -> Tensor");
   m.def("packed_code_sums(Tensor planes) -> Tensor");
@@ -158,8 +159,9 @@ TORCH_LIBRARY_IMPL(pyg_quant, CPU, m) {
   // bit_spmm_int and bit_spmm_affine
   m.impl("bit_spmm_int", &pyg_quant::bit_spmm_int_cpu);
   m.impl("bit_spmm_affine", &pyg_quant::bit_spmm_affine_cpu);
-  // tile_plan (CPU only: a loader-side op; on other devices the torch reference runs)
+  // tile_plan and pack_codes (CPU only: loader-side ops; on other devices the torch reference runs)
   m.impl("tile_plan", &pyg_quant::tile_plan_cpu);
+  m.impl("pack_codes", &pyg_quant::pack_codes_cpu);
   // csr_pair (a float aggregation's M and Mᵀ in CSR from an edge list), degree_inv_sqrt (GCN's degrees of one)
   m.impl("csr_pair", &pyg_quant::csr_pair_cpu);
   m.impl("degree_inv_sqrt", &pyg_quant::degree_inv_sqrt_cpu);

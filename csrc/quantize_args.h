@@ -14,6 +14,13 @@ namespace pyg_quant {
 
 // quantize_pack's arguments: a 2-D float32 x, lo and inv_scale 2-D and broadcastable to x's shape (the kernels read
 // them as float32), noise float32 with x's shape, all on x's device.
+// pack_codes' codes: a 2-D uint8 matrix (each code checked against bits by the kernel).
+inline void check_pack_codes_args(const at::Tensor& codes, int64_t bits) {
+  TORCH_CHECK_VALUE(codes.dim() == 2, "pack_codes: codes must be a 2-D tensor");
+  TORCH_CHECK_TYPE(codes.scalar_type() == at::kByte, "pack_codes: codes must be uint8");
+  TORCH_CHECK_VALUE(bits >= 1 && bits <= kMaxBits, "pack_codes: bits must be in 1..8, got ", bits);
+}
+
 inline void check_quantize_pack_args(const at::Tensor& x, const at::Tensor& lo, const at::Tensor& inv_scale,
                                      int64_t bits, const std::optional<at::Tensor>& noise) {
   TORCH_CHECK_VALUE(x.dim() == 2 && x.scalar_type() == at::kFloat, "x must be a 2-D float32 tensor");

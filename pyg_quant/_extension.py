@@ -22,7 +22,7 @@ except ImportError as error:  # not built, or built against another torch
 
 # Every op csrc/library.cpp defines (tests/test_extension.py keeps the two lists equal): an op missing here
 # silently runs its torch reference.
-_OPS = ("quantize_pack", "quantize_pack_ranges", "fake_quantize", "mse_range", "unpack_codes", "dequantize",
+_OPS = ("quantize_pack", "pack_codes", "quantize_pack_ranges", "fake_quantize", "mse_range", "unpack_codes", "dequantize",
         "packed_code_sums", "pack_row_codes", "bitmm_int", "bitmm_affine", "bit_spmm_int", "bit_spmm_affine",
         "tile_plan", "expand_tiles", "quant_mlp", "quant_mlp_keys", "quant_mlp_planes", "quant_mlp_planes_keys",
         "quant_mlp_quantized", "quant_mlp_row_codes", "quant_mlp_planes_row_codes", "planes_from_row_codes", "expand_csr",

@@ -516,3 +516,31 @@ def test_to_val_keeps_the_gradient_of_ranges():
     out = pq.to_val(bt._replace(lo=lo))
     out.sum().backward()
     assert torch.equal(lo.grad, torch.full_like(lo, 20.0))
+
+
+@requires_compiled
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[requires_cuda, pytest.mark.cuda])])
+def test_pack_codes_packs_given_codes_as_quantize_pack_does(device):
+    """A loader's stored uint8 codes packed directly: quantize_pack's planes of the same codes (as floats with lo = 0,
+    inv_scale = 1) and the reference's, every width and both layouts; codes out of range and other dtypes refused."""
+    g = torch.Generator().manual_seed(7)
+    for bits in range(1, 9):
+        for shape in ((1, 1), (33, 7), (300, 256), (64, 301)):
+            codes = torch.randint(0, 2**bits, shape, generator=g).to(torch.uint8)
+            for col in (True, False):
+                got = pq.ops.pack_codes(codes.to(device), bits, col)
+                assert got.device.type == device
+                want = pq.ops.quantize_pack(codes.float(), torch.zeros(1, 1), torch.ones(1, 1), bits, col, None)
+                assert torch.equal(got.cpu(), want) and torch.equal(want, ref.pack_codes(codes.long(), bits, col))
+    codes = torch.full((4, 5), 16, dtype=torch.uint8, device=device)
+    with pytest.raises(ValueError, match="codes must lie in 0..15"):
+        pq.ops.pack_codes(codes, 4, True)
+    with pytest.raises(TypeError, match="uint8"):
+        pq.ops.pack_codes(codes.int(), 5, True)
+
+
+@requires_compiled
+def test_pack_codes_opcheck():
+    codes = torch.randint(0, 16, (37, 19), generator=torch.Generator().manual_seed(1)).to(torch.uint8)
+    for col in (True, False):
+        torch.library.opcheck(torch.ops.pyg_quant.pack_codes.default, (codes, 4, col))

@@ -116,30 +116,16 @@ int64_t broadcast_stride(const at::Tensor& t, int64_t dim) { return t.size(dim) 
 // Columns per tile of the column layout: a tile is 32 rows (one word) by kColTile columns.
 constexpr int64_t kColTile = 256;
 
-}  // namespace
-
-at::Tensor quantize_pack_cpu(const at::Tensor& x_in, const at::Tensor& lo_in, const at::Tensor& inv_in,
-                             int64_t bits, bool col_layout, const std::optional<at::Tensor>& noise_in) {
-  check_quantize_pack_args(x_in, lo_in, inv_in, bits, noise_in);
-  const auto x = x_in.contiguous();
-  const auto lo = lo_in.to(at::kFloat).contiguous();
-  const auto inv = inv_in.to(at::kFloat).contiguous();
-  const int64_t rows = x.size(0), cols = x.size(1);
-  const at::Tensor noise = noise_in.has_value() ? noise_in->contiguous() : at::Tensor();
-  const float* xp = x.data_ptr<float>();
-  const float* np = noise.defined() ? noise.data_ptr<float>() : nullptr;
-  const float* lop = lo.data_ptr<float>();
-  const float* invp = inv.data_ptr<float>();
-  // Contiguous lo/inv broadcast to [rows, cols]: along a row the stride is 1, or 0 (one value).
-  const int64_t lo_rs = broadcast_stride(lo, 0), lo_cs = broadcast_stride(lo, 1);
-  const int64_t inv_rs = broadcast_stride(inv, 0), inv_cs = broadcast_stride(inv, 1);
-  const EncodeFn encode = encode_fn(lo_cs == 0, inv_cs == 0);
-  const float max_code = static_cast<float>((1 << bits) - 1);
-
+// Bit planes of a [rows, cols] matrix whose codes `codes_of(r, c0, n, q)` writes (row r, columns c0 .. c0 + n - 1,
+// into q[0..n)): row layout one row at a time, 32 codes to a word per plane; column layout in tiles of 32 rows by
+// kColTile columns, transposed to 32 codes per column.
+template <typename CodesOf>
+at::Tensor pack_planes(int64_t rows, int64_t cols, int64_t bits, bool col_layout, const at::TensorOptions& options,
+                       const CodesOf& codes_of) {
   const int64_t outer = col_layout ? cols : rows;
   const int64_t packed = col_layout ? rows : cols;
   const int64_t words = packed_words(packed);
-  auto planes = at::zeros({bits, padded_outer(outer), words}, x.options().dtype(at::kInt));
+  auto planes = at::zeros({bits, padded_outer(outer), words}, options.dtype(at::kInt));
   uint32_t* out = reinterpret_cast<uint32_t*>(planes.data_ptr<int32_t>());
   const int64_t plane_stride = planes.stride(0);
   if (rows == 0 || cols == 0) return planes;
@@ -150,8 +136,7 @@ at::Tensor quantize_pack_cpu(const at::Tensor& x_in, const at::Tensor& lo_in, co
     at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
       std::vector<uint8_t> q(row_words * 32, 0);
       for (int64_t r = begin; r < end; ++r) {
-        encode(xp + r * cols, lop + r * lo_rs, invp + r * inv_rs, np ? np + r * cols : nullptr, cols, max_code,
-               q.data());
+        codes_of(r, 0, cols, q.data());
         for (int64_t w = 0; w < row_words; ++w) planes_of_32(q.data() + w * 32, bits, out + r * words + w, plane_stride);
       }
     });
@@ -166,11 +151,7 @@ at::Tensor quantize_pack_cpu(const at::Tensor& x_in, const at::Tensor& lo_in, co
         // Column tile major: consecutive tasks fill consecutive words of the same output lines.
         const int64_t w = task % row_words, c0 = (task / row_words) * kColTile;
         const int64_t n = std::min<int64_t>(32, rows - w * 32), nc = std::min<int64_t>(kColTile, cols - c0);
-        for (int64_t k = 0; k < n; ++k) {
-          const int64_t r = w * 32 + k;
-          encode(xp + r * cols + c0, lop + r * lo_rs + c0 * lo_cs, invp + r * inv_rs + c0 * inv_cs,
-                 np ? np + r * cols + c0 : nullptr, nc, max_code, tile[k]);
-        }
+        for (int64_t k = 0; k < n; ++k) codes_of(w * 32 + k, c0, nc, tile[k]);
         if (n < 32) std::memset(tile[n], 0, (32 - n) * sizeof(tile[0]));
 #if defined(__SSE2__)
         for (int64_t g = 0; g < nc; g += 16) {
@@ -196,6 +177,47 @@ at::Tensor quantize_pack_cpu(const at::Tensor& x_in, const at::Tensor& lo_in, co
     });
   }
   return planes;
+}
+
+}  // namespace
+
+at::Tensor quantize_pack_cpu(const at::Tensor& x_in, const at::Tensor& lo_in, const at::Tensor& inv_in,
+                             int64_t bits, bool col_layout, const std::optional<at::Tensor>& noise_in) {
+  check_quantize_pack_args(x_in, lo_in, inv_in, bits, noise_in);
+  const auto x = x_in.contiguous();
+  const auto lo = lo_in.to(at::kFloat).contiguous();
+  const auto inv = inv_in.to(at::kFloat).contiguous();
+  const int64_t cols = x.size(1);
+  const at::Tensor noise = noise_in.has_value() ? noise_in->contiguous() : at::Tensor();
+  const float* xp = x.data_ptr<float>();
+  const float* np = noise.defined() ? noise.data_ptr<float>() : nullptr;
+  const float* lop = lo.data_ptr<float>();
+  const float* invp = inv.data_ptr<float>();
+  // Contiguous lo/inv broadcast to [rows, cols]: along a row the stride is 1, or 0 (one value).
+  const int64_t lo_rs = broadcast_stride(lo, 0), lo_cs = broadcast_stride(lo, 1);
+  const int64_t inv_rs = broadcast_stride(inv, 0), inv_cs = broadcast_stride(inv, 1);
+  const EncodeFn encode = encode_fn(lo_cs == 0, inv_cs == 0);
+  const float max_code = static_cast<float>((1 << bits) - 1);
+  return pack_planes(x.size(0), cols, bits, col_layout, x.options(), [&](int64_t r, int64_t c0, int64_t n, uint8_t* q) {
+    encode(xp + r * cols + c0, lop + r * lo_rs + c0 * lo_cs, invp + r * inv_rs + c0 * inv_cs,
+           np ? np + r * cols + c0 : nullptr, n, max_code, q);
+  });
+}
+
+at::Tensor pack_codes_cpu(const at::Tensor& codes_in, int64_t bits, bool col_layout) {
+  check_pack_codes_args(codes_in, bits);
+  const auto codes = codes_in.contiguous();
+  const int64_t rows = codes.size(0), cols = codes.size(1);
+  const uint8_t* cp = codes.const_data_ptr<uint8_t>();
+  const uint8_t max_code = static_cast<uint8_t>((1 << bits) - 1);
+  const int64_t total = codes.numel();
+  uint8_t largest = 0;
+  for (int64_t i = 0; i < total; ++i) largest = std::max(largest, cp[i]);  // (a loop the compiler vectorizes)
+  TORCH_CHECK_VALUE(largest <= max_code, "pack_codes: codes must lie in 0..", static_cast<int>(max_code), " for ",
+                    bits, " bits, got ", static_cast<int>(largest));
+  return pack_planes(rows, cols, bits, col_layout, codes.options(), [&](int64_t r, int64_t c0, int64_t n, uint8_t* q) {
+    std::memcpy(q, cp + r * cols + c0, n);
+  });
 }
 
 namespace {

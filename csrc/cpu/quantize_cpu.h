@@ -6,6 +6,9 @@
 
 namespace pyg_quant {
 
+// The bit planes of uint8 codes already made (a loader's stored feature codes): quantize_pack's layout, no float steps.
+at::Tensor pack_codes_cpu(const at::Tensor& codes, int64_t bits, bool col_layout);
+
 at::Tensor quantize_pack_cpu(const at::Tensor& x, const at::Tensor& lo, const at::Tensor& inv_scale,
                              int64_t bits, bool col_layout, const std::optional<at::Tensor>& noise);
 at::Tensor unpack_codes_cpu(const at::Tensor& planes, int64_t rows, int64_t cols, bool col_layout);

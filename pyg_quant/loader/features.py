@@ -118,11 +118,8 @@ class QuantizedFeatures:
         :meth:`gather_ranges`)."""
         if (lo is None) != (self.dim == 0) or (scale is None) != (self.dim == 0):
             raise ValueError("lo and scale are the gathered rows' ranges: given for dim=1 features, not for dim=0")
-        # The pack op takes floats: codes q with lo = 0 and inv_scale = 1 give
-        # floor(q + 0.5) = q exactly (q <= 255 is exact in float32).
-        zero = torch.zeros(1, 1)
         col = self.dim == 0
-        planes = ops.quantize_pack(codes.to(torch.float32), zero, zero + 1, self.bits, col, None)
+        planes = ops.pack_codes(codes, self.bits, col)
         if col:
             return BitTensor(planes, tuple(codes.shape), self.bits, "col", self.lo, self.scale, 0)
         return BitTensor(planes, tuple(codes.shape), self.bits, "row", lo, scale, 1)

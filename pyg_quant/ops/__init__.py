@@ -140,6 +140,17 @@ def mse_range(x, dim: int, bits: int, grid):
     return reference.mse_range(x, dim, bits, grid)
 
 
+def pack_codes(codes, bits: int, col_layout: bool):
+    """The bit planes of ``uint8[rows, cols]`` codes (each below ``2^bits``), as :func:`quantize_pack` packs them."""
+    if use_compiled("pack_codes", codes.device):
+        return torch.ops.pyg_quant.pack_codes(codes, bits, col_layout)
+    if codes.dim() != 2 or codes.dtype != torch.uint8:
+        raise TypeError("pack_codes: codes must be a 2-D uint8 tensor")
+    if codes.numel() and int(codes.max()) > 2**bits - 1:  # (the kernel checks each code as it reads it)
+        raise ValueError(f"pack_codes: codes must lie in 0..{2**bits - 1} for {bits} bits")
+    return reference.pack_codes(codes.to(torch.int64), bits, col_layout)
+
+
 def unpack_codes(planes, rows: int, cols: int, col_layout: bool):
     if use_compiled("unpack_codes", planes.device):
         return torch.ops.pyg_quant.unpack_codes(planes, rows, cols, col_layout)
@@ -408,6 +419,11 @@ if LOADED:
     def _(x, stored_lo, stored_hi, momentum, dim, grid, grid_bits):
         return stored_lo.new_empty(stored_lo.shape), stored_lo.new_empty(stored_lo.shape), \
             stored_lo.new_empty(stored_lo.shape)
+
+    @torch.library.register_fake("pyg_quant::pack_codes")
+    def _(codes, bits, col_layout):
+        outer, packed = (codes.shape[1], codes.shape[0]) if col_layout else (codes.shape[0], codes.shape[1])
+        return codes.new_empty((bits, padded_outer(outer), packed_words(packed)), dtype=torch.int32)
 
     @torch.library.register_fake("pyg_quant::unpack_codes")
     def _(planes, rows, cols, col_layout):

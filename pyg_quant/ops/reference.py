@@ -38,7 +38,7 @@ def quantize_codes(x, lo, inv_scale, bits: int, noise: Optional[torch.Tensor]):
 
 
 def pack_codes(codes: torch.Tensor, bits: int, col_layout: bool) -> torch.Tensor:
-    """int codes [rows, cols] -> planes int32[bits, outer_pad, words]."""
+    """int codes [rows, cols] in ``0 .. 2^bits - 1`` -> planes int32[bits, outer_pad, words]."""
     if col_layout:
         codes = codes.t()
     outer, packed = codes.shape
