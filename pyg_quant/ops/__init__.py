@@ -99,10 +99,12 @@ def csr_product(y, adj, adj_t):
 def csr_pair(rows, cols, values, keep, row_scale, diag, num_rows: int, num_cols: int, dtype: torch.dtype,
              transpose: bool = True):
     """``(crow, col, val)`` of ``M = diag(row_scale) · (A + diag(diag))`` and of ``Mᵀ``: see
-    :func:`reference.csr_pair`.  The kernels take matrices with int32 indices; larger ones take the reference."""
+    :func:`reference.csr_pair`.  The kernels take matrices with int32 indices (and on the GPU fewer than 2^30 rows and
+    columns: a sort key's top bit tells the directions apart); larger ones take the reference."""
     nnz = rows.numel() + (num_rows if diag is not None else 0)
     if (use_compiled("csr_pair", rows.device)
-            and reference.csr_index_dtype(nnz, num_rows, num_cols) == torch.int32):
+            and reference.csr_index_dtype(nnz, num_rows, num_cols) == torch.int32
+            and max(num_rows, num_cols) < 2**30):
         return torch.ops.pyg_quant.csr_pair(rows, cols, values, keep, row_scale, diag, num_rows, num_cols, dtype,
                                             transpose)
     return reference.csr_pair(rows, cols, values, keep, row_scale, diag, num_rows, num_cols, dtype, transpose)
