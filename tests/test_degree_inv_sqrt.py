@@ -46,8 +46,8 @@ def test_kernels_equal_the_reference(device, options, index_dtype):
 @requires_compiled
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_gcn_layer_on_an_edge_index_gets_the_normalization_of_its_degrees(device):
-    """The layer's ``D^-1/2`` (the op) is ``inv_sqrt_degree`` of the graph's degrees (the torch composition), bit for
-    bit, self-loops of the edge list replaced by the added ones."""
+    """The layer's degrees are the edges into each node that are not self-loops plus the added self-loop (the edge
+    list's loops replaced by it), and its ``D^-1/2`` ``inv_sqrt_degree`` of those, bit for bit."""
     g = torch.Generator().manual_seed(3)
     edge_index = torch.randint(60, (2, 500), generator=g)
     edge_index[:, :20] = torch.arange(20).repeat(2, 1)  # some self-loops
@@ -55,7 +55,10 @@ def test_a_gcn_layer_on_an_edge_index_gets_the_normalization_of_its_degrees(devi
     with graph_cache_disabled():
         graph = conv._graph(torch.zeros(60, 8, device=device), edge_index.to(device), None)
     assert graph.deg_inv_sqrt.device.type == device
-    assert torch.equal(graph.deg_inv_sqrt.cpu(), ref.inv_sqrt_degree(graph.degree()).cpu())
+    src, dst = edge_index
+    expected = torch.bincount(dst[src != dst], minlength=60).to(torch.float32) + 1.0
+    assert torch.equal(graph.degree().cpu(), expected)
+    assert torch.equal(graph.deg_inv_sqrt.cpu(), ref.inv_sqrt_degree(expected))
 
 
 @requires_compiled

@@ -65,18 +65,15 @@ def all_reduce_range_rows(lo: torch.Tensor, hi: torch.Tensor, how: str) -> torch
         raise ValueError(f"how must be one of {REDUCTIONS}, got {how!r}")
     device, n = lo.device, lo.numel()
     lo, hi = lo.reshape(-1).to(torch.float32), hi.reshape(-1).to(torch.float32)
+    extrema = how == "extrema"
+    both = torch.cat((lo.neg() if extrema else lo, hi))  # negation is exact: one MAX does both extrema
     target = collective_device()
-    if how == "extrema":
-        both = torch.cat((lo.neg(), hi))  # negation is exact: one MAX does both
-        both = both if both.device == target else both.to(target)
-        dist.all_reduce(both, op=dist.ReduceOp.MAX)
-        both = both if both.device == device else both.to(device)
+    both = both if both.device == target else both.to(target)
+    dist.all_reduce(both, op=dist.ReduceOp.MAX if extrema else dist.ReduceOp.SUM)
+    both = both if both.device == device else both.to(device)
+    if extrema:
         both[:n].neg_()
     else:
-        both = torch.cat((lo, hi))
-        both = both if both.device == target else both.to(target)
-        dist.all_reduce(both, op=dist.ReduceOp.SUM)
-        both = both if both.device == device else both.to(device)
         both.div_(float(world_size()))
     return both.view(2, n)
 

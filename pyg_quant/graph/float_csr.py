@@ -23,9 +23,8 @@ def csr_tensor(crow: Tensor, col: Tensor, values: Tensor, num_rows: int, num_col
     index_dtype = ops.reference.csr_index_dtype(col.numel(), num_rows, num_cols)
     with warnings.catch_warnings():  # "Sparse CSR tensor support is in beta state", once per process
         warnings.simplefilter("ignore", UserWarning)
-        return torch.sparse_csr_tensor(crow if crow.dtype == index_dtype else crow.to(index_dtype),
-                                       col if col.dtype == index_dtype else col.to(index_dtype), values,
-                                       (num_rows, num_cols), check_invariants=False)
+        return torch.sparse_csr_tensor(crow.to(index_dtype), col.to(index_dtype), values, (num_rows, num_cols),
+                                       check_invariants=False)
 
 
 def csr_matrix(rows: Tensor, cols: Tensor, values: Optional[Tensor], num_rows: int, num_cols: int,

@@ -175,7 +175,7 @@ class QuantGraph:
         r"""``Â·1`` per target, float32 (GCN's :math:`\hat{d}`).
 
         Without weights it is the integer row sums (exact in float32 below 2^24) plus ``δ``, one float32
-        rounding.  With quantized weights it is evaluated from the exact integer row sums
+        rounding (:func:`pyg_quant.ops.degree_inv_sqrt`).  With quantized weights it is evaluated from the exact integer row sums
         (``lo_w·M1 + s_w·C1 + δ`` in float64), so every format and both paths get the
         same bits; the gradient to the weights flows through the float sum.
         """
@@ -183,8 +183,7 @@ class QuantGraph:
         if self.prebuilt is not None:
             return self.prebuilt.degree()  # (its diagonal is self.diag)
         if not self.weighted:
-            deg = self._row_sums(None).to(torch.float32)
-            return deg + diag.to(torch.float32) if diag is not None else deg
+            return self._unweighted_degrees()[0]
         if self.adj_bits is None:
             coef = self.edge_coefficients()
             deg = torch.zeros(self.num_dst, dtype=coef.dtype, device=coef.device).index_add(0, self.edges.dst, coef)
@@ -202,13 +201,18 @@ class QuantGraph:
             summed = summed + diag.to(torch.float32)
         return exact + (summed - summed.detach())
 
+    def _unweighted_degrees(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``(d, d^-1/2)`` of an unweighted edge list: :func:`pyg_quant.ops.degree_inv_sqrt` (its torch composition
+        while ``torch.compile`` traces)."""
+        edges = self._float_edges()
+        degrees = ops.reference.degree_inv_sqrt if is_compiling() else ops.degree_inv_sqrt
+        return degrees(edges.dst, self.keep, edges.count, self.diag, self.num_dst)
+
     def degree_inv_sqrt(self) -> torch.Tensor:
         r""":math:`\hat{d}^{-1/2}` of :meth:`degree`, 0 where a degree is 0 (the floats of
-        :func:`pyg_quant.ops.reference.inv_sqrt_degree`); an unweighted edge list's in one op
-        (:func:`pyg_quant.ops.degree_inv_sqrt`)."""
-        if self.prebuilt is None and not self.weighted and not is_compiling():
-            edges = self._float_edges()
-            return ops.degree_inv_sqrt(edges.dst, self.keep, edges.count, self.diag, self.num_dst)[1]
+        :func:`pyg_quant.ops.reference.inv_sqrt_degree`); an unweighted edge list's in the same op as its degrees."""
+        if self.prebuilt is None and not self.weighted:
+            return self._unweighted_degrees()[1]
         return ops.reference.inv_sqrt_degree(self.degree())
 
     # --- aggregation -------------------------------------------------------------------

@@ -172,16 +172,10 @@ class Observer(torch.nn.Module):
 
     def fused_step(self, x: torch.Tensor) -> Optional[tuple]:
         """``(momentum, dim, grid, grid_bits)``, the arguments of :func:`pyg_quant.ops.ema_range` where that op is this
-        observer's step on ``x`` (2-D) now (:meth:`step_range`); None where :meth:`forward` records ``x`` (every
-        observer but an eager :class:`EMAMinMaxObserver` / :class:`MSEObserver` with a range stored for ``x``'s
-        shape)."""
+        observer's step on ``x`` (2-D) now (:meth:`EMAMinMaxObserver.step_range` takes it); None where
+        :meth:`forward` records ``x`` (every observer but an eager :class:`EMAMinMaxObserver` / :class:`MSEObserver`
+        with a range stored for ``x``'s shape)."""
         return None
-
-    def step_range(self, x: torch.Tensor, step: tuple) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(lo, hi, used_hi)`` of :func:`pyg_quant.ops.ema_range` for :meth:`fused_step`'s ``step``: the stored range
-        moved toward ``x``'s batch range (reduced over the ranks first where they sync, see
-        :mod:`pyg_quant.distributed.ranges`), and the hi that fake quantization uses."""
-        raise NotImplementedError
 
     def record(self, lo: torch.Tensor, hi: torch.Tensor) -> None:
         """Store ``(lo, hi)``, the new range (fresh tensors), in the buffers' dict as ``Module.__setattr__`` would: they
@@ -273,7 +267,10 @@ class EMAMinMaxObserver(Observer):
             return None  # (not observed yet, or forward's error for a new shape)
         return self.momentum, -1 if dim is None else dim, grid, self.bits if grid else 0
 
-    def step_range(self, x, step):
+    def step_range(self, x: torch.Tensor, step: tuple) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(lo, hi, used_hi)`` of :func:`pyg_quant.ops.ema_range` for :meth:`fused_step`'s ``step``: the stored range
+        moved toward ``x``'s batch range (reduced over the ranks first where they sync, see
+        :mod:`pyg_quant.distributed.ranges`), and the hi that fake quantization uses."""
         if not _ranks.syncing():
             return ops.ema_range(x, *self.range_tensors(), *step)
         # Several processes: the batch range reduced over the ranks (one all-reduce), then the op's step over the
