@@ -32,7 +32,9 @@ non-blocking copies on the compute stream, as e2e.py's training "+H2D").  World 
 what one GPU runs), ``1 DDP`` (the same under ``DistributedDataParallel`` over a group of one rank: DDP's own
 cost, no communication) and ``2`` (``DistributedDataParallel`` over both ranks; the observers' ranges all-reduced
 each step, ``pyg_quant.distributed.seed_everything`` per rank).  ``QAT 4-bit`` is wrapped by
-``pyg_quant.distributed.ddp`` (buffers synced once, not before every forward), ``QAT 4-bit, torch DDP`` by
+``pyg_quant.distributed.ddp`` (buffers synced once, not before every forward), ``QAT 4-bit captured`` the same
+steps through ``pyg_quant.CapturedTrainStep`` (``pqd.ddp(..., capturable=True)``, a capturable Adam; every batch
+captured in the second warm-up epoch, at least two warm-up epochs), ``QAT 4-bit, torch DDP`` by
 ``DistributedDataParallel`` with its defaults (a broadcast of every buffer before each forward), ``PyG fp32 CSR``
 too.  Rank ``r`` of ``R`` takes
 batches ``r, r + R, ...``; with 75 batches and 2 ranks the shares are padded to 38 steps each as
@@ -98,7 +100,7 @@ from pyg_quant import distributed as pqd  # noqa: E402
 from pyg_quant.graph.adjacency_form import ADJACENCY_FORMS, DEFAULT_ADJACENCY  # noqa: E402
 from pyg_quant.distributed.group import barrier as group_barrier  # noqa: E402
 
-TRAIN_VARIANTS = ("QAT 4-bit", "QAT 4-bit, torch DDP", "PyG fp32 CSR")
+TRAIN_VARIANTS = ("QAT 4-bit", "QAT 4-bit captured", "QAT 4-bit, torch DDP", "PyG fp32 CSR")
 
 
 def log(msg: str) -> None:
@@ -253,14 +255,22 @@ class Bench:
         model.train()
         pqd.seed_everything(seed)  # each rank its own stochastic-rounding noise (rank 0: `seed`, as one process)
         net = model
+        captured = variant.endswith("captured")
         if ddp:  # pyg_quant's wrapper for QAT (buffers synced once); torch's defaults for the others
-            wrap = pqd.ddp if variant == "QAT 4-bit" else DistributedDataParallel
-            net = wrap(model, device_ids=[dev.index] if self.cuda else None,
-                                          process_group=self.solo if size < self.world else None)
-        opt = torch.optim.Adam(net.parameters(), lr=args.lr)
+            group = dict(device_ids=[dev.index] if self.cuda else None,
+                         process_group=self.solo if size < self.world else None)
+            if variant.startswith("QAT 4-bit") and not variant.endswith("torch DDP"):
+                net = pqd.ddp(model, capturable=captured, **group)
+            else:
+                net = DistributedDataParallel(model, **group)
+        opt = torch.optim.Adam(net.parameters(), lr=args.lr, **({"capturable": True} if captured and self.cuda
+                                                                 else {}))
         inp = workload.pyg_inputs(data, kind, adjacency, "fp32", dev)
         share = train_share(data.nb, self.rank, size)
         tr = self.train_idx
+        if captured:  # every batch shape captured in the second epoch (after 11 eager steps under DDP), then replayed
+            captured_step = pq.CapturedTrainStep(net, opt, lambda out, y: F.cross_entropy(out.index_select(0, tr),
+                                                                               y.index_select(0, tr)))
 
         def batch_args(b):
             if path == "resident":
@@ -277,6 +287,9 @@ class Bench:
                 if fail and step == 1:
                     raise RuntimeError(f"injected failure on rank {self.rank} (--fail-rank)")
                 x, adj, y = batch_args(b)
+                if captured:
+                    total += captured_step(x, adj, target=y)
+                    continue
                 opt.zero_grad(set_to_none=True)
                 out = net(x, adj)
                 loss = F.cross_entropy(out.index_select(0, tr), y.index_select(0, tr))
@@ -289,7 +302,7 @@ class Bench:
         local = pqd.local_ranges() if size == 1 else contextlib.nullcontext()
         with local:
             if epochs is None:
-                result = self.measure(epoch, size, args.reps, args.warmup)
+                result = self.measure(epoch, size, args.reps, max(args.warmup, 2) if captured else args.warmup)
             else:
                 for _ in range(epochs):
                     epoch()
@@ -301,6 +314,8 @@ class Bench:
             dist.all_reduce(sums)
         result["loss_per_epoch"] = [round(float(v), 5) for v in (sums / (len(share) * size)).cpu()]
         result.update(self.accuracy(model, kind, adjacency, size))
+        if captured:
+            result.update(graphs=captured_step.num_graphs, capture_disabled=captured_step.disabled_reason)
         result.update(steps_per_rank=len(share), batches_per_rank=[len(train_share(data.nb, r, size))
                                                                      for r in range(size)],
                       ideal_speedup=data.nb / len(share))
@@ -559,10 +574,10 @@ def summarize(rec) -> None:
                 entry["speedup_vs_ddp1"] = round(med(ddp1) / med(two), 3)
             speedups.append(entry)
             goal = 1.8 if section == "train" else 1.9
-            if variant in ("QAT 4-bit", "pyg_quant 4-bit"):
+            if variant in ("QAT 4-bit", "QAT 4-bit captured", "pyg_quant 4-bit"):
                 targets.append(dict(target=f"{section} {model} {variant} {path}: 2 GPUs ≥ {goal}x 1 GPU",
                                     measured=entry["speedup"], met=entry["speedup"] >= goal))
-    for section, ours_list in (("train", ["QAT 4-bit"]), ("infer", [v for v in {r["variant"] for r in rows}
+    for section, ours_list in (("train", ["QAT 4-bit", "QAT 4-bit captured"]), ("infer", [v for v in {r["variant"] for r in rows}
                                                                     if v.startswith("pyg_quant")])):
         for ours in sorted(ours_list):
             for model in sorted({r["model"] for r in rows}):
@@ -576,7 +591,8 @@ def summarize(rec) -> None:
                     if ratio:
                         versus.append(dict(section=section, model=model, variant=ours, path=path,
                                            x_vs_pyg_by_world=ratio))
-                    if "1" in ratio and world in ratio and world != "1" and ours in ("QAT 4-bit", "pyg_quant 4-bit"):
+                    if "1" in ratio and world in ratio and world != "1" and ours in ("QAT 4-bit", "QAT 4-bit captured",
+                                                                                     "pyg_quant 4-bit"):
                         targets.append(dict(target=f"{section} {model} {ours} {path}: × PyG on {world} GPUs ≥ × PyG "
                                                    f"on 1 GPU", measured=f"{ratio[world]} vs {ratio['1']}",
                                             met=ratio[world] >= ratio["1"]))
@@ -725,7 +741,8 @@ def worker(rank: int, args, store: str, start_wall: float) -> None:
                 torch_geometric=workload.torch_geometric.__version__, pyg_quant=pq.__version__, backends=pq.backends(),
                 cpu_count=os.cpu_count(), threads_per_rank=torch.get_num_threads(), args=vars(args), command=args.command,
                 cpus_by_rank=bench.gather_objects(sorted(os.sched_getaffinity(0))), cpu_quota=cpu_quota(),
-                stream="default (a user's loop)", ddp="QAT 4-bit: pyg_quant.distributed.ddp; QAT 4-bit, torch DDP "
+                stream="default (a user's loop)", ddp="QAT 4-bit: pyg_quant.distributed.ddp (captured: capturable=True); "
+                "QAT 4-bit, torch DDP "
                 "and PyG fp32 CSR: DistributedDataParallel's defaults")
     bench.rec = workload.Recorder(args.out if rank == 0 else None, meta, args.device)
     for key in ("inference", "transfer", "training", "profiles"):

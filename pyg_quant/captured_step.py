@@ -35,11 +35,17 @@ Requirements: the inputs and targets are strided CUDA tensors (or hashable const
 such as None), the step reads no data-dependent size on the host (a host sync cannot be
 captured; a step that tries fails to capture and runs eagerly from then on, with one
 warning), and batch shapes repeat (fixed cluster batches, as in ``benchmarks/e2e.py``).
-One process only: a model wrapped in ``DistributedDataParallel`` raises a TypeError, and so does
-any model while ``torch.distributed`` runs several processes (a ValueError): DDP's gradient
-all-reduce is issued from autograd hooks on the host and the observers' range all-reduce
-(:mod:`pyg_quant.distributed.ranges`) is a collective as well; neither is captured here, so a
-replay would train each rank alone.  Use the eager step there.
+Several processes: a model wrapped by :func:`pyg_quant.distributed.ddp` with ``capturable=True`` (DDP built on a
+side stream, where its gradient accumulators run) is captured with its collectives, the gradient all-reduce and the
+observers' range all-reduce (:mod:`pyg_quant.distributed.ranges`), inside each graph.  NCCL requires the ranks to
+capture the same steps and to replay together the graphs of one joint capture, so every step the ranks exchange
+their batch shapes over a small gloo group (made when the step is, on every rank: construct the step on all
+ranks): a graph is kept per combination of every rank's shape, and a rank that cannot capture makes all of them run
+eagerly.  Batches that come back in the same pairs (a fixed order) reuse their graphs; a reshuffled order pairs
+other shapes each epoch and warms up again.  DDP records runtime statistics in its first ten steps, so the first
+capture comes after eleven eager steps.  A DDP built otherwise on a GPU raises a TypeError, a DDP over a process
+group that is neither the default group nor a single rank a ValueError, and so does a model that is not
+DDP-wrapped while its observers sync their ranges over several processes (use :func:`local_ranges` or DDP).
 On the CPU, and for anything else, the step runs eagerly: the same arithmetic, nothing
 captured.  Stochastic rounding from torch's global generator, or from a quantizer's own
 seeded generator (registered with each graph), draws fresh noise at every replay.
@@ -50,10 +56,13 @@ from collections import OrderedDict
 from typing import Callable, Hashable, List, Optional, Sequence, Tuple
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 
+from .distributed.data_parallel import capture_stream
 from .distributed.group import world_size
+from .distributed.ranges import syncing
 from .graph import cache as graph_cache
 from .qat.fake_quantize import RANGE_BUFFERS, FakeQuantize
 from .qat.observers import ranges_in_place
@@ -61,6 +70,9 @@ from .qat.observers import ranges_in_place
 _CONSTANTS = (bool, int, float, str, type(None))
 _SYNC_WARNING = "synchronizing CUDA operation"  # torch.cuda.set_sync_debug_mode("warn")'s message
 _DEBUG_MODE_NOTICE = "Synchronization debug mode is a prototype"  # what setting the mode says
+# DDP times its first ten iterations with CUDA events it synchronizes on, which no capture may meet.
+_DDP_EAGER_STEPS = 11
+_HASH_MASK = (1 << 62) - 1
 
 
 class _NotCapturable(RuntimeError):
@@ -75,6 +87,30 @@ class _Captured:
     def __init__(self, graph, static, loss, index_checks, optimizer_inside):
         self.graph, self.static, self.loss = graph, static, loss
         self.index_checks, self.optimizer_inside = index_checks, optimizer_inside
+
+
+class _Agreement:
+    """What the ranks tell each other before a step (a gloo all-reduce of one small CPU tensor), so that they take it
+    the same way: each rank's batch-shape hash (0: it runs eagerly) and whether it must drop its graphs."""
+
+    def __init__(self, peers: int):
+        self.group = dist.new_group(backend="gloo")  # a collective: every rank makes its step together
+        self.rank = dist.get_rank()
+        self.table = torch.zeros(peers, 2, dtype=torch.int64)
+
+    def exchange(self, mine: int, flag: bool) -> Tuple[Tuple[int, ...], bool]:
+        """Every rank's ``mine``, in rank order, and whether any rank raised ``flag``."""
+        table = self.table
+        table.zero_()
+        table[self.rank, 0], table[self.rank, 1] = mine, int(flag)
+        dist.all_reduce(table, group=self.group)
+        values = table.tolist()
+        return tuple(v[0] for v in values), any(v[1] for v in values)
+
+
+def _syncs_ranges(model: torch.nn.Module) -> bool:
+    """Whether ``model`` holds a quantizer whose observer all-reduces its ranges over the ranks (a static one)."""
+    return any(isinstance(m, FakeQuantize) and not (m.observer.dynamic or m.observer.learned) for m in model.modules())
 
 
 class CapturedTrainStep:
@@ -107,14 +143,6 @@ class CapturedTrainStep:
                  warmup: int = 1, max_graphs: int = 128):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-        if isinstance(model, DistributedDataParallel):
-            raise TypeError("model is a DistributedDataParallel: CapturedTrainStep does not capture DDP's gradient "
-                            "all-reduce; train several processes with the eager step (loss.backward(); "
-                            "optimizer.step())")
-        if world_size() > 1:
-            raise ValueError(f"CapturedTrainStep runs one process's step, but torch.distributed runs {world_size()} "
-                             "processes: a replay would skip the ranks' collectives (gradients, observed ranges); "
-                             "use the eager step under DistributedDataParallel")
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
         if not callable(loss_fn):
@@ -124,6 +152,25 @@ class CapturedTrainStep:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
         self.warmup, self.max_graphs = warmup, max_graphs
+        self._stream: Optional[torch.cuda.Stream] = None  # eager CUDA steps and captures run on it
+        self._peers, self._agreement, self._min_eager = 1, None, 0
+        if isinstance(model, DistributedDataParallel):
+            self._stream = capture_stream(model)
+            if self._stream is None and any(p.is_cuda for p in model.parameters()):
+                raise TypeError("model is a DistributedDataParallel built on the default stream, where its gradient "
+                                "accumulators run and no CUDA graph can capture them: wrap the module with "
+                                "pyg_quant.distributed.ddp(module, capturable=True)")
+            self._peers = dist.get_world_size(model.process_group)
+            if self._peers > 1 and self._peers != world_size():
+                raise ValueError(f"model's process group has {self._peers} of the {world_size()} ranks: a captured "
+                                 "step agrees with the default group's ranks or with none (a group of one)")
+            if self._peers > 1:
+                self._agreement = _Agreement(self._peers)
+            if hasattr(model, "_set_ddp_runtime_logging_sample_rate"):
+                model._set_ddp_runtime_logging_sample_rate(2**31 - 1)  # no sampled timing after the first steps
+            self._min_eager = _DDP_EAGER_STEPS
+        self._syncs_ranges = _syncs_ranges(model)
+        self._eager_steps = 0
         self._graphs: "OrderedDict[Hashable, _Captured]" = OrderedDict()
         self._seen: "OrderedDict[Hashable, int]" = OrderedDict()  # eager steps taken per shape
         self._pool = None
@@ -131,7 +178,6 @@ class CapturedTrainStep:
         self._watched: list = []
         self._grad_params: List[torch.nn.Parameter] = []
         self._grads: List[Tuple[torch.nn.Parameter, Tensor]] = []
-        self._stream: Optional[torch.cuda.Stream] = None  # eager CUDA steps and captures run on it
         self.disabled_reason: Optional[str] = None
 
     # --- public ------------------------------------------------------------------------
@@ -152,23 +198,30 @@ class CapturedTrainStep:
         for i, t in enumerate(targets):
             if not isinstance(t, Tensor):
                 raise TypeError(f"target[{i}] must be a Tensor, got {type(t).__name__}")
+        if self._peers < world_size() and self._syncs_ranges and syncing():
+            raise ValueError(f"the model's quantizers all-reduce their ranges over {world_size()} processes, which a "
+                             "step of this process alone cannot capture: wrap the model with "
+                             "pyg_quant.distributed.ddp(module, capturable=True), or train inside "
+                             "pyg_quant.distributed.local_ranges()")
         values = inputs + targets
         key = self._key(values, len(inputs))
+        self._restore_grads()
+        if self._agreement is not None:
+            key = self._agree(key)
         if key is None or self.disabled_reason is not None:
             return self._eager(inputs, targets)
-        self._restore_grads()
         entry = self._graphs.get(key)
-        if entry is not None and not self._state_unchanged():
+        if entry is not None and self._agreement is None and not self._state_unchanged():
             self.reset()
             entry = None
         if entry is None:
             seen = self._seen.get(key, 0)
-            if seen < self.warmup:
+            if seen < self.warmup or self._eager_steps < self._min_eager:
                 self._seen[key] = seen + 1
                 self._seen.move_to_end(key)
                 while len(self._seen) > 4 * self.max_graphs:
                     self._seen.popitem(last=False)
-                if seen + 1 < self.warmup:
+                if seen + 1 < self.warmup or self._eager_steps + 1 < self._min_eager:
                     return self._eager(inputs, targets)
                 # The last eager step before the capture also looks for host synchronisations: a capture that
                 # meets one fails and leaves torch's random generators mid-capture.
@@ -176,10 +229,17 @@ class CapturedTrainStep:
                 if syncs:
                     self._disable(f"it synchronizes with the host: {syncs}")
                 return loss
+            failure = None
             try:
                 entry = self._capture(key, values, len(inputs))
             except _NotCapturable as error:
-                self._disable(str(error))
+                failure = str(error)
+            if self._agreement is not None and not all(self._agreement.exchange(int(entry is not None), False)[0]):
+                self._graphs.pop(key, None)  # another rank could not capture: no graph replays without its peers
+                entry = None
+            if entry is None:
+                if failure is not None:
+                    self._disable(failure)
                 return self._eager(inputs, targets)
         self._graphs.move_to_end(key)
         for position, check in entry.index_checks:
@@ -191,6 +251,15 @@ class CapturedTrainStep:
         if not entry.optimizer_inside:
             self.optimizer.step()
         return entry.loss.clone()
+
+    def _agree(self, key: Optional[Hashable]) -> Optional[Hashable]:
+        """The step's key on every rank: this rank's key with every rank's shape hash, or None where some rank runs
+        eagerly; every rank drops its graphs where one of them must (their tensors changed)."""
+        mine = 0 if key is None or self.disabled_reason is not None else (hash(key) & _HASH_MASK) | 1
+        hashes, reset = self._agreement.exchange(mine, self._state is not None and not self._state_unchanged())
+        if reset:
+            self.reset()
+        return None if 0 in hashes else (key, hashes)
 
     # --- steps -------------------------------------------------------------------------
     def _run(self, inputs, targets) -> Tensor:
@@ -217,6 +286,7 @@ class CapturedTrainStep:
         return loss
 
     def _eager_here(self, inputs, targets) -> Tensor:
+        self._eager_steps += 1
         with ranges_in_place():
             loss = self._run(inputs, targets)
         self.optimizer.step()

@@ -258,10 +258,14 @@ def _ddp_worker(rank, parts, out, device):
     model = model.to(device)
     ddp = pqd.ddp(model, device_ids=[rank] if device != "cpu" else None)  # buffers synced once: the ranks keep them
     assert ddp.gradient_as_bucket_view  # (pqd.ddp's default: no copy of each gradient into its bucket and back)
-    with pytest.raises(TypeError, match="DistributedDataParallel"):
-        pq.CapturedTrainStep(ddp, torch.optim.SGD(ddp.parameters(), lr=0.1), F.cross_entropy)
-    with pytest.raises(ValueError, match="runs one process"):
-        pq.CapturedTrainStep(model, torch.optim.SGD(model.parameters(), lr=0.1), F.cross_entropy)
+    if device != "cpu":  # DDP made on the default stream: its gradient accumulators cannot be captured
+        with pytest.raises(TypeError, match="capturable=True"):
+            pq.CapturedTrainStep(ddp, torch.optim.SGD(ddp.parameters(), lr=0.1), F.cross_entropy)
+    # the bare model, whose observers all-reduce their ranges: one process's step cannot capture that
+    alone = pq.CapturedTrainStep(model, torch.optim.SGD(model.parameters(), lr=0.1), F.cross_entropy)
+    with pytest.raises(ValueError, match="all-reduce their ranges"):
+        alone(torch.zeros(3, 16, device=device), torch.zeros(2, 0, dtype=torch.long, device=device),
+              target=torch.zeros(3, dtype=torch.long, device=device))
     loader = QuantClusterLoader(parts, batch_size=2, bits=4, shuffle=True)  # shards itself
     optimizer = torch.optim.Adam(ddp.parameters(), lr=0.01)
     fq = next(m for m in model.modules() if isinstance(m, qat.FakeQuantize) and m.stochastic)
@@ -449,6 +453,69 @@ def test_two_ranks_match_one_process_on_the_same_batches(parts, tmp_path):
     assert moved
 
 
+# --- captured steps under DDP ------------------------------------------------------------------------------------
+CAPTURED_QCONFIG = dict(stochastic=False, weight_observer="dynamic", input_observer="ema", agg_observer="ema")
+
+
+def _rank_batches(rank, device):
+    """Two graphs of this rank's own sizes (four shapes over both ranks): ``(x, edge_index, y)``."""
+    out = []
+    for i, nodes in enumerate((120 + 40 * rank, 90 + 20 * rank)):
+        data = planted_class_graph(num_nodes=nodes, num_features=16, num_classes=4, community=30, seed=10 * rank + i)
+        out.append((data.x.to(device), data.edge_index.to(device), data.y.to(device)))
+    return out
+
+
+def _captured_ddp_worker(rank, out, device, steps):
+    """The same steps twice from the same weights: through ``CapturedTrainStep`` on a ``pqd.ddp(capturable=True)``
+    model, and as the eager loop on a plain ``pqd.ddp`` one."""
+    device = device if device == "cpu" else f"cuda:{rank}"
+    batches = _rank_batches(rank, device)
+    runs = {}
+    for captured in (True, False):
+        torch.manual_seed(0)
+        model = qat.prepare(GCN(16, 16, 4), bits=4, skip_last=False, **CAPTURED_QCONFIG).to(device).train()
+        ddp = pqd.ddp(model, capturable=captured, device_ids=None if device == "cpu" else [rank])
+        opt = torch.optim.Adam(ddp.parameters(), lr=0.01, **({} if device == "cpu" else {"capturable": True}))
+        step = pq.CapturedTrainStep(ddp, opt, F.cross_entropy) if captured else None
+        losses = []
+        for i in range(steps):
+            x, edge_index, y = batches[i % 2]
+            if captured:
+                loss = step(x, edge_index, target=y)
+            else:
+                opt.zero_grad(set_to_none=False)
+                loss = F.cross_entropy(ddp(x, edge_index), y)
+                loss.backward()
+                opt.step()
+            losses.append(loss.detach())
+        runs[captured] = {"losses": torch.stack(losses).cpu(), "state": {k: v.detach().cpu() for k, v in
+                                                                          model.state_dict().items()},
+                          "graphs": step.num_graphs if captured else 0,
+                          "disabled": step.disabled_reason if captured else None}
+    torch.save(runs, f"{out}_{rank}.pt")
+
+
+def check_captured_ddp(tmp_path, device):
+    first, second = saved(tmp_path, "cap")
+    for rank in (first, second):
+        assert rank[True]["disabled"] is None
+        assert rank[True]["graphs"] == (2 if device == "cuda" else 0)  # one per pair of the ranks' shapes
+        assert torch.allclose(rank[True]["losses"], rank[False]["losses"], rtol=1e-5, atol=1e-6)
+        for key, value in rank[False]["state"].items():
+            assert torch.allclose(rank[True]["state"][key], value, rtol=1e-5, atol=1e-6), key
+    for key, value in first[True]["state"].items():
+        assert torch.equal(value, second[True]["state"][key]), key  # weights and synced ranges equal on the ranks
+    assert any(k.endswith("min_val") and v.numel() for k, v in first[True]["state"].items())
+    assert not torch.equal(first[True]["losses"], second[True]["losses"])  # each rank its own batches
+
+
+def test_captured_step_under_ddp_runs_the_eager_steps_on_the_cpu(tmp_path):
+    """On the CPU the step runs eagerly, in step with the other rank (the ranks exchange their shapes each step)."""
+    run_ranks(_captured_ddp_worker, tmp_path, str(tmp_path / "cap"), "cpu", 4)
+    check_captured_ddp(tmp_path, "cpu")
+
+
 # --- sharded inference --------------------------------------------------------------------------------
 def _inference_worker(rank, parts, model, out, dst):
     loader = QuantClusterLoader(parts, batch_size=2, bits=4, shuffle=True)  # its sampler is not used
@@ -536,6 +603,15 @@ def test_multi_gpu_example_with_lightning_ddp_on_the_cpu(tmp_path):
 def test_ddp_qat_on_two_gpus(parts, tmp_path):
     run_ranks(_ddp_worker_cuda, tmp_path, parts, str(tmp_path / "ddp"), backend="nccl", timeout=300)
     check_ddp_results(tmp_path, parts, "cuda")
+
+
+@pytest.mark.cuda
+@requires_two_gpus
+def test_captured_step_under_ddp_on_two_gpus(tmp_path):
+    """Captured with the gradient and range all-reduces inside (from the 12th step on), the steps equal the eager
+    loop's on both ranks."""
+    run_ranks(_captured_ddp_worker, tmp_path, str(tmp_path / "cap"), "cuda", 16, backend="nccl", timeout=300)
+    check_captured_ddp(tmp_path, "cuda")
 
 
 def _ddp_worker_cuda(rank, parts, out):

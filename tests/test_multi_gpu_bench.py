@@ -34,7 +34,7 @@ def test_multi_gpu_bench_on_two_cpu_ranks(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert saved["graph"]["build_identical_on_every_rank"] and not saved["errors"] and not saved["skipped"]
     rows = {(r["section"], r["variant"], r["world"]): r for r in saved["rows"]}
-    trained = ("QAT 4-bit", "QAT 4-bit, torch DDP", "PyG fp32 CSR")
+    trained = ("QAT 4-bit", "QAT 4-bit captured", "QAT 4-bit, torch DDP", "PyG fp32 CSR")
     assert set(rows) == {("train", v, w) for v in trained for w in ("1", "1 DDP", "2")} | \
         {("infer", v, w) for v in ("pyg_quant 4-bit", "PyG fp32 CSR") for w in ("1", "2")}
     for row in rows.values():
@@ -50,7 +50,11 @@ def test_multi_gpu_bench_on_two_cpu_ranks(tmp_path):
     # pyg_quant's wrapper (buffers synced once) trains as DDP's defaults do: the ranks' ranges are all-reduced anyway
     assert rows[("train", "QAT 4-bit", "2")]["loss_per_epoch"] == rows[("train", "QAT 4-bit, torch DDP", "2")][
         "loss_per_epoch"]
-    assert len(saved["summary"]["speedup_2_vs_1"]) == 5 and saved["targets"]
+    # CapturedTrainStep runs these steps eagerly on the CPU: the plain loop's losses, one warm-up epoch more
+    for world in ("1", "1 DDP", "2"):
+        plain, captured = (rows[("train", v, world)]["loss_per_epoch"] for v in ("QAT 4-bit", "QAT 4-bit captured"))
+        assert len(captured) == len(plain) + 1 and captured[:-1] == plain, world
+    assert len(saved["summary"]["speedup_2_vs_1"]) == 6 and saved["targets"]
     assert "| GIN | QAT 4-bit | resident |" in saved["tables_markdown"]
 
 
