@@ -35,7 +35,7 @@ class BitTensor:
     """
 
     __slots__ = ("_planes", "shape", "bits", "layout", "lo", "scale", "dim", "_other_layout", "_code_sums",
-                 "_row_codes")
+                 "_row_codes", "_codes")
 
     def __init__(self, planes: torch.Tensor, shape: Tuple[int, int], bits: int, layout: str,
                  lo: torch.Tensor, scale: torch.Tensor, dim: Optional[int]):
@@ -55,6 +55,7 @@ class BitTensor:
         self._other_layout: Optional["BitTensor"] = None
         self._code_sums: Optional[torch.Tensor] = None  # packed_code_sums(planes), when the quantizer made them
         self._row_codes: Optional[torch.Tensor] = None  # pack_row_codes(planes), once asked for
+        self._codes: Optional[torch.Tensor] = None  # the codes as bytes, for a BitTensor built from_codes
         expected = {None: 1, 0: self.shape[1], 1: self.shape[0]}[self.dim]
         if lo.shape != (expected,) or scale.shape != (expected,):
             raise ValueError(f"lo and scale must have shape ({expected},) for dim={self.dim}, "
@@ -73,7 +74,7 @@ class BitTensor:
         out._planes, out.shape, out.bits, out.lo, out.scale, out.dim = (
             planes, (int(shape[0]), int(shape[1])), int(bits), lo, scale, dim)
         out.layout = layout if layout is not None else "col" if dim == 0 else "row"
-        out._other_layout = None
+        out._other_layout, out._codes = None, None
         has_codes = row_codes.numel() > 0
         out._row_codes = row_codes if has_codes else None
         out._code_sums = None if has_codes else code_sums
@@ -96,10 +97,27 @@ class BitTensor:
         out._row_codes = row_codes
         return out
 
+    @classmethod
+    def from_codes(cls, codes: torch.Tensor, bits: int, lo: torch.Tensor, scale: torch.Tensor, dim: Optional[int],
+                   layout: str) -> "BitTensor":
+        """A BitTensor held as its codes, ``uint8[rows, cols]`` below ``2**bits`` (what
+        :class:`~pyg_quant.loader.QuantClusterLoader` stores), packed into planes in ``layout`` the first time they
+        are asked for.  The CPU product of a QAT layer that takes the codes as they are reads the bytes themselves; a
+        move to another device, or pinned memory, packs them first (the planes are the smaller transfer)."""
+        if codes.dtype != torch.uint8 or codes.dim() != 2 or not codes.is_contiguous():
+            raise ValueError(f"codes must be a contiguous uint8 [rows, cols] tensor, got {codes.dtype}"
+                             f"{list(codes.shape)}")
+        out = cls.__new__(cls)
+        out._set_fields(None, tuple(codes.shape), bits, layout, lo, scale, dim)
+        out._codes = codes
+        return out
+
     @property
     def planes(self) -> torch.Tensor:
-        """``int32[bits, outer_pad, words]`` (:mod:`pyg_quant.layout`); made from the row codes on first use by a
-        BitTensor built :meth:`from_row_codes`."""
+        """``int32[bits, outer_pad, words]`` (:mod:`pyg_quant.layout`); made on first use by a BitTensor built
+        :meth:`from_codes` or :meth:`from_row_codes`."""
+        if self._planes is None and self._codes is not None:
+            return self._made_once("_planes", lambda: ops.pack_codes(self._codes, self.bits, self.layout == "col"))
         return self._made_once("_planes", lambda: ops.planes_from_row_codes(self._row_codes, self.rows, self.cols,
                                                                             self.bits))
 
@@ -116,13 +134,25 @@ class BitTensor:
 
     @property
     def has_planes(self) -> bool:
-        """Whether the planes are made (False only for a :meth:`from_row_codes` tensor not yet asked for them)."""
+        """Whether the planes are made (False only for a :meth:`from_codes` or :meth:`from_row_codes` tensor not yet
+        asked for them)."""
         return self._planes is not None
+
+    @property
+    def byte_codes(self) -> Optional[torch.Tensor]:
+        """The ``uint8[rows, cols]`` codes a :meth:`from_codes` tensor holds; None for any other."""
+        return self._codes
+
+    def _held(self) -> torch.Tensor:
+        """The tensor the codes live in now: the planes, else the codes or the row codes they come from."""
+        if self._planes is not None:
+            return self._planes
+        return self._codes if self._codes is not None else self._row_codes
 
     # --- shape and storage -------------------------------------------------------------
     @property
     def device(self) -> torch.device:
-        return (self._planes if self._planes is not None else self._row_codes).device
+        return self._held().device
 
     @property
     def rows(self) -> int:
@@ -134,13 +164,14 @@ class BitTensor:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held: the planes (padding included; the row codes while the planes are not made) plus the
+        """Bytes held: the planes (padding included; the codes or row codes while the planes are not made) plus the
         ranges."""
-        held = self._planes if self._planes is not None else self._row_codes
-        return sum(t.numel() * t.element_size() for t in (held, self.lo, self.scale))
+        return sum(t.numel() * t.element_size() for t in (self._held(), self.lo, self.scale))
 
     def codes(self) -> torch.Tensor:
-        """The integer codes as ``uint8[rows, cols]``."""
+        """The integer codes as ``uint8[rows, cols]`` (a :meth:`from_codes` tensor's own)."""
+        if self._codes is not None:
+            return self._codes
         return ops.unpack_codes(self.planes, self.rows, self.cols, self.layout == "col")
 
     def code_sums(self) -> torch.Tensor:
@@ -159,15 +190,22 @@ class BitTensor:
         return BitTensor(**state)
 
     def _moved(self, move) -> "BitTensor":
+        if self._planes is None and self._codes is not None:  # (a move off the CPU packed them first)
+            return BitTensor.from_codes(move(self._codes), self.bits, move(self.lo), move(self.scale), self.dim,
+                                        self.layout)
         if self._planes is None:  # still held as row codes: they move, the planes are made where needed
             return BitTensor.from_row_codes(move(self._row_codes), self.shape, self.bits, move(self.lo),
                                             move(self.scale), self.dim)
         return self._replace(planes=move(self._planes), lo=move(self.lo), scale=move(self.scale))
 
     def to(self, device=None, non_blocking: bool = False) -> "BitTensor":
+        if self._codes is not None and device is not None and torch.device(device) != self.device:
+            self.planes  # packed where the codes are: the planes travel
         return self._moved(lambda t: t.to(device, non_blocking=non_blocking))
 
     def pin_memory(self) -> "BitTensor":
+        if self._codes is not None:
+            self.planes  # pinned planes, which a later non-blocking copy moves
         return self._moved(lambda t: t.pin_memory())
 
     def as_layout(self, layout: str) -> "BitTensor":

@@ -27,6 +27,7 @@ from torch_geometric.loader import ClusterData, ClusterLoader
 from torch_geometric.utils import subgraph
 
 import pyg_quant as pq
+from pyg_quant import ops
 from pyg_quant.loader import QuantBatch, QuantClusterData, QuantClusterLoader, prefetch
 from pyg_quant.loader.prefetching import one_ahead
 from pyg_quant.loader import cluster_data as cluster_data_module
@@ -328,9 +329,50 @@ def test_features_per_node_are_the_rows_of_to_bit_per_row(planted, planted_parts
     for batch in batches:
         x, n_id = batch.x, batch.n_id
         assert x.layout == "row" and x.dim == 1 and x.bits == bits and x.shape == (batch.num_nodes, whole.cols)
+        # held as the bytes themselves (no planes packed on the way); the planes, made when asked, are to_bit's
+        assert x.byte_codes is not None and not x.has_planes and x.nbytes == x.codes().numel() + 8 * x.rows
+        assert torch.equal(x.planes, pq.to_bit(pq.to_val(x), bits, dim=1, layout="row").planes) and x.has_planes
         assert torch.equal(x.lo, whole.lo[n_id]) and torch.equal(x.scale, whole.scale[n_id])
         assert torch.equal(x.codes(), whole.codes()[n_id])
         assert torch.equal(pq.to_bit(pq.to_val(x), bits, dim=1).codes(), x.codes())
+
+
+@requires_cuda
+@pytest.mark.cuda
+def test_features_per_node_on_the_gpu(planted, planted_parts):
+    """feature_dim=1 batches moved to the GPU (the batch's buffer, or the BitTensor alone) give the CPU's codes,
+    planes and values there."""
+    for batch in QuantClusterLoader(planted_parts, batch_size=3, bits=4, feature_dim=1):
+        cpu = batch.x
+        moved = cpu.to("cuda")  # packed on the CPU first: the planes travel
+        assert cpu.has_planes and moved.has_planes
+        for x in (moved, batch.to("cuda").x):
+            assert x.device.type == "cuda"
+            assert torch.equal(x.planes.cpu(), cpu.planes) and torch.equal(x.codes().cpu(), cpu.codes())
+            assert torch.equal(pq.to_val(x).cpu(), pq.to_val(cpu))
+
+
+def test_bit_tensor_held_as_codes():
+    """BitTensor.from_codes: its planes are the packed codes, made once; it moves as codes on the CPU; a bad tensor is
+    a ValueError."""
+    g = torch.Generator().manual_seed(0)
+    codes = torch.randint(0, 16, (37, 70), generator=g, dtype=torch.uint8)
+    lo, scale = torch.randn(37, generator=g), torch.rand(37, generator=g) + 0.1
+    for layout in ("row", "col"):
+        x = pq.BitTensor.from_codes(codes, 4, lo, scale, 1, layout)
+        assert x.byte_codes is codes and x.codes() is codes and not x.has_planes and x.device == codes.device
+        moved = x.to("cpu")
+        assert moved.byte_codes is not None and not moved.has_planes  # the same device: still bytes
+        planes = x.planes
+        assert planes is x.planes and torch.equal(planes, ops.pack_codes(codes, 4, layout == "col"))
+        packed = pq.BitTensor(planes, (37, 70), 4, layout, lo, scale, 1)
+        assert torch.equal(pq.to_val(x), pq.to_val(packed))
+    with pytest.raises(ValueError, match="codes must be a contiguous uint8"):
+        pq.BitTensor.from_codes(codes.to(torch.int32), 4, lo, scale, 1, "row")
+    with pytest.raises(ValueError, match="codes must be a contiguous uint8"):
+        pq.BitTensor.from_codes(codes.t(), 4, lo, scale, 1, "row")
+    with pytest.raises(ValueError, match="lo and scale"):
+        pq.BitTensor.from_codes(codes, 4, lo[:-1], scale, 1, "row")
 
 
 def test_features_per_node_and_per_column_are_kept_apart(planted):

@@ -5,7 +5,8 @@ Oracle: the first layer is ``bitmm(x, Wᵀ)`` (pyg_quant.bitmm: the plane-pair i
 kernel of the op), then its bias and ReLU in float32, then the later layers by ``quant_mlp`` and the row scale; the
 op (CPU) and the pure-torch reference must equal it exactly (``torch.equal``), for codes of 1..8 bits up to the first
 layer's width, ranges per row and per tensor, row counts across the op's blocks, and garbage in the planes'
-padding.  The op is compiled for the CPU only; elsewhere ``ops.quant_mlp_quantized`` runs the reference.
+padding; the codes given as bytes (``uint8 [rows, cols]``) instead of planes give the same bits.  The op is compiled
+for the CPU only; elsewhere ``ops.quant_mlp_quantized`` runs the reference.
 """
 import pytest
 import torch
@@ -35,6 +36,11 @@ def planes_args(x: BitTensor):
     return (x.planes, x.rows, x.cols, x.layout == "col", x.lo, x.scale, -1 if x.dim is None else x.dim)
 
 
+def byte_args(x: BitTensor):
+    """planes_args with the codes themselves in place of the planes."""
+    return (x.codes(),) + planes_args(x)[1:]
+
+
 def oracle(x: BitTensor, layers, weights, row_scale=None):
     codes, w_lo, w_scale, w_sums, bias, act_bits, weight_bits, relu = layers
     h = pq.bitmm(x, weights[0])
@@ -61,6 +67,8 @@ def test_op_equals_bitmm_then_the_chain(i, narrower, per_tensor):
     assert torch.equal(got, want)
     assert torch.equal(ops.quant_mlp_quantized(*planes_args(x), *layers, scale), want)
     assert torch.equal(ref.quant_mlp_quantized(*planes_args(x), *layers, scale), want)  # the pure-torch fallback
+    for op in (torch.ops.pyg_quant.quant_mlp_quantized, ref.quant_mlp_quantized):  # the codes as bytes
+        assert torch.equal(op(*byte_args(x), *layers, scale), want)
 
 
 @requires_compiled
@@ -103,9 +111,21 @@ def test_errors_name_the_argument():
                 op(*planes_args(wider), *layers)
     with pytest.raises(ValueError, match="lo and scale"):
         torch.ops.pyg_quant.quant_mlp_quantized(planes, rows, cols, col_layout, lo[:-1], scale, dim, *layers)
+    codes = x.codes().clone()
+    for op in (torch.ops.pyg_quant.quant_mlp_quantized, ref.quant_mlp_quantized):  # codes given as bytes
+        too_big = codes.clone()
+        too_big[5, 3] = 1 << act
+        with pytest.raises(ValueError, match=f"planes holds the code {1 << act}, more than the first layer's "
+                                             f"act_bits \\({act}\\) allow"):
+            op(too_big, rows, cols, col_layout, lo, scale, dim, *layers)
+        with pytest.raises(ValueError, match=r"uint8 \[rows=37, cols="):
+            op(codes[:-1], rows, cols, col_layout, lo, scale, dim, *layers)
+    with pytest.raises(ValueError, match="lo must be float32 \\[37\\]"):
+        torch.ops.pyg_quant.quant_mlp_quantized(codes, rows, cols, col_layout, lo[:-1], scale, dim, *layers)
 
 
 @requires_compiled
 def test_opcheck():
     x, layers, _ = quantized_case(6, n=37)
     torch.library.opcheck(torch.ops.pyg_quant.quant_mlp_quantized.default, planes_args(x) + layers)
+    torch.library.opcheck(torch.ops.pyg_quant.quant_mlp_quantized.default, byte_args(x) + layers)

@@ -200,11 +200,21 @@ struct RowCodes {
   const float* lo;
   const float* scale;
   bool per_row;
+  const uint8_t* bytes = nullptr;  // or the codes themselves, uint8 [rows, cols] (planes unused)
 };
 
 // Row r of `in` as bytes at dst (the first `cols` codes; with `shift`, each less 128); returns the row's code sum.
 int64_t unpack_row(const RowCodes& in, int64_t r, int64_t cols, int8_t* dst, bool shift, bool avx512, bool avx2) {
   uint8_t* out = reinterpret_cast<uint8_t*>(dst);
+  if (in.bytes != nullptr) {
+    const uint8_t* row = in.bytes + r * cols;
+    int64_t sum = 0;
+    for (int64_t c = 0; c < cols; ++c) {
+      sum += row[c];
+      out[c] = static_cast<uint8_t>(shift ? row[c] ^ 0x80u : row[c]);
+    }
+    return sum;
+  }
 #if defined(PYG_QUANT_X86_DISPATCH)
   if (avx512 || avx2) {
     return (avx512 ? unpack_row_avx512 : unpack_row_avx2)(reinterpret_cast<const uint64_t*>(in.planes),
@@ -467,6 +477,44 @@ at::Tensor quant_mlp_planes_cpu(const at::Tensor& planes, int64_t rows, int64_t 
                        weight_scale, weight_sums, bias, act_bits, weight_bits, relu, row_scale, col_keys);
 }
 
+namespace {
+
+// quant_mlp_quantized of the codes as bytes, uint8 [rows, cols] (what the loader stores): the rows are read as they
+// are, with no planes packed and unpacked between.
+at::Tensor quant_mlp_byte_codes(const at::Tensor& codes, int64_t rows, int64_t cols, const at::Tensor& lo,
+                                const at::Tensor& scale, int64_t dim, at::TensorList weight_codes,
+                                at::TensorList weight_lo, at::TensorList weight_scale, at::TensorList weight_sums,
+                                const c10::List<std::optional<at::Tensor>>& bias, at::IntArrayRef act_bits,
+                                at::IntArrayRef weight_bits, const c10::List<bool>& relu,
+                                const std::optional<at::Tensor>& row_scale,
+                                const std::optional<at::Tensor>& col_keys) {
+  TORCH_CHECK_VALUE(codes.dim() == 2 && codes.size(0) == rows && codes.size(1) == cols, "planes given as codes must "
+                    "be uint8 [rows=", rows, ", cols=", cols, "], got ", codes.sizes());
+  const int64_t ranges = dim == 1 ? rows : 1;
+  for (const auto& [t, name] : {std::pair<const at::Tensor*, const char*>{&lo, "lo"},
+                                std::pair<const at::Tensor*, const char*>{&scale, "scale"}}) {
+    TORCH_CHECK_VALUE(t->dim() == 1 && t->size(0) == ranges && t->scalar_type() == at::kFloat, name, " must be "
+                      "float32 [", ranges, "] for dim=", dim, ", got ", t->scalar_type(), " ", t->sizes());
+    TORCH_CHECK_VALUE(t->device() == codes.device(), name, " is on ", t->device(), " but planes is on ",
+                      codes.device());
+  }
+  const std::vector<int64_t> widths =
+      check_quant_mlp_layers(rows, cols, codes.device(), "planes", weight_codes, weight_lo, weight_scale, weight_sums,
+                             bias, act_bits, weight_bits, relu, row_scale, col_keys);
+  const at::Tensor contiguous = codes.contiguous(), lo_t = lo.contiguous(), scale_t = scale.contiguous();
+  const uint8_t* bytes = contiguous.data_ptr<uint8_t>();
+  uint8_t largest = 0;
+  for (int64_t i = 0; i < rows * cols; ++i) largest = std::max(largest, bytes[i]);
+  TORCH_CHECK_VALUE(largest < (int64_t{1} << act_bits[0]), "planes holds the code ", static_cast<int>(largest),
+                    ", more than the first layer's act_bits (", act_bits[0], ") allow");
+  RowCodes row_codes{nullptr, 0, 0, 0, lo_t.data_ptr<float>(), scale_t.data_ptr<float>(), dim == 1};
+  row_codes.bytes = bytes;
+  return quant_mlp_rows(contiguous, nullptr, &row_codes, rows, widths, weight_codes, weight_lo, weight_scale,
+                        weight_sums, bias, act_bits, weight_bits, relu, row_scale, col_keys);
+}
+
+}  // namespace
+
 at::Tensor quant_mlp_quantized_cpu(const at::Tensor& planes, int64_t rows, int64_t cols, bool col_layout,
                                    const at::Tensor& lo, const at::Tensor& scale, int64_t dim,
                                    at::TensorList weight_codes, at::TensorList weight_lo, at::TensorList weight_scale,
@@ -474,13 +522,16 @@ at::Tensor quant_mlp_quantized_cpu(const at::Tensor& planes, int64_t rows, int64
                                    at::IntArrayRef act_bits, at::IntArrayRef weight_bits, const c10::List<bool>& relu,
                                    const std::optional<at::Tensor>& row_scale,
                                    const std::optional<at::Tensor>& col_keys) {
-  const std::vector<int64_t> widths =
-      check_quant_mlp_planes_args(planes, rows, cols, col_layout, lo, scale, dim, weight_codes, weight_lo,
-                                  weight_scale, weight_sums, bias, act_bits, weight_bits, relu, row_scale, col_keys);
   TORCH_CHECK_VALUE(!col_layout, "planes must be in the row layout (col_layout=False): the codes are the product's "
                     "operand as they are");
   TORCH_CHECK_VALUE(dim != 0, "planes must have ranges per row (dim=1) or one range (dim=-1), got dim=0: ranges per "
                     "column do not factor out of the product");
+  if (planes.scalar_type() == at::kByte) return quant_mlp_byte_codes(planes, rows, cols, lo, scale, dim, weight_codes,
+                                                                     weight_lo, weight_scale, weight_sums, bias,
+                                                                     act_bits, weight_bits, relu, row_scale, col_keys);
+  const std::vector<int64_t> widths =
+      check_quant_mlp_planes_args(planes, rows, cols, col_layout, lo, scale, dim, weight_codes, weight_lo,
+                                  weight_scale, weight_sums, bias, act_bits, weight_bits, relu, row_scale, col_keys);
   TORCH_CHECK_VALUE(planes.size(0) <= act_bits[0], "planes hold ", planes.size(0), "-bit codes, more than the first "
                     "layer's act_bits (", act_bits[0], ")");
   const at::Tensor contiguous = planes.contiguous(), lo_t = lo.contiguous(), scale_t = scale.contiguous();

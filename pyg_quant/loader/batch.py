@@ -19,7 +19,9 @@ aligned offsets, in a single buffer, each in its *wire* form::
   :data:`~pyg_quant.graph.adjacency_form.MIN_TILE_FILL` full; default :data:`~pyg_quant.graph.adjacency_form.DEFAULT_ADJACENCY`, ``"auto"``);
 * a :class:`~pyg_quant.BitTensor` travels without the padding of its outer
   dimension (re-added on access), unless that padding is at most 1/16 of it
-  (then the decoded planes are views of the buffer);
+  (then the decoded planes are views of the buffer); one held as its codes
+  (``feature_dim=1``, :meth:`~pyg_quant.BitTensor.from_codes`) travels as
+  those bytes;
 * an integer tensor travels in the narrowest integer type that holds its values
   (``y`` with 47 classes as ``int8``, node ids as ``int32``) and is widened back
   to its dtype on access;
@@ -108,6 +110,12 @@ def _flatten(fields: Dict[str, object]) -> Tuple[Dict[str, torch.Tensor], Dict[s
                 if getattr(value, attr) is not None:
                     tensors[f"{name}.{attr}"] = getattr(value, attr)
             meta["objects"][name] = ("BitAdjacency", {attr: getattr(value, attr) for attr in _ADJ_SCALARS})
+        elif isinstance(value, BitTensor) and value.byte_codes is not None and not value.has_planes:
+            # codes kept as bytes (a QAT layer's CPU product reads them so): they travel as they are
+            tensors[f"{name}.codes"] = value.byte_codes
+            tensors[f"{name}.lo"], tensors[f"{name}.scale"] = value.lo, value.scale
+            meta["objects"][name] = ("BitTensor", {"shape": value.shape, "bits": value.bits, "layout": value.layout,
+                                                   "dim": value.dim})
         elif isinstance(value, BitTensor):
             planes, outer = value.planes, _outer_rows(value)
             # A padding of at most 1/16 of the planes travels with them, so that the decode reads them in place
@@ -157,6 +165,9 @@ def _expanded(compact: CompactAdjacency, adjacency: str) -> BitAdjacency:
 
 
 def _padded_bit_tensor(parts: Dict[str, torch.Tensor], scalars: Dict[str, object]) -> BitTensor:
+    if "codes" in parts:
+        return BitTensor.from_codes(parts["codes"], scalars["bits"], parts["lo"], parts["scale"], scalars["dim"],
+                                    scalars["layout"])
     scalars = dict(scalars)
     planes = parts["planes"]
     pad = scalars.pop("outer_pad") - planes.size(1)

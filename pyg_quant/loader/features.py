@@ -115,14 +115,14 @@ class QuantizedFeatures:
              scale: Optional[torch.Tensor] = None) -> BitTensor:
         r"""The BitTensor of the ``uint8[n, F]`` codes (``n >= 1``): ``layout="col"``, ``dim=0`` with the columns'
         ranges; for ``dim=1``, ``layout="row"``, ``dim=1`` with the rows' ``lo`` / ``scale`` (float32 ``[n]``, from
-        :meth:`gather_ranges`)."""
+        :meth:`gather_ranges`), held as the codes themselves (:meth:`BitTensor.from_codes`)."""
         if (lo is None) != (self.dim == 0) or (scale is None) != (self.dim == 0):
             raise ValueError("lo and scale are the gathered rows' ranges: given for dim=1 features, not for dim=0")
-        col = self.dim == 0
-        planes = ops.pack_codes(codes, self.bits, col)
-        if col:
-            return BitTensor(planes, tuple(codes.shape), self.bits, "col", self.lo, self.scale, 0)
-        return BitTensor(planes, tuple(codes.shape), self.bits, "row", lo, scale, 1)
+        if self.dim == 0:
+            return BitTensor(ops.pack_codes(codes, self.bits, True), tuple(codes.shape), self.bits, "col", self.lo,
+                             self.scale, 0)
+        # Per-node codes are what a QAT layer's CPU product reads as they are: kept as bytes, packed if asked.
+        return BitTensor.from_codes(codes.contiguous(), self.bits, lo, scale, 1, "row")
 
     def batch(self, ranges: Sequence[Tuple[int, int]]) -> BitTensor:
         """The packed features of rows ``[start, end)`` for each range, concatenated (:meth:`gather`, then

@@ -253,7 +253,8 @@ def quant_mlp_planes(planes, rows: int, cols: int, col_layout: bool, lo, scale, 
 def quant_mlp_quantized(planes, rows: int, cols: int, col_layout: bool, lo, scale, dim: int, weight_codes,
                         weight_lo, weight_scale, weight_sums, bias, act_bits, weight_bits, relu, row_scale=None):
     """:func:`quant_mlp` with the first layer's input the codes of a packed tensor taken as they are (row layout,
-    ranges per row or one; see :func:`reference.quant_mlp_quantized`); compiled for the CPU only."""
+    ranges per row or one; see :func:`reference.quant_mlp_quantized`); ``planes`` may be the codes themselves, uint8
+    ``[rows, cols]``; compiled for the CPU only."""
     args = (planes, int(rows), int(cols), bool(col_layout), lo, scale, int(dim), list(weight_codes), list(weight_lo),
             list(weight_scale), list(weight_sums), list(bias), [int(b) for b in act_bits],
             [int(b) for b in weight_bits], [bool(r) for r in relu], row_scale)

@@ -581,7 +581,8 @@ def _scaled_rows(h, row_scale):
 
 def quant_mlp_quantized(planes, rows, cols, col_layout, lo, scale, dim, weight_codes, weight_lo, weight_scale,
                         weight_sums, bias, act_bits, weight_bits, relu, row_scale=None):
-    r""":func:`quant_mlp` with its first layer's input the codes of a packed tensor taken as they are: the exact
+    r""":func:`quant_mlp` with its first layer's input the codes of a packed tensor taken as they are (``planes``; or
+    the codes themselves, uint8 ``[rows, cols]``): the exact
     product of those codes (row layout, ranges per row, ``dim=1``, or one, ``dim=-1``; at most ``act_bits[0]`` bits)
     with ``weight_codes[0]`` and :func:`bitmm_affine` with their ranges and code sums (``bitmm(x, W)``, what a QAT
     linear layer runs on an input quantized already), then the later layers as :func:`quant_mlp`."""
@@ -593,13 +594,22 @@ def quant_mlp_quantized(planes, rows, cols, col_layout, lo, scale, dim, weight_c
                          "column do not factor out of the product")
     if len(weight_codes) < 1:
         raise ValueError("weight_codes must hold at least one layer")
-    if planes.size(0) > int(act_bits[0]):
-        raise ValueError(f"planes hold {planes.size(0)}-bit codes, more than the first layer's act_bits "
-                         f"({int(act_bits[0])})")
     if weight_codes[0].size(1) != cols:
         raise ValueError(f"weight_codes[0] has {weight_codes[0].size(1)} input channels but its input has {cols} "
                          "columns")
-    q = unpack_codes(planes, rows, cols, col_layout).to(torch.int64)
+    if planes.dtype == torch.uint8:  # the codes themselves, [rows, cols]
+        if tuple(planes.shape) != (rows, cols):
+            raise ValueError(f"planes given as codes must be uint8 [rows={rows}, cols={cols}], got "
+                             f"{list(planes.shape)}")
+        q = planes.to(torch.int64)
+        if q.numel() and int(q.max()) >= 1 << int(act_bits[0]):
+            raise ValueError(f"planes holds the code {int(q.max())}, more than the first layer's act_bits "
+                             f"({int(act_bits[0])}) allow")
+    else:
+        if planes.size(0) > int(act_bits[0]):
+            raise ValueError(f"planes hold {planes.size(0)}-bit codes, more than the first layer's act_bits "
+                             f"({int(act_bits[0])})")
+        q = unpack_codes(planes, rows, cols, col_layout).to(torch.int64)
     lo, scale = lo.reshape(-1).expand(rows).contiguous(), scale.reshape(-1).expand(rows).contiguous()
     h = _code_product(q, lo, scale, weight_codes[0], weight_sums[0], weight_lo[0], weight_scale[0], bias[0], relu[0])
     if len(weight_codes) == 1:

@@ -179,7 +179,10 @@ def gcn_eval(conv, x, adj, edge_weight) -> Optional[Tensor]:
     dinv = bit_adjacency_deg_inv_sqrt(adj)
     if isinstance(x, BitTensor):
         x = x.as_layout("row") if quantized else x  # the operand's codes are read a row at a time
-        x_args = (x.planes, x.lo, x.scale, x.rows, x.cols, x.layout == "col", -1 if x.dim is None else x.dim)
+        # (codes held as bytes are the product's rows themselves: no planes packed to be unpacked)
+        held = x.byte_codes if quantized and x.layout == "row" else None
+        x_args = (x.planes if held is None else held, x.lo, x.scale, x.rows, x.cols, x.layout == "col",
+                  -1 if x.dim is None else x.dim)
     else:
         x_args = (x.contiguous(), None, None, rows, width, True, 0)
     bits = fq.bits
