@@ -143,13 +143,19 @@ def mse_range(x, dim: int, bits: int, grid):
 
 
 def pack_codes(codes, bits: int, col_layout: bool):
-    """The bit planes of ``uint8[rows, cols]`` codes (each below ``2^bits``), as :func:`quantize_pack` packs them."""
+    """The bit planes of ``uint8[rows, cols]`` codes (each below ``2^bits``), as :func:`quantize_pack` packs them; a
+    code out of range is a ValueError on the CPU, a device-side assert on a GPU (where a check on the host would wait
+    for the device)."""
     if use_compiled("pack_codes", codes.device):
         return torch.ops.pyg_quant.pack_codes(codes, bits, col_layout)
     if codes.dim() != 2 or codes.dtype != torch.uint8:
         raise TypeError("pack_codes: codes must be a 2-D uint8 tensor")
-    if codes.numel() and int(codes.max()) > 2**bits - 1:  # (the kernel checks each code as it reads it)
-        raise ValueError(f"pack_codes: codes must lie in 0..{2**bits - 1} for {bits} bits")
+    if codes.numel():  # (the kernel checks each code as it reads it)
+        fits = codes.max() <= 2**bits - 1
+        if codes.device.type != "cpu":
+            torch._assert_async(fits)  # a device-side assert: no host synchronization
+        elif not bool(fits):
+            raise ValueError(f"pack_codes: codes must lie in 0..{2**bits - 1} for {bits} bits")
     return reference.pack_codes(codes.to(torch.int64), bits, col_layout)
 
 
