@@ -116,10 +116,9 @@ class BitTensor:
     def planes(self) -> torch.Tensor:
         """``int32[bits, outer_pad, words]`` (:mod:`pyg_quant.layout`); made on first use by a BitTensor built
         :meth:`from_codes` or :meth:`from_row_codes`."""
-        if self._planes is None and self._codes is not None:
-            return self._made_once("_planes", lambda: ops.pack_codes(self._codes, self.bits, self.layout == "col"))
-        return self._made_once("_planes", lambda: ops.planes_from_row_codes(self._row_codes, self.rows, self.cols,
-                                                                            self.bits))
+        return self._made_once("_planes", lambda: (
+            ops.pack_codes(self._codes, self.bits, self.layout == "col") if self._codes is not None
+            else ops.planes_from_row_codes(self._row_codes, self.rows, self.cols, self.bits)))
 
     def _made_once(self, name: str, make):
         """The field ``name``, made by ``make()`` when missing and kept, except while ``torch.compile`` traces: kept

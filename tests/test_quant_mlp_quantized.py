@@ -120,7 +120,7 @@ def test_errors_name_the_argument():
             op(too_big, rows, cols, col_layout, lo, scale, dim, *layers)
         with pytest.raises(ValueError, match=r"uint8 \[rows=37, cols="):
             op(codes[:-1], rows, cols, col_layout, lo, scale, dim, *layers)
-    with pytest.raises(ValueError, match="lo must be float32 \\[37\\]"):
+    with pytest.raises(ValueError, match="lo and scale must be float32 with 37 entries"):
         torch.ops.pyg_quant.quant_mlp_quantized(codes, rows, cols, col_layout, lo[:-1], scale, dim, *layers)
 
 

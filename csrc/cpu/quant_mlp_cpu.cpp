@@ -490,21 +490,13 @@ at::Tensor quant_mlp_byte_codes(const at::Tensor& codes, int64_t rows, int64_t c
                                 const std::optional<at::Tensor>& col_keys) {
   TORCH_CHECK_VALUE(codes.dim() == 2 && codes.size(0) == rows && codes.size(1) == cols, "planes given as codes must "
                     "be uint8 [rows=", rows, ", cols=", cols, "], got ", codes.sizes());
-  const int64_t ranges = dim == 1 ? rows : 1;
-  for (const auto& [t, name] : {std::pair<const at::Tensor*, const char*>{&lo, "lo"},
-                                std::pair<const at::Tensor*, const char*>{&scale, "scale"}}) {
-    TORCH_CHECK_VALUE(t->dim() == 1 && t->size(0) == ranges && t->scalar_type() == at::kFloat, name, " must be "
-                      "float32 [", ranges, "] for dim=", dim, ", got ", t->scalar_type(), " ", t->sizes());
-    TORCH_CHECK_VALUE(t->device() == codes.device(), name, " is on ", t->device(), " but planes is on ",
-                      codes.device());
-  }
+  check_dequantize_ranges(codes, lo, scale, rows, cols, dim);
   const std::vector<int64_t> widths =
       check_quant_mlp_layers(rows, cols, codes.device(), "planes", weight_codes, weight_lo, weight_scale, weight_sums,
                              bias, act_bits, weight_bits, relu, row_scale, col_keys);
   const at::Tensor contiguous = codes.contiguous(), lo_t = lo.contiguous(), scale_t = scale.contiguous();
   const uint8_t* bytes = contiguous.data_ptr<uint8_t>();
-  uint8_t largest = 0;
-  for (int64_t i = 0; i < rows * cols; ++i) largest = std::max(largest, bytes[i]);
+  const uint8_t largest = largest_code(bytes, rows * cols);
   TORCH_CHECK_VALUE(largest < (int64_t{1} << act_bits[0]), "planes holds the code ", static_cast<int>(largest),
                     ", more than the first layer's act_bits (", act_bits[0], ") allow");
   RowCodes row_codes{nullptr, 0, 0, 0, lo_t.data_ptr<float>(), scale_t.data_ptr<float>(), dim == 1};

@@ -210,9 +210,7 @@ at::Tensor pack_codes_cpu(const at::Tensor& codes_in, int64_t bits, bool col_lay
   const int64_t rows = codes.size(0), cols = codes.size(1);
   const uint8_t* cp = codes.const_data_ptr<uint8_t>();
   const uint8_t max_code = static_cast<uint8_t>((1 << bits) - 1);
-  const int64_t total = codes.numel();
-  uint8_t largest = 0;
-  for (int64_t i = 0; i < total; ++i) largest = std::max(largest, cp[i]);  // (a loop the compiler vectorizes)
+  const uint8_t largest = largest_code(cp, codes.numel());
   TORCH_CHECK_VALUE(largest <= max_code, "pack_codes: codes must lie in 0..", static_cast<int>(max_code), " for ",
                     bits, " bits, got ", static_cast<int>(largest));
   return pack_planes(rows, cols, bits, col_layout, codes.options(), [&](int64_t r, int64_t c0, int64_t n, uint8_t* q) {

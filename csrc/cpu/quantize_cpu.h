@@ -1,10 +1,20 @@
 #pragma once
 #include <ATen/core/Tensor.h>
+
+#include <algorithm>
+#include <cstdint>
 #include <optional>
 
 #include "cpu_features.h"
 
 namespace pyg_quant {
+
+// The largest of n bytes: the check that codes given as bytes fit their width (a loop the compiler vectorizes).
+inline uint8_t largest_code(const uint8_t* codes, int64_t n) {
+  uint8_t largest = 0;
+  for (int64_t i = 0; i < n; ++i) largest = std::max(largest, codes[i]);
+  return largest;
+}
 
 // The bit planes of uint8 codes already made (a loader's stored feature codes): quantize_pack's layout, no float steps.
 at::Tensor pack_codes_cpu(const at::Tensor& codes, int64_t bits, bool col_layout);

@@ -602,8 +602,9 @@ def quant_mlp_quantized(planes, rows, cols, col_layout, lo, scale, dim, weight_c
             raise ValueError(f"planes given as codes must be uint8 [rows={rows}, cols={cols}], got "
                              f"{list(planes.shape)}")
         q = planes.to(torch.int64)
-        if q.numel() and int(q.max()) >= 1 << int(act_bits[0]):
-            raise ValueError(f"planes holds the code {int(q.max())}, more than the first layer's act_bits "
+        largest = int(q.max()) if q.numel() else 0
+        if largest >= 1 << int(act_bits[0]):
+            raise ValueError(f"planes holds the code {largest}, more than the first layer's act_bits "
                              f"({int(act_bits[0])}) allow")
     else:
         if planes.size(0) > int(act_bits[0]):
