@@ -35,7 +35,7 @@ from pyg_quant.nn import QGCNConv
 from pyg_quant.graph.packing import decode_bit_adjacency, pack_entries
 from pyg_quant.graph.quant_graph import QuantGraph
 
-from conftest import gen, random_edges
+from conftest import DEVICES, gen, random_edges
 
 FP32_REL = 1e-5
 PYG_EDGE_INDEX = torch.tensor([[0, 0, 0, 1, 2, 3], [1, 2, 3, 0, 0, 0]])
@@ -665,8 +665,8 @@ def test_layers_on_one_bit_adjacency_share_its_normalization(monkeypatch, mode):
     with context():
         expected = run(pq.BitAdjacency.from_edge_index(edge_index, 120, self_loops=1).to("cpu"))  # a fresh memo
         calls = []
-        inv_sqrt = qgcn_module.inv_sqrt_degree
-        monkeypatch.setattr(qgcn_module, "inv_sqrt_degree", lambda deg: calls.append(None) or inv_sqrt(deg))
+        inv_sqrt = qgcn_module.row_sums_inv_sqrt
+        monkeypatch.setattr(qgcn_module, "row_sums_inv_sqrt", lambda adj: calls.append(None) or inv_sqrt(adj))
         graph_inv_sqrt = QuantGraph.degree_inv_sqrt  # (an edge list's, in one op)
         monkeypatch.setattr(QuantGraph, "degree_inv_sqrt", lambda graph: calls.append(None) or graph_inv_sqrt(graph))
         adj = pq.BitAdjacency.from_edge_index(edge_index, 120, self_loops=1)
@@ -679,6 +679,28 @@ def test_layers_on_one_bit_adjacency_share_its_normalization(monkeypatch, mode):
         bare = pq.BitAdjacency.from_edge_index(edge_index, 120)
         run(bare)
     assert len(calls) == 3
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("self_loops", [1, 2])
+@pytest.mark.parametrize("form", ["tiles", "csr"])
+def test_bit_adjacency_inv_sqrt_degree_is_the_torch_composition(self_loops, form, device):
+    """D^-1/2 of a BitAdjacency in one op (each row's sum its one "edge") is inv_sqrt_degree(adj.degree()) bit for
+    bit, repeated edges (counts) and isolated rows (degree 0 without loops: 0) included."""
+    import pyg_quant.nn.qgcn_conv as qgcn_module
+
+    edge_index = random_edges(300, 300, 2500, 11)
+    edge_index = torch.cat([edge_index, edge_index[:, :400]], 1)  # repeated edges: counts above 1
+    edge_index = edge_index[:, edge_index[1] >= 20]  # rows (targets) 0..19 only get their self-loops
+    adj = pq.BitAdjacency.from_edge_index(edge_index, 300, self_loops=self_loops, min_tile_nnz=4,
+                                          adjacency=form).to(device)
+    assert (adj.num_tiles > 0) == (form == "tiles")
+    got = qgcn_module.row_sums_inv_sqrt(adj)
+    assert got.device == adj.device
+    assert got.dtype == torch.float32 and torch.equal(got, qgcn_module.inv_sqrt_degree(adj.degree()))
+    bare = pq.BitAdjacency.from_edge_index(edge_index, 300, adjacency=form).to(device)  # degree-0 rows exist
+    got = qgcn_module.row_sums_inv_sqrt(bare)
+    assert bool((got == 0).any()) and torch.equal(got, qgcn_module.inv_sqrt_degree(bare.degree()))
 
 
 @pytest.mark.parametrize("form", ["tiles", "csr"])

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <mutex>
 #include <vector>
 
@@ -204,16 +205,17 @@ struct RowCodes {
 };
 
 // Row r of `in` as bytes at dst (the first `cols` codes; with `shift`, each less 128); returns the row's code sum.
+// Codes held as bytes take dst nullptr when they are not shifted: then only their sum is made.
 int64_t unpack_row(const RowCodes& in, int64_t r, int64_t cols, int8_t* dst, bool shift, bool avx512, bool avx2) {
   uint8_t* out = reinterpret_cast<uint8_t*>(dst);
   if (in.bytes != nullptr) {
     const uint8_t* row = in.bytes + r * cols;
-    int64_t sum = 0;
-    for (int64_t c = 0; c < cols; ++c) {
-      sum += row[c];
-      out[c] = static_cast<uint8_t>(shift ? row[c] ^ 0x80u : row[c]);
+    if (shift) {
+      for (int64_t c = 0; c < cols; ++c) out[c] = static_cast<uint8_t>(row[c] ^ 0x80u);
+    } else if (out != nullptr) {
+      std::memcpy(out, row, cols);
     }
-    return sum;
+    return byte_sum(row, cols);
   }
 #if defined(PYG_QUANT_X86_DISPATCH)
   if (avx512 || avx2) {
@@ -359,13 +361,18 @@ at::Tensor quant_mlp_rows(const at::Tensor& x_in, const ColCodes* col_codes, con
           row_lo[i] = ranges[i].lo;
           row_scale[i] = ranges[i].scale;
         };
+        const int8_t* gemm_codes = codes;  // the GEMM's operand, layer.in bytes a row
         if (l == 0 && row_codes != nullptr) {
           // Codes of x taken as they are: each row's bytes and code sum, its range x's own (no range, no rounding).
+          // Codes given as bytes of up to 7 bits are the GEMM's operand where they lie.
           const RowCodes& in = *row_codes;
+          const bool in_place = in.bytes != nullptr && !shift_a;
+          if (in_place) gemm_codes = reinterpret_cast<const int8_t*>(in.bytes + r0 * layer.in);
           at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
             for (int64_t i = begin; i < end; ++i) {
               const int64_t r = r0 + i, g = in.per_row ? r : 0;
-              row_sums[i] = unpack_row(in, r, layer.in, codes + i * layer.in, shift_a, vector, avx2);
+              row_sums[i] = unpack_row(in, r, layer.in, in_place ? nullptr : codes + i * layer.in, shift_a, vector,
+                                       avx2);
               row_lo[i] = in.lo[g];
               row_scale[i] = in.scale[g];
               ranges[i] = {in.lo[g], in.scale[g], 0.0f};
@@ -393,7 +400,7 @@ at::Tensor quant_mlp_rows(const at::Tensor& x_in, const ColCodes* col_codes, con
             for (int64_t i = begin; i < end; ++i) quantize(i, h + i * layer.in);
           });
         }
-        int8_gemm(at::from_blob(products, {n, layer.out}, x.options().dtype(at::kInt)), codes, layer.in, n,
+        int8_gemm(at::from_blob(products, {n, layer.out}, x.options().dtype(at::kInt)), gemm_codes, layer.in, n,
                   act_bits[l], weights[l], layer.in, layer.out, weight_bits[l], layer.in);
         const int32_t* pp = products;
         at::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {

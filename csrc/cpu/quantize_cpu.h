@@ -5,6 +5,10 @@
 #include <cstdint>
 #include <optional>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include "cpu_features.h"
 
 namespace pyg_quant {
@@ -14,6 +18,21 @@ inline uint8_t largest_code(const uint8_t* codes, int64_t n) {
   uint8_t largest = 0;
   for (int64_t i = 0; i < n; ++i) largest = std::max(largest, codes[i]);
   return largest;
+}
+
+// The sum of n bytes (psadbw, 16 bytes a step, where the CPU is x86: the compiler's loop widens each byte to int64).
+inline int64_t byte_sum(const uint8_t* bytes, int64_t n) {
+  int64_t sum = 0, i = 0;
+#if defined(__SSE2__)
+  const __m128i zero = _mm_setzero_si128();
+  __m128i acc = zero;
+  for (; i + 16 <= n; i += 16) {
+    acc = _mm_add_epi64(acc, _mm_sad_epu8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes + i)), zero));
+  }
+  sum = _mm_cvtsi128_si64(acc) + _mm_cvtsi128_si64(_mm_unpackhi_epi64(acc, acc));
+#endif
+  for (; i < n; ++i) sum += bytes[i];
+  return sum;
 }
 
 // The bit planes of uint8 codes already made (a loader's stored feature codes): quantize_pack's layout, no float steps.

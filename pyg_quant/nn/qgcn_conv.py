@@ -7,6 +7,8 @@ from torch_geometric.nn.conv import MessagePassing
 from torch_geometric.nn.inits import zeros
 from torch_geometric.typing import SparseTensor
 
+from .. import ops
+from .._utils import is_compiling
 from ..bit_tensor import BitTensor
 from ..graph.bit_adjacency import BitAdjacency
 from ..graph.cache import cached_graph
@@ -33,8 +35,17 @@ def _cache_attribute(edge_index) -> str:
 def bit_adjacency_deg_inv_sqrt(adj: BitAdjacency) -> Tensor:
     r""":func:`inv_sqrt_degree` of a :class:`BitAdjacency` that is the whole :math:`\hat{A}` (its self-loops
     included), made once per adjacency: every layer called on it shares it (its degrees: ``adj.degree()``, what
-    ``QuantGraph.degree`` gives)."""
-    return adj.derived("gcn_deg_inv_sqrt", lambda: inv_sqrt_degree(adj.degree()))
+    ``QuantGraph.degree`` gives).  One :func:`pyg_quant.ops.degree_inv_sqrt` call, each row's sum its one "edge"
+    (the same floats as the torch composition, which runs while ``torch.compile`` traces)."""
+    return adj.derived("gcn_deg_inv_sqrt", lambda: row_sums_inv_sqrt(adj))
+
+
+def row_sums_inv_sqrt(adj: BitAdjacency) -> Tensor:
+    """:func:`inv_sqrt_degree` of ``adj.degree()``, made anew (see :func:`bit_adjacency_deg_inv_sqrt`)."""
+    if is_compiling():
+        return inv_sqrt_degree(adj.degree())
+    rows = torch.arange(adj.num_rows, device=adj.device)
+    return ops.degree_inv_sqrt(rows, None, adj.row_sums, adj.diag, adj.num_rows)[1]
 
 
 class QGCNConv(StaticRange, MessagePassing):
