@@ -24,6 +24,7 @@ What each rank does (``pyg_quant.distributed``):
 A rank that raises ends the job with its error (torchrun stops the other processes).
 """
 import argparse
+import json
 import os
 import sys
 import time
@@ -51,6 +52,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = cluster_parser(__doc__.splitlines()[0])
     p.add_argument("--cpu", action="store_true", help="gloo on the CPU (the default without CUDA)")
     p.add_argument("--save", default=None, help="rank 0 saves the trained QAT model's state dict here")
+    p.add_argument("--json", default=None, help="rank 0 writes the run's result (accuracies, times) here as JSON")
     p.add_argument("--lightning", action="store_true", help="train with Lightning's DDP strategy instead")
     p.add_argument("--accelerator", default="auto", help="Lightning's accelerator (--lightning)")
     p.add_argument("--devices", type=int, default=2, help="Lightning's processes (--lightning)")
@@ -144,6 +146,10 @@ def run(args) -> Dict[str, object]:
         print(f"{world} ranks ({backend}), {args.bits}-bit GCN on {source}: best val {best:.3f}, "
               f"test accuracy {result['test']:.3f} (converted, bit kernels); "
               f"epoch {result['epoch_s']:.2f} s, inference {inference_s:.2f} s, partition {partition_s:.1f} s")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(dict(result, seed=args.seed, bits=args.bits, epochs=args.epochs,
+                               backend=backend, device=str(device)), f)
     return result
 
 
