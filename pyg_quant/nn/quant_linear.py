@@ -233,9 +233,15 @@ class QuantLinear(Linear):
                 out = self._bit_linear(quantize(x2, act_bits, 1, "row"))
         else:
             stochastic = self.stochastic and self.training
-            xq = fake_quantize(x2, act_bits, 1, stochastic) if act_bits is not None else x2
-            wq = fake_quantize(self.weight, weight_bits, 1, stochastic) if weight_bits is not None else self.weight
-            out = F.linear(xq.to(wq.dtype), wq, self.bias)
+            weight, bias = self.weight, self.bias
+            if (act_bits is not None and weight_bits is not None and weight.dtype == torch.float32
+                    and (bias is None or bias.dtype == torch.float32)):
+                # both operands fake-quantized per row in one op, QAT's default linear layer (QATLinear) too
+                out = ops.qat_linear(x2, weight, bias, act_bits, stochastic, None, weight_bits, stochastic, None)
+            else:
+                xq = fake_quantize(x2, act_bits, 1, stochastic) if act_bits is not None else x2
+                wq = fake_quantize(weight, weight_bits, 1, stochastic) if weight_bits is not None else weight
+                out = F.linear(xq.to(wq.dtype), wq, bias)
         return out.reshape(lead + (out.size(-1),)).to(x.dtype)
 
     def __repr__(self) -> str:

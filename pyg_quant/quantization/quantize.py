@@ -123,12 +123,12 @@ def fake_values(x: torch.Tensor, lo, scale, inv_scale, bits: int, offset) -> tor
 
 
 def fake_quantize(x: torch.Tensor, bits: int, dim: Optional[int], stochastic: bool = False) -> torch.Tensor:
-    r""":func:`fake_values` of a 2-D ``x`` over its own ranges (those of :func:`quantize`, from the detached input):
-    float32 ``x̃ = lo + s·q`` with ``∂x̃/∂x = 1``, rounded to nearest, or stochastically (``u ~ U[0, 1)`` from
-    torch's global generator)."""
-    detached = x.detach().to(torch.float32)
-    offset = torch.rand_like(detached) if stochastic else 0.5
-    return fake_values(x, *_own_params(detached, bits, dim), bits, offset)
+    r"""A 2-D ``x`` fake-quantized over its own ranges (those of :func:`quantize`, from the detached input): float32
+    ``x̃ = lo + s·q`` with ``∂x̃/∂x = 1``, rounded to nearest, or stochastically (``u ~ U[0, 1)`` from torch's global
+    generator).  The one op a ``"dynamic"`` :class:`~pyg_quant.qat.FakeQuantize` runs (:func:`pyg_quant.ops.fake_quantize`
+    without a range): the layers' built-in quantizer and QAT's dynamic one are the same computation."""
+    return ops.fake_quantize(x.to(torch.float32), None, None, bits, -1 if dim is None else dim, None, False,
+                             stochastic)[0]
 
 
 def dequantize(x: BitTensor) -> torch.Tensor:
