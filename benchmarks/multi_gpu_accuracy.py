@@ -78,6 +78,43 @@ def summary(values: list) -> dict:
     return dict(n=len(values), mean=round(mean, 5), sd=round(sd, 5))
 
 
+def summarize(runs: list, worlds: list) -> tuple:
+    """``(table, comparisons)``: per world size the test and validation accuracy over the seeds; each world size
+    against the first on the seeds both ran (mean difference, its standard error, the per-seed differences)."""
+    seeds = set.intersection(*({r["seed"] for r in runs if r["world"] == w} for w in worlds))
+    runs = [r for r in runs if r["seed"] in seeds]
+    table = {}
+    for world in worlds:
+        mine = [r for r in runs if r["world"] == world]
+        table[world] = dict(test=summary([r["test"] for r in mine]), val=summary([r["val"] for r in mine]),
+                            epoch_s=round(statistics.median(r["epoch_s"] for r in mine), 4))
+    ref = worlds[0]
+    comparisons = []
+    for world in worlds[1:]:
+        a, b = table[ref]["test"], table[world]["test"]
+        se = math.sqrt(a["sd"] ** 2 / a["n"] + b["sd"] ** 2 / b["n"])
+        diff = b["mean"] - a["mean"]
+        paired = [rb["test"] - ra["test"] for ra in runs if ra["world"] == ref
+                  for rb in runs if rb["world"] == world and rb["seed"] == ra["seed"]]
+        comparisons.append(dict(world=world, against=ref, seeds=sorted(seeds), mean_diff=round(diff, 5),
+                                se=round(se, 5), within_noise=abs(diff) <= 2 * se, paired_diff=summary(paired)))
+    return table, comparisons
+
+
+def print_summary(table: dict, comparisons: list, worlds: list) -> None:
+    print()
+    print("| ranks | seeds | test accuracy (mean ± sd) | best val (mean ± sd) | epoch s (median) |")
+    print("|---:|---:|---:|---:|---:|")
+    for world in worlds:
+        t, v = table[world]["test"], table[world]["val"]
+        print(f"| {world} | {t['n']} | {100 * t['mean']:.2f} ± {100 * t['sd']:.2f} | "
+              f"{100 * v['mean']:.2f} ± {100 * v['sd']:.2f} | {table[world]['epoch_s']:.3f} |")
+    for c in comparisons:
+        print(f"{c['world']} ranks against {c['against']}: {100 * c['mean_diff']:+.2f} pt, standard error "
+              f"{100 * c['se']:.2f} pt ({'within' if c['within_noise'] else 'NOT within'} two of them); per seed "
+              f"{100 * c['paired_diff']['mean']:+.2f} ± {100 * c['paired_diff']['sd']:.2f} pt")
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=seeds_arg, default=seeds_arg("0-4"), help="seeds, e.g. 0-9 or 0,2,5")
@@ -86,7 +123,19 @@ def main(argv=None) -> dict:
     p.add_argument("--root", default=None, help="Planetoid root holding Cora/raw (default: the example's choice)")
     p.add_argument("--timeout", type=float, default=900, help="seconds one run may take")
     p.add_argument("--out", default=None, help="JSON file for the runs and the summary")
+    p.add_argument("--summarize", default=None, metavar="JSON",
+                   help="no runs: the summary of the runs in this --out file (of a job stopped early), written back")
     args, extra = p.parse_known_args(argv)
+    if args.summarize:
+        with open(args.summarize) as f:
+            record = json.load(f)
+        worlds = record["meta"]["worlds"]
+        table, comparisons = summarize(record["runs"], worlds)
+        print_summary(table, comparisons, worlds)
+        record.update(table={str(k): v for k, v in table.items()}, comparisons=comparisons)
+        with open(args.out or args.summarize, "w") as f:
+            json.dump(record, f, indent=1)
+        return record
     extra = [a for a in extra if a != "--"]
     worlds = [int(w) for w in args.worlds.split(",")]
     meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -103,32 +152,8 @@ def main(argv=None) -> dict:
             if args.out:  # the runs so far, should the job be stopped
                 with open(args.out, "w") as f:
                     json.dump(dict(meta=meta, runs=runs), f, indent=1)
-    table = {}
-    for world in worlds:
-        mine = [r for r in runs if r["world"] == world]
-        table[world] = dict(test=summary([r["test"] for r in mine]), val=summary([r["val"] for r in mine]),
-                            epoch_s=round(statistics.median(r["epoch_s"] for r in mine), 4))
-    ref = worlds[0]
-    comparisons = []
-    for world in worlds[1:]:
-        a, b = table[ref]["test"], table[world]["test"]
-        se = math.sqrt(a["sd"] ** 2 / a["n"] + b["sd"] ** 2 / b["n"])
-        diff = b["mean"] - a["mean"]
-        paired = [rb["test"] - ra["test"] for ra in runs if ra["world"] == ref
-                  for rb in runs if rb["world"] == world and rb["seed"] == ra["seed"]]
-        comparisons.append(dict(world=world, against=ref, mean_diff=round(diff, 5), se=round(se, 5),
-                                within_noise=abs(diff) <= 2 * se, paired_diff=summary(paired)))
-    print()
-    print("| ranks | seeds | test accuracy (mean ± sd) | best val (mean ± sd) | epoch s (median) |")
-    print("|---:|---:|---:|---:|---:|")
-    for world in worlds:
-        t, v = table[world]["test"], table[world]["val"]
-        print(f"| {world} | {t['n']} | {100 * t['mean']:.2f} ± {100 * t['sd']:.2f} | "
-              f"{100 * v['mean']:.2f} ± {100 * v['sd']:.2f} | {table[world]['epoch_s']:.3f} |")
-    for c in comparisons:
-        print(f"{c['world']} ranks against {c['against']}: {100 * c['mean_diff']:+.2f} pt, standard error "
-              f"{100 * c['se']:.2f} pt ({'within' if c['within_noise'] else 'NOT within'} two of them); per seed "
-              f"{100 * c['paired_diff']['mean']:+.2f} ± {100 * c['paired_diff']['sd']:.2f} pt")
+    table, comparisons = summarize(runs, worlds)
+    print_summary(table, comparisons, worlds)
     record = dict(meta=meta, runs=runs, table={str(k): v for k, v in table.items()}, comparisons=comparisons)
     if args.out:
         with open(args.out, "w") as f:

@@ -63,3 +63,28 @@ def test_multi_gpu_bench_failing_rank_ends_the_job(tmp_path):
     assert done.returncode == 1
     assert "rank 1:" in done.stderr and "injected failure on rank 1" in done.stderr
     assert "injected failure on rank 1" in saved["fatal"]
+
+
+def test_multi_gpu_accuracy_on_one_and_two_cpu_ranks(tmp_path):
+    """benchmarks/multi_gpu_accuracy.py: the example once in one process and once on 2 gloo ranks (torchrun), the
+    accuracies and the comparison in its JSON; --summarize rebuilds the summary of a job stopped after its runs."""
+    script = os.path.join(ROOT, "benchmarks", "multi_gpu_accuracy.py")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    out = tmp_path / "accuracy.json"
+    done = subprocess.run([sys.executable, script, "--cpu", "--seeds", "3", "--out", str(out), "--timeout", "240",
+                           "--", "--small", "--epochs", "2", "--nodes", "600", "--parts", "4"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    saved = json.loads(out.read_text())
+    assert [(r["world"], r["seed"], r["backend"]) for r in saved["runs"]] == [(1, 3, "one process"), (2, 3, "gloo")]
+    for r in saved["runs"]:
+        assert 0.0 <= r["test"] <= 1.0 and r["ranks"] == r["world"] and r["epochs"] == 2
+    comparison, = saved["comparisons"]
+    assert comparison["world"] == 2 and comparison["against"] == 1 and comparison["seeds"] == [3]
+    assert abs(comparison["mean_diff"] - (saved["runs"][1]["test"] - saved["runs"][0]["test"])) < 1e-4
+    partial = tmp_path / "partial.json"
+    partial.write_text(json.dumps(dict(meta=saved["meta"], runs=saved["runs"])))
+    done = subprocess.run([sys.executable, script, "--summarize", str(partial)], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(partial.read_text())["comparisons"] == saved["comparisons"]
