@@ -2,11 +2,14 @@ r"""Small helpers that several packages of pyg_quant share, with no pyg_quant im
 
 They sit below :mod:`pyg_quant.graph`, :mod:`pyg_quant.nn` and :mod:`pyg_quant.bitmm`, so that each of those can use
 them without importing another's private modules: the int32 accumulator bound, whether ``torch.compile`` is tracing,
-and the finite-input check the layers and the graph run where it costs no host synchronization.
+the finite-input check the layers and the graph run where it costs no host synchronization, and whether a
+module's forward hooks would run.
 """
 import math
 
 import torch
+
+_module = torch.nn.modules.module  # holds the global hook tables
 
 INT32_MAX = 2**31 - 1  # the largest integer sum the int32 kernels hold; above it they accumulate in int64
 
@@ -48,3 +51,14 @@ def check_finite(x: torch.Tensor, name: str, *, always: bool = False) -> None:
         return
     if not bool(torch.isfinite(x).all()):
         raise ValueError(f"{name} holds NaN or inf; quantized layers need finite inputs")
+
+
+def no_hooks(*modules) -> bool:
+    """Whether no forward hook (global, or on one of ``modules``) would run in a call: a fused call skips them.
+    (Runs in every eval layer call: plain loops, no generators.)"""
+    if _module._global_forward_hooks or _module._global_forward_pre_hooks:
+        return False
+    for module in modules:
+        if module._forward_hooks or module._forward_pre_hooks:
+            return False
+    return True

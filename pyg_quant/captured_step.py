@@ -21,7 +21,7 @@ What a step does, per call ``step(*inputs, target=...)``:
 
 Every graph writes the very tensors the eager step does (parameters, their ``.grad``,
 buffers, optimizer state), in place: the stored ranges of :mod:`pyg_quant.qat`'s observers
-move in place while a step of this class runs (:func:`~pyg_quant.qat.observers.ranges_in_place`).
+move in place while a step of this class runs (:func:`~pyg_quant.quantization.observers.ranges_in_place`).
 Before a replay the step checks that those tensors are still the captured ones; a
 ``.grad`` set to None by the caller (``optimizer.zero_grad()``) is given back, and any
 other change (``load_state_dict``, ``.to()``, a replaced buffer) drops every graph, so
@@ -64,8 +64,8 @@ from .distributed.data_parallel import capture_stream
 from .distributed.group import world_size
 from .distributed.ranges import syncing
 from .graph import cache as graph_cache
-from .qat.fake_quantize import RANGE_BUFFERS, FakeQuantize
-from .qat.observers import ranges_in_place
+from .quantization.fake_quantize import RANGE_BUFFERS, FakeQuantize
+from .quantization.observers import ranges_in_place
 
 _CONSTANTS = (bool, int, float, str, type(None))
 _SYNC_WARNING = "synchronizing CUDA operation"  # torch.cuda.set_sync_debug_mode("warn")'s message

@@ -127,7 +127,7 @@ def test_eager_steps_move_static_ranges_in_place():
     fq.train()
     fq(torch.randn(50, 3))  # the first batch sets the range (fresh tensors)
     lo = fq.observer.min_val
-    with qat.observers.ranges_in_place():
+    with pq.quantization.observers.ranges_in_place():
         fq(torch.randn(50, 3) + 1)
     assert fq.observer.min_val is lo  # same tensor, new values
     fresh = qat.FakeQuantize(4, "ema", dim=0).train()

@@ -319,7 +319,7 @@ def _synced_step_worker(rank, out):
     """Each static EMA / MSE quantizer (per tensor, column and row) fed three rank-specific batches twice: through its
     synced step in ``ema_range`` (the path that runs), and op by op (``Observer.forward``'s all-reduce and foreach
     steps, then ``fake_quantize``)."""
-    from pyg_quant.qat.observers import EMAMinMaxObserver
+    from pyg_quant.quantization.observers import EMAMinMaxObserver
     runs = {}
     for fused in (True, False):
         steps = [0]

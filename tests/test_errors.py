@@ -121,7 +121,7 @@ def test_compiled_quantize_ops_validate():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
 def test_check_finite_raises_for_nan_and_inf(bad, dtype):
     from pyg_quant._utils import check_finite
-    from pyg_quant.qat.observers import check_finite as qat_check_finite
+    from pyg_quant.quantization.observers import check_finite as qat_check_finite
     x = torch.randn(37, 19).to(dtype)
     x[20, 3] = bad
     for fn in (check_finite, qat_check_finite):

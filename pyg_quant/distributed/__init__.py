@@ -17,12 +17,28 @@ What a ``torchrun`` script (or Lightning's DDP strategy) gets once the process g
 Modules: :mod:`.group` (rank, world size, the collectives' device, seeds), :mod:`.ranges`, :mod:`.data_parallel`,
 :mod:`.sampler`, :mod:`.partition`, :mod:`.gather`, :mod:`.inference`.
 """
-from .data_parallel import ddp
-from .gather import all_gather_rows, gather_rows
-from .inference import sharded_inference
-from .ranges import local_ranges
-from .sampler import DistributedPartSampler
-from .group import rank_seed, seed_everything, world
+import importlib
 
-__all__ = ["DistributedPartSampler", "all_gather_rows", "ddp", "gather_rows", "local_ranges", "rank_seed",
-           "seed_everything", "sharded_inference", "world"]
+# Loaded when first asked for: the quantizers below nn and qat (pyg_quant.quantization) import .group and .ranges
+# without bringing in DDP, the sampler or the inference helpers.
+_EXPORTS = {"ddp": "data_parallel", "all_gather_rows": "gather", "gather_rows": "gather",
+            "sharded_inference": "inference", "local_ranges": "ranges", "DistributedPartSampler": "sampler",
+            "rank_seed": "group", "seed_everything": "group", "world": "group"}
+_MODULES = ("data_parallel", "gather", "group", "inference", "partition", "ranges", "sampler")
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    elif name in _MODULES:
+        value = importlib.import_module(f"{__name__}.{name}")
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS) | set(_MODULES))

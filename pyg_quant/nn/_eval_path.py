@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from .. import ops
-from .._utils import check_finite, is_compiling
+from .._utils import check_finite, is_compiling, no_hooks
 from ..bit_tensor import BitTensor
 from ..graph.bit_adjacency import BitAdjacency
 from ..graph.input_formats import bit_adjacency_csr, bit_adjacency_entries, residual_csr
@@ -41,7 +41,7 @@ from ..quantization.quantize import quantize, values_finite
 from .calibration import STATIC_RANGE
 from .explain import explaining
 from .call_plan import held_plan, kept, new_plan, tensor_slot
-from .quant_linear import QuantLinear, call_end, chain_args, fused_mlp_plan, no_hooks, runs_fused
+from .quant_linear import QuantLinear, call_end, chain_args, fused_mlp_plan, runs_fused
 
 
 def _mlp_chain(conv, container, width: int) -> Optional[tuple]:

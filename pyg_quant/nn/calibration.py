@@ -14,8 +14,10 @@ static post-training quantization, the ranges can instead be fixed in advance:
     # from here on, in eval(), the layers quantize with the ranges seen above
 
 Inside ``calibrate`` the layers run as before (dynamic ranges) and record each
-channel's minimum and maximum over every call; on leaving it, each layer keeps
-them as its ``static_range`` buffer (float32 ``[2, channels]``: minima, then
+channel's minimum and maximum over every call, with a per-channel ``"minmax"``
+observer (:class:`~pyg_quant.quantization.observers.MinMaxObserver`, the one QAT
+uses; each process records its own calls); on leaving it, each layer freezes
+the observer's range as its ``static_range`` buffer (float32 ``[2, channels]``: minima, then
 maxima; saved in the state dict).  Then, in ``eval()``, the layer quantizes
 with them: the bit kernels' GPU path computes the codes as its fused MLP kernel
 stores its output (:func:`pyg_quant.ops.quant_mlp_row_codes`), with no pass of its
@@ -39,14 +41,16 @@ from typing import Iterator, List, Optional
 import torch
 from torch import Tensor
 
+from ..distributed.ranges import local_ranges
 from ..quantization.fixed import FixedRanges
+from ..quantization.observers import MinMaxObserver
 
 STATIC_RANGE = "static_range"
 
 
 class StaticRange:
-    """The calibration state of a layer (a mixin of the conv layers): its ``static_range`` buffer, the running
-    extrema while :func:`calibrate` records, and the :class:`FixedRanges` made from the buffer (cached)."""
+    """The calibration state of a layer (a mixin of the conv layers): its ``static_range`` buffer, the min/max
+    observer while :func:`calibrate` records, and the :class:`FixedRanges` made from the buffer (cached)."""
 
     def _init_static_range(self) -> None:
         self.register_buffer(STATIC_RANGE, None)  # not in the state dict until calibrated
@@ -59,22 +63,19 @@ class StaticRange:
 
     def _observe(self, values: Tensor) -> None:
         """Record the per-channel extrema of ``values`` (2-D, channels last) while calibrating."""
-        seen = self.__dict__.get("_calibration")
-        if seen is None:
+        observer = self.__dict__.get("_calibration")
+        if observer is None:
             return
-        v = values.detach().to(torch.float32)
-        if v.dim() != 2:
+        if values.dim() != 2:
             raise ValueError(f"{type(self).__name__}: calibration needs 2-D node features, got shape "
                              f"{tuple(values.shape)}")
-        if v.size(0) == 0:
+        if values.numel() == 0:
             return
-        lo, hi = v.amin(0), v.amax(0)
-        if seen:
-            if seen[0].shape != lo.shape:
-                raise ValueError(f"{type(self).__name__}: calibration saw {seen[0].numel()} channels, then "
-                                 f"{lo.numel()}")
-            lo, hi = torch.minimum(seen[0], lo), torch.maximum(seen[1], hi)
-        seen[:] = [lo, hi]
+        if observer.initialized and observer.min_val.numel() != values.size(1):
+            raise ValueError(f"{type(self).__name__}: calibration saw {observer.min_val.numel()} channels, then "
+                             f"{values.size(1)}")
+        with local_ranges():
+            observer(values.detach().to(torch.float32))
 
     def _fixed_ranges(self) -> Optional[FixedRanges]:
         """The layer's calibrated ranges when they apply now (``eval()``, not calibrating), else None."""
@@ -145,13 +146,14 @@ def calibrate(module: torch.nn.Module) -> Iterator[torch.nn.Module]:
     layers = calibratable_layers(module)
     for layer in layers:
         layer.clear_static_range()
-        layer.__dict__["_calibration"] = []
+        layer.__dict__["_calibration"] = MinMaxObserver(dim=0)  # per channel
     try:
         yield module
     finally:
-        seen = [layer.__dict__["_calibration"] for layer in layers]
+        observers = [layer.__dict__["_calibration"] for layer in layers]
         for layer in layers:
             layer.__dict__["_calibration"] = None
+    seen = [observer.range() if observer.initialized else None for observer in observers]
     names = {id(m): n for n, m in module.named_modules()}
     for layer, extrema in zip(layers, seen):  # checked first: an error fixes nothing
         if extrema and not bool(torch.isfinite(extrema[0]).all() & torch.isfinite(extrema[1]).all()):

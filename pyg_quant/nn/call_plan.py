@@ -13,7 +13,7 @@ from typing import Callable, Iterable, NamedTuple, Optional, Tuple
 import torch
 from torch import Tensor
 
-from .quant_linear import no_hooks
+from .._utils import no_hooks
 
 
 class CallPlan(NamedTuple):

@@ -8,7 +8,7 @@ from torch import Tensor
 from torch_geometric.nn.dense.linear import Linear
 
 from .. import ops
-from .._utils import check_finite, is_compiling
+from .._utils import check_finite, is_compiling, no_hooks
 from ..bit_tensor import BitTensor
 from ..bitmm import bitmm_float
 from ..quantization.bits import UNSET, resolve_bits
@@ -346,18 +346,6 @@ def fused_mlp_plan(module) -> Optional[Tuple[Tuple[QuantLinear, ...], Tuple[bool
     return plan
 
 
-_module_module = torch.nn.modules.module  # holds the global hook tables
-
-
-def no_hooks(*modules) -> bool:
-    """Whether no forward hook (global, or on one of ``modules``) would run in a call: a fused call skips them.
-    (Runs in every eval layer call: plain loops, no generators.)"""
-    if _module_module._global_forward_hooks or _module_module._global_forward_pre_hooks:
-        return False
-    for module in modules:
-        if module._forward_hooks or module._forward_pre_hooks:
-            return False
-    return True
 
 
 def runs_fused(lin: "QuantLinear", x: Optional[Tensor], width: int) -> bool:

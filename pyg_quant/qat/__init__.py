@@ -1,6 +1,7 @@
 r"""Quantization-aware training for pyg_quant's bit-plane GNN layers.
 
-* :class:`FakeQuantize` with range observers (:mod:`.observers`: dynamic, min/max,
+* :class:`FakeQuantize` (:mod:`pyg_quant.quantization`, re-exported here, as are the observers) with range
+  observers (:mod:`pyg_quant.quantization.observers`: dynamic, min/max,
   EMA, percentile, MSE-optimal clipping, static or per tensor, or learned with the
   weights (LSQ+)): stochastic rounding in training (unbiased, seeded), nearest in
   evaluation, straight-through gradients zeroed outside the clipping range;
@@ -28,10 +29,10 @@ Typical use::
 """
 from .conv import QATGCNConv, QATGINConv
 from .degree_quant import protect_mask, protection_probability
-from .fake_quantize import FakeQuantize
 from .linear import QATLinear
 from .metrics import quantization_error, quantization_errors, recommend_bits
-from .observers import (OBSERVERS, DynamicMSEObserver, DynamicObserver, EMAMinMaxObserver, LearnedObserver,
+from ..quantization.fake_quantize import FakeQuantize
+from ..quantization.observers import (OBSERVERS, DynamicMSEObserver, DynamicObserver, EMAMinMaxObserver, LearnedObserver,
                         MinMaxObserver, MSEObserver, Observer, PercentileObserver, make_observer)
 from .prepare import convert, fake_quantizers, prepare, quantizable_layers
 from .qconfig import AGG_GRANULARITIES, CLUSTER_GCN_OBSERVERS, DYNAMIC_OBSERVERS, QConfig

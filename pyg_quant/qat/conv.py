@@ -56,7 +56,7 @@ from ..quantization.quantize import exact_values
 from .degree_quant import protect_mask
 from .eval_path import gcn_eval, gin_eval
 from .linear import QATLinear, _check_qconfig, observe_only, quantized_already
-from .observers import check_finite
+from ..quantization.observers import check_finite
 from .qconfig import QConfig
 
 

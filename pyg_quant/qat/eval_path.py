@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from .. import ops
-from .._utils import check_finite, is_compiling
+from .._utils import check_finite, is_compiling, no_hooks
 from ..bit_tensor import BitTensor, to_val
 from ..graph.bit_adjacency import BitAdjacency
 from ..graph.spmm import adjacency_args, gathered_codes
@@ -43,7 +43,7 @@ from ..nn.calibration import STATIC_RANGE
 from ..nn.call_plan import CallPlan, held_plan, new_plan, tensor_slot
 from ..nn.explain import explaining
 from ..nn.qgcn_conv import bit_adjacency_deg_inv_sqrt
-from ..nn.quant_linear import bit_kernels_apply, chain_args, no_hooks, runs_fused
+from ..nn.quant_linear import bit_kernels_apply, chain_args, runs_fused
 from ..ops.reference import ordered_keys
 from .linear import QATLinear
 

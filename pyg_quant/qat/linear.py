@@ -50,8 +50,8 @@ from ..bit_tensor import BitTensor, to_val
 from ..bitmm import bitmm
 from ..nn.quant_linear import QuantLinear, bit_kernels_apply, fused_codes, warn_weight_not_cached
 from ..quantization.quantize import exact_values, ranges_finite
-from .fake_quantize import FakeQuantize
-from .observers import check_finite
+from ..quantization.fake_quantize import FakeQuantize
+from ..quantization.observers import check_finite
 from .qconfig import QConfig
 
 

@@ -19,8 +19,8 @@ import torch
 
 from ..layout import check_bits
 from ..quantization.quantize import check_matrix
-from .fake_quantize import FakeQuantize
-from .observers import check_dim
+from ..quantization.fake_quantize import FakeQuantize
+from ..quantization.observers import check_dim
 
 
 def quantization_error(x: torch.Tensor, bits: int, dim: Optional[int] = None) -> float:

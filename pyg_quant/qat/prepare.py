@@ -34,7 +34,7 @@ from torch_geometric.nn.dense.linear import Linear as PyGLinear
 from ..nn import QGCNConv, QGINConv, QuantLinear
 from ..quantization.bits import UNSET, resolve_bits
 from .conv import QATGCNConv, QATGINConv
-from .fake_quantize import FakeQuantize
+from ..quantization.fake_quantize import FakeQuantize
 from .linear import QATLinear
 from .qconfig import QConfig
 

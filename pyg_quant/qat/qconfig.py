@@ -53,8 +53,8 @@ from dataclasses import dataclass, replace
 from typing import Optional, Tuple
 
 from ..quantization.bits import check_optional_bits
-from .fake_quantize import FakeQuantize, _check_seed
-from .observers import OBSERVERS
+from ..quantization.fake_quantize import FakeQuantize, check_seed
+from ..quantization.observers import OBSERVERS
 
 #: Observer kinds without stored ranges (every tensor quantized over a range of its own).
 DYNAMIC_OBSERVERS = ("dynamic", "dynamic_mse")
@@ -78,7 +78,7 @@ class QConfig:
         weight_observer (str): observer of the weights (per output channel).  ``"dynamic"``
             (default) is the current fp32 master weight's own range, ``"dynamic_mse"`` its
             MSE-optimal clipping range, ``"learned"`` a range trained with the weights (LSQ+,
-            :class:`~pyg_quant.qat.observers.LearnedObserver`; its weights are rounded to nearest in
+            :class:`~pyg_quant.quantization.observers.LearnedObserver`; its weights are rounded to nearest in
             training whatever ``stochastic`` says, and the range is frozen by ``convert``).
         input_observer (str): observer of Linear inputs: ``"dynamic"`` (per node min/max, default),
             ``"dynamic_mse"`` (per node, MSE-optimal clipping) or a static observer (then per tensor).
@@ -134,7 +134,7 @@ class QConfig:
                              f"got {self.input_observer!r}")
         if self.agg_granularity not in AGG_GRANULARITIES:
             raise ValueError(f"agg_granularity must be one of {AGG_GRANULARITIES}, got {self.agg_granularity!r}")
-        _check_seed(self.seed)
+        check_seed(self.seed)
         if self.degree_quant is not None:
             dq = self.degree_quant
             if (not isinstance(dq, (tuple, list)) or len(dq) != 2

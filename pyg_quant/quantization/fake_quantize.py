@@ -20,7 +20,7 @@ Gradient (straight-through estimator, zeroed where the value was clipped):
 .. math::
     \frac{\partial \tilde{x}}{\partial x} = \mathbb{1}[lo \le x \le hi].
 
-A ``"learned"`` range (:class:`~pyg_quant.qat.observers.LearnedObserver`, LSQ+) also gets
+A ``"learned"`` range (:class:`~pyg_quant.quantization.observers.LearnedObserver`, LSQ+) also gets
 gradients: with ``v = (x − lo)/s`` and ``q`` the code,
 
 .. math::
@@ -58,15 +58,15 @@ from .._utils import is_compiling
 from ..bit_tensor import BitTensor
 from ..distributed import group as _group, ranges as _ranks
 from ..layout import check_bits
-from ..quantization.affine import RANGE_VIEW, affine_params, affine_scale, collapse_narrow_range
-from ..quantization.quantize import check_matrix, exact_values
+from .affine import RANGE_VIEW, affine_params, affine_scale, collapse_narrow_range
+from .quantize import check_matrix, exact_values
 from .observers import OBSERVERS, DynamicObserver, Observer, check_dim, learned_step, make_observer
 
 #: The buffers that hold a copy of the range in use, written when read (see ``FakeQuantize._store_range``).
 RANGE_BUFFERS = ("lo", "scale")
 
 
-def _check_seed(seed) -> Optional[int]:
+def check_seed(seed) -> Optional[int]:
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
         raise ValueError(f"seed must be None or a non-negative int, got {seed!r}")
     return seed
@@ -169,7 +169,7 @@ class FakeQuantize(torch.nn.Module):
         self.observer = observer
         self.dim = observer.dim
         self.stochastic = stochastic
-        self.seed = _check_seed(seed)
+        self.seed = check_seed(seed)
         # Python mirrors of the two switches: reading a CUDA buffer in forward would sync the device.
         self._observe, self._fake = True, True
         self._range_moved = False  # the observer moved since lo / scale were written (see _store_range)

@@ -55,13 +55,12 @@ from typing import Iterator, Optional, Tuple
 import torch
 
 from .. import ops
-from .._utils import check_finite as _check_finite, is_compiling
+from .._utils import check_finite as _check_finite, is_compiling, no_hooks
 from ..distributed import ranges as _ranks
 from ..layout import check_bits
-from ..nn.quant_linear import no_hooks
-from ..quantization.affine import MIN_RANGE_WIDTH
-from ..quantization.quantize import check_matrix
-from ..quantization.ranges import (MSE_GRID, masked_mse_ranges, masked_tensor_range, mse_ranges, tensor_quantiles,
+from .affine import MIN_RANGE_WIDTH
+from .quantize import check_matrix
+from .ranges import (MSE_GRID, masked_mse_ranges, masked_tensor_range, mse_ranges, tensor_quantiles,
                                    tensor_range)
 
 OBSERVERS = ("dynamic", "minmax", "ema", "percentile", "mse", "dynamic_mse", "learned")
