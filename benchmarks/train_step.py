@@ -1,8 +1,10 @@
-"""Where a training step's time goes: PyG fp32 against pyg_quant QAT on one products-scale cluster batch.
+"""Where a training step's time goes: PyG fp32 against pyg_quant (QAT, and its layers) on one products-scale batch.
 
 One cluster batch of ``benchmarks/layers.py`` (32,000 nodes, ~1.27M edges; 100 input features,
 47 classes), the models of ``benchmarks/workload`` (GIN 3×64, GCN 3×16), one training step
-(forward, cross-entropy, backward, Adam) per variant:
+(forward, cross-entropy, backward, Adam) per variant: PyG fp32 on ``edge_index`` and in CSR, the model
+``qat.prepare``-d with each ``--agg-observers``, and the same model written with ``QGCNConv`` / ``QGINConv``
+(``bits`` set, no QAT: the layers' built-in quantizers) on ``edge_index``:
 
 * ``step ms``: median wall time of a step with a device synchronisation after it;
 * ``host ms``: median time for the Python call of a step to return, without synchronising
@@ -58,13 +60,36 @@ def make_model(kind: str, features: int, classes: int) -> Net:
     return Net([GINConv(gin_mlp(d[i], 64, d[i + 1], i == 2)) for i in range(3)], False)
 
 
+def make_q_layers(kind: str, features: int, classes: int, bits: int) -> Net:
+    """:func:`make_model` written with pyg_quant's layers at ``bits`` (their GIN MLPs' Linears quantized too)."""
+    if kind == "GCN":
+        d = [features, 16, 16, classes]
+        return Net([pq.QGCNConv(d[i], d[i + 1], bits=bits) for i in range(3)], True)
+    d = [features, 64, 64, classes]
+    return Net([pq.QGINConv(gin_mlp(d[i], 64, d[i + 1], i == 2), bits=bits) for i in range(3)], False)
+
+
+#: The variant whose model is :func:`make_q_layers`'s (no QAT config).
+Q_LAYERS = "layers"
+
+
 def variants(args):
     out = [("PyG fp32 edge_index", None), ("PyG fp32 CSR", None)]
     for observer in args.agg_observers:
         out.append((f"QAT {args.bits}-bit agg={observer}", dict(bits=args.bits, agg_observer=observer)))
     if args.cluster_gcn:
         out.append((f"QAT {args.bits}-bit CLUSTER_GCN", dict(bits=args.bits, **pq.qat.CLUSTER_GCN_OBSERVERS)))
+    out.append((f"pyg_quant {args.bits}-bit layers", Q_LAYERS))
     return out
+
+
+def build_model(kind: str, qat, args) -> torch.nn.Module:
+    """The model of one variant, in ``train()``, its weights from ``args.seed``."""
+    torch.manual_seed(args.seed)
+    if qat == Q_LAYERS:
+        return make_q_layers(kind, args.features, args.classes, args.bits).train()
+    model = make_model(kind, args.features, args.classes)
+    return (pq.qat.prepare(model, **qat) if qat is not None else model).train()
 
 
 #: Operators whose output size depends on the data: on a GPU each waits for the device (a host sync).
@@ -120,11 +145,7 @@ def count_ops(args):
     print(f"pyg_quant from {os.path.dirname(pq.__file__)}")
     for kind in args.models:
         for label, qat in variants(args):
-            torch.manual_seed(args.seed)
-            model = make_model(kind, args.features, args.classes)
-            if qat is not None:
-                model = pq.qat.prepare(model, **qat)
-            model.train()
+            model = build_model(kind, qat, args)
             opt = torch.optim.Adam(model.parameters(), lr=1e-3)
             adj = adj_t if "CSR" in label else edge_index
             counter, losses = OpCounter(), []
@@ -194,14 +215,8 @@ def run(args):
     rows = []
     for kind in args.models:
         for label, qat in variants(args):
-            torch.manual_seed(args.seed)
-            model = make_model(kind, args.features, args.classes).to(device)
+            model = build_model(kind, qat, args).to(device)
             adj = adj_t if "CSR" in label else edge_index
-            if "CSR" in label and kind == "GCN":
-                model = make_model(kind, args.features, args.classes).to(device)
-            if qat is not None:
-                model = pq.qat.prepare(model, **qat)
-            model.train()
             opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 
             def step():
