@@ -346,8 +346,6 @@ def fused_mlp_plan(module) -> Optional[Tuple[Tuple[QuantLinear, ...], Tuple[bool
     return plan
 
 
-
-
 def runs_fused(lin: "QuantLinear", x: Optional[Tensor], width: int) -> bool:
     """Whether ``lin`` takes a fused ``quant_mlp`` layer on ``x`` (``width`` columns; None: an input without a
     gradient) now: eval without a gradient asked for, float32 weight, the kernel's widths."""
