@@ -34,6 +34,7 @@ import os
 import statistics
 import sys
 import time
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -52,24 +53,19 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch_geometric.nn import GCNConv, GINConv  # noqa: E402
 
 
-def make_model(kind: str, features: int, classes: int) -> Net:
+def make_model(kind: str, features: int, classes: int, bits: Optional[int] = None) -> Net:
+    """PyG's GCN / GIN, or with ``bits`` the same model written with pyg_quant's layers at that width (their GIN
+    MLPs' Linears quantized too)."""
     if kind == "GCN":
         d = [features, 16, 16, classes]
-        return Net([GCNConv(d[i], d[i + 1]) for i in range(3)], True)
+        conv = GCNConv if bits is None else (lambda a, b: pq.QGCNConv(a, b, bits=bits))
+        return Net([conv(d[i], d[i + 1]) for i in range(3)], True)
     d = [features, 64, 64, classes]
-    return Net([GINConv(gin_mlp(d[i], 64, d[i + 1], i == 2)) for i in range(3)], False)
+    conv = GINConv if bits is None else (lambda nn: pq.QGINConv(nn, bits=bits))
+    return Net([conv(gin_mlp(d[i], 64, d[i + 1], i == 2)) for i in range(3)], False)
 
 
-def make_q_layers(kind: str, features: int, classes: int, bits: int) -> Net:
-    """:func:`make_model` written with pyg_quant's layers at ``bits`` (their GIN MLPs' Linears quantized too)."""
-    if kind == "GCN":
-        d = [features, 16, 16, classes]
-        return Net([pq.QGCNConv(d[i], d[i + 1], bits=bits) for i in range(3)], True)
-    d = [features, 64, 64, classes]
-    return Net([pq.QGINConv(gin_mlp(d[i], 64, d[i + 1], i == 2), bits=bits) for i in range(3)], False)
-
-
-#: The variant whose model is :func:`make_q_layers`'s (no QAT config).
+#: The variant whose model is :func:`make_model`'s with ``bits`` (no QAT config).
 Q_LAYERS = "layers"
 
 
@@ -87,7 +83,7 @@ def build_model(kind: str, qat, args) -> torch.nn.Module:
     """The model of one variant, in ``train()``, its weights from ``args.seed``."""
     torch.manual_seed(args.seed)
     if qat == Q_LAYERS:
-        return make_q_layers(kind, args.features, args.classes, args.bits).train()
+        return make_model(kind, args.features, args.classes, args.bits).train()
     model = make_model(kind, args.features, args.classes)
     return (pq.qat.prepare(model, **qat) if qat is not None else model).train()
 

@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <mutex>
 #include <vector>
 
@@ -205,15 +204,13 @@ struct RowCodes {
 };
 
 // Row r of `in` as bytes at dst (the first `cols` codes; with `shift`, each less 128); returns the row's code sum.
-// Codes held as bytes take dst nullptr when they are not shifted: then only their sum is made.
+// Codes held as bytes are written to dst only when shifted (unshifted, the GEMM reads them in place).
 int64_t unpack_row(const RowCodes& in, int64_t r, int64_t cols, int8_t* dst, bool shift, bool avx512, bool avx2) {
   uint8_t* out = reinterpret_cast<uint8_t*>(dst);
   if (in.bytes != nullptr) {
     const uint8_t* row = in.bytes + r * cols;
     if (shift) {
       for (int64_t c = 0; c < cols; ++c) out[c] = static_cast<uint8_t>(row[c] ^ 0x80u);
-    } else if (out != nullptr) {
-      std::memcpy(out, row, cols);
     }
     return byte_sum(row, cols);
   }

@@ -32,8 +32,9 @@ from .degree_quant import protect_mask, protection_probability
 from .linear import QATLinear
 from .metrics import quantization_error, quantization_errors, recommend_bits
 from ..quantization.fake_quantize import FakeQuantize
-from ..quantization.observers import (OBSERVERS, DynamicMSEObserver, DynamicObserver, EMAMinMaxObserver, LearnedObserver,
-                        MinMaxObserver, MSEObserver, Observer, PercentileObserver, make_observer)
+from ..quantization.observers import (OBSERVERS, DynamicMSEObserver, DynamicObserver, EMAMinMaxObserver,
+                                      LearnedObserver, MinMaxObserver, MSEObserver, Observer, PercentileObserver,
+                                      make_observer)
 from .prepare import convert, fake_quantizers, prepare, quantizable_layers
 from .qconfig import AGG_GRANULARITIES, CLUSTER_GCN_OBSERVERS, DYNAMIC_OBSERVERS, QConfig
 
