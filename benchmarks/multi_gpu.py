@@ -51,9 +51,10 @@ Inference (``infer`` rows): ``eval()`` under ``torch.inference_mode()``; ``pyg_q
 GPU once: ``BitTensor`` features and ``BitAdjacency``), ``PyG fp32 CSR`` (as in training) and, on the GPU,
 ``pyg_quant 4-bit compile RO`` (``torch.compile(mode="reduce-overhead")``, compiled and recorded in untimed
 passes).  Rank ``r`` runs batches ``r, r + R, ...`` (75 = 38 + 37, as ``pyg_quant.distributed.sharded_inference``
-shares them), copies each output into its rows, then the outputs are all-gathered
-(``pyg_quant.distributed.all_gather_rows``) and rank 0 puts them in node order (the row order of the workload's
-batch-major feature matrix: batch b's nodes at rows ``b·32000 ...``); one GPU does the same copy into node order.
+shares them), copies each output into its rows, then the batch ids and the outputs go to rank 0
+(``pyg_quant.distributed.gather_rows``, as ``sharded_inference(..., dst=0)``) and rank 0 puts them in node order
+(the row order of the workload's batch-major feature matrix: batch b's nodes at rows ``b·32000 ...``); one GPU
+does the same copy into node order.
 Each 2-GPU output is compared with the 1-GPU one (``max_abs_diff_vs_1gpu``).
 
 Timing: one epoch is the wall time between two synchronisations of every rank in the configuration (an
@@ -61,7 +62,8 @@ all-reduce of one element on the default group, then ``torch.cuda.synchronize()`
 until its slower rank is done and includes the gradient all-reduces (training) or the gather (inference);
 before any configuration, two untimed QAT epochs on 1 GPU and on all (``warm_up``); then per configuration
 ``--warmup`` epochs, and the median of ``--reps`` (training) / ``--infer-reps`` (inference) epochs.
-Inference rows also give each rank's busy time (its batches, before the gather).  The default CUDA stream.
+Inference rows also give each rank's busy time (its batches, before the gather); their epochs on 1 GPU and on every GPU
+are interleaved (one of each in turn, the median of each over the rounds).  The default CUDA stream.
 Each rank runs on its own share of the CPUs, whole physical cores (``rank_cpus``; ``--no-bind-cpus`` leaves them
 all to every rank): the eager loops are bound by host time, and a rank whose thread waits for a core runs its
 batches slower.
@@ -179,24 +181,33 @@ class Bench:
         if self.cuda:
             torch.cuda.synchronize(self.device)
 
-    def measure(self, epoch, size: int, reps: int, warmup: int) -> dict:
-        for _ in range(warmup):
-            epoch()
-        times, busy = [], []
-        for _ in range(reps):
-            self.sync(size)
-            t0 = time.perf_counter()
-            done = epoch()  # inference: when this rank's batches were done (before the gather)
-            self.sync(size)
-            times.append((time.perf_counter() - t0) * 1e3)
-            if done is not None:
-                busy.append((done - t0) * 1e3)
+    def time_epoch(self, epoch, size: int):
+        """``(ms, busy ms)`` of one ``epoch()`` between two syncs of the configuration's ranks (busy: until this
+        rank's batches were done, before the gather; None for a training epoch)."""
+        self.sync(size)
+        t0 = time.perf_counter()
+        done = epoch()
+        self.sync(size)
+        return (time.perf_counter() - t0) * 1e3, None if done is None else (done - t0) * 1e3
+
+    def timing(self, times, busy, size: int, reps: int, warmup: int) -> dict:
         out = dict(median_ms=statistics.median(times), times_ms=[round(t, 3) for t in times], reps=reps,
                    warmup=warmup)
         if busy:
             out["busy_ms_by_rank"] = [round(statistics.median(b), 3) for b in self.gather_objects(busy)[:size]] \
                 if size > 1 else [round(statistics.median(busy), 3)]
         return out
+
+    def measure(self, epoch, size: int, reps: int, warmup: int) -> dict:
+        for _ in range(warmup):
+            epoch()
+        times, busy = [], []
+        for _ in range(reps):
+            ms, busy_ms = self.time_epoch(epoch, size)
+            times.append(ms)
+            if busy_ms is not None:
+                busy.append(busy_ms)
+        return self.timing(times, busy, size, reps, warmup)
 
     # --- build ---
     def build(self) -> None:
@@ -356,7 +367,10 @@ class Bench:
             inputs = workload.pyg_inputs(self.data, kind, "CSR", "fp32", self.device).resident
         return model.to(self.device).eval(), inputs
 
-    def infer(self, kind: str, variant: str, size: int) -> dict:
+    def infer_epoch(self, kind: str, variant: str, size: int):
+        """``(epoch, finish)`` of an inference configuration: ``epoch()`` runs one epoch and returns when this
+        rank's batches were done; ``finish()`` the row's fields besides the timing (batch counts, the output
+        compared with the 1-GPU one).  Raises Skip (agreed by the ranks) where the model cannot be built."""
         args, data, dev = self.args, self.data, self.device
         n, nb, rank = data.n, data.nb, self.rank
         compiled = variant.endswith("compile RO")
@@ -387,36 +401,41 @@ class Bench:
             classes = args.classes
             local = torch.empty(len(share) * n, classes, device=dev)
             full = torch.empty(nb * n, classes, device=dev) if self.lead else None
-            rows = torch.cat([torch.arange(b * n, (b + 1) * n, device=dev)
-                              for r in range(size) for b in infer_share(nb, r, size)])
+            offsets = torch.arange(n, device=dev)
+            batch_ids = torch.tensor(share, dtype=torch.int64, device=dev)
 
-            def epoch():
+        def epoch():
+            with context():
                 for j, b in enumerate(share):
                     mark()
                     local[j * n:(j + 1) * n].copy_(forward(*inputs[b]))
                 if self.cuda:
                     torch.cuda.synchronize(dev)
                 done = time.perf_counter()
-                pieces = [local] if size == 1 else pqd.all_gather_rows(local)
-                if self.lead:
-                    full.index_copy_(0, rows, torch.cat(pieces))
-                return done
+                ids, mine = [batch_ids], [local]
+                if size > 1:  # to rank 0 (sharded_inference(..., dst=0)): the batch ids and the rows
+                    got = pqd.gather_rows([ids[0], mine[0]], 0)
+                    ids, mine = got if got is not None else (ids, mine)
+                if self.lead:  # each rank's rows into place, as sharded_inference puts them
+                    for rank_ids, rows in zip(ids, mine):
+                        full.index_copy_(0, (rank_ids.view(-1, 1) * n + offsets).view(-1), rows)
+            return done
 
-            result = self.measure(epoch, size, args.infer_reps, args.warmup)
-        result.update(compile_info, grad_mode=grad_mode, batches_per_rank=[len(infer_share(nb, r, size))
-                                                                           for r in range(size)],
-                      ideal_speedup=nb / len(infer_share(nb, 0, size)))
-        if self.lead:
-            ref_key = (kind, variant.replace(" compile RO", ""))
-            if size == 1 and not compiled:
-                self.ref_out[ref_key] = full
-            elif ref_key in self.ref_out:
-                ref = self.ref_out[ref_key]
-                result["max_abs_diff_vs_1gpu"] = float((full - ref).abs().max())
-                result["equal_to_1gpu"] = bool(torch.equal(full, ref))
-        del local, full
-        self.release()
-        return result
+        def finish() -> dict:
+            result = dict(compile_info, grad_mode=grad_mode, batches_per_rank=[len(infer_share(nb, r, size))
+                                                                               for r in range(size)],
+                          ideal_speedup=nb / len(infer_share(nb, 0, size)))
+            if self.lead:
+                ref_key = (kind, variant.replace(" compile RO", ""))
+                if size == 1 and not compiled:
+                    self.ref_out[ref_key] = full
+                elif ref_key in self.ref_out:
+                    ref = self.ref_out[ref_key]
+                    result["max_abs_diff_vs_1gpu"] = float((full - ref).abs().max())
+                    result["equal_to_1gpu"] = bool(torch.equal(full, ref))
+            return result
+
+        return epoch, finish
 
     def compile_ro(self, compiled, inputs):
         """Compiles and records ``compiled`` on this rank's batches of a 2-rank share and of one rank (untimed, local:
@@ -463,6 +482,10 @@ class Bench:
                     raise  # a rank may have left a collective waiting: the job ends with this error
                 row["error"] = self.rec.error(f"{row['section']} {row['model']} {row['variant']} {row['world']}", e)
         self.wait()
+        self.report(row)
+
+    def report(self, row) -> None:
+        """Rank 0 logs ``row``, updates the summary and saves the record."""
         if self.lead:
             if "median_ms" in row:
                 extra = f" loss {row['loss_per_epoch'][-1]:.4f}, test acc {row['test_acc']:.4f}" \
@@ -486,11 +509,40 @@ class Bench:
             self.run_mode(row, size, lambda: self.train(kind, variant, path, size, ddp, self.args.seed))
 
     def infer_config(self, kind, variant, need_s) -> None:
+        """Inference on 1 GPU and on every GPU, their epochs interleaved: round by round one epoch of each in turn, the
+        median of each over the rounds (the lent hosts' speed drifts within seconds; interleaved, a slow stretch costs
+        both configurations alike, where measured one after the other it would fall on one of them)."""
         if not self.decide(f"infer {kind} {variant}", need_s):
             return
-        for size in sorted({1, self.world}):
-            row = self.row(section="infer", model=kind, variant=variant, path="resident", world=str(size))
-            self.run_mode(row, size, lambda: self.infer(kind, variant, size))
+        args = self.args
+        configs = sorted({1, self.world})
+        rows, epochs = {}, {}
+        for size in configs:
+            rows[size] = self.row(section="infer", model=kind, variant=variant, path="resident", world=str(size),
+                                  rounds="interleaved")
+            if self.rank < size:
+                try:
+                    epochs[size] = self.infer_epoch(kind, variant, size)
+                except Skip as e:
+                    rows[size]["error"] = str(e)
+            self.wait()
+        times = {cfg: [] for cfg in configs}
+        busy = {cfg: [] for cfg in configs}
+        for round_ in range(args.warmup + args.infer_reps):
+            for cfg in configs:  # every rank waits after each configuration, whether it ran it or not
+                if cfg in epochs:
+                    ms, busy_ms = self.time_epoch(epochs[cfg][0], cfg)
+                    if round_ >= args.warmup:
+                        times[cfg].append(ms)
+                        busy[cfg].append(busy_ms)
+                self.wait()
+        for cfg in configs:
+            if cfg in epochs:
+                rows[cfg].update(self.timing(times[cfg], busy[cfg], cfg, args.infer_reps, args.warmup))
+                rows[cfg].update(epochs[cfg][1]())
+            self.wait()
+            self.report(rows[cfg])
+        epochs.clear()
         self.eager.pop((kind, variant), None)
         self.release()
 

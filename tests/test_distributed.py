@@ -547,17 +547,32 @@ def test_sharded_inference_gathers_every_node_in_order(parts, graph, tmp_path, c
 
 def _gather_worker(rank, out):
     rows = torch.arange(3 * rank, dtype=torch.float32).view(-1, 1).repeat(1, 2) if rank else torch.empty(0, 5)
-    torch.save((pqd.all_gather_rows(rows), pqd.gather_rows(rows, 1)), f"{out}_{rank}.pt")
+    ids = torch.arange(4 + rank, dtype=torch.int64) * 10 + rank
+    torch.save((pqd.all_gather_rows(rows), pqd.gather_rows(rows, 1), pqd.all_gather_rows([ids, rows]),
+                pqd.gather_rows((ids,), 0)), f"{out}_{rank}.pt")
 
 
-def test_all_gather_rows_pads_and_trims(tmp_path):
-    """Every rank gets every piece (all_gather_rows), or rank 1 only (gather_rows to rank 1)."""
+def test_all_gather_rows_gathers_uneven_pieces(tmp_path):
+    """Every rank gets every piece (all_gather_rows), or rank 1 only (gather_rows to rank 1); several tensors at
+    once."""
     run_ranks(_gather_worker, tmp_path, str(tmp_path / "gather"))
-    (first, first_to_1), (second, second_to_1) = saved(tmp_path, "gather")
-    assert first_to_1 is None
-    for pieces in (first, second, second_to_1):
-        assert [tuple(p.shape) for p in pieces] == [(0, 2), (3, 2)]
+    (first, first_to_1, first_many, first_ids), (second, second_to_1, second_many, second_ids) = saved(tmp_path,
+                                                                                                     "gather")
+    assert first_to_1 is None and second_ids is None
+    for pieces in (first, second, second_to_1, first_many[1], second_many[1]):
+        assert [tuple(p.shape) for p in pieces] == [(0, 2), (3, 2)] and pieces[0].dtype == torch.float32
         assert torch.equal(pieces[1][:, 0], torch.arange(3.0))
+    expected_ids = [torch.arange(4) * 10, torch.arange(5) * 10 + 1]
+    for pieces in (first_many[0], second_many[0], first_ids[0]):
+        assert len(pieces) == 2 and all(torch.equal(p, e) for p, e in zip(pieces, expected_ids))
+
+
+def test_gather_rows_checks_its_arguments():
+    with pytest.raises(TypeError, match="tensor must be"):
+        pqd.all_gather_rows([torch.zeros(2), "rows"])
+    with pytest.raises(ValueError, match="dimensions"):
+        pqd.all_gather_rows(torch.zeros(()))
+    assert pqd.all_gather_rows(torch.ones(2))[0].tolist() == [1.0, 1.0]  # one process: the tensor itself
 
 
 # --- failures -------------------------------------------------------------------------------------------

@@ -4,8 +4,8 @@ The batches are the loader's own unshuffled ones (its non-empty parts in id orde
 at a time: what ``QuantClusterLoader(..., shuffle=False)`` yields in one process), and rank ``r``
 takes batches ``r, r + R, ...``.  A batch gives the same outputs whichever rank runs it, so the
 gathered ``[N, C]`` output equals the one-process loop's over the same loader.  Ranks differ by at
-most one batch: nothing communicates until the final gather (two padded all-gathers,
-:func:`~pyg_quant.distributed.gather.all_gather_rows`: the node ids and the rows).
+most one batch: nothing communicates until the final gather of the node ids and the rows
+(:func:`~pyg_quant.distributed.gather.all_gather_rows`: each rank's rows sent as they are).
 
 A model wrapped in ``DistributedDataParallel`` is run as its ``.module``: DDP's forward
 broadcasts buffers, a collective the ranks' unequal batch counts would leave waiting.
@@ -100,19 +100,21 @@ def sharded_inference(model: torch.nn.Module, loader, *, forward: Optional[Calla
     else:  # more ranks than batches: this rank sends nothing (the gather takes the others' shape and dtype)
         local_out = torch.empty(0, 1, device=device)
         local_ids = torch.empty(0, dtype=torch.int64, device=device)
-    if dst is None:
-        all_ids, all_out = torch.cat(all_gather_rows(local_ids)), torch.cat(all_gather_rows(local_out))
-    else:  # only dst receives the rows
-        ids_pieces, out_pieces = gather_rows(local_ids, dst), gather_rows(local_out, dst)
-        if rank != dst:
-            return None
-        all_ids, all_out = torch.cat(ids_pieces), torch.cat(out_pieces)
+    # the node ids and the rows in one exchange of shapes; with dst, only that rank receives them
+    pieces = all_gather_rows([local_ids, local_out]) if dst is None else gather_rows([local_ids, local_out], dst)
+    if pieces is None:
+        return None
+    ids_pieces, out_pieces = pieces
+    all_ids = torch.cat(ids_pieces)
     num_nodes = int(loader.cluster_data.data.num_nodes)
     seen = torch.zeros(num_nodes, dtype=torch.int64, device=all_ids.device)
     seen.index_add_(0, all_ids, torch.ones_like(all_ids))
     if not bool((seen == 1).all()):
         raise RuntimeError(f"sharded_inference: {int((seen == 0).sum())} nodes got no output and "
                            f"{int((seen > 1).sum())} more than one; the loader's parts must cover each node once")
-    full = all_out.new_empty((num_nodes,) + tuple(all_out.shape[1:]))
-    full[all_ids.to(full.device)] = all_out
+    filled = [out for out in out_pieces if out.numel()] or out_pieces
+    full = filled[0].new_empty((num_nodes,) + tuple(filled[0].shape[1:]))
+    for ids, out in zip(ids_pieces, out_pieces):  # each rank's rows into place (no concatenated copy of them all)
+        if ids.numel():
+            full[ids.to(full.device)] = out
     return full
