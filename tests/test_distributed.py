@@ -572,6 +572,10 @@ def test_gather_rows_checks_its_arguments():
         pqd.all_gather_rows([torch.zeros(2), "rows"])
     with pytest.raises(ValueError, match="dimensions"):
         pqd.all_gather_rows(torch.zeros(()))
+    with pytest.raises(TypeError, match="tensors must be"):
+        pqd.gather_rows({"rows": torch.zeros(2)}, 0)
+    with pytest.raises(ValueError, match="at least one"):
+        pqd.all_gather_rows([])
     assert pqd.all_gather_rows(torch.ones(2))[0].tolist() == [1.0, 1.0]  # one process: the tensor itself
 
 

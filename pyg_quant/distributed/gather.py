@@ -70,8 +70,12 @@ def _piece_spec(metas: torch.Tensor, dims: int):
 
 def _gather_rows(tensors: Tensors, dst: Optional[int]):
     single = isinstance(tensors, torch.Tensor)
+    if not single and not isinstance(tensors, (list, tuple)):
+        raise TypeError(f"tensors must be a Tensor or a list or tuple of Tensors, got {type(tensors).__name__}")
     items = [tensors] if single else list(tensors)
-    metas = torch.stack([_meta(t) for t in items]) if items else torch.empty(0, 2 + _MAX_DIMS, dtype=torch.int64)
+    if not items:
+        raise ValueError("tensors must hold at least one tensor")
+    metas = torch.stack([_meta(t) for t in items])
     rank, size = world()
     if size == 1:
         out = [[t] for t in items]
