@@ -60,10 +60,12 @@ Each 2-GPU output is compared with the 1-GPU one (``max_abs_diff_vs_1gpu``).
 Timing: one epoch is the wall time between two synchronisations of every rank in the configuration (an
 all-reduce of one element on the default group, then ``torch.cuda.synchronize()``), so a 2-GPU epoch lasts
 until its slower rank is done and includes the gradient all-reduces (training) or the gather (inference);
-before any configuration, two untimed QAT epochs on 1 GPU and on all (``warm_up``); then per configuration
-``--warmup`` epochs, and the median of ``--reps`` (training) / ``--infer-reps`` (inference) epochs.
-Inference rows also give each rank's busy time (its batches, before the gather); their epochs on 1 GPU and on every GPU
-are interleaved (one of each in turn, the median of each over the rounds).  The default CUDA stream.
+before any configuration, two untimed QAT epochs on 1 GPU and on all (``warm_up``); then per variant its
+configurations (1 GPU, 1 GPU under DDP, every GPU) interleaved: round by round one epoch of each in turn (each
+training configuration drawing its noise from its own generator states), ``--warmup`` rounds (two for captured steps),
+then the median of each over ``--reps`` (training) / ``--infer-reps`` (inference) rounds: the lent hosts' speed
+drifts within seconds, and measured one after the other a slow stretch would fall on one side of a ratio.
+Inference rows also give each rank's busy time (its batches, before the gather).  The default CUDA stream.
 Each rank runs on its own share of the CPUs, whole physical cores (``rank_cpus``; ``--no-bind-cpus`` leaves them
 all to every rank): the eager loops are bound by host time, and a rank whose thread waits for a core runs its
 batches slower.
@@ -255,6 +257,21 @@ class Bench:
 
     # --- training ---
     def train(self, kind: str, variant: str, path: str, size: int, ddp: bool, seed: int, epochs=None) -> dict:
+        """One training configuration on its own: ``epochs`` untimed epochs, or warm-up and timed ones."""
+        epoch, finish, warmup = self.train_epoch(kind, variant, path, size, ddp, seed)
+        if epochs is None:
+            result = self.measure(epoch, size, self.args.reps, warmup)
+        else:
+            for _ in range(epochs):
+                epoch()
+            result = {}
+        result.update(finish())
+        return result
+
+    def train_epoch(self, kind: str, variant: str, path: str, size: int, ddp: bool, seed: int):
+        """``(epoch, finish, warm-up epochs)`` of a training configuration: ``epoch()`` runs one epoch (a single
+        process's observers record their own batches), ``finish()`` the row's fields besides the timing (the loss of
+        every epoch over all ranks, the accuracy) and frees the model."""
         args, data, dev = self.args, self.data, self.device
         qat = variant.startswith("QAT")
         adjacency = "edge_index" if qat else "CSR"
@@ -310,29 +327,39 @@ class Bench:
             losses.append(total)  # read after the timed epochs: no host sync inside an epoch from the script
 
         # One process's observers record their own batches (the default group holds every rank, idle here).
-        local = pqd.local_ranges() if size == 1 else contextlib.nullcontext()
-        with local:
-            if epochs is None:
-                result = self.measure(epoch, size, args.reps, max(args.warmup, 2) if captured else args.warmup)
-            else:
-                for _ in range(epochs):
-                    epoch()
-                result = {}
-        # Mean loss of each epoch over every rank's steps (rank 1's padded step counted as it ran).
-        sums = torch.stack(losses).double()
-        if size > 1:
-            sums = sums.to(pqd.group.collective_device())
-            dist.all_reduce(sums)
-        result["loss_per_epoch"] = [round(float(v), 5) for v in (sums / (len(share) * size)).cpu()]
-        result.update(self.accuracy(model, kind, adjacency, size))
-        if captured:
-            result.update(graphs=captured_step.num_graphs, capture_disabled=captured_step.disabled_reason)
-        result.update(steps_per_rank=len(share), batches_per_rank=[len(train_share(data.nb, r, size))
-                                                                     for r in range(size)],
-                      ideal_speedup=data.nb / len(share))
-        del net, opt, model
-        self.release()
-        return result
+        local = pqd.local_ranges if size == 1 else contextlib.nullcontext
+        # Each configuration draws its own noise from where its seeding left it, whichever ran between its epochs.
+        rng = [torch.get_rng_state(), torch.cuda.get_rng_state(dev) if self.cuda else None]
+
+        def run_epoch():
+            torch.set_rng_state(rng[0])
+            if self.cuda:
+                torch.cuda.set_rng_state(rng[1], dev)
+            with local():
+                epoch()
+            rng[0] = torch.get_rng_state()
+            if self.cuda:
+                rng[1] = torch.cuda.get_rng_state(dev)
+
+        def finish() -> dict:
+            nonlocal net, opt, model
+            # Mean loss of each epoch over every rank's steps (rank 1's padded step counted as it ran).
+            sums = torch.stack(losses).double()
+            if size > 1:
+                sums = sums.to(pqd.group.collective_device())
+                dist.all_reduce(sums)
+            result = dict(loss_per_epoch=[round(float(v), 5) for v in (sums / (len(share) * size)).cpu()])
+            result.update(self.accuracy(model, kind, adjacency, size))
+            if captured:
+                result.update(graphs=captured_step.num_graphs, capture_disabled=captured_step.disabled_reason)
+            result.update(steps_per_rank=len(share), batches_per_rank=[len(train_share(data.nb, r, size))
+                                                                         for r in range(size)],
+                          ideal_speedup=data.nb / len(share))
+            net = opt = model = None
+            self.release()
+            return result
+
+        return run_epoch, finish, max(args.warmup, 2) if captured else args.warmup
 
     @torch.no_grad()
     def accuracy(self, model, kind: str, adjacency: str, size: int) -> dict:
@@ -500,50 +527,82 @@ class Bench:
             self.rec.save()
 
     def train_config(self, kind, variant, path, need_s) -> None:
+        """Training on 1 GPU (and on 1 GPU under DDP with ``--ddp1``) and on every GPU, interleaved
+        (:meth:`interleaved`)."""
         if not self.decide(f"train {kind} {variant} {path}", need_s):
             return
         modes = [(1, False)] + ([(1, True)] if self.args.ddp1 else []) + ([(self.world, True)] if self.world > 1 else [])
-        for size, ddp in modes:
-            row = self.row(section="train", model=kind, variant=variant, path=path,
-                           world=f"{size}{' DDP' if ddp and size == 1 else ''}", ddp=ddp)
-            self.run_mode(row, size, lambda: self.train(kind, variant, path, size, ddp, self.args.seed))
+        rows = {mode: self.row(section="train", model=kind, variant=variant, path=path, rounds="interleaved",
+                               world=f"{mode[0]}{' DDP' if mode[1] and mode[0] == 1 else ''}", ddp=mode[1])
+                for mode in modes}
+        self.interleaved(rows, lambda mode: self.train_epoch(kind, variant, path, *mode, self.args.seed),
+                         self.args.reps)
 
     def infer_config(self, kind, variant, need_s) -> None:
-        """Inference on 1 GPU and on every GPU, their epochs interleaved: round by round one epoch of each in turn, the
-        median of each over the rounds (the lent hosts' speed drifts within seconds; interleaved, a slow stretch costs
-        both configurations alike, where measured one after the other it would fall on one of them)."""
+        """Inference on 1 GPU and on every GPU, their epochs interleaved (:meth:`interleaved`)."""
         if not self.decide(f"infer {kind} {variant}", need_s):
             return
-        args = self.args
-        configs = sorted({1, self.world})
-        rows, epochs = {}, {}
-        for size in configs:
-            rows[size] = self.row(section="infer", model=kind, variant=variant, path="resident", world=str(size),
-                                  rounds="interleaved")
-            if self.rank < size:
-                try:
-                    epochs[size] = self.infer_epoch(kind, variant, size)
-                except Skip as e:
-                    rows[size]["error"] = str(e)
-            self.wait()
-        times = {cfg: [] for cfg in configs}
-        busy = {cfg: [] for cfg in configs}
-        for round_ in range(args.warmup + args.infer_reps):
-            for cfg in configs:  # every rank waits after each configuration, whether it ran it or not
-                if cfg in epochs:
-                    ms, busy_ms = self.time_epoch(epochs[cfg][0], cfg)
-                    if round_ >= args.warmup:
-                        times[cfg].append(ms)
-                        busy[cfg].append(busy_ms)
-                self.wait()
-        for cfg in configs:
-            if cfg in epochs:
-                rows[cfg].update(self.timing(times[cfg], busy[cfg], cfg, args.infer_reps, args.warmup))
-                rows[cfg].update(epochs[cfg][1]())
-            self.wait()
-            self.report(rows[cfg])
-        epochs.clear()
+        rows = {size: self.row(section="infer", model=kind, variant=variant, path="resident", world=str(size),
+                               rounds="interleaved") for size in sorted({1, self.world})}
+        self.interleaved(rows, lambda size: self.infer_epoch(kind, variant, size) + (self.args.warmup,),
+                         self.args.infer_reps)
         self.eager.pop((kind, variant), None)
+        self.release()
+
+    def interleaved(self, rows: dict, setup, reps: int) -> None:
+        """Times the configurations ``rows`` holds (``mode``: a world size, or ``(size, ddp)``; value: its row)
+        interleaved: ``setup(mode)`` gives ``(epoch, finish, warm-up epochs)`` on the ranks that run it; then round
+        by round one epoch of each configuration in turn (the lent hosts' speed drifts within seconds; interleaved, a
+        slow stretch costs every configuration alike, where measured one after the other it would fall on one of
+        them), the median of each over ``reps`` rounds after the warm-up ones; then each row gets ``finish()``."""
+        def size_of(mode):
+            return mode if isinstance(mode, int) else mode[0]
+
+        runs = {}
+
+        def attempt(mode, fn):
+            """``fn()``; a configuration of one process that fails is recorded and dropped (the others go on), one of
+            several ranks ends the job with its error (a rank may have left a collective waiting)."""
+            row = rows[mode]
+            try:
+                return fn()
+            except Skip as e:
+                row["error"] = str(e)
+            except Exception as e:  # noqa: BLE001
+                if size_of(mode) > 1:
+                    raise
+                row["error"] = self.rec.error(f"{row['section']} {row['model']} {row['variant']} {row['world']}", e)
+            runs.pop(mode, None)
+            return None
+
+        for mode in rows:
+            if self.rank < size_of(mode):
+                run = attempt(mode, lambda: setup(mode))
+                if run is not None:
+                    runs[mode] = run
+            self.wait()
+        warmup = max([run[2] for run in runs.values()] + [self.args.warmup])
+        if self.world > 1:  # every rank runs as many rounds (rank 0 may have configurations the others do not)
+            warmup = max(self.gather_objects(warmup))
+        times = {mode: [] for mode in rows}
+        busy = {mode: [] for mode in rows}
+        for round_ in range(warmup + reps):
+            for mode in rows:  # every rank waits after each configuration, whether it ran it or not
+                if mode in runs:
+                    timed = attempt(mode, lambda: self.time_epoch(runs[mode][0], size_of(mode)))
+                    if timed is not None and round_ >= warmup:
+                        times[mode].append(timed[0])
+                        if timed[1] is not None:
+                            busy[mode].append(timed[1])
+                self.wait()
+        for mode, row in rows.items():
+            if mode in runs:
+                row.update(self.timing(times[mode], busy[mode], size_of(mode), reps, warmup))
+                finished = attempt(mode, runs[mode][1])
+                row.update(finished or {})
+            self.wait()
+            self.report(row)
+        runs.clear()
         self.release()
 
     def accuracy_config(self, kind, seed, need_s) -> None:

@@ -42,10 +42,10 @@ def test_multi_gpu_bench_on_two_cpu_ranks(tmp_path):
     # 5 batches: training pads to 3 steps a rank, inference shares 3 + 2
     assert rows[("train", "QAT 4-bit", "2")]["batches_per_rank"] == [3, 3]
     assert rows[("infer", "pyg_quant 4-bit", "2")]["batches_per_rank"] == [3, 2]
-    assert rows[("infer", "pyg_quant 4-bit", "2")]["rounds"] == "interleaved"
+    assert all(row["rounds"] == "interleaved" for row in rows.values())
     for variant in ("pyg_quant 4-bit", "PyG fp32 CSR"):  # the gathered output equals one process's
         assert rows[("infer", variant, "2")]["equal_to_1gpu"]
-    for variant in trained:  # DDP over one rank trains exactly as the plain model
+    for variant in trained:  # DDP over one rank trains exactly as the plain model (each its own noise, interleaved)
         assert rows[("train", variant, "1 DDP")]["loss_per_epoch"] == rows[("train", variant, "1")]["loss_per_epoch"]
         assert 0 <= rows[("train", variant, "2")]["test_acc"] <= 1
     # pyg_quant's wrapper (buffers synced once) trains as DDP's defaults do: the ranks' ranges are all-reduced anyway
