@@ -138,7 +138,8 @@ class Observer(torch.nn.Module):
         return tensor_range(x, self.dim)
 
     def combine(self, lo: torch.Tensor, hi: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """The new stored range from the stored one and a batch's; subclasses define the rule."""
+        """The new stored range from the stored one and a batch's, as new tensors (``lo`` and ``hi`` may be views of
+        one tensor); subclasses define the rule."""
         raise NotImplementedError
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -155,7 +156,9 @@ class Observer(torch.nn.Module):
             if _ranks.syncing():  # several processes: every rank records the same range (distributed.ranges)
                 if not initialized:
                     _ranks.check_same_count(lo.numel(), f"{type(self).__name__}(dim={self.dim})")
-                lo, hi = _ranks.all_reduce_range(lo, hi, self.rank_reduction)
+                    lo, hi = _ranks.all_reduce_range(lo, hi, self.rank_reduction)  # recorded as they are: fresh
+                else:  # combined into new tensors below: the reduced rows are read where they are
+                    lo, hi = _ranks.all_reduce_range_rows(lo, hi, self.rank_reduction).unbind(0)
             if initialized:
                 lo, hi = self.combine(lo.to(stored.device), hi.to(stored.device))
                 if not is_compiling() and _in_place.get():  # (a traced region cannot read it)
