@@ -200,17 +200,6 @@ class Bench:
                 if size > 1 else [round(statistics.median(busy), 3)]
         return out
 
-    def measure(self, epoch, size: int, reps: int, warmup: int) -> dict:
-        for _ in range(warmup):
-            epoch()
-        times, busy = [], []
-        for _ in range(reps):
-            ms, busy_ms = self.time_epoch(epoch, size)
-            times.append(ms)
-            if busy_ms is not None:
-                busy.append(busy_ms)
-        return self.timing(times, busy, size, reps, warmup)
-
     # --- build ---
     def build(self) -> None:
         args = self.args
@@ -256,17 +245,12 @@ class Bench:
             torch.cuda.empty_cache()
 
     # --- training ---
-    def train(self, kind: str, variant: str, path: str, size: int, ddp: bool, seed: int, epochs=None) -> dict:
-        """One training configuration on its own: ``epochs`` untimed epochs, or warm-up and timed ones."""
-        epoch, finish, warmup = self.train_epoch(kind, variant, path, size, ddp, seed)
-        if epochs is None:
-            result = self.measure(epoch, size, self.args.reps, warmup)
-        else:
-            for _ in range(epochs):
-                epoch()
-            result = {}
-        result.update(finish())
-        return result
+    def train(self, kind: str, variant: str, path: str, size: int, ddp: bool, seed: int, epochs: int) -> dict:
+        """One training configuration on its own, ``epochs`` untimed epochs (the warm-up, the accuracy seeds)."""
+        epoch, finish, _ = self.train_epoch(kind, variant, path, size, ddp, seed)
+        for _ in range(epochs):
+            epoch()
+        return finish()
 
     def train_epoch(self, kind: str, variant: str, path: str, size: int, ddp: bool, seed: int):
         """``(epoch, finish, warm-up epochs)`` of a training configuration: ``epoch()`` runs one epoch (a single

@@ -2,10 +2,13 @@ r"""Small helpers that several packages of pyg_quant share, with no pyg_quant im
 
 They sit below :mod:`pyg_quant.graph`, :mod:`pyg_quant.nn` and :mod:`pyg_quant.bitmm`, so that each of those can use
 them without importing another's private modules: the int32 accumulator bound, whether ``torch.compile`` is tracing,
-the finite-input check the layers and the graph run where it costs no host synchronization, and whether a
-module's forward hooks would run.
+the finite-input check the layers and the graph run where it costs no host synchronization, whether a
+module's forward hooks would run, and a context variable set for a block.
 """
+import contextvars
 import math
+from contextlib import contextmanager
+from typing import Iterator
 
 import torch
 
@@ -51,6 +54,16 @@ def check_finite(x: torch.Tensor, name: str, *, always: bool = False) -> None:
         return
     if not bool(torch.isfinite(x).all()):
         raise ValueError(f"{name} holds NaN or inf; quantized layers need finite inputs")
+
+
+@contextmanager
+def context_value(var: contextvars.ContextVar, value) -> Iterator[None]:
+    """``var`` set to ``value`` inside the block (the package's switches: ranges in place, ranges local)."""
+    token = var.set(value)
+    try:
+        yield
+    finally:
+        var.reset(token)
 
 
 def no_hooks(*modules) -> bool:

@@ -112,9 +112,8 @@ def sharded_inference(model: torch.nn.Module, loader, *, forward: Optional[Calla
     if not bool((seen == 1).all()):
         raise RuntimeError(f"sharded_inference: {int((seen == 0).sum())} nodes got no output and "
                            f"{int((seen > 1).sum())} more than one; the loader's parts must cover each node once")
-    filled = [out for out in out_pieces if out.numel()] or out_pieces
-    full = filled[0].new_empty((num_nodes,) + tuple(filled[0].shape[1:]))
+    # (every piece has the agreed trailing shape and dtype, an empty one too)
+    full = out_pieces[0].new_empty((num_nodes,) + tuple(out_pieces[0].shape[1:]))
     for ids, out in zip(ids_pieces, out_pieces):  # each rank's rows into place (no concatenated copy of them all)
-        if ids.numel():
-            full[ids.to(full.device)] = out
+        full[ids.to(full.device)] = out
     return full

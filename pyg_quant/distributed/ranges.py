@@ -23,14 +23,13 @@ learned ranges (``"learned"``) are parameters, initialised from those equal weig
 by all-reduced gradients.  ``local_ranges()`` turns the reduction off (every rank records its own
 batches; DDP's buffer broadcast then decides what the ranks use).
 """
-from contextlib import contextmanager
 import contextvars
-from typing import Iterator, Tuple
+from typing import ContextManager
 
 import torch
 import torch.distributed as dist
 
-from .._utils import is_compiling
+from .._utils import context_value, is_compiling
 from .group import collective_device, world_size
 
 _sync: contextvars.ContextVar = contextvars.ContextVar("pyg_quant_sync_ranges", default=True)
@@ -39,14 +38,9 @@ _sync: contextvars.ContextVar = contextvars.ContextVar("pyg_quant_sync_ranges", 
 REDUCTIONS = ("extrema", "mean")
 
 
-@contextmanager
-def local_ranges() -> Iterator[None]:
+def local_ranges() -> ContextManager[None]:
     """Inside this block, observers record their own rank's batches only (no all-reduce; see the module docstring)."""
-    token = _sync.set(False)
-    try:
-        yield
-    finally:
-        _sync.reset(token)
+    return context_value(_sync, False)
 
 
 def syncing() -> bool:
@@ -76,12 +70,6 @@ def all_reduce_range_rows(lo: torch.Tensor, hi: torch.Tensor, how: str) -> torch
     else:
         both.div_(float(world_size()))
     return both.view(2, n)
-
-
-def all_reduce_range(lo: torch.Tensor, hi: torch.Tensor, how: str) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``(lo, hi)`` of :func:`all_reduce_range_rows` as two fresh 1-D tensors."""
-    rows = all_reduce_range_rows(lo, hi, how)
-    return rows[0].clone(), rows[1].clone()
 
 
 def check_same_count(count: int, what: str) -> None:

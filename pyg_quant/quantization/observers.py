@@ -49,13 +49,12 @@ travel with the state dict and freeze when the observer stops observing; a
 ``log_step``), frozen the same way.
 """
 import contextvars
-from contextlib import contextmanager
-from typing import Iterator, Optional, Tuple
+from typing import ContextManager, Optional, Tuple
 
 import torch
 
 from .. import ops
-from .._utils import check_finite as _check_finite, is_compiling, no_hooks
+from .._utils import check_finite as _check_finite, context_value, is_compiling, no_hooks
 from ..distributed import ranges as _ranks
 from ..layout import check_bits
 from .affine import MIN_RANGE_WIDTH
@@ -89,14 +88,9 @@ def check_finite(x: torch.Tensor, name: str = "x") -> None:
 _in_place: contextvars.ContextVar = contextvars.ContextVar("pyg_quant_observers_in_place", default=False)
 
 
-@contextmanager
-def ranges_in_place() -> Iterator[None]:
+def ranges_in_place() -> ContextManager[None]:
     """Observers update their stored ranges in place (copies) instead of assigning fresh tensors, in this block."""
-    token = _in_place.set(True)
-    try:
-        yield
-    finally:
-        _in_place.reset(token)
+    return context_value(_in_place, True)
 
 
 @torch.no_grad()
@@ -156,9 +150,9 @@ class Observer(torch.nn.Module):
             if _ranks.syncing():  # several processes: every rank records the same range (distributed.ranges)
                 if not initialized:
                     _ranks.check_same_count(lo.numel(), f"{type(self).__name__}(dim={self.dim})")
-                    lo, hi = _ranks.all_reduce_range(lo, hi, self.rank_reduction)  # recorded as they are: fresh
-                else:  # combined into new tensors below: the reduced rows are read where they are
-                    lo, hi = _ranks.all_reduce_range_rows(lo, hi, self.rank_reduction).unbind(0)
+                lo, hi = _ranks.all_reduce_range_rows(lo, hi, self.rank_reduction).unbind(0)
+                if not initialized:  # recorded as they are below: fresh tensors (combine makes new ones)
+                    lo, hi = lo.clone(), hi.clone()
             if initialized:
                 lo, hi = self.combine(lo.to(stored.device), hi.to(stored.device))
                 if not is_compiling() and _in_place.get():  # (a traced region cannot read it)
