@@ -51,10 +51,10 @@ Inference (``infer`` rows): ``eval()`` under ``torch.inference_mode()``; ``pyg_q
 GPU once: ``BitTensor`` features and ``BitAdjacency``), ``PyG fp32 CSR`` (as in training) and, on the GPU,
 ``pyg_quant 4-bit compile RO`` (``torch.compile(mode="reduce-overhead")``, compiled and recorded in untimed
 passes).  Rank ``r`` runs batches ``r, r + R, ...`` (75 = 38 + 37, as ``pyg_quant.distributed.sharded_inference``
-shares them), copies each output into its rows, then the batch ids and the outputs go to rank 0
-(``pyg_quant.distributed.gather_rows``, as ``sharded_inference(..., dst=0)``) and rank 0 puts them in node order
-(the row order of the workload's batch-major feature matrix: batch b's nodes at rows ``b·32000 ...``); one GPU
-does the same copy into node order.
+shares them) and hands each output with its node ids to a ``pyg_quant.distributed.BatchGather`` to rank 0 (as
+``sharded_inference(..., dst=0)``: every 4 batches' rows sent while the next ones run), which puts them in node
+order (the row order of the workload's batch-major feature matrix: batch b's nodes at rows ``b·32000 ...``); one GPU
+keeps its outputs and puts them in node order at the end, as ``BatchGather`` does in one process.
 Each 2-GPU output is compared with the 1-GPU one (``max_abs_diff_vs_1gpu``).
 
 Timing: one epoch is the wall time between two synchronisations of every rank in the configuration (an
@@ -65,7 +65,7 @@ configurations (1 GPU, 1 GPU under DDP, every GPU) interleaved: round by round o
 training configuration drawing its noise from its own generator states), ``--warmup`` rounds (two for captured steps),
 then the median of each over ``--reps`` (training) / ``--infer-reps`` (inference) rounds: the lent hosts' speed
 drifts within seconds, and measured one after the other a slow stretch would fall on one side of a ratio.
-Inference rows also give each rank's busy time (its batches, before the gather).  The default CUDA stream.
+Inference rows also give each rank's busy time (from the epoch's start to its last batch's end on the GPU, CUDA events).  The default CUDA stream.
 Each rank runs on its own share of the CPUs, whole physical cores (``rank_cpus``; ``--no-bind-cpus`` leaves them
 all to every rank): the eager loops are bound by host time, and a rank whose thread waits for a core runs its
 batches slower.
@@ -185,12 +185,13 @@ class Bench:
 
     def time_epoch(self, epoch, size: int):
         """``(ms, busy ms)`` of one ``epoch()`` between two syncs of the configuration's ranks (busy: until this
-        rank's batches were done, before the gather; None for a training epoch)."""
+        rank's batches were done, before the gather's last transfers; None for a training epoch, whose ``epoch()``
+        returns None, where an inference epoch returns a function giving its busy ms after the sync)."""
         self.sync(size)
         t0 = time.perf_counter()
-        done = epoch()
+        busy = epoch()
         self.sync(size)
-        return (time.perf_counter() - t0) * 1e3, None if done is None else (done - t0) * 1e3
+        return (time.perf_counter() - t0) * 1e3, None if busy is None else busy(t0)
 
     def timing(self, times, busy, size: int, reps: int, warmup: int) -> dict:
         out = dict(median_ms=statistics.median(times), times_ms=[round(t, 3) for t in times], reps=reps,
@@ -409,34 +410,45 @@ class Bench:
         mark = torch.compiler.cudagraph_mark_step_begin if compiled and self.cuda else (lambda: None)
         context = torch.inference_mode if grad_mode == "inference_mode" else torch.no_grad
         with context():
-            classes = args.classes
-            local = torch.empty(len(share) * n, classes, device=dev)
-            full = torch.empty(nb * n, classes, device=dev) if self.lead else None
-            offsets = torch.arange(n, device=dev)
-            batch_ids = torch.tensor(share, dtype=torch.int64, device=dev)
+            # batch b's nodes are rows b·n ... b·n + n - 1 of the output
+            node_ids = {b: torch.arange(b * n, (b + 1) * n, device=dev) for b in share}
+            rows_by_rank = [[n] * len(infer_share(nb, r, size)) for r in range(size)]
+            last = {}  # the last epoch's output
 
         def epoch():
+            start = end = None
+            if self.cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
             with context():
-                for j, b in enumerate(share):
-                    mark()
-                    local[j * n:(j + 1) * n].copy_(forward(*inputs[b]))
-                if self.cuda:
-                    torch.cuda.synchronize(dev)
-                done = time.perf_counter()
-                ids, mine = [batch_ids], [local]
-                if size > 1:  # to rank 0 (sharded_inference(..., dst=0)): the batch ids and the rows
-                    got = pqd.gather_rows([ids[0], mine[0]], 0)
-                    ids, mine = got if got is not None else (ids, mine)
-                if self.lead:  # each rank's rows into place, as sharded_inference puts them
-                    for rank_ids, rows in zip(ids, mine):
-                        full.index_copy_(0, (rank_ids.view(-1, 1) * n + offsets).view(-1), rows)
-            return done
+                if size > 1:  # each few batches' rows sent to rank 0 as the next run (sharded_inference(..., dst=0))
+                    gather = pqd.BatchGather(rows_by_rank, nb * n, dst=0)
+                    for b in share:
+                        mark()
+                        gather.add(node_ids[b], forward(*inputs[b]))
+                    if end is not None:
+                        end.record()
+                    done = time.perf_counter()
+                    full = gather.result()
+                else:  # what BatchGather does in one process: the rows put in place at the end
+                    outs = []
+                    for b in share:
+                        mark()
+                        outs.append(forward(*inputs[b]))
+                    if end is not None:
+                        end.record()
+                    done = time.perf_counter()
+                    full = torch.empty(nb * n, args.classes, device=dev)
+                    full.index_copy_(0, torch.cat([node_ids[b] for b in share]), torch.cat(outs))
+                last["full"] = full
+            return lambda t0: start.elapsed_time(end) if end is not None else (done - t0) * 1e3
 
         def finish() -> dict:
             result = dict(compile_info, grad_mode=grad_mode, batches_per_rank=[len(infer_share(nb, r, size))
                                                                                for r in range(size)],
                           ideal_speedup=nb / len(infer_share(nb, 0, size)))
             if self.lead:
+                full = last["full"]
                 ref_key = (kind, variant.replace(" compile RO", ""))
                 if size == 1 and not compiled:
                     self.ref_out[ref_key] = full

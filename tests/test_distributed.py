@@ -579,6 +579,77 @@ def test_gather_rows_checks_its_arguments():
     assert pqd.all_gather_rows(torch.ones(2))[0].tolist() == [1.0, 1.0]  # one process: the tensor itself
 
 
+# Rank 0: batches of 3, 0, 5 and 2 rows; rank 1: 4 and 1; the 15 row ids in a fixed shuffled order.
+_BATCH_ROWS = [[3, 0, 5, 2], [4, 1]]
+_BATCH_IDS = torch.randperm(15, generator=torch.Generator().manual_seed(0))
+
+
+def _batch_rows(ids):
+    return torch.stack([ids * 10.0, ids * 10.0 + 1], 1)  # row i holds (10 i, 10 i + 1)
+
+
+def _batch_gather_worker(rank, out, rows_by_rank, dst, per_send, trailing):
+    gather = pqd.BatchGather(rows_by_rank, sum(map(sum, rows_by_rank)), dst=dst, batches_per_send=per_send)
+    start = sum(sum(rows) for rows in rows_by_rank[:rank])
+    for count in rows_by_rank[rank]:
+        ids = _BATCH_IDS[start:start + count]
+        rows = _batch_rows(ids)
+        gather.add(ids, rows if trailing is None or rank == 0 else rows.repeat(1, trailing))
+        start += count
+    torch.save(gather.result(), f"{out}_{rank}.pt")
+
+
+@pytest.mark.parametrize("dst,per_send", [(None, 1), (1, 3), (0, 2), (None, 4)])
+def test_batch_gather_puts_every_rank_s_batches_in_place(tmp_path, dst, per_send):
+    run_ranks(_batch_gather_worker, tmp_path, str(tmp_path / "bg"), _BATCH_ROWS, dst, per_send, None)
+    expected = _batch_rows(torch.arange(15))
+    for rank, result in enumerate(saved(tmp_path, "bg")):
+        if dst is None or rank == dst:
+            assert torch.equal(result, expected)
+        else:
+            assert result is None
+
+
+def test_batch_gather_with_a_rank_without_batches(tmp_path):
+    run_ranks(_batch_gather_worker, tmp_path, str(tmp_path / "bg"), [[], [6, 9]], None, 1, None)
+    for result in saved(tmp_path, "bg"):
+        assert torch.equal(result, _batch_rows(torch.arange(15)))
+
+
+def test_batch_gather_raises_on_every_rank_where_the_rows_differ(tmp_path):
+    with pytest.raises(RanksFailed) as failure:
+        run_ranks(_batch_gather_worker, tmp_path, str(tmp_path / "bg"), _BATCH_ROWS, None, 2, 3, timeout=30)
+    first, second = str(failure.value).split("rank 1:")
+    assert "differ in trailing shape" in first and "differ in trailing shape" in second
+
+
+def test_batch_gather_checks_its_arguments():
+    with pytest.raises(ValueError, match="rows_by_rank"):
+        pqd.BatchGather([[2], [3]], 5)  # one process: one rank
+    with pytest.raises(ValueError, match="num_rows"):
+        pqd.BatchGather([[2, 3]], 4)
+    with pytest.raises(ValueError, match="batches_per_send"):
+        pqd.BatchGather([[2, 3]], 5, batches_per_send=0)
+    with pytest.raises(ValueError, match="dst"):
+        pqd.BatchGather([[2, 3]], 5, dst=1)
+    gather = pqd.BatchGather([[2, 3]], 5)
+    with pytest.raises(ValueError, match="rows of batch 0"):
+        gather.add(torch.arange(3), torch.zeros(3, 2))
+    with pytest.raises(ValueError, match="ids of batch 0"):
+        gather.add(torch.arange(2, dtype=torch.int32), torch.zeros(2, 2))
+    gather.add(torch.tensor([4, 0]), torch.zeros(2, 2))
+    with pytest.raises(ValueError, match="like the first"):
+        gather.add(torch.tensor([1, 2, 3]), torch.zeros(3, 2, dtype=torch.float64))
+    with pytest.raises(ValueError, match="added 1 of its 2"):
+        gather.result()
+    gather.add(torch.tensor([1, 2, 3]), torch.ones(3, 2))
+    with pytest.raises(ValueError, match="one more"):
+        gather.add(torch.tensor([1]), torch.ones(1, 2))
+    assert gather.result()[:, 0].tolist() == [0.0, 1.0, 1.0, 1.0, 0.0]
+    with pytest.raises(RuntimeError, match="twice"):
+        gather.result()
+
+
 # --- failures -------------------------------------------------------------------------------------------
 def _failing_worker(rank):
     if rank == 1:

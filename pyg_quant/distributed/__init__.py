@@ -12,7 +12,8 @@ What a ``torchrun`` script (or Lightning's DDP strategy) gets once the process g
   the model without DDP's buffer broadcast before every forward; stochastic rounding draws different,
   reproducible noise on every rank (:func:`rank_seed`, :func:`seed_everything`);
 * :func:`sharded_inference`: every batch run once, on some rank, the ``[N, C]`` output gathered in node
-  order (:mod:`.inference`, :func:`all_gather_rows`).
+  order, each few batches' rows sent while the next ones run (:mod:`.inference`, :class:`BatchGather`);
+  :func:`all_gather_rows` / :func:`gather_rows` for tensors whose rows differ from rank to rank.
 
 Modules: :mod:`.group` (rank, world size, the collectives' device, seeds), :mod:`.ranges`, :mod:`.data_parallel`,
 :mod:`.sampler`, :mod:`.partition`, :mod:`.gather`, :mod:`.inference`.
@@ -21,7 +22,7 @@ import importlib
 
 # Loaded when first asked for: the quantizers below nn and qat (pyg_quant.quantization) import .group and .ranges
 # without bringing in DDP, the sampler or the inference helpers.
-_EXPORTS = {"ddp": "data_parallel", "all_gather_rows": "gather", "gather_rows": "gather",
+_EXPORTS = {"ddp": "data_parallel", "all_gather_rows": "gather", "gather_rows": "gather", "BatchGather": "gather",
             "sharded_inference": "inference", "local_ranges": "ranges", "DistributedPartSampler": "sampler",
             "rank_seed": "group", "seed_everything": "group", "world": "group"}
 _MODULES = ("data_parallel", "gather", "group", "inference", "partition", "ranges", "sampler")

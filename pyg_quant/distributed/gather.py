@@ -8,6 +8,7 @@ into one batch: nothing padded, staged or trimmed).  A rank with no rows sends n
 pieces of the others' shape and dtype.
 """
 from typing import List, Optional, Sequence, Union
+import zlib
 
 import torch
 import torch.distributed as dist
@@ -112,16 +113,20 @@ def _gather_rows(tensors: Tensors, dst: Optional[int]):
 
 
 def _exchange(ops, comm: torch.device) -> None:
-    """Runs the point-to-point ``(isend or irecv, tensor, peer)`` ops and waits for them: on NCCL as one group
-    (its sends wait for the matching receives, which could otherwise queue behind them), elsewhere one by one."""
-    if not ops:
-        return
-    if comm.type == "cuda":
-        requests = dist.batch_isend_irecv([dist.P2POp(op, tensor, peer) for op, tensor, peer in ops])
-    else:
-        requests = [op(tensor, peer) for op, tensor, peer in ops]
-    for request in requests:
+    """Runs the point-to-point ``(isend or irecv, tensor, peer)`` ops and waits for them (see :func:`_post_ops`)."""
+    for request in _post_ops(ops, comm):
         request.wait()
+
+
+def _post_ops(ops, comm: torch.device) -> list:
+    """Posts the point-to-point ``(isend or irecv, tensor, peer)`` ops and returns their requests: on NCCL as one
+    group (its sends wait for the matching receives, which could otherwise queue behind them), elsewhere one by
+    one."""
+    if not ops:
+        return []
+    if comm.type == "cuda":
+        return dist.batch_isend_irecv([dist.P2POp(op, tensor, peer) for op, tensor, peer in ops])
+    return [op(tensor, peer) for op, tensor, peer in ops]
 
 
 def _all_gather(out: torch.Tensor, tensor: torch.Tensor, size: int) -> None:
@@ -131,3 +136,172 @@ def _all_gather(out: torch.Tensor, tensor: torch.Tensor, size: int) -> None:
         dist.all_gather_into_tensor(out, tensor)
     else:
         dist.all_gather(list(out.unbind(0)), tensor)
+
+
+class BatchGather:
+    r"""Batch outputs made on every rank, gathered into one ``[num_rows, ...]`` tensor in row order, each few
+    batches sent while the later ones run.
+
+    Every rank makes the same object (the same ``rows_by_rank``) and passes its own batches in order to
+    :meth:`add` (each batch's row ids and rows); :meth:`result` sends what is left, waits for the transfers
+    and puts every row in place.  Every rank knows every rank's batch sizes, so the receiving ranks post
+    their receives into buffers of the right size as soon as the first batch gave the rows' trailing shape
+    and dtype; after that, each ``batches_per_send`` batches of a rank go to the receiving ranks as one group
+    of point-to-point sends (on NCCL's own stream, after the batches' kernels, so they overlap the next
+    batches), and only the last group and the scatter into place remain at the end.  Group ``j`` of every
+    rank holds its own batches ``j·m ... j·m + m - 1`` (``m = batches_per_send``) and the receives of the
+    other ranks' batches of the same numbers, which keeps the ranks' sends and receives in matching order.
+
+    Args:
+        rows_by_rank (sequence of sequences of int): ``rows_by_rank[r][k]``: the rows of rank ``r``'s batch ``k``.
+        num_rows (int): rows of the result; the batches' rows together must be as many.
+        dst (int, optional): the rank that gets the result (the others get None); default None: every rank.
+        device (optional): where the result goes on a rank that adds no batch (default: the device collectives
+            run on); otherwise it is on the batches' rows' device.
+        batches_per_send (int): batches a group of sends holds (default 4).
+
+    The row ids of all ranks' batches together must name each of ``[0, num_rows)`` once: they are not checked
+    (a check would wait for the device), and a row no batch names holds whatever its memory held.  The first
+    :meth:`add` (or :meth:`result` on a rank without batches) agrees on the rows' trailing shape and dtype with
+    one small all-gather: where they differ every rank raises the same ValueError.  Every rank must add its
+    batches and call :meth:`result`.
+    """
+
+    def __init__(self, rows_by_rank: Sequence[Sequence[int]], num_rows: int, *, dst: Optional[int] = None,
+                 device: Union[str, torch.device, None] = None, batches_per_send: int = 4):
+        rank, size = world()
+        if not isinstance(rows_by_rank, (list, tuple)) or len(rows_by_rank) != size or any(
+                not isinstance(rows, (list, tuple)) or any(isinstance(n, bool) or not isinstance(n, int) or n < 0
+                                                           for n in rows) for rows in rows_by_rank):
+            raise ValueError(f"rows_by_rank must hold a list of non-negative row counts for each of the {size} ranks")
+        if isinstance(num_rows, bool) or not isinstance(num_rows, int) or num_rows != sum(map(sum, rows_by_rank)):
+            raise ValueError(f"num_rows must be the batches' rows together, {sum(map(sum, rows_by_rank))}, "
+                             f"got {num_rows!r}")
+        if dst is not None and (isinstance(dst, bool) or not isinstance(dst, int) or not 0 <= dst < size):
+            raise ValueError(f"dst must be None or a rank in [0, {size}), got {dst!r}")
+        if isinstance(batches_per_send, bool) or not isinstance(batches_per_send, int) or batches_per_send < 1:
+            raise ValueError(f"batches_per_send must be a positive int, got {batches_per_send!r}")
+        self.rank, self.size, self.dst, self.per_send = rank, size, dst, batches_per_send
+        self.rows_by_rank = [list(rows) for rows in rows_by_rank]
+        self.num_rows = num_rows
+        self.device = torch.device(device) if device is not None else None
+        self.comm = collective_device()
+        self.receives = dst is None or dst == rank
+        self.ids, self.rows = [], []  # this rank's batches, kept until their sends are done
+        self.spec = None  # (dtype, trailing shape), agreed by the ranks
+        self.buffers = {}  # peer -> (ids, rows) of all its batches, received in place
+        self.requests, self.groups_posted = [], 0
+        self.done = False
+
+    def add(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
+        """This rank's next batch: ``rows[i]`` is row ``ids[i]`` of the result (``ids`` int64 ``[n]``, ``rows``
+        ``[n, ...]`` on one device)."""
+        if self.done:
+            raise RuntimeError("BatchGather.add after result()")
+        k = len(self.rows)
+        mine = self.rows_by_rank[self.rank]
+        if k >= len(mine):
+            raise ValueError(f"rank {self.rank} has {len(mine)} batches in rows_by_rank; got one more")
+        if not isinstance(rows, torch.Tensor) or rows.dim() < 1 or rows.size(0) != mine[k]:
+            raise ValueError(f"rows of batch {k} must be a tensor of {mine[k]} rows (rows_by_rank), got "
+                             f"{tuple(rows.shape) if isinstance(rows, torch.Tensor) else type(rows).__name__}")
+        if (not isinstance(ids, torch.Tensor) or ids.dtype != torch.int64 or ids.dim() != 1
+                or ids.numel() != rows.size(0) or ids.device != rows.device):
+            raise ValueError(f"ids of batch {k} must be an int64 [{rows.size(0)}] tensor on the rows' device, got "
+                             f"{(ids.dtype, tuple(ids.shape), ids.device) if isinstance(ids, torch.Tensor) else ids}")
+        if self.spec is None:
+            self.device = rows.device
+            self._agree(rows)
+        dtype, trailing = self.spec
+        if rows.dtype != dtype or list(rows.shape[1:]) != trailing or rows.device != self.device:
+            raise ValueError(f"rows of batch {k} must be {dtype} [n, {trailing}] on {self.device} like the first "
+                             f"batch's, got {rows.dtype} {tuple(rows.shape)} on {rows.device}")
+        self.ids.append(ids)
+        self.rows.append(rows.contiguous())
+        if (k + 1) % self.per_send == 0:
+            self._post(k // self.per_send)
+
+    def result(self) -> Optional[torch.Tensor]:
+        """The ``[num_rows, ...]`` rows in place (None on ranks other than ``dst``), once this rank added all of its
+        batches."""
+        if self.done:
+            raise RuntimeError("BatchGather.result called twice")
+        mine = self.rows_by_rank[self.rank]
+        if len(self.rows) != len(mine):
+            raise ValueError(f"rank {self.rank} added {len(self.rows)} of its {len(mine)} batches")
+        if self.spec is None:
+            self._agree(None)
+        groups = max(-(-len(rows) // self.per_send) for rows in self.rows_by_rank)
+        for group in range(self.groups_posted, groups):
+            self._post(group)
+        for request in self.requests:
+            request.wait()
+        self.done = True
+        if not self.receives:
+            return None
+        dtype, trailing = self.spec
+        device = self.device if self.device is not None else self.comm
+        full = torch.empty([self.num_rows] + trailing, dtype=dtype, device=device)
+        if self.rows:
+            full.index_copy_(0, torch.cat(self.ids).to(device), torch.cat(self.rows).to(device))
+        for ids, rows in self.buffers.values():
+            full.index_copy_(0, ids.to(device), rows.to(device))
+        self.ids, self.rows, self.buffers = [], [], {}
+        return full
+
+    def _agree(self, rows: Optional[torch.Tensor]) -> None:
+        """Agrees on the rows' dtype and trailing shape (and that every rank passed the same ``rows_by_rank``),
+        then allocates the receive buffers."""
+        meta = _meta(rows) if rows is not None else torch.full((2 + _MAX_DIMS,), -1, dtype=torch.int64)
+        if rows is None:
+            meta[0] = 0
+        check = zlib.crc32(repr((self.rows_by_rank, self.dst, self.per_send)).encode()) & 0x7FFFFFFF
+        meta = torch.cat([meta, torch.tensor([check], dtype=torch.int64)])
+        if self.size > 1:
+            every = torch.empty((self.size,) + tuple(meta.shape), dtype=torch.int64, device=self.comm)
+            _all_gather(every, meta.to(self.comm), self.size)
+            every = every.cpu()
+        else:
+            every = meta.view(1, -1)
+        if any(int(check) != int(every[0, -1]) for check in every[:, -1]):
+            raise ValueError("BatchGather: the ranks passed different rows_by_rank, dst or batches_per_send")
+        metas = every[:, :-1]
+        filled = [m for m in metas if int(m[0]) > 0]
+        if not filled:
+            raise ValueError("BatchGather: no rank has a batch with rows")
+        if any(not torch.equal(m[1:], filled[0][1:]) for m in filled):
+            raise ValueError("BatchGather: the ranks' rows differ in trailing shape or dtype: "
+                             f"{[(_DTYPES[int(m[1])], [int(d) for d in m[2:] if d >= 0]) for m in filled]}")
+        self.spec = (_DTYPES[int(filled[0][1])], [int(d) for d in filled[0][2:] if d >= 0])
+        if self.receives:
+            dtype, trailing = self.spec
+            for peer in range(self.size):
+                total = sum(self.rows_by_rank[peer])
+                if peer != self.rank and total:
+                    self.buffers[peer] = (torch.empty(total, dtype=torch.int64, device=self.comm),
+                                          torch.empty([total] + trailing, dtype=dtype, device=self.comm))
+
+    def _post(self, group: int) -> None:
+        """Posts group ``group`` (and any before it not yet posted): this rank's batches of that number to the
+        receiving ranks, the other ranks' batches of that number into the receive buffers."""
+        while self.groups_posted <= group:
+            j = self.groups_posted
+            first, last = j * self.per_send, (j + 1) * self.per_send
+            ops = []
+            for k in range(first, min(last, len(self.rows))):
+                ids, rows = self.ids[k], self.rows[k]
+                if rows.device != self.comm:
+                    ids, rows = ids.to(self.comm), rows.to(self.comm)
+                for peer in range(self.size):
+                    if peer != self.rank and (self.dst is None or peer == self.dst) and rows.size(0):
+                        ops += [(dist.isend, ids, peer), (dist.isend, rows, peer)]
+            for peer, (ids, rows) in self.buffers.items():
+                counts = self.rows_by_rank[peer]
+                start = sum(counts[:first])
+                for k in range(first, min(last, len(counts))):
+                    if counts[k]:
+                        ops += [(dist.irecv, ids[start:start + counts[k]], peer),
+                                (dist.irecv, rows[start:start + counts[k]], peer)]
+                    start += counts[k]
+            self.requests += _post_ops(ops, self.comm)
+            self.groups_posted += 1

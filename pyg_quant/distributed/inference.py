@@ -4,8 +4,9 @@ The batches are the loader's own unshuffled ones (its non-empty parts in id orde
 at a time: what ``QuantClusterLoader(..., shuffle=False)`` yields in one process), and rank ``r``
 takes batches ``r, r + R, ...``.  A batch gives the same outputs whichever rank runs it, so the
 gathered ``[N, C]`` output equals the one-process loop's over the same loader.  Ranks differ by at
-most one batch: nothing communicates until the final gather of the node ids and the rows
-(:func:`~pyg_quant.distributed.gather.all_gather_rows`: each rank's rows sent as they are).
+most one batch.  Every rank knows every batch's size from the partition, so each few batches' node
+ids and rows go to the receiving ranks while the next batches run
+(:class:`~pyg_quant.distributed.gather.BatchGather`); at the end only the last ones travel.
 
 A model wrapped in ``DistributedDataParallel`` is run as its ``.module``: DDP's forward
 broadcasts buffers, a collective the ranks' unequal batch counts would leave waiting.
@@ -14,7 +15,7 @@ from typing import Callable, Optional, Union
 
 import torch
 
-from .gather import all_gather_rows, gather_rows
+from .gather import BatchGather
 from .group import world
 
 
@@ -78,12 +79,17 @@ def sharded_inference(model: torch.nn.Module, loader, *, forward: Optional[Calla
     if device is None:
         device = next((p.device for p in model.parameters()), torch.device("cpu"))
 
+    partptr = loader.cluster_data.partition.partptr
+    sizes = (partptr[1:] - partptr[:-1]).tolist()
+    rows_by_rank = [[sum(sizes[p] for p in parts) for parts in rank_batches(loader.parts, loader.batch_size, r, size)]
+                    for r in range(size)]
     batches = rank_batches(loader.parts, loader.batch_size, rank, size)
     mine = DataLoader(loader.dataset, batch_sampler=batches, collate_fn=loader.collate_fn,
                       num_workers=loader.num_workers if batches else 0, pin_memory=loader.pin_memory)
+    # The parts cover every node once, so the batches' node ids together name each output row once.
+    gather = BatchGather(rows_by_rank, int(loader.cluster_data.data.num_nodes), dst=dst, device=device)
     was_training = model.training
     model.eval()
-    outs, ids = [], []
     try:
         for batch in prefetch(mine, device):
             out = forward(model, batch)
@@ -91,29 +97,7 @@ def sharded_inference(model: torch.nn.Module, loader, *, forward: Optional[Calla
                 raise ValueError(f"forward must return a [batch nodes, C] tensor, got "
                                  f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__} for a "
                                  f"batch of {batch.num_nodes} nodes")
-            outs.append(out)
-            ids.append(batch.n_id.to(out.device))
+            gather.add(batch.n_id.to(out.device), out)
     finally:
         model.train(was_training)
-    if outs:
-        local_out, local_ids = torch.cat(outs), torch.cat(ids)
-    else:  # more ranks than batches: this rank sends nothing (the gather takes the others' shape and dtype)
-        local_out = torch.empty(0, 1, device=device)
-        local_ids = torch.empty(0, dtype=torch.int64, device=device)
-    # the node ids and the rows in one exchange of shapes; with dst, only that rank receives them
-    pieces = all_gather_rows([local_ids, local_out]) if dst is None else gather_rows([local_ids, local_out], dst)
-    if pieces is None:
-        return None
-    ids_pieces, out_pieces = pieces
-    all_ids = torch.cat(ids_pieces)
-    num_nodes = int(loader.cluster_data.data.num_nodes)
-    seen = torch.zeros(num_nodes, dtype=torch.int64, device=all_ids.device)
-    seen.index_add_(0, all_ids, torch.ones_like(all_ids))
-    if not bool((seen == 1).all()):
-        raise RuntimeError(f"sharded_inference: {int((seen == 0).sum())} nodes got no output and "
-                           f"{int((seen > 1).sum())} more than one; the loader's parts must cover each node once")
-    # (every piece has the agreed trailing shape and dtype, an empty one too)
-    full = out_pieces[0].new_empty((num_nodes,) + tuple(out_pieces[0].shape[1:]))
-    for ids, out in zip(ids_pieces, out_pieces):  # each rank's rows into place (no concatenated copy of them all)
-        full[ids.to(full.device)] = out
-    return full
+    return gather.result()
