@@ -588,15 +588,20 @@ def _batch_rows(ids):
     return torch.stack([ids * 10.0, ids * 10.0 + 1], 1)  # row i holds (10 i, 10 i + 1)
 
 
-def _batch_gather_worker(rank, out, rows_by_rank, dst, per_send, trailing):
+def _batch_gather_worker(rank, out, rows_by_rank, dst, per_send, trailing, device="cpu"):
     gather = pqd.BatchGather(rows_by_rank, sum(map(sum, rows_by_rank)), dst=dst, batches_per_send=per_send)
     start = sum(sum(rows) for rows in rows_by_rank[:rank])
     for count in rows_by_rank[rank]:
-        ids = _BATCH_IDS[start:start + count]
+        ids = _BATCH_IDS[start:start + count].to(device)
         rows = _batch_rows(ids)
         gather.add(ids, rows if trailing is None or rank == 0 else rows.repeat(1, trailing))
         start += count
-    torch.save(gather.result(), f"{out}_{rank}.pt")
+    result = gather.result()
+    torch.save(None if result is None else result.cpu(), f"{out}_{rank}.pt")
+
+
+def _batch_gather_worker_cuda(rank, out, rows_by_rank, dst, per_send):
+    _batch_gather_worker(rank, out, rows_by_rank, dst, per_send, None, f"cuda:{rank}")
 
 
 @pytest.mark.parametrize("dst,per_send", [(None, 1), (1, 3), (0, 2), (None, 4)])
@@ -606,6 +611,20 @@ def test_batch_gather_puts_every_rank_s_batches_in_place(tmp_path, dst, per_send
     for rank, result in enumerate(saved(tmp_path, "bg")):
         if dst is None or rank == dst:
             assert torch.equal(result, expected)
+        else:
+            assert result is None
+
+
+@pytest.mark.cuda
+@requires_two_gpus
+@pytest.mark.parametrize("dst,per_send", [(None, 1), (0, 2), (None, 3)])
+def test_batch_gather_on_two_gpus(tmp_path, dst, per_send):
+    """NCCL: each group of sends and receives posted as its batches are made, sends and receives in one group."""
+    run_ranks(_batch_gather_worker_cuda, tmp_path, str(tmp_path / "bg"), _BATCH_ROWS, dst, per_send,
+              backend="nccl", timeout=300)
+    for rank, result in enumerate(saved(tmp_path, "bg")):
+        if dst is None or rank == dst:
+            assert torch.equal(result, _batch_rows(torch.arange(15)))
         else:
             assert result is None
 
