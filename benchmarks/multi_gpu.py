@@ -422,7 +422,7 @@ class Bench:
                 start.record()
             with context():
                 if size > 1:  # each few batches' rows sent to rank 0 as the next run (sharded_inference(..., dst=0))
-                    gather = pqd.BatchGather(rows_by_rank, nb * n, dst=0)
+                    gather = pqd.BatchGather(rows_by_rank, nb * n, dst=0, peer_copies=args.gather == "copies")
                     for b in share:
                         mark()
                         gather.add(node_ids[b], forward(*inputs[b]))
@@ -430,6 +430,7 @@ class Bench:
                         end.record()
                     done = time.perf_counter()
                     full = gather.result()
+                    last["peer_copies"] = gather.peer_copies
                 else:  # what BatchGather does in one process: the rows put in place at the end
                     outs = []
                     for b in share:
@@ -447,6 +448,8 @@ class Bench:
             result = dict(compile_info, grad_mode=grad_mode, batches_per_rank=[len(infer_share(nb, r, size))
                                                                                for r in range(size)],
                           ideal_speedup=nb / len(infer_share(nb, 0, size)))
+            if "peer_copies" in last:
+                result["peer_copies"] = last["peer_copies"]
             if self.lead:
                 full = last["full"]
                 ref_key = (kind, variant.replace(" compile RO", ""))
@@ -627,13 +630,13 @@ class Bench:
         self.warm_up()
         big = not args.small
         for kind in args.models:  # the core: resident training and eager inference, both models
-            for variant in TRAIN_VARIANTS:
+            for variant in args.train_variants:
                 self.train_config(kind, variant, "resident", 25 if big else 2)
             for variant in [f"pyg_quant {b}-bit" for b in args.bits[:1]] + ["PyG fp32 CSR"]:
                 self.infer_config(kind, variant, 10 if big else 1)
         for kind in args.models:  # then what the budget may cut: copies, more bit widths, seeds, compiled
             if args.h2d:
-                for variant in TRAIN_VARIANTS:
+                for variant in args.train_variants:
                     self.train_config(kind, variant, "+H2D", 25 if big else 2)
             for b in args.bits[1:]:
                 self.infer_config(kind, f"pyg_quant {b}-bit", 10 if big else 1)
@@ -923,6 +926,11 @@ def parse_args(argv=None):
     p.add_argument("--adjacency", default=DEFAULT_ADJACENCY, choices=ADJACENCY_FORMS,
                    help="form of the decoded pyg_quant batches")
     p.add_argument("--models", default="GIN,GCN")
+    p.add_argument("--train-variants", default=",".join(TRAIN_VARIANTS),
+                   help=f"training variants, comma-separated (of {', '.join(TRAIN_VARIANTS)}; empty: no training)")
+    p.add_argument("--gather", default="copies", choices=("copies", "sends"),
+                   help="how 2-GPU inference outputs reach rank 0 (pyg_quant.distributed.BatchGather): copies into "
+                        "rank 0's buffers where the GPUs reach each other (default), or point-to-point sends")
     p.add_argument("--no-h2d", dest="h2d", action="store_false", help="skip the +H2D training variants")
     p.add_argument("--no-ddp1", dest="ddp1", action="store_false", help="skip the '1 GPU under DDP' training rows")
     p.add_argument("--compile", dest="compile", action="store_true", default=None,
@@ -968,6 +976,10 @@ def parse_args(argv=None):
     args.bits = tuple(int(b) for b in args.bits.split(",") if b)
     args.models = tuple(m.strip().upper() for m in args.models.split(",") if m.strip())
     args.accuracy_seeds = tuple(int(s) for s in args.accuracy_seeds.split(",") if s.strip())
+    args.train_variants = tuple(v.strip() for v in args.train_variants.split(",") if v.strip())
+    unknown = [v for v in args.train_variants if v not in TRAIN_VARIANTS]
+    if unknown:
+        p.error(f"--train-variants: unknown {unknown}; choose from {TRAIN_VARIANTS}")
     if args.out is None:
         args.out = os.path.join(HERE, "out", "multi_gpu_small.json" if args.small else "multi_gpu.json")
     if args.out:

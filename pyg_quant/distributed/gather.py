@@ -139,18 +139,22 @@ def _all_gather(out: torch.Tensor, tensor: torch.Tensor, size: int) -> None:
 
 
 class BatchGather:
-    r"""Batch outputs made on every rank, gathered into one ``[num_rows, ...]`` tensor in row order, each few
-    batches sent while the later ones run.
+    r"""Batch outputs made on every rank, gathered into one ``[num_rows, ...]`` tensor in row order while the later
+    batches run.
 
     Every rank makes the same object (the same ``rows_by_rank``) and passes its own batches in order to
     :meth:`add` (each batch's row ids and rows); :meth:`result` sends what is left, waits for the transfers
-    and puts every row in place.  Every rank knows every rank's batch sizes, so the receiving ranks post
-    their receives into buffers of the right size as soon as the first batch gave the rows' trailing shape
-    and dtype; after that, each ``batches_per_send`` batches of a rank go to the receiving ranks as one group
-    of point-to-point sends (on NCCL's own stream, after the batches' kernels, so they overlap the next
-    batches), and only the last group and the scatter into place remain at the end.  Group ``j`` of every
-    rank holds its own batches ``j·m ... j·m + m - 1`` (``m = batches_per_send``) and the receives of the
-    other ranks' batches of the same numbers, which keeps the ranks' sends and receives in matching order.
+    and puts every row in place.  Every rank knows every rank's batch sizes, so the receiving ranks make
+    buffers of the right size as soon as the first batch gave the rows' trailing shape and dtype.  Then:
+
+    * ranks on one host whose GPUs reach each other (CUDA peer access; the devices told apart by UUID) copy
+      each batch's rows straight into the receivers' buffers (CUDA IPC, the copy engines: no kernel of the
+      receiver and no rendezvous while the batches run), the row ids once at the end, and meet in one
+      all-reduce that orders those copies before the receivers read them;
+    * otherwise each ``batches_per_send`` batches of a rank go to the receiving ranks as one group of
+      point-to-point sends (on NCCL's own stream, after the batches' kernels): group ``j`` of every rank holds
+      its own batches ``j·m ... j·m + m - 1`` (``m = batches_per_send``) and the receives of the other ranks'
+      batches of the same numbers, which keeps the ranks' sends and receives in matching order.
 
     Args:
         rows_by_rank (sequence of sequences of int): ``rows_by_rank[r][k]``: the rows of rank ``r``'s batch ``k``.
@@ -158,7 +162,9 @@ class BatchGather:
         dst (int, optional): the rank that gets the result (the others get None); default None: every rank.
         device (optional): where the result goes on a rank that adds no batch (default: the device collectives
             run on); otherwise it is on the batches' rows' device.
-        batches_per_send (int): batches a group of sends holds (default 4).
+        batches_per_send (int): batches a group of point-to-point sends holds (default 4).
+        peer_copies (bool): copy into the receivers' buffers where the GPUs allow it (default True); False: the
+            point-to-point sends always.
 
     The row ids of all ranks' batches together must name each of ``[0, num_rows)`` once: they are not checked
     (a check would wait for the device), and a row no batch names holds whatever its memory held.  The first
@@ -168,7 +174,8 @@ class BatchGather:
     """
 
     def __init__(self, rows_by_rank: Sequence[Sequence[int]], num_rows: int, *, dst: Optional[int] = None,
-                 device: Union[str, torch.device, None] = None, batches_per_send: int = 4):
+                 device: Union[str, torch.device, None] = None, batches_per_send: int = 4,
+                 peer_copies: bool = True):
         rank, size = world()
         if not isinstance(rows_by_rank, (list, tuple)) or len(rows_by_rank) != size or any(
                 not isinstance(rows, (list, tuple)) or any(isinstance(n, bool) or not isinstance(n, int) or n < 0
@@ -181,16 +188,21 @@ class BatchGather:
             raise ValueError(f"dst must be None or a rank in [0, {size}), got {dst!r}")
         if isinstance(batches_per_send, bool) or not isinstance(batches_per_send, int) or batches_per_send < 1:
             raise ValueError(f"batches_per_send must be a positive int, got {batches_per_send!r}")
+        if not isinstance(peer_copies, bool):
+            raise TypeError(f"peer_copies must be a bool, got {type(peer_copies).__name__}")
         self.rank, self.size, self.dst, self.per_send = rank, size, dst, batches_per_send
         self.rows_by_rank = [list(rows) for rows in rows_by_rank]
         self.num_rows = num_rows
         self.device = torch.device(device) if device is not None else None
         self.comm = collective_device()
+        self.peer_copies = peer_copies and size > 1 and self.comm.type == "cuda"
         self.receives = dst is None or dst == rank
-        self.ids, self.rows = [], []  # this rank's batches, kept until their sends are done
+        self.ids, self.rows = [], []  # this rank's batches, kept until their transfers are done
         self.spec = None  # (dtype, trailing shape), agreed by the ranks
-        self.buffers = {}  # peer -> (ids, rows) of all its batches, received in place
-        self.requests, self.groups_posted = [], 0
+        self.buffers = {}  # peer -> (ids, rows) of all its batches: views of ``received``
+        self.received = None  # (ids, rows) of every other rank's batches, on a receiving rank
+        self.remote = {}  # receiving peer -> (ids, rows) views of its buffers for this rank's batches (peer copies)
+        self.requests, self.groups_posted, self.offset = [], 0, 0
         self.done = False
 
     def add(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
@@ -216,9 +228,14 @@ class BatchGather:
         if rows.dtype != dtype or list(rows.shape[1:]) != trailing or rows.device != self.device:
             raise ValueError(f"rows of batch {k} must be {dtype} [n, {trailing}] on {self.device} like the first "
                              f"batch's, got {rows.dtype} {tuple(rows.shape)} on {rows.device}")
+        rows = rows.contiguous()
         self.ids.append(ids)
-        self.rows.append(rows.contiguous())
-        if (k + 1) % self.per_send == 0:
+        self.rows.append(rows)
+        if self.peer_copies:
+            start, self.offset = self.offset, self.offset + rows.size(0)
+            for _, remote_rows in self.remote.values():
+                remote_rows[start:self.offset].copy_(rows, non_blocking=True)
+        elif (k + 1) % self.per_send == 0:
             self._post(k // self.per_send)
 
     def result(self) -> Optional[torch.Tensor]:
@@ -231,13 +248,25 @@ class BatchGather:
             raise ValueError(f"rank {self.rank} added {len(self.rows)} of its {len(mine)} batches")
         if self.spec is None:
             self._agree(None)
-        groups = max(-(-len(rows) // self.per_send) for rows in self.rows_by_rank)
-        for group in range(self.groups_posted, groups):
-            self._post(group)
-        for request in self.requests:
-            request.wait()
+        if self.peer_copies:
+            if self.rows:
+                ids = torch.cat(self.ids)
+                for remote_ids, _ in self.remote.values():
+                    remote_ids.copy_(ids, non_blocking=True)
+            # Every rank's copies are queued on its stream before this all-reduce, and the receivers' reads after it.
+            dist.all_reduce(torch.zeros(1, device=self.comm))
+            if self.remote:
+                torch.cuda.current_stream(self.comm).synchronize()  # the copies done before their mappings close
+            self.remote = {}
+        else:
+            groups = max(-(-len(rows) // self.per_send) for rows in self.rows_by_rank)
+            for group in range(self.groups_posted, groups):
+                self._post(group)
+            for request in self.requests:
+                request.wait()
         self.done = True
         if not self.receives:
+            self.ids, self.rows = [], []
             return None
         dtype, trailing = self.spec
         device = self.device if self.device is not None else self.comm
@@ -246,17 +275,17 @@ class BatchGather:
             full.index_copy_(0, torch.cat(self.ids).to(device), torch.cat(self.rows).to(device))
         for ids, rows in self.buffers.values():
             full.index_copy_(0, ids.to(device), rows.to(device))
-        self.ids, self.rows, self.buffers = [], [], {}
+        self.ids, self.rows, self.buffers, self.received = [], [], {}, None
         return full
 
     def _agree(self, rows: Optional[torch.Tensor]) -> None:
         """Agrees on the rows' dtype and trailing shape (and that every rank passed the same ``rows_by_rank``),
-        then allocates the receive buffers."""
+        makes the receive buffers and, with peer copies, maps the receivers' buffers here."""
         meta = _meta(rows) if rows is not None else torch.full((2 + _MAX_DIMS,), -1, dtype=torch.int64)
         if rows is None:
             meta[0] = 0
-        check = zlib.crc32(repr((self.rows_by_rank, self.dst, self.per_send)).encode()) & 0x7FFFFFFF
-        meta = torch.cat([meta, torch.tensor([check], dtype=torch.int64)])
+        check = zlib.crc32(repr((self.rows_by_rank, self.dst, self.per_send, self.peer_copies)).encode())
+        meta = torch.cat([meta, torch.tensor([check & 0x7FFFFFFF], dtype=torch.int64)])
         if self.size > 1:
             every = torch.empty((self.size,) + tuple(meta.shape), dtype=torch.int64, device=self.comm)
             _all_gather(every, meta.to(self.comm), self.size)
@@ -264,7 +293,8 @@ class BatchGather:
         else:
             every = meta.view(1, -1)
         if any(int(check) != int(every[0, -1]) for check in every[:, -1]):
-            raise ValueError("BatchGather: the ranks passed different rows_by_rank, dst or batches_per_send")
+            raise ValueError("BatchGather: the ranks passed different rows_by_rank, dst, batches_per_send or "
+                             "peer_copies")
         metas = every[:, :-1]
         filled = [m for m in metas if int(m[0]) > 0]
         if not filled:
@@ -272,14 +302,19 @@ class BatchGather:
         if any(not torch.equal(m[1:], filled[0][1:]) for m in filled):
             raise ValueError("BatchGather: the ranks' rows differ in trailing shape or dtype: "
                              f"{[(_DTYPES[int(m[1])], [int(d) for d in m[2:] if d >= 0]) for m in filled]}")
-        self.spec = (_DTYPES[int(filled[0][1])], [int(d) for d in filled[0][2:] if d >= 0])
-        if self.receives:
-            dtype, trailing = self.spec
+        self.spec = dtype, trailing = _DTYPES[int(filled[0][1])], [int(d) for d in filled[0][2:] if d >= 0]
+        totals = [sum(rows) for rows in self.rows_by_rank]
+        others = sum(totals) - totals[self.rank]
+        if self.receives and others:  # on the collectives' device (what NCCL sends to and peers map)
+            self.received = all_ids, all_rows = (torch.empty(others, dtype=torch.int64, device=self.comm),
+                                                 torch.empty([others] + trailing, dtype=dtype, device=self.comm))
+            start = 0
             for peer in range(self.size):
-                total = sum(self.rows_by_rank[peer])
-                if peer != self.rank and total:
-                    self.buffers[peer] = (torch.empty(total, dtype=torch.int64, device=self.comm),
-                                          torch.empty([total] + trailing, dtype=dtype, device=self.comm))
+                if peer != self.rank and totals[peer]:
+                    self.buffers[peer] = (all_ids[start:start + totals[peer]], all_rows[start:start + totals[peer]])
+                    start += totals[peer]
+        if self.peer_copies:  # (every rank: the same setting, checked above)
+            self.peer_copies = _map_receivers(self, totals)
 
     def _post(self, group: int) -> None:
         """Posts group ``group`` (and any before it not yet posted): this rank's batches of that number to the
@@ -305,3 +340,64 @@ class BatchGather:
                     start += counts[k]
             self.requests += _post_ops(ops, self.comm)
             self.groups_posted += 1
+
+
+# (world size, rank) -> whether every rank's GPU can copy into every other's through CUDA IPC
+_PEER_ACCESS = {}
+
+
+def _gpus_reach_each_other() -> bool:
+    """Whether the ranks share one host and each rank's GPU is visible to every other rank (the same device, by
+    UUID, at the same index) with peer access: what copying into another rank's memory needs.  Asked once per
+    process group (one all-gather of small objects)."""
+    rank, size = world()
+    key = (id(dist.group.WORLD), size, rank)
+    if key not in _PEER_ACCESS:
+        import socket
+
+        current = torch.cuda.current_device()
+        count = torch.cuda.device_count()
+        uuids = [str(torch.cuda.get_device_properties(i).uuid) for i in range(count)]
+        reach = [i == current or torch.cuda.can_device_access_peer(current, i) for i in range(count)]
+        mine = (socket.gethostname(), current, uuids, reach)
+        every = [None] * size
+        dist.all_gather_object(every, mine)
+        host = every[0][0]
+        _PEER_ACCESS[key] = all(
+            other_host == host and all(
+                device < len(uuids_of) and uuids_of[device] == every[peer][2][device] and reach_of[device]
+                for peer, (_, device, _, _) in enumerate(every))
+            for other_host, _, uuids_of, reach_of in every)
+    return _PEER_ACCESS[key]
+
+
+def _map_receivers(gather: BatchGather, totals: List[int]) -> bool:
+    """Maps each receiving rank's buffers for this rank's rows into this process (CUDA IPC handles exchanged with
+    one all-gather); returns whether every rank could (else none copies: the point-to-point sends run)."""
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
+
+    if not _gpus_reach_each_other():
+        return False
+    handles = None
+    if gather.received is not None:
+        handles = tuple(reduce_tensor(t)[1] for t in gather.received)
+    every = [None] * gather.size
+    dist.all_gather_object(every, handles)
+    ok = True
+    try:
+        mine = totals[gather.rank]
+        for peer, peer_handles in enumerate(every):
+            if peer == gather.rank or peer_handles is None or not mine:
+                continue
+            # this rank's rows sit in the peer's buffers after the rows of the ranks before it (but the peer)
+            start = sum(totals[r] for r in range(gather.rank) if r != peer)
+            ids, rows = (rebuild_cuda_tensor(*handle) for handle in peer_handles)
+            gather.remote[peer] = (ids[start:start + mine], rows[start:start + mine])
+    except Exception:  # noqa: BLE001 - any failure to map falls back, on every rank, to the sends
+        gather.remote, ok = {}, False
+    flags = torch.tensor([int(ok)], device=gather.comm)
+    dist.all_reduce(flags, op=dist.ReduceOp.MIN)
+    if not bool(flags.item()):
+        gather.remote = {}
+        return False
+    return True
