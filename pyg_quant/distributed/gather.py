@@ -148,9 +148,10 @@ class BatchGather:
     buffers of the right size as soon as the first batch gave the rows' trailing shape and dtype.  Then:
 
     * ranks on one host whose GPUs reach each other (CUDA peer access; the devices told apart by UUID) copy
-      each batch's rows straight into the receivers' buffers (CUDA IPC, the copy engines: no kernel of the
-      receiver and no rendezvous while the batches run), the row ids once at the end, and meet in one
-      all-reduce that orders those copies before the receivers read them;
+      each batch's rows straight into the receivers' buffers (CUDA IPC, mapped into the sender's own device: one
+      DMA a batch on the sender's stream, no kernel of the receiver and no rendezvous while the batches run),
+      the row ids once at the end, and meet in one all-reduce that orders those copies before the receivers
+      read them;
     * otherwise each ``batches_per_send`` batches of a rank go to the receiving ranks as one group of
       point-to-point sends (on NCCL's own stream, after the batches' kernels): group ``j`` of every rank holds
       its own batches ``j·m ... j·m + m - 1`` (``m = batches_per_send``) and the receives of the other ranks'
@@ -391,7 +392,10 @@ def _map_receivers(gather: BatchGather, totals: List[int]) -> bool:
                 continue
             # this rank's rows sit in the peer's buffers after the rows of the ranks before it (but the peer)
             start = sum(totals[r] for r in range(gather.rank) if r != peer)
-            ids, rows = (rebuild_cuda_tensor(*handle) for handle in peer_handles)
+            # Mapped into this rank's own device (the handle's device index replaced by this one): a copy into it is
+            # then one DMA on this device's stream over the peer link, and nothing runs in a context of the peer's
+            # device here (work from two processes on one GPU is time-sliced between their contexts).
+            ids, rows = (rebuild_cuda_tensor(*handle[:6], gather.comm.index, *handle[7:]) for handle in peer_handles)
             gather.remote[peer] = (ids[start:start + mine], rows[start:start + mine])
     except Exception:  # noqa: BLE001 - any failure to map falls back, on every rank, to the sends
         gather.remote, ok = {}, False
