@@ -152,10 +152,11 @@ class BatchGather:
       DMA a batch on the sender's stream, no kernel of the receiver and no rendezvous while the batches run),
       the row ids once at the end, and meet in one all-reduce that orders those copies before the receivers
       read them;
-    * otherwise each ``batches_per_send`` batches of a rank go to the receiving ranks as one group of
-      point-to-point sends (on NCCL's own stream, after the batches' kernels): group ``j`` of every rank holds
-      its own batches ``j·m ... j·m + m - 1`` (``m = batches_per_send``) and the receives of the other ranks'
-      batches of the same numbers, which keeps the ranks' sends and receives in matching order.
+    * otherwise a rank that sends copies each batch's rows after the previous ones into one buffer, and each
+      ``batches_per_send`` batches go to the receiving ranks as one point-to-point send (on NCCL's own stream,
+      after the batches' kernels), the row ids once at the end: group ``j`` of every rank holds its own batches
+      ``j·m ... j·m + m - 1`` (``m = batches_per_send``) and the receives of the other ranks' batches of the same
+      numbers, which keeps the ranks' sends and receives in matching order.
 
     Args:
         rows_by_rank (sequence of sequences of int): ``rows_by_rank[r][k]``: the rows of rank ``r``'s batch ``k``.
@@ -199,6 +200,8 @@ class BatchGather:
         self.peer_copies = peer_copies and size > 1 and self.comm.type == "cuda"
         self.receives = dst is None or dst == rank
         self.ids, self.rows = [], []  # this rank's batches, kept until their transfers are done
+        self.sends_to = [r for r in range(size) if r != rank and (dst is None or r == dst)]
+        self.staged = None  # this rank's rows, batch after batch (a sender without peer copies)
         self.spec = None  # (dtype, trailing shape), agreed by the ranks
         self.buffers = {}  # peer -> (ids, rows) of all its batches: views of ``received``
         self.received = None  # (ids, rows) of every other rank's batches, on a receiving rank
@@ -211,7 +214,7 @@ class BatchGather:
         ``[n, ...]`` on one device)."""
         if self.done:
             raise RuntimeError("BatchGather.add after result()")
-        k = len(self.rows)
+        k = len(self.ids)
         mine = self.rows_by_rank[self.rank]
         if k >= len(mine):
             raise ValueError(f"rank {self.rank} has {len(mine)} batches in rows_by_rank; got one more")
@@ -229,14 +232,15 @@ class BatchGather:
         if rows.dtype != dtype or list(rows.shape[1:]) != trailing or rows.device != self.device:
             raise ValueError(f"rows of batch {k} must be {dtype} [n, {trailing}] on {self.device} like the first "
                              f"batch's, got {rows.dtype} {tuple(rows.shape)} on {rows.device}")
-        rows = rows.contiguous()
         self.ids.append(ids)
-        self.rows.append(rows)
-        if self.peer_copies:
-            start, self.offset = self.offset, self.offset + rows.size(0)
+        start, self.offset = self.offset, self.offset + rows.size(0)
+        if self.staged is not None:
+            self.staged[start:self.offset].copy_(rows)
+        else:
+            self.rows.append(rows)
             for _, remote_rows in self.remote.values():
                 remote_rows[start:self.offset].copy_(rows, non_blocking=True)
-        elif (k + 1) % self.per_send == 0:
+        if not self.peer_copies and (k + 1) % self.per_send == 0:
             self._post(k // self.per_send)
 
     def result(self) -> Optional[torch.Tensor]:
@@ -245,15 +249,15 @@ class BatchGather:
         if self.done:
             raise RuntimeError("BatchGather.result called twice")
         mine = self.rows_by_rank[self.rank]
-        if len(self.rows) != len(mine):
-            raise ValueError(f"rank {self.rank} added {len(self.rows)} of its {len(mine)} batches")
+        if len(self.ids) != len(mine):
+            raise ValueError(f"rank {self.rank} added {len(self.ids)} of its {len(mine)} batches")
         if self.spec is None:
             self._agree(None)
+        own_ids = torch.cat(self.ids) if self.ids else None
         if self.peer_copies:
-            if self.rows:
-                ids = torch.cat(self.ids)
+            if own_ids is not None:
                 for remote_ids, _ in self.remote.values():
-                    remote_ids.copy_(ids, non_blocking=True)
+                    remote_ids.copy_(own_ids, non_blocking=True)
             # Every rank's copies are queued on its stream before this all-reduce, and the receivers' reads after it.
             dist.all_reduce(torch.zeros(1, device=self.comm))
             if self.remote:
@@ -263,20 +267,25 @@ class BatchGather:
             groups = max(-(-len(rows) // self.per_send) for rows in self.rows_by_rank)
             for group in range(self.groups_posted, groups):
                 self._post(group)
+            # then the row ids, in one transfer a pair of ranks
+            ops = [(dist.isend, own_ids.to(self.comm), peer) for peer in self.sends_to if own_ids is not None]
+            ops += [(dist.irecv, ids, peer) for peer, (ids, _) in self.buffers.items()]
+            self.requests += _post_ops(ops, self.comm)
             for request in self.requests:
                 request.wait()
         self.done = True
+        own_rows = self.staged if self.staged is not None else torch.cat(self.rows) if self.rows else None
+        self.ids, self.rows, self.staged = [], [], None
         if not self.receives:
-            self.ids, self.rows = [], []
             return None
         dtype, trailing = self.spec
         device = self.device if self.device is not None else self.comm
         full = torch.empty([self.num_rows] + trailing, dtype=dtype, device=device)
-        if self.rows:
-            full.index_copy_(0, torch.cat(self.ids).to(device), torch.cat(self.rows).to(device))
+        if own_ids is not None:
+            full.index_copy_(0, own_ids.to(device), own_rows.to(device))
         for ids, rows in self.buffers.values():
             full.index_copy_(0, ids.to(device), rows.to(device))
-        self.ids, self.rows, self.buffers, self.received = [], [], {}, None
+        self.buffers, self.received = {}, None
         return full
 
     def _agree(self, rows: Optional[torch.Tensor]) -> None:
@@ -316,29 +325,26 @@ class BatchGather:
                     start += totals[peer]
         if self.peer_copies:  # (every rank: the same setting, checked above)
             self.peer_copies = _map_receivers(self, totals)
+        if not self.peer_copies and self.sends_to and rows is not None:
+            self.staged = torch.empty([totals[self.rank]] + trailing, dtype=dtype, device=self.comm)
 
     def _post(self, group: int) -> None:
-        """Posts group ``group`` (and any before it not yet posted): this rank's batches of that number to the
-        receiving ranks, the other ranks' batches of that number into the receive buffers."""
+        """Posts group ``group`` (and any before it not yet posted): this rank's rows of that group's batches to the
+        receiving ranks, the other ranks' rows of the same batch numbers into the receive buffers."""
         while self.groups_posted <= group:
             j = self.groups_posted
             first, last = j * self.per_send, (j + 1) * self.per_send
             ops = []
-            for k in range(first, min(last, len(self.rows))):
-                ids, rows = self.ids[k], self.rows[k]
-                if rows.device != self.comm:
-                    ids, rows = ids.to(self.comm), rows.to(self.comm)
-                for peer in range(self.size):
-                    if peer != self.rank and (self.dst is None or peer == self.dst) and rows.size(0):
-                        ops += [(dist.isend, ids, peer), (dist.isend, rows, peer)]
-            for peer, (ids, rows) in self.buffers.items():
+            mine = self.rows_by_rank[self.rank]
+            start, end = sum(mine[:first]), sum(mine[:last])
+            if end > start:
+                for peer in self.sends_to:
+                    ops.append((dist.isend, self.staged[start:end], peer))
+            for peer, (_, rows) in self.buffers.items():
                 counts = self.rows_by_rank[peer]
-                start = sum(counts[:first])
-                for k in range(first, min(last, len(counts))):
-                    if counts[k]:
-                        ops += [(dist.irecv, ids[start:start + counts[k]], peer),
-                                (dist.irecv, rows[start:start + counts[k]], peer)]
-                    start += counts[k]
+                start, end = sum(counts[:first]), sum(counts[:last])
+                if end > start:
+                    ops.append((dist.irecv, rows[start:end], peer))
             self.requests += _post_ops(ops, self.comm)
             self.groups_posted += 1
 
