@@ -52,7 +52,7 @@ GPU once: ``BitTensor`` features and ``BitAdjacency``), ``PyG fp32 CSR`` (as in 
 ``pyg_quant 4-bit compile RO`` (``torch.compile(mode="reduce-overhead")``, compiled and recorded in untimed
 passes).  Rank ``r`` runs batches ``r, r + R, ...`` (75 = 38 + 37, as ``pyg_quant.distributed.sharded_inference``
 shares them) and hands each output with its node ids to a ``pyg_quant.distributed.BatchGather`` to rank 0 (as
-``sharded_inference(..., dst=0)``: every 4 batches' rows sent while the next ones run), which puts them in node
+``sharded_inference(..., dst=0)``: the rows staged in one buffer, sent at the end), which puts them in node
 order (the row order of the workload's batch-major feature matrix: batch b's nodes at rows ``b·32000 ...``); one GPU
 keeps its outputs and puts them in node order at the end, as ``BatchGather`` does in one process.
 Each 2-GPU output is compared with the 1-GPU one (``max_abs_diff_vs_1gpu``).
@@ -185,7 +185,7 @@ class Bench:
 
     def time_epoch(self, epoch, size: int):
         """``(ms, busy ms)`` of one ``epoch()`` between two syncs of the configuration's ranks (busy: until this
-        rank's batches were done, before the gather's last transfers; None for a training epoch, whose ``epoch()``
+        rank's batches were done, before the gather; None for a training epoch, whose ``epoch()``
         returns None, where an inference epoch returns a function giving its busy ms after the sync)."""
         self.sync(size)
         t0 = time.perf_counter()
@@ -379,13 +379,12 @@ class Bench:
             inputs = workload.pyg_inputs(self.data, kind, "CSR", "fp32", self.device).resident
         return model.to(self.device).eval(), inputs
 
-    def infer_epoch(self, kind: str, variant: str, mode):
+    def infer_epoch(self, kind: str, variant: str, size: int):
         """``(epoch, finish)`` of an inference configuration: ``epoch()`` runs one epoch and returns when this
         rank's batches were done; ``finish()`` the row's fields besides the timing (batch counts, the output
         compared with the 1-GPU one).  Raises Skip (agreed by the ranks) where the model cannot be built."""
         args, data, dev = self.args, self.data, self.device
         n, nb, rank = data.n, data.nb, self.rank
-        size, gather_mode = (mode, None) if mode == 1 else mode
         compiled = variant.endswith("compile RO")
         share = infer_share(nb, rank, size)
         grad_mode = "inference_mode"
@@ -422,9 +421,8 @@ class Bench:
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
             with context():
-                if size > 1:  # each few batches' rows sent to rank 0 as the next run (sharded_inference(..., dst=0))
-                    gather = pqd.BatchGather(rows_by_rank, nb * n, dst=0, peer_copies=gather_mode == "copies",
-                                             batches_per_send=nb if gather_mode == "end" else 4)
+                if size > 1:  # the rows to rank 0, as sharded_inference(..., dst=0) gathers them
+                    gather = pqd.BatchGather(rows_by_rank, nb * n, dst=0)
                     for b in share:
                         mark()
                         gather.add(node_ids[b], forward(*inputs[b]))
@@ -432,7 +430,6 @@ class Bench:
                         end.record()
                     done = time.perf_counter()
                     full = gather.result()
-                    last["peer_copies"] = gather.peer_copies
                 else:  # what BatchGather does in one process: the rows put in place at the end
                     outs = []
                     for b in share:
@@ -450,8 +447,6 @@ class Bench:
             result = dict(compile_info, grad_mode=grad_mode, batches_per_rank=[len(infer_share(nb, r, size))
                                                                                for r in range(size)],
                           ideal_speedup=nb / len(infer_share(nb, 0, size)))
-            if "peer_copies" in last:
-                result["peer_copies"] = last["peer_copies"]
             if self.lead:
                 full = last["full"]
                 ref_key = (kind, variant.replace(" compile RO", ""))
@@ -543,12 +538,9 @@ class Bench:
         """Inference on 1 GPU and on every GPU, their epochs interleaved (:meth:`interleaved`)."""
         if not self.decide(f"infer {kind} {variant}", need_s):
             return
-        modes = [1] + [(self.world, g) for g in self.args.gather] if self.world > 1 else [1]
-        rows = {mode: self.row(section="infer", model=kind, variant=variant, path="resident",
-                               world=str(mode) if mode == 1 else str(mode[0]) + ("" if i == 1 else f" {mode[1]}"),
-                               rounds="interleaved", **({} if mode == 1 else {"gather": mode[1]}))
-                for i, mode in enumerate(modes)}
-        self.interleaved(rows, lambda mode: self.infer_epoch(kind, variant, mode) + (self.args.warmup,),
+        rows = {size: self.row(section="infer", model=kind, variant=variant, path="resident", world=str(size),
+                               rounds="interleaved") for size in sorted({1, self.world})}
+        self.interleaved(rows, lambda size: self.infer_epoch(kind, variant, size) + (self.args.warmup,),
                          self.args.infer_reps)
         self.eager.pop((kind, variant), None)
         self.release()
@@ -933,11 +925,6 @@ def parse_args(argv=None):
     p.add_argument("--models", default="GIN,GCN")
     p.add_argument("--train-variants", default=",".join(TRAIN_VARIANTS),
                    help=f"training variants, comma-separated (of {', '.join(TRAIN_VARIANTS)}; empty: no training)")
-    p.add_argument("--gather", default="copies",
-                   help="how 2-GPU inference outputs reach rank 0 (pyg_quant.distributed.BatchGather), comma-separated "
-                        "(each a configuration, interleaved with the others; the first is the '2' row): 'copies' into "
-                        "rank 0's buffers where the GPUs reach each other, 'sends' (point-to-point, every 4 batches), "
-                        "'end' (point-to-point, all at the end)")
     p.add_argument("--no-h2d", dest="h2d", action="store_false", help="skip the +H2D training variants")
     p.add_argument("--no-ddp1", dest="ddp1", action="store_false", help="skip the '1 GPU under DDP' training rows")
     p.add_argument("--compile", dest="compile", action="store_true", default=None,
@@ -983,9 +970,6 @@ def parse_args(argv=None):
     args.bits = tuple(int(b) for b in args.bits.split(",") if b)
     args.models = tuple(m.strip().upper() for m in args.models.split(",") if m.strip())
     args.accuracy_seeds = tuple(int(s) for s in args.accuracy_seeds.split(",") if s.strip())
-    args.gather = tuple(g.strip() for g in args.gather.split(",") if g.strip())
-    if not args.gather or any(g not in ("copies", "sends", "end") for g in args.gather):
-        p.error(f"--gather: choose from copies, sends, end; got {args.gather}")
     args.train_variants = tuple(v.strip() for v in args.train_variants.split(",") if v.strip())
     unknown = [v for v in args.train_variants if v not in TRAIN_VARIANTS]
     if unknown:

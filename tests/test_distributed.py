@@ -588,9 +588,8 @@ def _batch_rows(ids):
     return torch.stack([ids * 10.0, ids * 10.0 + 1], 1)  # row i holds (10 i, 10 i + 1)
 
 
-def _batch_gather_worker(rank, out, rows_by_rank, dst, per_send, trailing, device="cpu", peer_copies=True):
-    gather = pqd.BatchGather(rows_by_rank, sum(map(sum, rows_by_rank)), dst=dst, batches_per_send=per_send,
-                             peer_copies=peer_copies)
+def _batch_gather_worker(rank, out, rows_by_rank, dst, trailing, device="cpu"):
+    gather = pqd.BatchGather(rows_by_rank, sum(map(sum, rows_by_rank)), dst=dst)
     start = sum(sum(rows) for rows in rows_by_rank[:rank])
     for count in rows_by_rank[rank]:
         ids = _BATCH_IDS[start:start + count].to(device)
@@ -599,17 +598,15 @@ def _batch_gather_worker(rank, out, rows_by_rank, dst, per_send, trailing, devic
         start += count
     result = gather.result()
     torch.save(None if result is None else result.cpu(), f"{out}_{rank}.pt")
-    torch.save(gather.peer_copies, f"{out}_mode_{rank}.pt")
 
 
-def _batch_gather_worker_cuda(rank, out, rows_by_rank, dst, per_send, peer_copies):
-    _batch_gather_worker(rank, out, rows_by_rank, dst, per_send, None, f"cuda:{rank}", peer_copies)
+def _batch_gather_worker_cuda(rank, out, rows_by_rank, dst):
+    _batch_gather_worker(rank, out, rows_by_rank, dst, None, f"cuda:{rank}")
 
 
-@pytest.mark.parametrize("dst,per_send", [(None, 1), (1, 3), (0, 2), (None, 4)])
-def test_batch_gather_puts_every_rank_s_batches_in_place(tmp_path, dst, per_send):
-    run_ranks(_batch_gather_worker, tmp_path, str(tmp_path / "bg"), _BATCH_ROWS, dst, per_send, None)
-    assert saved(tmp_path, "bg_mode") == [False, False]  # gloo: point-to-point sends
+@pytest.mark.parametrize("dst", [None, 0, 1])
+def test_batch_gather_puts_every_rank_s_batches_in_place(tmp_path, dst):
+    run_ranks(_batch_gather_worker, tmp_path, str(tmp_path / "bg"), _BATCH_ROWS, dst, None)
     expected = _batch_rows(torch.arange(15))
     for rank, result in enumerate(saved(tmp_path, "bg")):
         if dst is None or rank == dst:
@@ -620,14 +617,11 @@ def test_batch_gather_puts_every_rank_s_batches_in_place(tmp_path, dst, per_send
 
 @pytest.mark.cuda
 @requires_two_gpus
-@pytest.mark.parametrize("dst,per_send,peer_copies", [(None, 1, True), (0, 2, True), (None, 1, False),
-                                                       (0, 2, False), (None, 3, False)])
-def test_batch_gather_on_two_gpus(tmp_path, dst, per_send, peer_copies):
-    """NCCL: the rows copied into the receivers' buffers (the two GPUs of one host reach each other), or each group
-    of sends and receives posted as its batches are made (sends and receives in one group)."""
-    run_ranks(_batch_gather_worker_cuda, tmp_path, str(tmp_path / "bg"), _BATCH_ROWS, dst, per_send, peer_copies,
-              backend="nccl", timeout=300)
-    assert saved(tmp_path, "bg_mode") == [peer_copies, peer_copies]
+@pytest.mark.parametrize("dst", [None, 0])
+def test_batch_gather_on_two_gpus(tmp_path, dst):
+    """NCCL: every rank's rows and ids in one group of sends and receives."""
+    run_ranks(_batch_gather_worker_cuda, tmp_path, str(tmp_path / "bg"), _BATCH_ROWS, dst, backend="nccl",
+              timeout=300)
     for rank, result in enumerate(saved(tmp_path, "bg")):
         if dst is None or rank == dst:
             assert torch.equal(result, _batch_rows(torch.arange(15)))
@@ -636,14 +630,14 @@ def test_batch_gather_on_two_gpus(tmp_path, dst, per_send, peer_copies):
 
 
 def test_batch_gather_with_a_rank_without_batches(tmp_path):
-    run_ranks(_batch_gather_worker, tmp_path, str(tmp_path / "bg"), [[], [6, 9]], None, 1, None)
+    run_ranks(_batch_gather_worker, tmp_path, str(tmp_path / "bg"), [[], [6, 9]], None, None)
     for result in saved(tmp_path, "bg"):
         assert torch.equal(result, _batch_rows(torch.arange(15)))
 
 
 def test_batch_gather_raises_on_every_rank_where_the_rows_differ(tmp_path):
     with pytest.raises(RanksFailed) as failure:
-        run_ranks(_batch_gather_worker, tmp_path, str(tmp_path / "bg"), _BATCH_ROWS, None, 2, 3, timeout=30)
+        run_ranks(_batch_gather_worker, tmp_path, str(tmp_path / "bg"), _BATCH_ROWS, None, 3, timeout=30)
     first, second = str(failure.value).split("rank 1:")
     assert "differ in trailing shape" in first and "differ in trailing shape" in second
 
@@ -653,12 +647,8 @@ def test_batch_gather_checks_its_arguments():
         pqd.BatchGather([[2], [3]], 5)  # one process: one rank
     with pytest.raises(ValueError, match="num_rows"):
         pqd.BatchGather([[2, 3]], 4)
-    with pytest.raises(ValueError, match="batches_per_send"):
-        pqd.BatchGather([[2, 3]], 5, batches_per_send=0)
     with pytest.raises(ValueError, match="dst"):
         pqd.BatchGather([[2, 3]], 5, dst=1)
-    with pytest.raises(TypeError, match="peer_copies"):
-        pqd.BatchGather([[2, 3]], 5, peer_copies=1)
     gather = pqd.BatchGather([[2, 3]], 5)
     with pytest.raises(ValueError, match="rows of batch 0"):
         gather.add(torch.arange(3), torch.zeros(3, 2))

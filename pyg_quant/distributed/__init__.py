@@ -12,7 +12,7 @@ What a ``torchrun`` script (or Lightning's DDP strategy) gets once the process g
   the model without DDP's buffer broadcast before every forward; stochastic rounding draws different,
   reproducible noise on every rank (:func:`rank_seed`, :func:`seed_everything`);
 * :func:`sharded_inference`: every batch run once, on some rank, the ``[N, C]`` output gathered in node
-  order, each few batches' rows sent while the next ones run (:mod:`.inference`, :class:`BatchGather`);
+  order (:mod:`.inference`, :class:`BatchGather`);
   :func:`all_gather_rows` / :func:`gather_rows` for tensors whose rows differ from rank to rank.
 
 Modules: :mod:`.group` (rank, world size, the collectives' device, seeds), :mod:`.ranges`, :mod:`.data_parallel`,

@@ -113,20 +113,16 @@ def _gather_rows(tensors: Tensors, dst: Optional[int]):
 
 
 def _exchange(ops, comm: torch.device) -> None:
-    """Runs the point-to-point ``(isend or irecv, tensor, peer)`` ops and waits for them (see :func:`_post_ops`)."""
-    for request in _post_ops(ops, comm):
-        request.wait()
-
-
-def _post_ops(ops, comm: torch.device) -> list:
-    """Posts the point-to-point ``(isend or irecv, tensor, peer)`` ops and returns their requests: on NCCL as one
-    group (its sends wait for the matching receives, which could otherwise queue behind them), elsewhere one by
-    one."""
+    """Runs the point-to-point ``(isend or irecv, tensor, peer)`` ops and waits for them: on NCCL as one group
+    (its sends wait for the matching receives, which could otherwise queue behind them), elsewhere one by one."""
     if not ops:
-        return []
+        return
     if comm.type == "cuda":
-        return dist.batch_isend_irecv([dist.P2POp(op, tensor, peer) for op, tensor, peer in ops])
-    return [op(tensor, peer) for op, tensor, peer in ops]
+        requests = dist.batch_isend_irecv([dist.P2POp(op, tensor, peer) for op, tensor, peer in ops])
+    else:
+        requests = [op(tensor, peer) for op, tensor, peer in ops]
+    for request in requests:
+        request.wait()
 
 
 def _all_gather(out: torch.Tensor, tensor: torch.Tensor, size: int) -> None:
@@ -139,24 +135,17 @@ def _all_gather(out: torch.Tensor, tensor: torch.Tensor, size: int) -> None:
 
 
 class BatchGather:
-    r"""Batch outputs made on every rank, gathered into one ``[num_rows, ...]`` tensor in row order while the later
-    batches run.
+    r"""Batch outputs made on every rank, gathered into one ``[num_rows, ...]`` tensor in row order.
 
     Every rank makes the same object (the same ``rows_by_rank``) and passes its own batches in order to
-    :meth:`add` (each batch's row ids and rows); :meth:`result` sends what is left, waits for the transfers
-    and puts every row in place.  Every rank knows every rank's batch sizes, so the receiving ranks make
-    buffers of the right size as soon as the first batch gave the rows' trailing shape and dtype.  Then:
-
-    * ranks on one host whose GPUs reach each other (CUDA peer access; the devices told apart by UUID) copy
-      each batch's rows straight into the receivers' buffers (CUDA IPC, mapped into the sender's own device: one
-      DMA a batch on the sender's stream, no kernel of the receiver and no rendezvous while the batches run),
-      the row ids once at the end, and meet in one all-reduce that orders those copies before the receivers
-      read them;
-    * otherwise a rank that sends copies each batch's rows after the previous ones into one buffer, and each
-      ``batches_per_send`` batches go to the receiving ranks as one point-to-point send (on NCCL's own stream,
-      after the batches' kernels), the row ids once at the end: group ``j`` of every rank holds its own batches
-      ``j·m ... j·m + m - 1`` (``m = batches_per_send``) and the receives of the other ranks' batches of the same
-      numbers, which keeps the ranks' sends and receives in matching order.
+    :meth:`add` (each batch's row ids and rows); :meth:`result` moves them and puts every row in place.
+    Because every rank knows every rank's batch sizes, the shapes are agreed while the batches run (one
+    small all-gather at the first :meth:`add`, with the rows' trailing shape and dtype: where they differ
+    every rank raises the same ValueError), and a rank that sends copies each batch's rows after the
+    previous ones into one buffer; at :meth:`result` each sending rank's rows and row ids go to each
+    receiving rank in one group of point-to-point transfers (NCCL: one launch), and the receivers scatter
+    them into place.  Sending earlier, while the later batches run, was slower: the transfers' host work
+    and kernels slowed the batches more than they saved (``benchmarks/RESULTS.md``, "Several GPUs").
 
     Args:
         rows_by_rank (sequence of sequences of int): ``rows_by_rank[r][k]``: the rows of rank ``r``'s batch ``k``.
@@ -164,20 +153,14 @@ class BatchGather:
         dst (int, optional): the rank that gets the result (the others get None); default None: every rank.
         device (optional): where the result goes on a rank that adds no batch (default: the device collectives
             run on); otherwise it is on the batches' rows' device.
-        batches_per_send (int): batches a group of point-to-point sends holds (default 4).
-        peer_copies (bool): copy into the receivers' buffers where the GPUs allow it (default True); False: the
-            point-to-point sends always.
 
     The row ids of all ranks' batches together must name each of ``[0, num_rows)`` once: they are not checked
-    (a check would wait for the device), and a row no batch names holds whatever its memory held.  The first
-    :meth:`add` (or :meth:`result` on a rank without batches) agrees on the rows' trailing shape and dtype with
-    one small all-gather: where they differ every rank raises the same ValueError.  Every rank must add its
-    batches and call :meth:`result`.
+    (a check would wait for the device), and a row no batch names holds whatever its memory held.  Every rank
+    must add its batches and call :meth:`result`.
     """
 
     def __init__(self, rows_by_rank: Sequence[Sequence[int]], num_rows: int, *, dst: Optional[int] = None,
-                 device: Union[str, torch.device, None] = None, batches_per_send: int = 4,
-                 peer_copies: bool = True):
+                 device: Union[str, torch.device, None] = None):
         rank, size = world()
         if not isinstance(rows_by_rank, (list, tuple)) or len(rows_by_rank) != size or any(
                 not isinstance(rows, (list, tuple)) or any(isinstance(n, bool) or not isinstance(n, int) or n < 0
@@ -188,25 +171,16 @@ class BatchGather:
                              f"got {num_rows!r}")
         if dst is not None and (isinstance(dst, bool) or not isinstance(dst, int) or not 0 <= dst < size):
             raise ValueError(f"dst must be None or a rank in [0, {size}), got {dst!r}")
-        if isinstance(batches_per_send, bool) or not isinstance(batches_per_send, int) or batches_per_send < 1:
-            raise ValueError(f"batches_per_send must be a positive int, got {batches_per_send!r}")
-        if not isinstance(peer_copies, bool):
-            raise TypeError(f"peer_copies must be a bool, got {type(peer_copies).__name__}")
-        self.rank, self.size, self.dst, self.per_send = rank, size, dst, batches_per_send
+        self.rank, self.size, self.dst = rank, size, dst
         self.rows_by_rank = [list(rows) for rows in rows_by_rank]
         self.num_rows = num_rows
         self.device = torch.device(device) if device is not None else None
         self.comm = collective_device()
-        self.peer_copies = peer_copies and size > 1 and self.comm.type == "cuda"
         self.receives = dst is None or dst == rank
-        self.ids, self.rows = [], []  # this rank's batches, kept until their transfers are done
         self.sends_to = [r for r in range(size) if r != rank and (dst is None or r == dst)]
-        self.staged = None  # this rank's rows, batch after batch (a sender without peer copies)
+        self.ids, self.rows = [], []  # this rank's batches (rows: where nothing is staged)
+        self.staged, self.offset = None, 0  # a sending rank's rows, batch after batch
         self.spec = None  # (dtype, trailing shape), agreed by the ranks
-        self.buffers = {}  # peer -> (ids, rows) of all its batches: views of ``received``
-        self.received = None  # (ids, rows) of every other rank's batches, on a receiving rank
-        self.remote = {}  # receiving peer -> (ids, rows) views of its buffers for this rank's batches (peer copies)
-        self.requests, self.groups_posted, self.offset = [], 0, 0
         self.done = False
 
     def add(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
@@ -233,15 +207,11 @@ class BatchGather:
             raise ValueError(f"rows of batch {k} must be {dtype} [n, {trailing}] on {self.device} like the first "
                              f"batch's, got {rows.dtype} {tuple(rows.shape)} on {rows.device}")
         self.ids.append(ids)
-        start, self.offset = self.offset, self.offset + rows.size(0)
         if self.staged is not None:
+            start, self.offset = self.offset, self.offset + rows.size(0)
             self.staged[start:self.offset].copy_(rows)
         else:
             self.rows.append(rows)
-            for _, remote_rows in self.remote.values():
-                remote_rows[start:self.offset].copy_(rows, non_blocking=True)
-        if not self.peer_copies and (k + 1) % self.per_send == 0:
-            self._post(k // self.per_send)
 
     def result(self) -> Optional[torch.Tensor]:
         """The ``[num_rows, ...]`` rows in place (None on ranks other than ``dst``), once this rank added all of its
@@ -253,161 +223,56 @@ class BatchGather:
             raise ValueError(f"rank {self.rank} added {len(self.ids)} of its {len(mine)} batches")
         if self.spec is None:
             self._agree(None)
-        own_ids = torch.cat(self.ids) if self.ids else None
-        if self.peer_copies:
-            if own_ids is not None:
-                for remote_ids, _ in self.remote.values():
-                    remote_ids.copy_(own_ids, non_blocking=True)
-            # Every rank's copies are queued on its stream before this all-reduce, and the receivers' reads after it.
-            dist.all_reduce(torch.zeros(1, device=self.comm))
-            if self.remote:
-                torch.cuda.current_stream(self.comm).synchronize()  # the copies done before their mappings close
-            self.remote = {}
-        else:
-            groups = max(-(-len(rows) // self.per_send) for rows in self.rows_by_rank)
-            for group in range(self.groups_posted, groups):
-                self._post(group)
-            # then the row ids, in one transfer a pair of ranks
-            ops = [(dist.isend, own_ids.to(self.comm), peer) for peer in self.sends_to if own_ids is not None]
-            ops += [(dist.irecv, ids, peer) for peer, (ids, _) in self.buffers.items()]
-            self.requests += _post_ops(ops, self.comm)
-            for request in self.requests:
-                request.wait()
         self.done = True
+        dtype, trailing = self.spec
+        own_ids = torch.cat(self.ids) if self.ids else None
         own_rows = self.staged if self.staged is not None else torch.cat(self.rows) if self.rows else None
         self.ids, self.rows, self.staged = [], [], None
+        ops, received = [], []
+        if own_ids is not None:
+            for peer in self.sends_to:
+                ops += [(dist.isend, own_ids.to(self.comm), peer), (dist.isend, own_rows.to(self.comm), peer)]
+        if self.receives:
+            for peer in range(self.size):
+                rows = sum(self.rows_by_rank[peer])
+                if peer != self.rank and rows:
+                    ids_buf = torch.empty(rows, dtype=torch.int64, device=self.comm)
+                    rows_buf = torch.empty([rows] + trailing, dtype=dtype, device=self.comm)
+                    ops += [(dist.irecv, ids_buf, peer), (dist.irecv, rows_buf, peer)]
+                    received.append((ids_buf, rows_buf))
+        _exchange(ops, self.comm)
         if not self.receives:
             return None
-        dtype, trailing = self.spec
         device = self.device if self.device is not None else self.comm
         full = torch.empty([self.num_rows] + trailing, dtype=dtype, device=device)
         if own_ids is not None:
             full.index_copy_(0, own_ids.to(device), own_rows.to(device))
-        for ids, rows in self.buffers.values():
+        for ids, rows in received:
             full.index_copy_(0, ids.to(device), rows.to(device))
-        self.buffers, self.received = {}, None
         return full
 
     def _agree(self, rows: Optional[torch.Tensor]) -> None:
-        """Agrees on the rows' dtype and trailing shape (and that every rank passed the same ``rows_by_rank``),
-        makes the receive buffers and, with peer copies, maps the receivers' buffers here."""
+        """Agrees on the rows' dtype and trailing shape (and that every rank passed the same ``rows_by_rank``);
+        a sending rank then makes the buffer its rows are staged in."""
         meta = _meta(rows) if rows is not None else torch.full((2 + _MAX_DIMS,), -1, dtype=torch.int64)
         if rows is None:
             meta[0] = 0
-        check = zlib.crc32(repr((self.rows_by_rank, self.dst, self.per_send, self.peer_copies)).encode())
-        meta = torch.cat([meta, torch.tensor([check & 0x7FFFFFFF], dtype=torch.int64)])
+        check = zlib.crc32(repr((self.rows_by_rank, self.dst)).encode()) & 0x7FFFFFFF
+        meta = torch.cat([meta, torch.tensor([check], dtype=torch.int64)])
         if self.size > 1:
             every = torch.empty((self.size,) + tuple(meta.shape), dtype=torch.int64, device=self.comm)
             _all_gather(every, meta.to(self.comm), self.size)
             every = every.cpu()
         else:
             every = meta.view(1, -1)
-        if any(int(check) != int(every[0, -1]) for check in every[:, -1]):
-            raise ValueError("BatchGather: the ranks passed different rows_by_rank, dst, batches_per_send or "
-                             "peer_copies")
-        metas = every[:, :-1]
-        filled = [m for m in metas if int(m[0]) > 0]
+        if any(int(c) != int(every[0, -1]) for c in every[:, -1]):
+            raise ValueError("BatchGather: the ranks passed different rows_by_rank or dst")
+        filled = [m for m in every[:, :-1] if int(m[0]) > 0]
         if not filled:
             raise ValueError("BatchGather: no rank has a batch with rows")
         if any(not torch.equal(m[1:], filled[0][1:]) for m in filled):
             raise ValueError("BatchGather: the ranks' rows differ in trailing shape or dtype: "
                              f"{[(_DTYPES[int(m[1])], [int(d) for d in m[2:] if d >= 0]) for m in filled]}")
         self.spec = dtype, trailing = _DTYPES[int(filled[0][1])], [int(d) for d in filled[0][2:] if d >= 0]
-        totals = [sum(rows) for rows in self.rows_by_rank]
-        others = sum(totals) - totals[self.rank]
-        if self.receives and others:  # on the collectives' device (what NCCL sends to and peers map)
-            self.received = all_ids, all_rows = (torch.empty(others, dtype=torch.int64, device=self.comm),
-                                                 torch.empty([others] + trailing, dtype=dtype, device=self.comm))
-            start = 0
-            for peer in range(self.size):
-                if peer != self.rank and totals[peer]:
-                    self.buffers[peer] = (all_ids[start:start + totals[peer]], all_rows[start:start + totals[peer]])
-                    start += totals[peer]
-        if self.peer_copies:  # (every rank: the same setting, checked above)
-            self.peer_copies = _map_receivers(self, totals)
-        if not self.peer_copies and self.sends_to and rows is not None:
-            self.staged = torch.empty([totals[self.rank]] + trailing, dtype=dtype, device=self.comm)
-
-    def _post(self, group: int) -> None:
-        """Posts group ``group`` (and any before it not yet posted): this rank's rows of that group's batches to the
-        receiving ranks, the other ranks' rows of the same batch numbers into the receive buffers."""
-        while self.groups_posted <= group:
-            j = self.groups_posted
-            first, last = j * self.per_send, (j + 1) * self.per_send
-            ops = []
-            mine = self.rows_by_rank[self.rank]
-            start, end = sum(mine[:first]), sum(mine[:last])
-            if end > start:
-                for peer in self.sends_to:
-                    ops.append((dist.isend, self.staged[start:end], peer))
-            for peer, (_, rows) in self.buffers.items():
-                counts = self.rows_by_rank[peer]
-                start, end = sum(counts[:first]), sum(counts[:last])
-                if end > start:
-                    ops.append((dist.irecv, rows[start:end], peer))
-            self.requests += _post_ops(ops, self.comm)
-            self.groups_posted += 1
-
-
-# (world size, rank) -> whether every rank's GPU can copy into every other's through CUDA IPC
-_PEER_ACCESS = {}
-
-
-def _gpus_reach_each_other() -> bool:
-    """Whether the ranks share one host and each rank's GPU is visible to every other rank (the same device, by
-    UUID, at the same index) with peer access: what copying into another rank's memory needs.  Asked once per
-    process group (one all-gather of small objects)."""
-    rank, size = world()
-    key = (id(dist.group.WORLD), size, rank)
-    if key not in _PEER_ACCESS:
-        import socket
-
-        current = torch.cuda.current_device()
-        count = torch.cuda.device_count()
-        uuids = [str(torch.cuda.get_device_properties(i).uuid) for i in range(count)]
-        reach = [i == current or torch.cuda.can_device_access_peer(current, i) for i in range(count)]
-        mine = (socket.gethostname(), current, uuids, reach)
-        every = [None] * size
-        dist.all_gather_object(every, mine)
-        host = every[0][0]
-        _PEER_ACCESS[key] = all(
-            other_host == host and all(
-                device < len(uuids_of) and uuids_of[device] == every[peer][2][device] and reach_of[device]
-                for peer, (_, device, _, _) in enumerate(every))
-            for other_host, _, uuids_of, reach_of in every)
-    return _PEER_ACCESS[key]
-
-
-def _map_receivers(gather: BatchGather, totals: List[int]) -> bool:
-    """Maps each receiving rank's buffers for this rank's rows into this process (CUDA IPC handles exchanged with
-    one all-gather); returns whether every rank could (else none copies: the point-to-point sends run)."""
-    from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
-
-    if not _gpus_reach_each_other():
-        return False
-    handles = None
-    if gather.received is not None:
-        handles = tuple(reduce_tensor(t)[1] for t in gather.received)
-    every = [None] * gather.size
-    dist.all_gather_object(every, handles)
-    ok = True
-    try:
-        mine = totals[gather.rank]
-        for peer, peer_handles in enumerate(every):
-            if peer == gather.rank or peer_handles is None or not mine:
-                continue
-            # this rank's rows sit in the peer's buffers after the rows of the ranks before it (but the peer)
-            start = sum(totals[r] for r in range(gather.rank) if r != peer)
-            # Mapped into this rank's own device (the handle's device index replaced by this one): a copy into it is
-            # then one DMA on this device's stream over the peer link, and nothing runs in a context of the peer's
-            # device here (work from two processes on one GPU is time-sliced between their contexts).
-            ids, rows = (rebuild_cuda_tensor(*handle[:6], gather.comm.index, *handle[7:]) for handle in peer_handles)
-            gather.remote[peer] = (ids[start:start + mine], rows[start:start + mine])
-    except Exception:  # noqa: BLE001 - any failure to map falls back, on every rank, to the sends
-        gather.remote, ok = {}, False
-    flags = torch.tensor([int(ok)], device=gather.comm)
-    dist.all_reduce(flags, op=dist.ReduceOp.MIN)
-    if not bool(flags.item()):
-        gather.remote = {}
-        return False
-    return True
+        if self.sends_to and rows is not None:
+            self.staged = torch.empty([sum(self.rows_by_rank[self.rank])] + trailing, dtype=dtype, device=self.comm)
