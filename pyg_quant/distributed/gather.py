@@ -1,5 +1,8 @@
 r"""Gathering tensors whose first dimension differs from rank to rank.
 
+:class:`BatchGather` gathers batch outputs whose sizes every rank knows in advance (what sharded inference makes);
+:func:`all_gather_rows` / :func:`gather_rows` gather tensors of any sizes:
+
 ``torch.distributed.all_gather`` needs tensors of one shape on every rank; a rank's share of
 the nodes of a graph has a size of its own.  Each rank first gathers every rank's row counts,
 trailing shapes and dtypes (one small all-gather for all the tensors of a call, read on the host),
@@ -59,14 +62,14 @@ def _meta(tensor: torch.Tensor) -> torch.Tensor:
     return meta
 
 
-def _piece_spec(metas: torch.Tensor, dims: int):
-    """``(rows by rank, dtype, trailing shape)`` of one tensor from every rank's meta (``[size, 2 + _MAX_DIMS]``)."""
+def _piece_spec(metas: torch.Tensor):
+    """``(rows by rank, dtype, trailing shape)`` of one tensor from every rank's meta (``[size, 2 + _MAX_DIMS]``):
+    the ranks with rows must agree (a ValueError on every rank otherwise)."""
     filled = [m for m in metas if int(m[0]) > 0] or list(metas)
     if any(not torch.equal(m[1:], filled[0][1:]) for m in filled):
-        raise ValueError("all_gather_rows: the ranks' tensors differ in trailing shape or dtype: "
+        raise ValueError("the ranks' tensors differ in trailing shape or dtype: "
                          f"{[(int(m[0]), _DTYPES[int(m[1])], [int(d) for d in m[2:] if d >= 0]) for m in metas]}")
-    return ([int(m[0]) for m in metas], _DTYPES[int(filled[0][1])],
-            [int(d) for d in filled[0][2:1 + dims]])
+    return [int(m[0]) for m in metas], _DTYPES[int(filled[0][1])], [int(d) for d in filled[0][2:] if d >= 0]
 
 
 def _gather_rows(tensors: Tensors, dst: Optional[int]):
@@ -87,7 +90,7 @@ def _gather_rows(tensors: Tensors, dst: Optional[int]):
     every = torch.empty((size,) + tuple(metas.shape), dtype=torch.int64, device=comm)
     _all_gather(every, metas.to(comm), size)  # every rank checks the shapes, so that all raise together
     every = every.cpu()
-    specs = [_piece_spec(every[:, i], t.dim()) for i, t in enumerate(items)]
+    specs = [_piece_spec(every[:, i]) for i in range(len(items))]
     receives = dst is None or rank == dst
     ops, received = [], []
     for t, (rows, dtype, trailing) in zip(items, specs):
@@ -267,12 +270,9 @@ class BatchGather:
             every = meta.view(1, -1)
         if any(int(c) != int(every[0, -1]) for c in every[:, -1]):
             raise ValueError("BatchGather: the ranks passed different rows_by_rank or dst")
-        filled = [m for m in every[:, :-1] if int(m[0]) > 0]
-        if not filled:
+        if all(int(m[0]) == 0 for m in every):
             raise ValueError("BatchGather: no rank has a batch with rows")
-        if any(not torch.equal(m[1:], filled[0][1:]) for m in filled):
-            raise ValueError("BatchGather: the ranks' rows differ in trailing shape or dtype: "
-                             f"{[(_DTYPES[int(m[1])], [int(d) for d in m[2:] if d >= 0]) for m in filled]}")
-        self.spec = dtype, trailing = _DTYPES[int(filled[0][1])], [int(d) for d in filled[0][2:] if d >= 0]
+        _, dtype, trailing = _piece_spec(every[:, :-1])
+        self.spec = dtype, trailing
         if self.sends_to and rows is not None:
             self.staged = torch.empty([sum(self.rows_by_rank[self.rank])] + trailing, dtype=dtype, device=self.comm)
