@@ -923,8 +923,8 @@ def parse_args(argv=None):
     p.add_argument("--adjacency", default=DEFAULT_ADJACENCY, choices=ADJACENCY_FORMS,
                    help="form of the decoded pyg_quant batches")
     p.add_argument("--models", default="GIN,GCN")
-    p.add_argument("--train-variants", default=",".join(TRAIN_VARIANTS),
-                   help=f"training variants, comma-separated (of {', '.join(TRAIN_VARIANTS)}; empty: no training)")
+    p.add_argument("--train-variants", default=";".join(TRAIN_VARIANTS),
+                   help=f"training variants, separated by ';' (of {'; '.join(TRAIN_VARIANTS)}; empty: no training)")
     p.add_argument("--no-h2d", dest="h2d", action="store_false", help="skip the +H2D training variants")
     p.add_argument("--no-ddp1", dest="ddp1", action="store_false", help="skip the '1 GPU under DDP' training rows")
     p.add_argument("--compile", dest="compile", action="store_true", default=None,
@@ -970,7 +970,7 @@ def parse_args(argv=None):
     args.bits = tuple(int(b) for b in args.bits.split(",") if b)
     args.models = tuple(m.strip().upper() for m in args.models.split(",") if m.strip())
     args.accuracy_seeds = tuple(int(s) for s in args.accuracy_seeds.split(",") if s.strip())
-    args.train_variants = tuple(v.strip() for v in args.train_variants.split(",") if v.strip())
+    args.train_variants = tuple(v.strip() for v in args.train_variants.split(";") if v.strip())
     unknown = [v for v in args.train_variants if v not in TRAIN_VARIANTS]
     if unknown:
         p.error(f"--train-variants: unknown {unknown}; choose from {TRAIN_VARIANTS}")
