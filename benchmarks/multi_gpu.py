@@ -815,6 +815,32 @@ def rank_cpus(rank: int, world: int) -> list:
     return sorted(cpu for group in groups[rank * share:(rank + 1) * share] for cpu in group)
 
 
+def placement(rank: int, cuda: bool) -> dict:
+    """Where this rank runs: its CPUs' NUMA nodes and, on a GPU, the GPU's PCI address and NUMA node (from sysfs;
+    None where unknown): a rank whose CPUs sit on another node than its GPU launches across the sockets' link."""
+    def cpu_node(cpu: int) -> Optional[int]:
+        try:
+            names = os.listdir(f"/sys/devices/system/cpu/cpu{cpu}")
+        except OSError:
+            return None
+        nodes = [int(n[4:]) for n in names if n.startswith("node") and n[4:].isdigit()]
+        return nodes[0] if nodes else None
+
+    out = dict(cpu_numa_nodes=sorted({n for n in map(cpu_node, os.sched_getaffinity(0)) if n is not None}))
+    if cuda:
+        props = torch.cuda.get_device_properties(rank)
+        bus = [getattr(props, f"pci_{part}_id", None) for part in ("domain", "bus", "device")]
+        if None not in bus:
+            address = "{:04x}:{:02x}:{:02x}.0".format(*bus)
+            out["gpu_pci"] = address
+            try:
+                with open(f"/sys/bus/pci/devices/{address}/numa_node") as f:
+                    out["gpu_numa_node"] = int(f.read())
+            except (OSError, ValueError):
+                out["gpu_numa_node"] = None
+    return out
+
+
 def cpu_quota() -> Optional[str]:
     """The cgroup's CPU limit (``cpu.max``: quota and period in µs), where there is one."""
     try:
@@ -848,6 +874,7 @@ def worker(rank: int, args, store: str, start_wall: float) -> None:
                 torch_geometric=workload.torch_geometric.__version__, pyg_quant=pq.__version__, backends=pq.backends(),
                 cpu_count=os.cpu_count(), threads_per_rank=torch.get_num_threads(), args=vars(args), command=args.command,
                 cpus_by_rank=bench.gather_objects(sorted(os.sched_getaffinity(0))), cpu_quota=cpu_quota(),
+                placement_by_rank=bench.gather_objects(placement(rank, cuda)),
                 stream="default (a user's loop)", ddp="QAT 4-bit: pyg_quant.distributed.ddp (captured: capturable=True); "
                 "QAT 4-bit, torch DDP "
                 "and PyG fp32 CSR: DistributedDataParallel's defaults")
