@@ -130,6 +130,23 @@ def infer_share(nb: int, rank: int, size: int):
     return list(range(rank, nb, size))
 
 
+class OneProcessGather:
+    """What ``pyg_quant.distributed.BatchGather`` does in one process (the 1-GPU configuration runs on rank 0 of a
+    two-rank group, where a BatchGather would wait for rank 1): the rows kept, put in place at the end."""
+
+    def __init__(self, num_rows: int):
+        self.num_rows, self.ids, self.rows = num_rows, [], []
+
+    def add(self, ids, rows) -> None:
+        self.ids.append(ids)
+        self.rows.append(rows)
+
+    def result(self):
+        rows = torch.cat(self.rows)
+        full = rows.new_empty((self.num_rows,) + tuple(rows.shape[1:]))
+        return full.index_copy_(0, torch.cat(self.ids), rows)
+
+
 # --- one rank -------------------------------------------------------------------------------------
 class Bench:
     def __init__(self, rank: int, args, start_wall: float, ctrl, solo):
@@ -421,26 +438,15 @@ class Bench:
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
             with context():
-                if size > 1:  # the rows to rank 0, as sharded_inference(..., dst=0) gathers them
-                    gather = pqd.BatchGather(rows_by_rank, nb * n, dst=0)
-                    for b in share:
-                        mark()
-                        gather.add(node_ids[b], forward(*inputs[b]))
-                    if end is not None:
-                        end.record()
-                    done = time.perf_counter()
-                    full = gather.result()
-                else:  # what BatchGather does in one process: the rows put in place at the end
-                    outs = []
-                    for b in share:
-                        mark()
-                        outs.append(forward(*inputs[b]))
-                    if end is not None:
-                        end.record()
-                    done = time.perf_counter()
-                    full = torch.empty(nb * n, args.classes, device=dev)
-                    full.index_copy_(0, torch.cat([node_ids[b] for b in share]), torch.cat(outs))
-                last["full"] = full
+                # the rows to rank 0, as sharded_inference(..., dst=0) gathers them
+                gather = pqd.BatchGather(rows_by_rank, nb * n, dst=0) if size > 1 else OneProcessGather(nb * n)
+                for b in share:
+                    mark()
+                    gather.add(node_ids[b], forward(*inputs[b]))
+                if end is not None:
+                    end.record()
+                done = time.perf_counter()
+                last["full"] = gather.result()
             return lambda t0: start.elapsed_time(end) if end is not None else (done - t0) * 1e3
 
         def finish() -> dict:

@@ -87,9 +87,7 @@ def _gather_rows(tensors: Tensors, dst: Optional[int]):
     if dst is not None and (isinstance(dst, bool) or not isinstance(dst, int) or not 0 <= dst < size):
         raise ValueError(f"dst must be a rank in [0, {size}), got {dst!r}")
     comm = collective_device()
-    every = torch.empty((size,) + tuple(metas.shape), dtype=torch.int64, device=comm)
-    _all_gather(every, metas.to(comm), size)  # every rank checks the shapes, so that all raise together
-    every = every.cpu()
+    every = _all_metas(metas, size, comm)  # every rank checks the shapes, so that all raise together
     specs = [_piece_spec(every[:, i]) for i in range(len(items))]
     receives = dst is None or rank == dst
     ops, received = [], []
@@ -126,6 +124,13 @@ def _exchange(ops, comm: torch.device) -> None:
         requests = [op(tensor, peer) for op, tensor, peer in ops]
     for request in requests:
         request.wait()
+
+
+def _all_metas(metas: torch.Tensor, size: int, comm: torch.device) -> torch.Tensor:
+    """Every rank's int64 ``metas`` (``[size, *metas.shape]`` on the CPU): one all-gather, read on the host."""
+    every = torch.empty((size,) + tuple(metas.shape), dtype=torch.int64, device=comm)
+    _all_gather(every, metas.to(comm), size)
+    return every.cpu()
 
 
 def _all_gather(out: torch.Tensor, tensor: torch.Tensor, size: int) -> None:
@@ -262,12 +267,7 @@ class BatchGather:
             meta[0] = 0
         check = zlib.crc32(repr((self.rows_by_rank, self.dst)).encode()) & 0x7FFFFFFF
         meta = torch.cat([meta, torch.tensor([check], dtype=torch.int64)])
-        if self.size > 1:
-            every = torch.empty((self.size,) + tuple(meta.shape), dtype=torch.int64, device=self.comm)
-            _all_gather(every, meta.to(self.comm), self.size)
-            every = every.cpu()
-        else:
-            every = meta.view(1, -1)
+        every = _all_metas(meta, self.size, self.comm) if self.size > 1 else meta.view(1, -1)
         if any(int(c) != int(every[0, -1]) for c in every[:, -1]):
             raise ValueError("BatchGather: the ranks passed different rows_by_rank or dst")
         if all(int(m[0]) == 0 for m in every):

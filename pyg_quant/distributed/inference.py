@@ -81,9 +81,9 @@ def sharded_inference(model: torch.nn.Module, loader, *, forward: Optional[Calla
 
     partptr = loader.cluster_data.partition.partptr
     sizes = (partptr[1:] - partptr[:-1]).tolist()
-    rows_by_rank = [[sum(sizes[p] for p in parts) for parts in rank_batches(loader.parts, loader.batch_size, r, size)]
-                    for r in range(size)]
-    batches = rank_batches(loader.parts, loader.batch_size, rank, size)
+    batches_by_rank = [rank_batches(loader.parts, loader.batch_size, r, size) for r in range(size)]
+    rows_by_rank = [[sum(sizes[p] for p in parts) for parts in batches] for batches in batches_by_rank]
+    batches = batches_by_rank[rank]
     mine = DataLoader(loader.dataset, batch_sampler=batches, collate_fn=loader.collate_fn,
                       num_workers=loader.num_workers if batches else 0, pin_memory=loader.pin_memory)
     # The parts cover every node once, so the batches' node ids together name each output row once.
