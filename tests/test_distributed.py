@@ -629,6 +629,34 @@ def test_batch_gather_on_two_gpus(tmp_path, dst):
             assert result is None
 
 
+def _batch_gather_apart_worker(rank, out, rows_by_rank):
+    """Rank 1 makes its BatchGather only once rank 0 has added all of its batches."""
+    marker = f"{out}_added"
+    if rank == 1:
+        deadline = time.monotonic() + 30
+        while not os.path.exists(marker):
+            if time.monotonic() > deadline:
+                raise TimeoutError("rank 0's add() waited for rank 1")
+            time.sleep(0.01)
+    gather = pqd.BatchGather(rows_by_rank, sum(map(sum, rows_by_rank)), dst=0)
+    start = sum(sum(rows) for rows in rows_by_rank[:rank])
+    for count in rows_by_rank[rank]:
+        ids = _BATCH_IDS[start:start + count]
+        gather.add(ids, _batch_rows(ids))
+        start += count
+    if rank == 0:
+        open(marker, "w").close()
+    result = gather.result()
+    torch.save(None if result is None else result.cpu(), f"{out}_{rank}.pt")
+
+
+def test_batch_gather_adds_without_waiting_for_the_other_ranks(tmp_path):
+    """add() exchanges nothing: rank 0 adds all of its batches before rank 1 has begun."""
+    run_ranks(_batch_gather_apart_worker, tmp_path, str(tmp_path / "bg"), _BATCH_ROWS, timeout=60)
+    first, second = saved(tmp_path, "bg")
+    assert torch.equal(first, _batch_rows(torch.arange(15))) and second is None
+
+
 def test_batch_gather_with_a_rank_without_batches(tmp_path):
     run_ranks(_batch_gather_worker, tmp_path, str(tmp_path / "bg"), [[], [6, 9]], None, None)
     for result in saved(tmp_path, "bg"):

@@ -147,13 +147,14 @@ class BatchGather:
 
     Every rank makes the same object (the same ``rows_by_rank``) and passes its own batches in order to
     :meth:`add` (each batch's row ids and rows); :meth:`result` moves them and puts every row in place.
-    Because every rank knows every rank's batch sizes, the shapes are agreed while the batches run (one
-    small all-gather at the first :meth:`add`, with the rows' trailing shape and dtype: where they differ
-    every rank raises the same ValueError), and a rank that sends copies each batch's rows after the
-    previous ones into one buffer; at :meth:`result` each sending rank's rows and row ids go to each
-    receiving rank in one group of point-to-point transfers (NCCL: one launch), and the receivers scatter
-    them into place.  Sending earlier, while the later batches run, was slower: the transfers' host work
-    and kernels slowed the batches more than they saved (``benchmarks/RESULTS.md``, "Several GPUs").
+    Because every rank knows every rank's batch sizes, nothing is exchanged while the batches run and
+    nothing waits for the device there: a rank that sends copies each batch's rows after the previous ones
+    into one buffer (a receiving rank keeps its own).  :meth:`result` first checks that the ranks agree on
+    the rows' trailing shape and dtype and on ``rows_by_rank`` and ``dst`` (one small all-gather: where they
+    differ every rank raises the same ValueError), then sends each sending rank's rows and row ids to each receiving rank in one group of
+    point-to-point transfers (NCCL: one launch), and the receivers scatter them into place.  Sending
+    earlier, while the later batches run, was slower: the transfers' host work and kernels slowed the
+    batches more than they saved (``benchmarks/RESULTS.md``, "Several GPUs").
 
     Args:
         rows_by_rank (sequence of sequences of int): ``rows_by_rank[r][k]``: the rows of rank ``r``'s batch ``k``.
@@ -188,7 +189,7 @@ class BatchGather:
         self.sends_to = [r for r in range(size) if r != rank and (dst is None or r == dst)]
         self.ids, self.rows = [], []  # this rank's batches (rows: where nothing is staged)
         self.staged, self.offset = None, 0  # a sending rank's rows, batch after batch
-        self.spec = None  # (dtype, trailing shape), agreed by the ranks
+        self.spec = None  # this rank's first batch's (dtype, trailing shape, meta (_meta), device index)
         self.done = False
 
     def add(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
@@ -200,6 +201,23 @@ class BatchGather:
         mine = self.rows_by_rank[self.rank]
         if k >= len(mine):
             raise ValueError(f"rank {self.rank} has {len(mine)} batches in rows_by_rank; got one more")
+        spec = self.spec
+        # (one expression for the usual batch: a sharded inference loop is bound by its host's time)
+        if spec is None or not (type(rows) is torch.Tensor and type(ids) is torch.Tensor
+                                and rows.shape[:1] == (mine[k],) and rows.shape[1:] == spec[1]
+                                and rows.dtype is spec[0] and ids.dtype is torch.int64 and ids.shape == (mine[k],)
+                                and rows.get_device() == spec[3] and ids.get_device() == spec[3]):
+            self._check(k, ids, rows)
+        self.ids.append(ids)
+        if self.staged is not None:
+            start, self.offset = self.offset, self.offset + rows.size(0)
+            self.staged[start:self.offset].copy_(rows)
+        else:
+            self.rows.append(rows)
+
+    def _check(self, k: int, ids, rows) -> None:
+        """Raises the ValueError that batch ``k`` earns; at the first batch, :meth:`_start`."""
+        mine = self.rows_by_rank[self.rank]
         if not isinstance(rows, torch.Tensor) or rows.dim() < 1 or rows.size(0) != mine[k]:
             raise ValueError(f"rows of batch {k} must be a tensor of {mine[k]} rows (rows_by_rank), got "
                              f"{tuple(rows.shape) if isinstance(rows, torch.Tensor) else type(rows).__name__}")
@@ -208,18 +226,22 @@ class BatchGather:
             raise ValueError(f"ids of batch {k} must be an int64 [{rows.size(0)}] tensor on the rows' device, got "
                              f"{(ids.dtype, tuple(ids.shape), ids.device) if isinstance(ids, torch.Tensor) else ids}")
         if self.spec is None:
-            self.device = rows.device
-            self._agree(rows)
-        dtype, trailing = self.spec
-        if rows.dtype != dtype or list(rows.shape[1:]) != trailing or rows.device != self.device:
-            raise ValueError(f"rows of batch {k} must be {dtype} [n, {trailing}] on {self.device} like the first "
-                             f"batch's, got {rows.dtype} {tuple(rows.shape)} on {rows.device}")
-        self.ids.append(ids)
-        if self.staged is not None:
-            start, self.offset = self.offset, self.offset + rows.size(0)
-            self.staged[start:self.offset].copy_(rows)
-        else:
-            self.rows.append(rows)
+            self._start(rows)
+        dtype, trailing = self.spec[:2]
+        if rows.dtype != dtype or rows.shape[1:] != trailing or rows.device != self.device:
+            raise ValueError(f"rows of batch {k} must be {dtype} [n, {list(trailing)}] on {self.device} like the "
+                             f"first batch's, got {rows.dtype} {tuple(rows.shape)} on {rows.device}")
+
+    def _start(self, rows: torch.Tensor) -> None:
+        """At the first batch: this rank's spec, and a sending rank's staging buffer."""
+        meta = _meta(rows)
+        meta[0] = sum(self.rows_by_rank[self.rank])  # (a first batch may have no rows)
+        trailing = rows.shape[1:]
+        self.device = rows.device
+        self.spec = rows.dtype, trailing, meta, rows.get_device()
+        if self.sends_to:
+            self.staged = torch.empty((sum(self.rows_by_rank[self.rank]),) + trailing, dtype=rows.dtype,
+                                      device=self.comm)
 
     def result(self) -> Optional[torch.Tensor]:
         """The ``[num_rows, ...]`` rows in place (None on ranks other than ``dst``), once this rank added all of its
@@ -229,10 +251,8 @@ class BatchGather:
         mine = self.rows_by_rank[self.rank]
         if len(self.ids) != len(mine):
             raise ValueError(f"rank {self.rank} added {len(self.ids)} of its {len(mine)} batches")
-        if self.spec is None:
-            self._agree(None)
         self.done = True
-        dtype, trailing = self.spec
+        dtype, trailing = self._agree()
         own_ids = torch.cat(self.ids) if self.ids else None
         own_rows = self.staged if self.staged is not None else torch.cat(self.rows) if self.rows else None
         self.ids, self.rows, self.staged = [], [], None
@@ -259,11 +279,13 @@ class BatchGather:
             full.index_copy_(0, ids.to(device), rows.to(device))
         return full
 
-    def _agree(self, rows: Optional[torch.Tensor]) -> None:
-        """Agrees on the rows' dtype and trailing shape (and that every rank passed the same ``rows_by_rank``);
-        a sending rank then makes the buffer its rows are staged in."""
-        meta = _meta(rows) if rows is not None else torch.full((2 + _MAX_DIMS,), -1, dtype=torch.int64)
-        if rows is None:
+    def _agree(self) -> tuple:
+        """``(dtype, trailing shape)`` of the rows, agreed by the ranks (that every rank passed the same
+        ``rows_by_rank`` and ``dst`` too): one all-gather of each rank's first batch's spec."""
+        if self.spec is not None:
+            meta = self.spec[2]
+        else:
+            meta = torch.full((2 + _MAX_DIMS,), -1, dtype=torch.int64)
             meta[0] = 0
         check = zlib.crc32(repr((self.rows_by_rank, self.dst)).encode()) & 0x7FFFFFFF
         meta = torch.cat([meta, torch.tensor([check], dtype=torch.int64)])
@@ -273,6 +295,4 @@ class BatchGather:
         if all(int(m[0]) == 0 for m in every):
             raise ValueError("BatchGather: no rank has a batch with rows")
         _, dtype, trailing = _piece_spec(every[:, :-1])
-        self.spec = dtype, trailing
-        if self.sends_to and rows is not None:
-            self.staged = torch.empty([sum(self.rows_by_rank[self.rank])] + trailing, dtype=dtype, device=self.comm)
+        return dtype, trailing
