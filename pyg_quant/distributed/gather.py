@@ -268,15 +268,25 @@ class BatchGather:
                     rows_buf = torch.empty([rows] + trailing, dtype=dtype, device=self.comm)
                     ops += [(dist.irecv, ids_buf, peer), (dist.irecv, rows_buf, peer)]
                     received.append((ids_buf, rows_buf))
+        full = side = None
+        if self.receives:
+            device = self.device if self.device is not None else self.comm
+            full = torch.empty([self.num_rows] + trailing, dtype=dtype, device=device)
+            if own_ids is not None and full.is_cuda and received:
+                # this rank's rows go in place on a side stream while the transfers run
+                current, side = torch.cuda.current_stream(device), torch.cuda.Stream(device)
+                side.wait_stream(current)
+                with torch.cuda.stream(side):
+                    full.index_copy_(0, own_ids.to(device), own_rows.to(device))
+            elif own_ids is not None:
+                full.index_copy_(0, own_ids.to(device), own_rows.to(device))
         _exchange(ops, self.comm)
-        if not self.receives:
+        if full is None:
             return None
-        device = self.device if self.device is not None else self.comm
-        full = torch.empty([self.num_rows] + trailing, dtype=dtype, device=device)
-        if own_ids is not None:
-            full.index_copy_(0, own_ids.to(device), own_rows.to(device))
+        if side is not None:
+            current.wait_stream(side)  # (before this rank's later work: the side stream's tensors are free after)
         for ids, rows in received:
-            full.index_copy_(0, ids.to(device), rows.to(device))
+            full.index_copy_(0, ids.to(full.device), rows.to(full.device))
         return full
 
     def _agree(self) -> tuple:
