@@ -215,12 +215,9 @@ at::Tensor qat_gcn_conv_eval(const at::Tensor& window_ptr, const at::Tensor& til
                                               ? StoredRanges(h, agg_bits, keys, *agg_keys, cuda, !cuda)
                                               : Ranges(h, agg_bits, 0, true, std::nullopt, cuda, keys, !cuda);
   scratch.close();
-  at::Tensor out = Spmm(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, planes, lo, scale, row_sums, diag,
-                        std::nullopt, std::nullopt, false, rows, channels, wide,
-                        cuda ? std::optional<at::Tensor>(codes) : std::nullopt);
-  out.mul_(deg_inv_sqrt.view({-1, 1}));
-  if (bias.has_value()) out.add_(*bias);
-  return out;
+  // · D^-1/2 and + b in the aggregation's epilogue: the same float32 steps, in the same order, as after it
+  return Spmm(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, planes, lo, scale, row_sums, diag,
+              deg_inv_sqrt, bias, false, rows, channels, wide, cuda ? std::optional<at::Tensor>(codes) : std::nullopt);
 }
 
 template <SpmmAffineKernel Spmm, MlpKernel Mlp, RangesKernel Ranges, StoredRangesKernel StoredRanges,

@@ -780,7 +780,7 @@ def qat_gcn_conv_eval(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val
     :func:`quant_mlp_keys` (:func:`quant_mlp_planes_keys` for codes of ``x``; :func:`quant_mlp_quantized_keys` for
     codes taken as they are, ``x_quantized``: the op ``qat_gcn_conv_eval_quantized``), quantized per channel over
     ``agg_keys`` (a channel holding NaN/inf over a NaN range) or each channel's own range, :func:`bit_spmm_affine`
-    with the diagonal, then ``· D^-1/2`` and ``+ bias`` in float32."""
+    with the diagonal, ``· D^-1/2`` and ``+ bias`` in its epilogue (float32, after the aggregation's rounding)."""
     chain = (weight_codes, weight_lo, weight_scale, weight_sums, weight_bias, act_bits, weight_bits, relu,
              deg_inv_sqrt)
     if x_lo is not None:
@@ -792,10 +792,9 @@ def qat_gcn_conv_eval(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val
     if agg_keys is not None:
         keys = keys_with_nan_ranges(agg_keys, keys.view(2, channels).amax(0) < NON_FINITE_KEY)
     planes, lo, scale, _, codes = quantize_pack_ranges(h, agg_bits, 0, True, None, h.is_cuda, keys, not h.is_cuda)
-    out = bit_spmm_affine(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, planes, lo, scale, row_sums,
-                          diag, None, None, False, res_ptr.numel() - 1, channels, wide, codes if h.is_cuda else None)
-    out.mul_(deg_inv_sqrt.view(-1, 1))
-    return out if bias is None else out.add_(bias)
+    return bit_spmm_affine(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, planes, lo, scale, row_sums,
+                           diag, deg_inv_sqrt, bias, False, res_ptr.numel() - 1, channels, wide,
+                           codes if h.is_cuda else None)
 
 
 def qat_gin_conv_eval(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, row_sums, diag, wide: bool, x,
