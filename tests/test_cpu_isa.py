@@ -113,6 +113,13 @@ OPS_SCRIPT = textwrap.dedent("""
             for row_scale in (None, scale):
                 got = ops.quant_mlp(x, *chain_args(layers, relus), row_scale)
                 out[f"quant_mlp {bits} {rows} {widths} {row_scale is None}"] = got.view(torch.int32)
+                # the output's column keys (the rows' last steps): a row of NaNs reaches one slot of each column
+                got, keys = ops.quant_mlp_keys(x if rows < 3 else torch.cat([x, torch.full_like(x[:1], float("nan"))]),
+                                               *chain_args(layers, relus),
+                                               None if row_scale is None else torch.cat([row_scale, row_scale[:1]])
+                                               if rows >= 3 else row_scale)
+                out[f"quant_mlp keys {bits} {rows} {widths} {row_scale is None}"] = torch.cat(
+                    [got.view(torch.int32).flatten(), keys.to(torch.int32)])
     # codes of x read straight from column-layout planes (ranges per column or per tensor, garbage in the padding
     # rows and columns): dequantize, and quant_mlp_planes across a word and a block boundary
     for bits in range(1, 9):

@@ -232,6 +232,44 @@ int64_t unpack_row(const RowCodes& in, int64_t r, int64_t cols, int8_t* dst, boo
   return sum;
 }
 
+#if defined(PYG_QUANT_X86_DISPATCH)
+// The rows' last steps of quant_mlp_rows (finish_row) with AVX2, 8 columns at a time, the last few by the scalar
+// steps: each value times its row's scale (when given), then the max of its column key and of its min slot's
+// complement (ordered_key.h: the key flips a negative value's bits and sets a positive one's sign bit).
+PYG_QUANT_TARGET_AVX2 void finish_rows_avx2(float* rows, int64_t n, int64_t cols, const float* scale,
+                                            uint32_t* keys) {
+  const __m256i sign = _mm256_set1_epi32(static_cast<int>(0x80000000u));
+  const __m256i ones = _mm256_set1_epi32(-1);
+  for (int64_t r = 0; r < n; ++r) {
+    float* row = rows + r * cols;
+    const __m256 s = _mm256_set1_ps(scale != nullptr ? scale[r] : 1.0f);
+    int64_t o = 0;
+    for (; o + 8 <= cols; o += 8) {
+      __m256 v = _mm256_loadu_ps(row + o);
+      if (scale != nullptr) {
+        v = _mm256_mul_ps(v, s);
+        _mm256_storeu_ps(row + o, v);
+      }
+      if (keys != nullptr) {
+        const __m256i b = _mm256_castps_si256(v);
+        const __m256i key = _mm256_xor_si256(b, _mm256_or_si256(_mm256_srai_epi32(b, 31), sign));
+        __m256i* hi = reinterpret_cast<__m256i*>(keys + o);
+        __m256i* lo = reinterpret_cast<__m256i*>(keys + cols + o);
+        _mm256_storeu_si256(hi, _mm256_max_epu32(_mm256_loadu_si256(hi), key));
+        _mm256_storeu_si256(lo, _mm256_max_epu32(_mm256_loadu_si256(lo), _mm256_xor_si256(key, ones)));
+      }
+    }
+    for (; o < cols; ++o) {
+      if (scale != nullptr) row[o] = row[o] * scale[r];
+      if (keys != nullptr) {
+        keys[o] = std::max(keys[o], ordered_key(row[o]));
+        keys[cols + o] = std::max(keys[cols + o], min_slot_key(row[o]));
+      }
+    }
+  }
+}
+#endif
+
 // quant_mlp of `x_in` (float32 rows), or of the values of `col_codes` (x_in: their planes), or with `row_codes` (x_in:
 // their planes) as the first layer's quantized input, with `rows` rows; widths from the caller's argument check.
 at::Tensor quant_mlp_rows(const at::Tensor& x_in, const ColCodes* col_codes, const RowCodes* row_codes, int64_t rows,
@@ -434,6 +472,13 @@ at::Tensor quant_mlp_rows(const at::Tensor& x_in, const ColCodes* col_codes, con
         });
         h = next;
       }
+#if defined(PYG_QUANT_X86_DISPATCH)
+      if (vector || avx2) {
+        finish_rows_avx2(op + r0 * out_cols, n, out_cols, sp != nullptr ? sp + r0 : nullptr,
+                         keys != nullptr ? all_keys.data() : nullptr);
+        continue;
+      }
+#endif
       for (int64_t r = r0; r < r0 + n; ++r) finish_row(r, all_keys.data());
     }
     merge_keys(all_keys);
