@@ -420,6 +420,26 @@ def test_every_wire_tensor_is_a_view_of_one_buffer(planted_parts):
     assert batch.nbytes == batch.buffer.numel() >= sum(t.numel() * t.element_size() for t in wire.values())
 
 
+@pytest.mark.parametrize("start,length", [(0, 4096), (0, 4093), (8, 4093), (2, 4096)])
+def test_field_views_are_the_wire_views(start, length):
+    """A batch's fields are windows of one typed view of its buffer a dtype, the same views as the wire's (a buffer
+    whose length or offset does not divide an element size takes the slice path)."""
+    from pyg_quant.loader.batch import _view, _Views
+    buffer = torch.arange(start + length, dtype=torch.int64).to(torch.uint8)[start:]
+    views = _Views(buffer)
+    specs = [(torch.float32, (5, 3), 64), (torch.int64, (7,), 128), (torch.uint8, (2, 2, 9), 256),
+             (torch.bool, (0,), 512), (torch.int32, (), 1024), (torch.int16, (10,), 4072)]
+    for spec in specs:
+        if (start + spec[2]) % spec[0].itemsize:
+            continue  # (no view of that dtype there, either way)
+        got, want = views(*spec), _view(buffer, *spec)
+        assert (got.dtype, got.shape, got.stride(), got.data_ptr()) == (want.dtype, want.shape, want.stride(),
+                                                                          want.data_ptr()), spec
+        assert torch.equal(got, want), spec
+    with pytest.raises(RuntimeError):
+        views(torch.int16, (20,), 4072)  # past the buffer's end: the slice path's error
+
+
 def assert_same_adjacency(a, b):
     for name in pq.BitAdjacency._TENSORS:
         x, y = getattr(a, name), getattr(b, name)

@@ -142,6 +142,32 @@ def _view(buffer: torch.Tensor, dtype: torch.dtype, shape: Tuple[int, ...], offs
     return buffer[offset:offset + size].view(dtype).view(shape)
 
 
+class _Views:
+    """A batch's fields as views of its buffer: the buffer viewed once per dtype, each field a window of that view
+    (one op a field where :func:`_view` takes three: a loader's loop is bound by its host's time)."""
+
+    __slots__ = ("buffer", "typed")
+
+    def __init__(self, buffer: torch.Tensor):
+        self.buffer, self.typed = buffer, {}
+
+    def __call__(self, dtype: torch.dtype, shape: Tuple[int, ...], offset: int) -> torch.Tensor:
+        itemsize = dtype.itemsize
+        typed = self.typed.get(dtype)
+        if typed is None:
+            buffer = self.buffer
+            whole = buffer.numel() - buffer.numel() % itemsize
+            typed = self.typed[dtype] = buffer[:whole].view(dtype) if buffer.storage_offset() % itemsize == 0 else False
+        numel = math.prod(shape)
+        if typed is False or offset % itemsize or offset + numel * itemsize > typed.numel() * itemsize:
+            return _view(self.buffer, dtype, shape, offset)
+        strides, step = [], 1
+        for n in reversed(shape):
+            strides.append(step)
+            step *= n
+        return typed.as_strided(shape, strides[::-1], typed.storage_offset() + offset // itemsize)
+
+
 class _Decode:
     """A field still in wire form: ``decode()`` builds it (once; the batch caches the result)."""
 
@@ -237,6 +263,7 @@ class QuantBatch:
         # Every field is made from its views of the buffer when first read: a batch copied to a device and handed
         # over (prefetch) pays for the fields it uses, each view a few host ops.
         buffer, meta = self._buffer, self._meta
+        view = _Views(buffer)
         by_key, by_field = {}, {}  # a plain field's spec; an object field's parts' specs
         for key, dtype, shape, offset in self._specs:
             by_key[key] = (dtype, shape, offset)
@@ -249,7 +276,7 @@ class QuantBatch:
                 specs = by_field.get(name, {})
 
                 def parts(specs=specs):
-                    return {attr: _view(buffer, *spec) for attr, spec in specs.items()}
+                    return {attr: view(*spec) for attr, spec in specs.items()}
                 if kind == "BitAdjacency":
                     fields[name] = _Decode(lambda parts=parts, scalars=scalars: BitAdjacency(
                         **{attr: parts().get(attr) for attr in BitAdjacency._TENSORS}, **scalars), "BitAdjacency")
@@ -266,7 +293,7 @@ class QuantBatch:
                 wide = meta["dtypes"].get(name)
                 bounds = meta.get("index_bounds", {}).get(name)  # (batches pickled before kept none)
                 fields[name] = _Decode(lambda spec=by_key[name], wide=wide, bounds=bounds: _bounded(
-                    _widened(_view(buffer, *spec), wide), bounds), "Tensor")
+                    _widened(view(*spec), wide), bounds), "Tensor")
             else:
                 fields[name] = meta["values"][name]
         return fields
