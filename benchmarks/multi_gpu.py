@@ -65,7 +65,8 @@ configurations (1 GPU, 1 GPU under DDP, every GPU) interleaved: round by round o
 training configuration drawing its noise from its own generator states), ``--warmup`` rounds (two for captured steps),
 then the median of each over ``--reps`` (training) / ``--infer-reps`` (inference) rounds: the lent hosts' speed
 drifts within seconds, and measured one after the other a slow stretch would fall on one side of a ratio.
-Inference rows also give each rank's busy time (from the epoch's start to its last batch's end on the GPU, CUDA events).  The default CUDA stream.
+Inference rows also give each rank's busy time (from the epoch's start to its last batch's end on the GPU, CUDA
+events).  The default CUDA stream.
 Each rank runs on its own share of the CPUs, whole physical cores (``rank_cpus``; ``--no-bind-cpus`` leaves them
 all to every rank): the eager loops are bound by host time, and a rank whose thread waits for a core runs its
 batches slower.
@@ -201,9 +202,9 @@ class Bench:
             torch.cuda.synchronize(self.device)
 
     def time_epoch(self, epoch, size: int):
-        """``(ms, busy ms)`` of one ``epoch()`` between two syncs of the configuration's ranks (busy: until this
-        rank's batches were done, before the gather; None for a training epoch, whose ``epoch()``
-        returns None, where an inference epoch returns a function giving its busy ms after the sync)."""
+        """``(ms, busy ms)`` of one ``epoch()`` between two syncs of the configuration's ranks.  An inference
+        ``epoch()`` returns a function of the start time giving this rank's busy ms (its batches done, before the
+        gather), read after the sync; a training one returns None, and so is its busy time."""
         self.sync(size)
         t0 = time.perf_counter()
         busy = epoch()

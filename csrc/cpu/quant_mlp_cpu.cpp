@@ -232,10 +232,25 @@ int64_t unpack_row(const RowCodes& in, int64_t r, int64_t cols, int8_t* dst, boo
   return sum;
 }
 
+// The last steps of a row of quant_mlp_rows' output from column `from` on: each value times the row's `scale` (when
+// given), then the max of its column key and of its min slot's complement into `keys` (when given; ordered_key.h).
+inline void finish_row(float* row, int64_t from, int64_t cols, const float* scale, uint32_t* keys) {
+  for (int64_t o = from; o < cols; ++o) {
+    if (scale != nullptr) row[o] = row[o] * *scale;
+    if (keys != nullptr) {
+      keys[o] = std::max(keys[o], ordered_key(row[o]));
+      keys[cols + o] = std::max(keys[cols + o], min_slot_key(row[o]));
+    }
+  }
+}
+
+// finish_row of `n` rows (`scale`: one a row).
+inline void finish_rows(float* rows, int64_t n, int64_t cols, const float* scale, uint32_t* keys) {
+  for (int64_t r = 0; r < n; ++r) finish_row(rows + r * cols, 0, cols, scale != nullptr ? scale + r : nullptr, keys);
+}
+
 #if defined(PYG_QUANT_X86_DISPATCH)
-// The rows' last steps of quant_mlp_rows (finish_row) with AVX2, 8 columns at a time, the last few by the scalar
-// steps: each value times its row's scale (when given), then the max of its column key and of its min slot's
-// complement (ordered_key.h: the key flips a negative value's bits and sets a positive one's sign bit).
+// finish_rows with AVX2, 8 columns at a time (a key flips a negative value's bits and sets a positive one's sign bit).
 PYG_QUANT_TARGET_AVX2 void finish_rows_avx2(float* rows, int64_t n, int64_t cols, const float* scale,
                                             uint32_t* keys) {
   const __m256i sign = _mm256_set1_epi32(static_cast<int>(0x80000000u));
@@ -259,13 +274,7 @@ PYG_QUANT_TARGET_AVX2 void finish_rows_avx2(float* rows, int64_t n, int64_t cols
         _mm256_storeu_si256(lo, _mm256_max_epu32(_mm256_loadu_si256(lo), _mm256_xor_si256(key, ones)));
       }
     }
-    for (; o < cols; ++o) {
-      if (scale != nullptr) row[o] = row[o] * scale[r];
-      if (keys != nullptr) {
-        keys[o] = std::max(keys[o], ordered_key(row[o]));
-        keys[cols + o] = std::max(keys[cols + o], min_slot_key(row[o]));
-      }
-    }
+    finish_row(row, o, cols, scale != nullptr ? scale + r : nullptr, keys);
   }
 }
 #endif
@@ -310,19 +319,6 @@ at::Tensor quant_mlp_rows(const at::Tensor& x_in, const ColCodes* col_codes, con
   // col_keys: each task reduces its rows' keys (max slots, then min slots) and merges them once.
   int64_t* keys = col_keys.has_value() ? col_keys->data_ptr<int64_t>() : nullptr;
   std::mutex keys_mutex;
-  // The row's last steps: the row scale, then its share of the column keys.
-  const auto finish_row = [&](int64_t r, uint32_t* task_keys) {
-    float* row = op + r * out_cols;
-    if (sp != nullptr) {
-      for (int64_t o = 0; o < out_cols; ++o) row[o] = row[o] * sp[r];
-    }
-    if (keys != nullptr) {
-      for (int64_t o = 0; o < out_cols; ++o) {
-        task_keys[o] = std::max(task_keys[o], ordered_key(row[o]));
-        task_keys[out_cols + o] = std::max(task_keys[out_cols + o], min_slot_key(row[o]));
-      }
-    }
-  };
   const auto merge_keys = [&](const std::vector<uint32_t>& task_keys) {
     if (keys == nullptr) return;
     const std::lock_guard<std::mutex> lock(keys_mutex);
@@ -472,14 +468,14 @@ at::Tensor quant_mlp_rows(const at::Tensor& x_in, const ColCodes* col_codes, con
         });
         h = next;
       }
+      // The rows' last steps: the row scale, then their share of the column keys.
 #if defined(PYG_QUANT_X86_DISPATCH)
-      if (vector || avx2) {
-        finish_rows_avx2(op + r0 * out_cols, n, out_cols, sp != nullptr ? sp + r0 : nullptr,
-                         keys != nullptr ? all_keys.data() : nullptr);
-        continue;
-      }
+      const auto finish = (vector || avx2) ? &finish_rows_avx2 : &finish_rows;
+#else
+      const auto finish = &finish_rows;
 #endif
-      for (int64_t r = r0; r < r0 + n; ++r) finish_row(r, all_keys.data());
+      finish(op + r0 * out_cols, n, out_cols, sp != nullptr ? sp + r0 : nullptr,
+             keys != nullptr ? all_keys.data() : nullptr);
     }
     merge_keys(all_keys);
     return out;

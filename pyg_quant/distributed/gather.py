@@ -151,10 +151,10 @@ class BatchGather:
     nothing waits for the device there: a rank that sends copies each batch's rows after the previous ones
     into one buffer (a receiving rank keeps its own).  :meth:`result` first checks that the ranks agree on
     the rows' trailing shape and dtype and on ``rows_by_rank`` and ``dst`` (one small all-gather: where they
-    differ every rank raises the same ValueError), then sends each sending rank's rows and row ids to each receiving rank in one group of
-    point-to-point transfers (NCCL: one launch), and the receivers scatter them into place.  Sending
-    earlier, while the later batches run, was slower: the transfers' host work and kernels slowed the
-    batches more than they saved (``benchmarks/RESULTS.md``, "Several GPUs").
+    differ every rank raises the same ValueError), then sends each sending rank's rows and row ids to each
+    receiving rank in one group of point-to-point transfers (NCCL: one launch), and the receivers scatter
+    them into place.  Sending earlier, while the later batches run, was slower: the transfers' host work
+    and kernels slowed the batches more than they saved (``benchmarks/RESULTS.md``, "Several GPUs").
 
     Args:
         rows_by_rank (sequence of sequences of int): ``rows_by_rank[r][k]``: the rows of rank ``r``'s batch ``k``.
@@ -234,14 +234,14 @@ class BatchGather:
 
     def _start(self, rows: torch.Tensor) -> None:
         """At the first batch: this rank's spec, and a sending rank's staging buffer."""
+        total = sum(self.rows_by_rank[self.rank])
         meta = _meta(rows)
-        meta[0] = sum(self.rows_by_rank[self.rank])  # (a first batch may have no rows)
+        meta[0] = total  # (a first batch may have no rows)
         trailing = rows.shape[1:]
         self.device = rows.device
         self.spec = rows.dtype, trailing, meta, rows.get_device()
         if self.sends_to:
-            self.staged = torch.empty((sum(self.rows_by_rank[self.rank]),) + trailing, dtype=rows.dtype,
-                                      device=self.comm)
+            self.staged = torch.empty((total,) + trailing, dtype=rows.dtype, device=self.comm)
 
     def result(self) -> Optional[torch.Tensor]:
         """The ``[num_rows, ...]`` rows in place (None on ranks other than ``dst``), once this rank added all of its
@@ -260,6 +260,7 @@ class BatchGather:
         if own_ids is not None:
             for peer in self.sends_to:
                 ops += [(dist.isend, own_ids.to(self.comm), peer), (dist.isend, own_rows.to(self.comm), peer)]
+        full = side = None
         if self.receives:
             for peer in range(self.size):
                 rows = sum(self.rows_by_rank[peer])
@@ -268,8 +269,6 @@ class BatchGather:
                     rows_buf = torch.empty([rows] + trailing, dtype=dtype, device=self.comm)
                     ops += [(dist.irecv, ids_buf, peer), (dist.irecv, rows_buf, peer)]
                     received.append((ids_buf, rows_buf))
-        full = side = None
-        if self.receives:
             device = self.device if self.device is not None else self.comm
             full = torch.empty([self.num_rows] + trailing, dtype=dtype, device=device)
             if own_ids is not None and full.is_cuda and received:

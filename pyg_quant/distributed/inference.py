@@ -4,9 +4,9 @@ The batches are the loader's own unshuffled ones (its non-empty parts in id orde
 at a time: what ``QuantClusterLoader(..., shuffle=False)`` yields in one process), and rank ``r``
 takes batches ``r, r + R, ...``.  A batch gives the same outputs whichever rank runs it, so the
 gathered ``[N, C]`` output equals the one-process loop's over the same loader.  Ranks differ by at
-most one batch.  Every rank knows every batch's size from the partition, so the ranks agree on the
-output's shape while the batches run, and at the end each rank's node ids and rows travel in one
-group of transfers (:class:`~pyg_quant.distributed.gather.BatchGather`).
+most one batch.  Every rank knows every batch's size from the partition, so nothing is exchanged
+while the batches run; at the end each rank's node ids and rows travel in one group of transfers
+(:class:`~pyg_quant.distributed.gather.BatchGather`).
 
 A model wrapped in ``DistributedDataParallel`` is run as its ``.module``: DDP's forward
 broadcasts buffers, a collective the ranks' unequal batch counts would leave waiting.

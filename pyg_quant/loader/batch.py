@@ -157,7 +157,8 @@ class _Views:
         if typed is None:
             buffer = self.buffer
             whole = buffer.numel() - buffer.numel() % itemsize
-            typed = self.typed[dtype] = buffer[:whole].view(dtype) if buffer.storage_offset() % itemsize == 0 else False
+            aligned = buffer.storage_offset() % itemsize == 0
+            typed = self.typed[dtype] = buffer[:whole].view(dtype) if aligned else False
         numel = math.prod(shape)
         if typed is False or offset % itemsize or offset + numel * itemsize > typed.numel() * itemsize:
             return _view(self.buffer, dtype, shape, offset)
@@ -248,16 +249,18 @@ class QuantBatch:
             offset += tensor.numel() * tensor.element_size()
         buffer = torch.empty(max(offset, 1), dtype=torch.uint8, pin_memory=pin_memory)
         end = 0
+        view = _Views(buffer)
         for (name, dtype, shape, start), tensor in zip(specs, tensors.values()):
             buffer[end:start].zero_()  # alignment gaps hold zeros: equal batches have equal buffers
-            _view(buffer, dtype, shape, start).copy_(tensor)
+            view(dtype, shape, start).copy_(tensor)
             end = start + tensor.numel() * tensor.element_size()
         buffer[end:].zero_()
         return cls(buffer, tuple(specs), meta)
 
     def wire_tensors(self) -> Dict[str, torch.Tensor]:
         """The buffer's views, by name (``"adj.entry_col"``, ``"x.planes"``, ``"y"``, ...), as they travel."""
-        return {name: _view(self._buffer, dtype, shape, offset) for name, dtype, shape, offset in self._specs}
+        view = _Views(self._buffer)
+        return {name: view(dtype, shape, offset) for name, dtype, shape, offset in self._specs}
 
     def _materialize(self) -> Dict[str, object]:
         # Every field is made from its views of the buffer when first read: a batch copied to a device and handed
