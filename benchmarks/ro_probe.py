@@ -2,9 +2,11 @@
 workload of ``benchmarks/workload/``), GIN and GCN at 4 bits and PyG fp32 CSR, the same batch each call; host µs a
 call (30 calls without a synchronization, median of 7 blocks), wall µs a call, and five profiled calls' kernels
 (the replay's input copies included) and host ops, a call.  "RO + freezing": the same with inductor's freezing on
-(``torch._inductor.config.freezing``), which folds the weights' quantization into constants.
+(``torch._inductor.config.freezing``), which folds the weights' quantization into constants.  First, the floor of a
+reduce-overhead call on this host: a compiled function of one and of eight one-element inputs (one kernel), against
+the same calls eager.
 
-    python3 benchmarks/ro_probe.py
+    python3 benchmarks/ro_probe.py [--floor-only]
 """
 import collections
 import os
@@ -43,11 +45,44 @@ def profiled(call, calls=5):
     return kernels, host
 
 
+def ro_floor(runner) -> None:
+    """Host and wall µs a call of the cheapest reduce-overhead graph with 1 and 8 inputs: what any compiled model's
+    call costs on this host before its own kernels (Dynamo's guards, the cudagraph tree's wrapper and input copies,
+    the graph launch)."""
+    from torch._inductor import cudagraph_trees
+
+    def f(*xs):
+        return sum(x * 2 for x in xs)
+
+    for n in (1, 8):
+        xs = [torch.ones(1, device="cuda") for _ in range(n)]
+        with torch.inference_mode():
+            eager_host, eager_wall = host_wall(lambda: f(*xs), runner)
+            torch._dynamo.reset()
+            compiled = torch.compile(f, mode="reduce-overhead")
+
+            def call():
+                torch.compiler.cudagraph_mark_step_begin()
+                return compiled(*xs)
+
+            for _ in range(4):
+                call()
+            ro_host, ro_wall = host_wall(call, runner)
+        print(f"floor, {n} one-element input(s): eager host {eager_host:7.1f} wall {eager_wall:7.1f} | RO host "
+              f"{ro_host:7.1f} wall {ro_wall:7.1f} us a call", flush=True)
+        del compiled
+        cudagraph_trees.reset_cudagraph_trees()
+
+
 def main():
+    floor_only = "--floor-only" in sys.argv[1:]
     args = workload.parse_args(["--num-parts", "20", "--parts-per-batch", "20", "--out", ""])
     device = torch.device("cuda")
     rec = workload.Recorder("", {}, "cuda")
     runner = workload.Runner(args, device, rec)
+    ro_floor(runner)
+    if floor_only:
+        return
     data = workload.build_graph(args, device, rec)
     data.adjacency = args.adjacency
     workload.build_formats(args, device, data, rec, runner)

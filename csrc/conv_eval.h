@@ -79,21 +79,21 @@ using DequantizeKernel = at::Tensor (*)(const at::Tensor&, int64_t, int64_t, boo
 using ConvEvalResult = std::vector<at::Tensor>;
 
 // The quantizer's call for codes with ranges along `dim` (0: per column, in the column layout), as
-// pyg_quant.quantization.quantize.quantize makes them (see above).  `own_block`: false for codes an op uses and
-// drops, which take the op's step block instead of one of their own.
+// pyg_quant.quantization.quantize.quantize makes them (see above).  `handed_back`: false for codes an op uses for
+// its aggregation and drops, which take the op's step block instead of one of their own and need no code sums.
 template <RangesKernel Ranges>
 ConvEvalResult quantize_output(const at::Tensor& out, int64_t bits, int64_t dim,
-                               const std::optional<at::Tensor>& col_keys, bool own_block = true) {
+                               const std::optional<at::Tensor>& col_keys, bool handed_back = true) {
   TORCH_CHECK_VALUE(dim == 0 || dim == 1, "out_dim must be 0 or 1 when out_bits is set, got ", dim);
   const bool row_codes = out.is_cuda() && dim == 0;
   // The codes, their ranges and row codes live together (a BitTensor): one block on CUDA (and the column extrema
   // that a call without col_keys reduces).
   const int64_t rows = out.size(0), cols = out.size(1);
-  StepScratch block(row_codes && own_block ? out : at::Tensor(),
+  StepScratch block(row_codes && handed_back ? out : at::Tensor(),
                     {planes_bytes(rows, cols, bits), cols * 4, cols * 4, col_keys ? 0 : 2 * cols * 8,
                      row_codes_bytes(rows, cols, bits)});
   auto [planes, lo, scale, sums, codes] =
-      Ranges(out, bits, dim, /*col_layout=*/dim == 0, std::nullopt, row_codes, col_keys, !row_codes);
+      Ranges(out, bits, dim, /*col_layout=*/dim == 0, std::nullopt, row_codes, col_keys, !row_codes && handed_back);
   return {out, planes, lo, scale, sums, codes};
 }
 
@@ -163,7 +163,7 @@ ConvEvalResult gcn_conv_eval(const at::Tensor& window_ptr, const at::Tensor& til
           : Mlp(x, weight_codes, weight_lo, weight_scale, weight_sums, weight_bias, mlp_act_bits, weight_bits, relu,
                 deg_inv_sqrt, keys);
   // h per column to act_bits; on CUDA with its row codes, which the aggregation gathers (its self term reads them)
-  const ConvEvalResult codes = quantize_output<Ranges>(h, act_bits, 0, keys, /*own_block=*/false);
+  const ConvEvalResult codes = quantize_output<Ranges>(h, act_bits, 0, keys, /*handed_back=*/false);
   const std::optional<at::Tensor> gathered = cuda ? std::optional<at::Tensor>(codes[5]) : std::nullopt;
   scratch.close();
   // D^-1/2 Â (D^-1/2 X W) + b: the row scale and the bias in the aggregation's epilogue
@@ -211,9 +211,10 @@ at::Tensor qat_gcn_conv_eval(const at::Tensor& window_ptr, const at::Tensor& til
                       weight_sums, weight_bias, act_bits, weight_bits, relu, deg_inv_sqrt, keys)
           : Mlp(x, weight_codes, weight_lo, weight_scale, weight_sums, weight_bias, act_bits, weight_bits, relu,
                 deg_inv_sqrt, keys);
+  // (no code sums: the aggregation does not read them)
   auto [planes, lo, scale, sums, codes] = agg_keys.has_value()
-                                              ? StoredRanges(h, agg_bits, keys, *agg_keys, cuda, !cuda)
-                                              : Ranges(h, agg_bits, 0, true, std::nullopt, cuda, keys, !cuda);
+                                              ? StoredRanges(h, agg_bits, keys, *agg_keys, cuda, false)
+                                              : Ranges(h, agg_bits, 0, true, std::nullopt, cuda, keys, false);
   scratch.close();
   // · D^-1/2 and + b in the aggregation's epilogue: the same float32 steps, in the same order, as after it
   return Spmm(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, planes, lo, scale, row_sums, diag,
@@ -282,8 +283,8 @@ at::Tensor qat_gin_conv_eval(const at::Tensor& window_ptr, const at::Tensor& til
     TORCH_CHECK_VALUE(x.dim() == 2, "x must be float32 [rows, cols] without x_lo");
     cols = x.size(1);
     auto [p, l, s, sums, codes] = agg_keys.has_value()
-                                      ? StoredRanges(x, agg_bits, std::nullopt, *agg_keys, cuda, !cuda)
-                                      : Ranges(x, agg_bits, 0, true, std::nullopt, cuda, std::nullopt, !cuda);
+                                      ? StoredRanges(x, agg_bits, std::nullopt, *agg_keys, cuda, false)
+                                      : Ranges(x, agg_bits, 0, true, std::nullopt, cuda, std::nullopt, false);
     planes = p, lo = l, scale = s, values = x;
     if (cuda) gathered = codes;
   }

@@ -402,6 +402,25 @@ def test_quantize_pack_ranges_propagates_nan_like_reference(device, dim, layout)
         assert int(got[1].isnan().sum()) == 2
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[requires_cuda, pytest.mark.cuda])])
+@pytest.mark.parametrize("dim,layout", [(1, "row"), (0, "col"), (0, "row")])
+def test_quantize_pack_ranges_on_relu_outputs(device, dim, layout):
+    """ReLU outputs, whose groups' minimum is mostly a zero (of either sign: amin's choice between -0 and +0 changes
+    no code or value), and a transposed (non-contiguous) input: the reference's results."""
+    x = randn(90, 40, seed=4, spread=2).relu()
+    x[:, 3] = x[:, 3].abs()
+    x[7, 3], x[20, 3] = -0.0, 0.0  # column 3: its minimum a zero of either sign
+    x[11, 5:9] = -0.0  # row 11: zeros of both signs
+    x[:, 9] = -x[:, 9].abs()
+    x[30, 9] = -0.0  # column 9: its maximum a zero
+    for t in (x, x.t().contiguous().t()):
+        for bits in (1, 4, 8):
+            expected = ref.quantize_pack_ranges(x, bits, dim, layout == "col", None, True)
+            got = pq.ops.quantize_pack_ranges(t.to(device), bits, dim, layout == "col", None, True)
+            for name, a, b in zip(("planes", "lo", "scale", "code_sums", "row_codes"), got, expected):
+                assert torch.equal(a.cpu(), b), (name, bits)
+
+
 def test_layer_quantizer_attaches_code_sums():
     from pyg_quant.quantization.quantize import quantize
     x = randn(100, 70, seed=5)

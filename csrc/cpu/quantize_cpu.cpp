@@ -589,38 +589,86 @@ at::Tensor packed_code_sums_cpu(const at::Tensor& planes_in) {
 
 namespace {
 
-// The per-column ranges that column keys describe ([1, cols] float32 lo, scale and inverse scale), with the float32
-// steps of quantize_pack_ranges_composed (range_of is the same subtraction, divisions and zero test) in one loop: on a
-// layer's few columns the composed tensor ops cost more than the pack itself.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> ranges_from_col_keys(const at::Tensor& col_keys, int64_t bits) {
-  const auto [lo, hi] = extrema_from_col_keys(col_keys);
-  at::Tensor scale = at::empty_like(lo), inv = at::empty_like(lo);
-  const float *lp = lo.data_ptr<float>(), *hp = hi.data_ptr<float>();
-  float *sp = scale.data_ptr<float>(), *ip = inv.data_ptr<float>();
-  const float max_code = static_cast<float>((1 << bits) - 1);
-  for (int64_t c = 0; c < lo.size(1); ++c) {
-    const Range r = range_of(lp[c], hp[c], max_code);
-    sp[c] = r.scale;
-    ip[c] = r.inv;
+// Ranges as float32 [groups] lo, scale and inverse scale (three tensors: an op's outputs may not share storage),
+// each group's written by `range`.
+template <typename RangeOf>
+std::tuple<at::Tensor, at::Tensor, at::Tensor> range_rows(int64_t groups, const at::TensorOptions& options,
+                                                          RangeOf range) {
+  const auto f32 = options.dtype(at::kFloat);
+  at::Tensor lo = at::empty({groups}, f32), scale = at::empty({groups}, f32), inv = at::empty({groups}, f32);
+  float *lp = lo.data_ptr<float>(), *sp = scale.data_ptr<float>(), *ip = inv.data_ptr<float>();
+  for (int64_t g = 0; g < groups; ++g) {
+    const Range r = range(g);
+    lp[g] = r.lo;
+    sp[g] = r.scale;
+    ip[g] = r.inv;
   }
   return {lo, scale, inv};
+}
+
+// The per-column ranges that column keys describe, with range_of's float32 steps (those of
+// quantize_pack_ranges_composed: the same subtraction, divisions and zero test).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> ranges_from_col_keys(const at::Tensor& col_keys, int64_t bits) {
+  const int64_t cols = col_keys.size(0) / 2;
+  const int64_t* k = col_keys.data_ptr<int64_t>();
+  const float max_code = static_cast<float>((1 << bits) - 1);
+  return range_rows(cols, col_keys.options(), [&](int64_t c) {
+    float mn, mx;
+    column_extrema(static_cast<uint64_t>(k[c]), static_cast<uint64_t>(k[cols + c]), mn, mx);
+    return range_of(mn, mx, max_code);
+  });
+}
+
+// x's own ranges per column (dim 0) or per row (dim 1), as amin / amax and range_of give them: a NaN in a group makes
+// both ends NaN.  (Which zero a zero extremum is, -0 or +0, amin leaves to its vector lanes; no code or value depends
+// on it.)  Loops, not tensor ops: a layer's output has few columns, and a dozen small ops cost more than the pack.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> own_ranges(const at::Tensor& x, int64_t bits, int64_t dim) {
+  const int64_t rows = x.size(0), cols = x.size(1);
+  const float* xp = x.data_ptr<float>();
+  const float max_code = static_cast<float>((1 << bits) - 1);
+  if (dim == 1) {
+    return range_rows(rows, x.options(), [&](int64_t r) {
+      const float* row = xp + r * cols;
+      float mn = row[0], mx = row[0];
+      bool nan = false;
+      for (int64_t c = 0; c < cols; ++c) {
+        const float v = row[c];
+        nan |= v != v;
+        mn = v < mn ? v : mn;
+        mx = v > mx ? v : mx;
+      }
+      return nan ? range_of(NAN, NAN, max_code) : range_of(mn, mx, max_code);
+    });
+  }
+  // per column: one pass over the rows, each column's extrema and NaN flag in a row of accumulators
+  std::vector<float> mn(xp, xp + cols), mx(xp, xp + cols);
+  std::vector<int32_t> nan(cols, 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = xp + r * cols;
+    for (int64_t c = 0; c < cols; ++c) {
+      const float v = row[c];
+      nan[c] |= v != v;
+      mn[c] = v < mn[c] ? v : mn[c];
+      mx[c] = v > mx[c] ? v : mx[c];
+    }
+  }
+  return range_rows(cols, x.options(), [&](int64_t c) {
+    return nan[c] ? range_of(NAN, NAN, max_code) : range_of(mn[c], mx[c], max_code);
+  });
 }
 
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_pack_ranges_cpu(
-    const at::Tensor& x, int64_t bits, int64_t dim, bool col_layout, const std::optional<at::Tensor>& noise,
+    const at::Tensor& x_in, int64_t bits, int64_t dim, bool col_layout, const std::optional<at::Tensor>& noise,
     bool row_codes, const std::optional<at::Tensor>& col_keys, bool code_sums) {
-  check_quantize_ranges_args(x, bits, dim, col_layout, noise, col_keys);
-  if (!col_keys.has_value()) {
-    return with_row_codes(quantize_pack_ranges_composed(x, bits, dim, col_layout, noise, quantize_pack_cpu,
-                                                        code_sums_if(code_sums, packed_code_sums_cpu)),
-                          x.size(1), col_layout, row_codes, pack_row_codes_cpu);
-  }
-  const auto [lo, scale, inv] = ranges_from_col_keys(*col_keys, bits);
-  const at::Tensor planes = quantize_pack_cpu(x.contiguous(), lo, inv, bits, col_layout, noise);
-  const QuantizedRanges ranges{planes, lo.view({-1}), scale.view({-1}),
-                               code_sums_if(code_sums, packed_code_sums_cpu)(planes)};
+  check_quantize_ranges_args(x_in, bits, dim, col_layout, noise, col_keys);
+  const at::Tensor x = x_in.contiguous();
+  const auto [lo, scale, inv] = col_keys.has_value() ? ranges_from_col_keys(*col_keys, bits) : own_ranges(x, bits, dim);
+  // lo / inv broadcast along the other dimension
+  const auto shape = [&](const at::Tensor& t) { return dim == 0 ? t.view({1, -1}) : t.view({-1, 1}); };
+  const at::Tensor planes = quantize_pack_cpu(x, shape(lo), shape(inv), bits, col_layout, noise);
+  const QuantizedRanges ranges{planes, lo, scale, code_sums_if(code_sums, packed_code_sums_cpu)(planes)};
   return with_row_codes(ranges, x.size(1), col_layout, row_codes, pack_row_codes_cpu);
 }
 
