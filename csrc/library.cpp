@@ -39,7 +39,7 @@ TORCH_LIBRARY(pyg_quant, m) {
       "fake_quantize(Tensor x, Tensor? lo, Tensor? hi, int bits, int dim, Tensor? noise, bool with_mask, "
       "bool random_noise=False, Generator? generator=None) -> (Tensor, Tensor)");
   m.def("mse_range(Tensor x, int dim, int bits, float[] grid) -> (Tensor, Tensor)");
-  m.def("csr_product(Tensor y, Tensor adj, Tensor adj_t) -> Tensor");
+  m.def("csr_product(Tensor y, Tensor adj, Tensor? adj_t=None) -> Tensor");
   m.def(
       "csr_pair(Tensor rows, Tensor cols, Tensor? values, Tensor? keep, Tensor? row_scale, Tensor? diag, "
       "int num_rows, int num_cols, ScalarType dtype, bool transpose=True) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");

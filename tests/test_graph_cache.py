@@ -472,6 +472,8 @@ def test_csr_product_kernel_on_the_gpu(width, index_dtype):
     yg = y.cuda().requires_grad_()
     out = ops.csr_product(yg, adj_g, adj_t_g)
     assert torch.equal(out, ops.csr_product(yg, adj_g, adj_t_g))
+    with torch.no_grad():
+        assert torch.equal(out, ops.csr_product(yg, adj_g))  # without Aᵀ: the same kernel, no gradient
     exact = dense @ y.double()
     per_row = torch.bincount(dst, minlength=rows).double().view(-1, 1)
     bound = per_row * 2.0**-24 * (dense.abs() @ y.double().abs())
@@ -482,6 +484,23 @@ def test_csr_product_kernel_on_the_gpu(width, index_dtype):
     per_col = torch.bincount(src, minlength=cols).double().view(-1, 1)
     bound = per_col * 2.0**-24 * (dense.abs().t() @ upstream.double().abs())
     assert ((grad.double().cpu() - dense.t() @ upstream.double()).abs() <= bound).all()
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_csr_product_without_transpose_takes_no_gradient(compiled, monkeypatch):
+    """Without ``adj_t`` (the float layers' eval forward) the product is ``torch.mm``'s, and asking it for a
+    gradient to ``y`` is a ValueError, not a wrong or missing gradient."""
+    if not compiled:
+        monkeypatch.setattr(ops, "use_compiled", lambda *a: False)
+    edge_index = torch.tensor([[0, 1, 1, 2, 2, 4], [1, 0, 2, 1, 1, 4]])
+    graph = pq.QGCNConv(2, 2, bits=4)._graph(torch.zeros(5, 2), edge_index, None)
+    adj, _ = graph.csr_pair(torch.float32)
+    y = torch.randn(5, 3, generator=gen(3), requires_grad=True)
+    with torch.no_grad():
+        assert torch.equal(ops.csr_product(y, adj), torch.mm(adj, y))
+    assert torch.equal(ops.csr_product(y.detach(), adj), torch.mm(adj, y.detach()))
+    with pytest.raises(ValueError, match="needs adj_t"):
+        ops.csr_product(y, adj)
 
 
 def test_csr_product_rejects_operands_that_do_not_fit():

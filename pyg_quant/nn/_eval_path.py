@@ -129,7 +129,7 @@ def _gin_float(conv, x: Tensor, adj: BitAdjacency) -> Optional[Tensor]:
     adjacency's float CSR matrix (built once per adjacency)."""
     if adj.diag is not None or conv.eps.dtype != torch.float32:
         return None
-    out = torch.addcmul(torch.mm(bit_adjacency_csr(adj, torch.float32), x), conv._one_plus_eps(), x)
+    out = torch.addcmul(ops.csr_product(x, bit_adjacency_csr(adj, torch.float32)), conv._one_plus_eps(), x)
     return conv.nn(out)
 
 
@@ -168,7 +168,8 @@ def _gcn_float(conv, x: Tensor, adj: BitAdjacency, deg_inv_sqrt) -> Optional[Ten
         return None
     matrix, diag = gcn_normalized_csr(adj, deg_inv_sqrt)
     h = conv.lin(x)
-    out = torch.mm(matrix, h) if diag is None else torch.addcmul(torch.mm(matrix, h), diag, h)
+    out = ops.csr_product(h, matrix)
+    out = out if diag is None else torch.addcmul(out, diag, h)
     return out if bias is None else out.add_(bias)
 
 

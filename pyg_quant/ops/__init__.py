@@ -87,12 +87,18 @@ class _ReferenceCsrProduct(torch.autograd.Function):
         return _ReferenceCsrProduct.apply(grad, ctx.adj_t, ctx.adj), None, None
 
 
-def csr_product(y, adj, adj_t):
+def csr_product(y, adj, adj_t=None):
     """``A · y`` for a constant sparse CSR ``adj`` ``[M, N]`` and dense ``y`` ``[N, F]``, its gradient to ``y`` the
     product with ``adj_t`` (``Aᵀ`` in CSR, prebuilt: autograd's own backward of ``torch.mm`` on a CSR matrix
-    transposes and coalesces it at every call)."""
+    transposes and coalesces it at every call).  Without ``adj_t`` the product takes no gradient (a ValueError where
+    ``y`` requires one); on a GPU it is one launch of pyg_quant's kernel either way, where ``torch.mm`` takes three
+    of cuSPARSE's and a buffer."""
     if use_compiled("csr_product", y.device):
         return torch.ops.pyg_quant.csr_product(y, adj, adj_t)
+    if adj_t is None:
+        if y.requires_grad and torch.is_grad_enabled():
+            raise ValueError("csr_product: y requires a gradient, which needs adj_t (Aᵀ in CSR)")
+        return torch.mm(adj, y)
     return _ReferenceCsrProduct.apply(y, adj, adj_t)
 
 
@@ -400,7 +406,7 @@ if LOADED:
         return x.new_empty(x.shape), x.new_empty(x.shape if with_mask else (0,), dtype=torch.bool)
 
     @torch.library.register_fake("pyg_quant::csr_product")
-    def _(y, adj, adj_t):
+    def _(y, adj, adj_t=None):
         return y.new_empty((adj.shape[0], y.shape[1]))
 
     @torch.library.register_fake("pyg_quant::csr_pair")
