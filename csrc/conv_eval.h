@@ -290,8 +290,9 @@ at::Tensor qat_gin_conv_eval(const at::Tensor& window_ptr, const at::Tensor& til
   }
   at::Tensor out = Spmm(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, planes, lo, scale, row_sums, diag,
                         std::nullopt, std::nullopt, false, rows, cols, wide, gathered);
-  // + (1 + eps)·x on the float values, then the MLP with its biases and ReLUs
-  out = at::addcmul(out, one_plus_eps, values);
+  // + (1 + eps)·x on the float values (in place: the aggregation's output is this op's own), then the MLP with its
+  // biases and ReLUs
+  out.addcmul_(one_plus_eps, values);
   scratch.close();
   return Mlp(out, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits, weight_bits, relu, std::nullopt,
              std::nullopt);
