@@ -26,7 +26,7 @@ Paths (columns):
   stream: nothing overlaps a copy but the host's own work.
 * ``prefetch``: PyG: ``torch_geometric.loader.PrefetchLoader`` over the pinned batches; pyg_quant:
   ``pyg_quant.loader.prefetch`` over them (what ``QuantClusterLoader(..., device="cuda")`` iterates with): each
-  batch copied on a side stream one batch ahead, beside the previous batch's kernels.
+  batch's copy queued one batch ahead without waiting (on the compute stream; PyG's on a side stream).
 * ``resident, interleaved``: the resident epochs again, every variant of a model in turn for ``--rounds`` rounds
   (one epoch each a round), the median of each variant's: a stall of the lent host then costs each variant one
   epoch at most, where the back-to-back epochs of one variant above can all fall inside it.

@@ -718,22 +718,33 @@ def test_device_cuda_without_cuda_names_the_argument(planted_parts):
         QuantClusterLoader(planted_parts, device=0)
     with pytest.raises(TypeError, match="device must be"):
         prefetch([], None)
+    with pytest.raises(TypeError, match="side_stream must be a bool"):
+        prefetch([], "cpu", side_stream=1)
 
 
 @requires_cuda
 @pytest.mark.cuda
 @pytest.mark.parametrize("adjacency,num_workers,pin_memory", [("csr", 0, None), ("tiles", 0, None),
                                                               ("auto", 2, None), ("auto", 0, False)])
-def test_cuda_prefetched_batches_equal_plain_copies(planted_parts, adjacency, num_workers, pin_memory):
-    """device="cuda" hands over exactly what the README's loop makes with batch.to("cuda"), with workers (pinned
-    by the DataLoader's pin thread) and without pinned memory too; batch.to("cuda") then returns the batch."""
+@pytest.mark.parametrize("side_stream", [False, True])
+def test_cuda_prefetched_batches_equal_plain_copies(planted_parts, adjacency, num_workers, pin_memory, side_stream):
+    """device="cuda" (and prefetch with side_stream=True) hands over exactly what the README's loop makes with
+    batch.to("cuda"), with workers (pinned by the DataLoader's pin thread) and without pinned memory too;
+    batch.to("cuda") then returns the batch."""
     kwargs = dict(batch_size=3, bits=4, adjacency=adjacency, return_edge_index=True)
     extra = {} if pin_memory is None else dict(pin_memory=pin_memory)
-    loader = QuantClusterLoader(planted_parts, device="cuda", num_workers=num_workers, **kwargs, **extra)
-    assert loader.pin_memory == (pin_memory is None)
+    if side_stream:
+        host = QuantClusterLoader(planted_parts, num_workers=num_workers, **kwargs,
+                                  **(extra or dict(pin_memory=True)))
+        loader = prefetch(host, "cuda", side_stream=True)
+        count = len(host)
+    else:
+        loader = QuantClusterLoader(planted_parts, device="cuda", num_workers=num_workers, **kwargs, **extra)
+        assert loader.pin_memory == (pin_memory is None)
+        count = len(loader)
     expected = [batch.to("cuda") for batch in QuantClusterLoader(planted_parts, **kwargs)]
     batches = list(loader)
-    assert len(batches) == len(expected) == len(loader)
+    assert len(batches) == len(expected) == count
     here = torch.device("cuda", torch.cuda.current_device())
     for batch, plain in zip(batches, expected):
         assert batch.device == here and batch.to("cuda") is batch and batch.to(here) is batch
@@ -761,7 +772,8 @@ def test_cuda_prefetch_copies_on_a_side_stream_one_batch_ahead(planted_parts, mo
     count = len(QuantClusterLoader(planted_parts, batch_size=1, bits=4))
     user = torch.cuda.Stream()
     with torch.cuda.stream(user):
-        for i, batch in enumerate(QuantClusterLoader(planted_parts, batch_size=1, bits=4, device="cuda")):
+        host = QuantClusterLoader(planted_parts, batch_size=1, bits=4, pin_memory=True)
+        for i, batch in enumerate(prefetch(host, "cuda", side_stream=True)):
             assert len(copies) == min(i + 2, count)
             assert (batch.buffer.data_ptr(), user) in recorded
             adj = batch.adj  # decoded on the caller's stream
@@ -776,7 +788,32 @@ def test_cuda_prefetch_copies_on_a_side_stream_one_batch_ahead(planted_parts, mo
 
 @requires_cuda
 @pytest.mark.cuda
-def test_cuda_prefetched_memory_is_not_reused_while_a_stream_reads_it(planted_parts):
+def test_cuda_prefetch_copies_one_batch_ahead_on_the_callers_stream(planted_parts, monkeypatch):
+    """device="cuda": every copy is non-blocking from pinned memory on the caller's stream, batch i + 1's queued
+    before batch i is handed over, and nothing is recorded on another stream."""
+    copies, recorded = [], []
+    to, record = QuantBatch.to, torch.Tensor.record_stream
+
+    def spy_to(self, device=None, non_blocking=None):
+        copies.append((torch.cuda.current_stream(), non_blocking, self.is_pinned()))
+        return to(self, device, non_blocking)
+
+    monkeypatch.setattr(QuantBatch, "to", spy_to)
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: recorded.append(stream))
+    count = len(QuantClusterLoader(planted_parts, batch_size=1, bits=4))
+    user = torch.cuda.Stream()
+    with torch.cuda.stream(user):
+        for i, batch in enumerate(QuantClusterLoader(planted_parts, batch_size=1, bits=4, device="cuda")):
+            assert len(copies) == min(i + 2, count)
+            batch.adj, batch.x
+    assert len(copies) == count > 2 and not recorded
+    assert all(stream == user and non_blocking is True and pinned for stream, non_blocking, pinned in copies)
+
+
+@requires_cuda
+@pytest.mark.cuda
+@pytest.mark.parametrize("side_stream", [False, True])
+def test_cuda_prefetched_memory_is_not_reused_while_a_stream_reads_it(planted_parts, side_stream):
     """The copies run far ahead of a caller's stream held back by sleeps; a buffer the loop has let go before that
     stream read it must not be overwritten by a later copy.  Parts come largest first, so that a freed buffer fits
     every later batch and the allocator would hand it out again without record_stream."""
@@ -785,7 +822,9 @@ def test_cuda_prefetched_memory_is_not_reused_while_a_stream_reads_it(planted_pa
     expected = [batch.buffer for batch in QuantClusterLoader(planted_parts, **kwargs)]
     user, seen = torch.cuda.Stream(), []
     with torch.cuda.stream(user):
-        for batch in QuantClusterLoader(planted_parts, device="cuda", **kwargs):
+        batches = (prefetch(QuantClusterLoader(planted_parts, pin_memory=True, **kwargs), "cuda", side_stream=True)
+                   if side_stream else QuantClusterLoader(planted_parts, device="cuda", **kwargs))
+        for batch in batches:
             torch.cuda._sleep(20_000_000)  # ~10 ms on this stream: later copies are queued long before it reads
             seen.append(batch.buffer.clone())
             del batch
@@ -798,13 +837,13 @@ def test_cuda_prefetched_memory_is_not_reused_while_a_stream_reads_it(planted_pa
 @requires_cuda
 @pytest.mark.cuda
 def test_cuda_prefetch_copies_run_on_another_stream_than_the_kernels(planted_parts, tmp_path):
-    """What the device ran (the profiler's trace): each batch's one host-to-device copy on a stream that runs
-    none of the decode's kernels."""
-    loader = QuantClusterLoader(planted_parts, batch_size=3, bits=4, device="cuda")
-    list(loader)  # CUDA context, pinned blocks and kernels warmed up
+    """What the device ran (the profiler's trace) with side_stream=True: each batch's one host-to-device copy on a
+    stream that runs none of the decode's kernels."""
+    loader = QuantClusterLoader(planted_parts, batch_size=3, bits=4, pin_memory=True)
+    list(prefetch(loader, "cuda", side_stream=True))  # CUDA context, pinned blocks and kernels warmed up
     nbytes = []
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for batch in loader:
+        for batch in prefetch(loader, "cuda", side_stream=True):
             nbytes.append(batch.nbytes)
             batch.adj, batch.x, batch.deg
         torch.cuda.synchronize()
@@ -823,13 +862,15 @@ def test_cuda_prefetch_copies_run_on_another_stream_than_the_kernels(planted_par
 
 @requires_cuda
 @pytest.mark.cuda
-def test_cuda_prefetch_and_decode_do_not_sync_with_the_host(planted_parts):
-    loader = QuantClusterLoader(planted_parts, batch_size=3, bits=4, device="cuda")
-    list(loader)  # CUDA context, pinned blocks and kernels warmed up
+@pytest.mark.parametrize("side_stream", [False, True])
+def test_cuda_prefetch_and_decode_do_not_sync_with_the_host(planted_parts, side_stream):
+    host = QuantClusterLoader(planted_parts, batch_size=3, bits=4, pin_memory=True)
+    batches = lambda: prefetch(host, "cuda", side_stream=side_stream)  # noqa: E731
+    list(batches())  # CUDA context, pinned blocks and kernels warmed up
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        for batch in loader:
+        for batch in batches():
             batch.adj, batch.x, batch.y, batch.n_id, batch.deg
     finally:
         torch.cuda.set_sync_debug_mode("default")

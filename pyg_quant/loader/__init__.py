@@ -9,7 +9,7 @@ needed) and caches the partition under a key that fingerprints the graph;
 Modules: :mod:`.metis` (METIS input and backends), :mod:`.cache` (the cache
 key and file), :mod:`.cluster_data`, :mod:`.features` (quantize once, pack
 per batch), :mod:`.batch` (the single-buffer batch), :mod:`.cluster_loader`,
-:mod:`.prefetching` (``device=``: each batch copied on a side stream while the previous one computes).
+:mod:`.prefetching` (``device=``: each batch copied one batch ahead, without waiting).
 """
 from .batch import QuantBatch
 from .cluster_data import QuantClusterData

@@ -31,7 +31,7 @@ aligned offsets, in a single buffer, each in its *wire* form::
 loader allocated it pinned), and :meth:`QuantBatch.to` moves it with one
 ``non_blocking`` copy; the decoding then runs on the device, as a few kernels
 queued on the current stream, without synchronising with the host.  A batch
-copied on one stream and read on another (the loader's ``device=`` prefetch)
+copied on one stream and read on another (``prefetch(..., side_stream=True)``)
 is handed over with :meth:`QuantBatch.record_stream`.
 """
 import math

@@ -224,13 +224,13 @@ class QuantClusterLoader(torch.utils.data.DataLoader):
         return_edge_index (bool): also ship ``edge_index`` and edge attributes.
         device (str or torch.device, optional): where the batches are handed over.  None (the default) or
             ``"cpu"``: on the CPU, as built.  A CUDA device (``"cuda"``: the current one when the epoch starts):
-            each batch's buffer is copied there on a side stream one batch ahead, so that the copy of batch
-            ``i + 1`` runs while batch ``i`` computes; the stream current at hand-over waits for that batch's
-            copy event, the buffer is recorded on it (:meth:`~pyg_quant.loader.QuantBatch.record_stream`) and
-            the fields are decoded on it when first read.  ``pin_memory`` then defaults to True (buffers built
-            pinned, or pinned by the DataLoader's pin thread with workers; with ``pin_memory=False`` the host
-            waits for every copy).  ``batch.to("cuda")`` on such a batch returns it as is.  Any other device:
-            each batch moved with ``batch.to(device)`` as it is handed over.
+            each batch's buffer is copied there one batch ahead, without waiting, on the current stream
+            (:func:`~pyg_quant.loader.prefetch`; ``prefetch(loader, "cuda", side_stream=True)`` copies beside
+            the previous batch's kernels instead), and the fields are decoded there when first read.
+            ``pin_memory`` then defaults to True (buffers built pinned, or pinned by the DataLoader's pin thread
+            with workers; with ``pin_memory=False`` the host waits for every copy).  ``batch.to("cuda")`` on such
+            a batch returns it as is.  Any other device: each batch moved with ``batch.to(device)`` as it is
+            handed over.
         shard (bool, optional): None (the default): shard when ``torch.distributed`` is initialized, when
             ``num_replicas`` or ``rank`` is given, or when ``sampler`` is a ``DistributedSampler`` (see above);
             True: shard (a ValueError when none of those says how); False: only by a ``DistributedSampler``
@@ -374,9 +374,10 @@ class QuantClusterLoader(torch.utils.data.DataLoader):
                 return
 
     def __iter__(self):
-        if self.device is not None and self.device.type == "cuda" and self.num_workers > 0:
+        if self.num_workers > 0 and torch.cuda.is_initialized():
             # Forked workers inherit the parent's unreachable CUDA tensors; a garbage collection there frees them
-            # through a CUDA context the child cannot use and aborts it, so collect before the workers fork.
+            # through a CUDA context the child cannot use and aborts it, so collect before the workers fork (whatever
+            # the batches' device: the README's loop moves them itself).
             gc.collect()
         batches = super().__iter__()
         if self.device is None or self.device.type == "cpu":

@@ -1,20 +1,24 @@
-r"""Batches handed over on the GPU, each copied on a side stream while the previous one computes.
+r"""Batches handed over on the GPU, each copied one batch ahead of the caller.
 
-:func:`prefetch` is what ``QuantClusterLoader(..., device="cuda")`` iterates with; it takes any
-iterable of host batches with ``to(device, non_blocking=True)`` and ``record_stream(stream)``
-(:class:`~pyg_quant.loader.QuantBatch`, a PyG ``Data``, a tensor)::
+:func:`prefetch` is what ``QuantClusterLoader(..., device="cuda")`` iterates with; it takes any iterable of host
+batches with ``to(device, non_blocking=True)`` (:class:`~pyg_quant.loader.QuantBatch`, a PyG ``Data``, a tensor).
+Batch ``i + 1``'s copy is queued before batch ``i`` is handed over, from pinned memory, so the host never waits for a
+copy.  By default the copies go on the caller's stream, where each runs between two batches' kernels::
+
+    caller's stream:  copy 0 ─ copy 1 ─ batch 0's decode + model ─ copy 2 ─ batch 1 ─ ...
+
+With ``side_stream=True`` they go on a stream of their own and run beside the previous batch's kernels::
 
     side stream:     copy 0 ─ev0─ copy 1 ─ev1───────────── copy 2 ─ev2──────── ...
     compute stream:  wait ev0, batch 0's decode + model ── wait ev1, batch 1 ── ...
 
-Batch ``i + 1``'s copy is queued (on the side stream, into memory of that stream's pool) before
-batch ``i`` is handed over, so it runs beside batch ``i``'s kernels even when the caller's model
-synchronises with the host.  At hand-over the stream current then waits for the batch's own
-copy event (not for the whole side stream, which already holds the next copy) and the batch is
-``record_stream``-ed on it: the caching allocator gives its memory to a later copy only once the
-work queued there before the batch was freed is done.  The host buffers must be pinned for the
-copies to be asynchronous; their pinned blocks (PyTorch's caching host allocator) are reused
-only once the copies that read them are done.
+At hand-over the caller's stream then waits for the batch's own copy event (not for the whole side stream, which
+already holds the next copy) and the batch is ``record_stream``-ed on it: the caching allocator gives its memory to a
+later copy only once the work queued there before the batch was freed is done.  That bookkeeping (a stream switch,
+an event, a cross-stream allocation) costs the host ~0.1 ms a batch, more than the overlap saves wherever the loop
+is bound by its host, as the eager layers' loop is on the GPUs measured (``benchmarks/RESULTS.md``, User paths);
+the side stream pays where the device is the bound (large batches, a slow model).  The pinned host blocks (PyTorch's
+caching host allocator) are reused only once the copies that read them are done.
 """
 from typing import Callable, Iterable, Iterator, Optional, TypeVar, Union
 
@@ -82,27 +86,33 @@ class _CudaCopies:
         return moved
 
 
-def prefetch(batches: Iterable, device: Union[str, int, torch.device]) -> Iterator:
+def prefetch(batches: Iterable, device: Union[str, int, torch.device], side_stream: bool = False) -> Iterator:
     r"""Iterates ``batches`` (on the CPU) handing each over on ``device``.
 
-    On a CUDA device each batch is copied on a side stream one batch ahead (see the module docstring);
-    ``"cuda"`` is the current device when the iteration starts.  The batches should be in pinned memory
-    (``QuantClusterLoader``'s ``pin_memory=True``), or the host waits for each copy.  On the CPU the batches
+    On a CUDA device each batch's copy is queued one batch ahead, without waiting: on the caller's stream, or with
+    ``side_stream=True`` on a stream of its own, beside the previous batch's kernels (see the module docstring for
+    when that pays); ``"cuda"`` is the current device when the iteration starts.  The batches should be in pinned
+    memory (``QuantClusterLoader``'s ``pin_memory=True``), or the host waits for each copy.  On the CPU the batches
     come as they are; on any other device each is moved with ``batch.to(device)`` when handed over.
 
     Args:
-        batches (Iterable): objects with ``to(device, non_blocking=...)`` and ``record_stream(stream)``:
-            :class:`~pyg_quant.loader.QuantBatch`, PyG's ``Data``, tensors.
+        batches (Iterable): objects with ``to(device, non_blocking=...)`` (and, for ``side_stream``,
+            ``record_stream(stream)``): :class:`~pyg_quant.loader.QuantBatch`, PyG's ``Data``, tensors.
         device (str, int or torch.device): where to hand them over.
+        side_stream (bool): copy on a side stream (CUDA only).
     """
     device = check_device(device)
     if device is None:
         raise TypeError("device must be a str, int or torch.device (e.g. 'cuda'), got None")
+    if not isinstance(side_stream, bool):
+        raise TypeError(f"side_stream must be a bool, got {type(side_stream).__name__}")
     if device.type == "cpu":
         return iter(batches)
     if device.type != "cuda":
         return (batch.to(device) for batch in batches)
     if device.index is None:  # as batch.to("cuda") reads it
         device = torch.device("cuda", torch.cuda.current_device())
+    if not side_stream:
+        return one_ahead(batches, lambda batch: batch.to(device, non_blocking=True), lambda moved: moved)
     copies = _CudaCopies(device)
     return one_ahead(batches, copies.issue, copies.handover)
