@@ -812,6 +812,26 @@ def test_cuda_prefetch_copies_one_batch_ahead_on_the_callers_stream(planted_part
 
 @requires_cuda
 @pytest.mark.cuda
+def test_cuda_prefetch_hands_over_on_the_stream_current_then(planted_parts):
+    """A caller that changes streams between batches: batch i + 1's copy is queued on the stream current at batch i,
+    held back there by a ~10 ms sleep, and batch i + 1 is read at once on the other stream, which must wait for it."""
+    kwargs = dict(batch_size=1, bits=4)
+    expected = [batch.buffer for batch in QuantClusterLoader(planted_parts, **kwargs)]
+    streams, seen = (torch.cuda.Stream(), torch.cuda.Stream()), []
+    batches = iter(QuantClusterLoader(planted_parts, device="cuda", **kwargs))
+    for i in range(len(expected)):
+        with torch.cuda.stream(streams[i % 2]):
+            if i % 2 == 0:
+                torch.cuda._sleep(20_000_000)  # the next copy, queued now on this stream, lands ~10 ms from now
+            seen.append(next(batches).buffer.clone())
+    torch.cuda.synchronize()
+    assert len(seen) == len(expected) > 3
+    for got, want in zip(seen, expected):
+        assert torch.equal(got.cpu(), want)
+
+
+@requires_cuda
+@pytest.mark.cuda
 @pytest.mark.parametrize("side_stream", [False, True])
 def test_cuda_prefetched_memory_is_not_reused_while_a_stream_reads_it(planted_parts, side_stream):
     """The copies run far ahead of a caller's stream held back by sleeps; a buffer the loop has let go before that

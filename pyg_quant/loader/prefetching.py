@@ -3,7 +3,8 @@ r"""Batches handed over on the GPU, each copied one batch ahead of the caller.
 :func:`prefetch` is what ``QuantClusterLoader(..., device="cuda")`` iterates with; it takes any iterable of host
 batches with ``to(device, non_blocking=True)`` (:class:`~pyg_quant.loader.QuantBatch`, a PyG ``Data``, a tensor).
 Batch ``i + 1``'s copy is queued before batch ``i`` is handed over, from pinned memory, so the host never waits for a
-copy.  By default the copies go on the caller's stream, where each runs between two batches' kernels::
+copy.  By default the copies go on the caller's stream, where each runs between two batches' kernels (a caller that
+has moved to another stream by the hand-over gets the batch there, that stream waiting for the copy)::
 
     caller's stream:  copy 0 ─ copy 1 ─ batch 0's decode + model ─ copy 2 ─ batch 1 ─ ...
 
@@ -86,6 +87,22 @@ class _CudaCopies:
         return moved
 
 
+def _copy_here(batch, device: torch.device):
+    """``batch`` copied on the current stream, with that stream."""
+    return batch.to(device, non_blocking=True), torch.cuda.current_stream(device)
+
+
+def _handover_here(issued):
+    """The copied batch for the caller's current stream: where the caller has moved to another stream since the copy
+    was queued, that stream waits for the copy's and the batch is recorded on it."""
+    moved, stream = issued
+    current = torch.cuda.current_stream(stream.device)
+    if current != stream:
+        current.wait_stream(stream)
+        moved.record_stream(current)
+    return moved
+
+
 def prefetch(batches: Iterable, device: Union[str, int, torch.device], side_stream: bool = False) -> Iterator:
     r"""Iterates ``batches`` (on the CPU) handing each over on ``device``.
 
@@ -96,8 +113,9 @@ def prefetch(batches: Iterable, device: Union[str, int, torch.device], side_stre
     come as they are; on any other device each is moved with ``batch.to(device)`` when handed over.
 
     Args:
-        batches (Iterable): objects with ``to(device, non_blocking=...)`` (and, for ``side_stream``,
-            ``record_stream(stream)``): :class:`~pyg_quant.loader.QuantBatch`, PyG's ``Data``, tensors.
+        batches (Iterable): objects with ``to(device, non_blocking=...)`` and ``record_stream(stream)`` (for
+            ``side_stream``, or a caller that changes streams between batches): :class:`~pyg_quant.loader.QuantBatch`,
+            PyG's ``Data``, tensors.
         device (str, int or torch.device): where to hand them over.
         side_stream (bool): copy on a side stream (CUDA only).
     """
@@ -113,6 +131,6 @@ def prefetch(batches: Iterable, device: Union[str, int, torch.device], side_stre
     if device.index is None:  # as batch.to("cuda") reads it
         device = torch.device("cuda", torch.cuda.current_device())
     if not side_stream:
-        return one_ahead(batches, lambda batch: batch.to(device, non_blocking=True), lambda moved: moved)
+        return one_ahead(batches, lambda batch: _copy_here(batch, device), _handover_here)
     copies = _CudaCopies(device)
     return one_ahead(batches, copies.issue, copies.handover)
