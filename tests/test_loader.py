@@ -810,6 +810,14 @@ def test_cuda_prefetch_copies_one_batch_ahead_on_the_callers_stream(planted_part
     assert all(stream == user and non_blocking is True and pinned for stream, non_blocking, pinned in copies)
 
 
+def assert_same_buffers(seen, expected):
+    """Every batch buffer read on the device (once its streams are done) equals the host's, for more than 3 batches."""
+    torch.cuda.synchronize()
+    assert len(seen) == len(expected) > 3
+    for got, want in zip(seen, expected):
+        assert torch.equal(got.cpu(), want)
+
+
 @requires_cuda
 @pytest.mark.cuda
 def test_cuda_prefetch_hands_over_on_the_stream_current_then(planted_parts):
@@ -824,10 +832,7 @@ def test_cuda_prefetch_hands_over_on_the_stream_current_then(planted_parts):
             if i % 2 == 0:
                 torch.cuda._sleep(20_000_000)  # the next copy, queued now on this stream, lands ~10 ms from now
             seen.append(next(batches).buffer.clone())
-    torch.cuda.synchronize()
-    assert len(seen) == len(expected) > 3
-    for got, want in zip(seen, expected):
-        assert torch.equal(got.cpu(), want)
+    assert_same_buffers(seen, expected)
 
 
 @requires_cuda
@@ -848,10 +853,7 @@ def test_cuda_prefetched_memory_is_not_reused_while_a_stream_reads_it(planted_pa
             torch.cuda._sleep(20_000_000)  # ~10 ms on this stream: later copies are queued long before it reads
             seen.append(batch.buffer.clone())
             del batch
-    torch.cuda.synchronize()
-    assert len(seen) == len(expected) > 3
-    for got, want in zip(seen, expected):
-        assert torch.equal(got.cpu(), want)
+    assert_same_buffers(seen, expected)
 
 
 @requires_cuda

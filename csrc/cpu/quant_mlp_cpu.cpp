@@ -40,20 +40,6 @@ struct Layer {
   bool relu;
 };
 
-// A row's range: amin / amax (a NaN anywhere makes both NaN, as they do).
-inline Range row_range(const float* h, int64_t in, float max_code) {
-  float mn = h[0], mx = h[0];
-  bool nan = false;
-  for (int64_t c = 0; c < in; ++c) {
-    const float v = h[c];
-    nan |= v != v;
-    mn = v < mn ? v : mn;
-    mx = v > mx ? v : mx;
-  }
-  if (nan) mn = mx = NAN;
-  return range_of(mn, mx, max_code);
-}
-
 // A row's range, its codes and their sum.
 template <typename Code>
 int64_t quantize_row(const float* h, int64_t in, float max_code, Code* codes, Range* range) {

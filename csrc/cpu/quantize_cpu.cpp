@@ -627,18 +627,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> own_ranges(const at::Tensor& x, i
   const float* xp = x.data_ptr<float>();
   const float max_code = static_cast<float>((1 << bits) - 1);
   if (dim == 1) {
-    return range_rows(rows, x.options(), [&](int64_t r) {
-      const float* row = xp + r * cols;
-      float mn = row[0], mx = row[0];
-      bool nan = false;
-      for (int64_t c = 0; c < cols; ++c) {
-        const float v = row[c];
-        nan |= v != v;
-        mn = v < mn ? v : mn;
-        mx = v > mx ? v : mx;
-      }
-      return nan ? range_of(NAN, NAN, max_code) : range_of(mn, mx, max_code);
-    });
+    return range_rows(rows, x.options(), [&](int64_t r) { return row_range(xp + r * cols, cols, max_code); });
   }
   // per column: one pass over the rows, each column's extrema and NaN flag in a row of accumulators
   std::vector<float> mn(xp, xp + cols), mx(xp, xp + cols);

@@ -2,6 +2,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <optional>
 
@@ -10,8 +11,23 @@
 #endif
 
 #include "cpu_features.h"
+#include "quantize_steps.h"
 
 namespace pyg_quant {
+
+// The range of n consecutive values (a row): amin / amax (a NaN anywhere makes both NaN, as they do), then range_of.
+inline Range row_range(const float* h, int64_t n, float max_code) {
+  float mn = h[0], mx = h[0];
+  bool nan = false;
+  for (int64_t c = 0; c < n; ++c) {
+    const float v = h[c];
+    nan |= v != v;
+    mn = v < mn ? v : mn;
+    mx = v > mx ? v : mx;
+  }
+  if (nan) mn = mx = NAN;
+  return range_of(mn, mx, max_code);
+}
 
 // The largest of n bytes: the check that codes given as bytes fit their width (a loop the compiler vectorizes).
 inline uint8_t largest_code(const uint8_t* codes, int64_t n) {
