@@ -17,6 +17,7 @@
 #include "conv_eval.h"
 #include "csr_product.h"
 #include "ema_range.h"
+#include "expand_wire.h"
 #include "qat_linear.h"
 #include "quant_mlp_keys.h"
 #ifdef WITH_CUDA
@@ -137,6 +138,7 @@ TORCH_LIBRARY(pyg_quant, m) {
   m.def(
       "expand_csr(Tensor tile_key, Tensor row_count, Tensor entry_col, Tensor? entry_val, Tensor res_row, "
       "Tensor res_col, Tensor? res_val, int num_rows, int num_cols) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def("expand_wire(Tensor buffer, int[] parts, int num_rows, int num_cols, int planes, bool tiles) -> Tensor[]");
 }
 
 TORCH_LIBRARY_IMPL(pyg_quant, CPU, m) {
@@ -165,9 +167,10 @@ TORCH_LIBRARY_IMPL(pyg_quant, CPU, m) {
   // csr_pair (a float aggregation's M and Mᵀ in CSR from an edge list), degree_inv_sqrt (GCN's degrees of one)
   m.impl("csr_pair", &pyg_quant::csr_pair_cpu);
   m.impl("degree_inv_sqrt", &pyg_quant::degree_inv_sqrt_cpu);
-  // expand_tiles and expand_csr (CompactAdjacency -> BitAdjacency tensors)
+  // expand_tiles, expand_csr and expand_wire (CompactAdjacency, or its wire form, -> BitAdjacency tensors)
   m.impl("expand_tiles", &pyg_quant::expand_tiles_cpu);
   m.impl("expand_csr", &pyg_quant::expand_csr_cpu);
+  m.impl("expand_wire", &pyg_quant::expand_wire<&pyg_quant::expand_tiles_cpu, &pyg_quant::expand_csr_cpu>);
   // quant_mlp (a chain of QuantLinear bit layers in one op)
   m.impl("quant_mlp", &pyg_quant::mlp<&pyg_quant::quant_mlp_cpu>);
   m.impl("quant_mlp_keys", &pyg_quant::mlp_keys<&pyg_quant::quant_mlp_cpu>);
@@ -236,6 +239,7 @@ TORCH_LIBRARY_IMPL(pyg_quant, CUDA, m) {
   m.impl("bit_spmm_affine", &pyg_quant::bit_spmm_affine_cuda);
   m.impl("expand_tiles", &pyg_quant::expand_tiles_cuda);
   m.impl("expand_csr", &pyg_quant::expand_csr_cuda);
+  m.impl("expand_wire", &pyg_quant::expand_wire<&pyg_quant::expand_tiles_cuda, &pyg_quant::expand_csr_cuda>);
   m.impl("csr_pair", &pyg_quant::csr_pair_cuda);
   m.impl("degree_inv_sqrt", &pyg_quant::degree_inv_sqrt_cuda);
   m.impl("quant_mlp", &pyg_quant::mlp<&pyg_quant::quant_mlp_cuda>);

@@ -700,6 +700,109 @@ def test_expand_csr_rejects_inconsistent_plans():
                                           "res_col": residual.res_col + 800})
 
 
+# --- the wire decode (expand_wire) -------------------------------------------------------------------------------
+def wire_batch(compact, device="cpu"):
+    """A QuantBatch holding ``compact`` as its loader ships it (integer parts narrowed), its buffer on ``device``."""
+    from pyg_quant.loader import QuantBatch
+    return QuantBatch.from_fields({"adj": compact}).to(device)
+
+
+def wire_layout(batch):
+    """expand_wire's ``(buffer, parts)`` of ``batch``'s adjacency (ref.WIRE_PARTS' order)."""
+    specs = {name.split(".", 1)[1]: (dtype, shape, offset) for name, dtype, shape, offset in batch._specs
+             if name.startswith("adj.")}
+    layout = []
+    for name in ref.WIRE_PARTS:
+        dtype, shape, offset = specs.get(name, (torch.uint8, (0,), -1))
+        layout += [offset, ref.WIRE_DTYPES.index(dtype), shape[0], shape[1] if len(shape) == 2 else 0]
+    return batch.buffer, layout
+
+
+@pytest.mark.parametrize("tiles", [False, True])
+@pytest.mark.parametrize("case", CSR_CASES)
+def test_expand_wire_is_the_plans_expansion(case, tiles):
+    """A batch's adjacency decoded from its narrowed wire parts in one op is compact.expand(tiles) field for field;
+    the compiled op equals the torch reference."""
+    edge_index, num_nodes, self_loops, min_tile_nnz = csr_case(case)
+    compact = pq.BitAdjacency.compact_from_edge_index(edge_index, num_nodes, self_loops, min_tile_nnz)
+    batch = wire_batch(compact)
+    narrowed = {name for name, dtype, _, _ in batch._specs if dtype != getattr(compact, name.split(".", 1)[1]).dtype}
+    if case == "planted-dup":
+        assert {"adj.res_row", "adj.res_col", "adj.tile_key"} <= narrowed  # the decode widens them
+    got = pq.graph.CompactAdjacency.expand_wire(
+        batch.buffer, {name.split(".", 1)[1]: (dtype, shape, offset) for name, dtype, shape, offset in batch._specs},
+        compact.scalars(), "tiles" if tiles else "csr")
+    assert_same_bit_adjacency(got, compact.expand(tiles=tiles))
+    args = wire_layout(batch) + (compact.num_rows, compact.num_cols, compact.planes, tiles)
+    for a, b in zip(pq.ops.expand_wire(*args), ref.expand_wire(*args)):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    if pq.ops.use_compiled("expand_wire", torch.device("cpu")):  # no output aliases the buffer
+        for out in torch.ops.pyg_quant.expand_wire(*args):
+            assert out.numel() == 0 or out.untyped_storage().data_ptr() != batch.buffer.untyped_storage().data_ptr()
+
+
+@pytest.mark.parametrize("form", ["auto", "tiles", "csr"])
+def test_loader_batch_decodes_its_adjacency_in_one_op(form):
+    """QuantBatch's wire adjacency is decoded by expand_wire alone: one op, the BitAdjacency of compact.expand."""
+    edge_index, num_nodes, self_loops, min_tile_nnz = csr_case("planted-dup")
+    compact = pq.BitAdjacency.compact_from_edge_index(edge_index, num_nodes, self_loops, min_tile_nnz)
+    from pyg_quant.loader import QuantBatch
+    batch = QuantBatch.from_fields({"adj": compact}, adjacency=form)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        adj = batch.adj
+    assert_same_bit_adjacency(adj, compact.expand(tiles=compact.wants_tiles(form)))
+    top = [e.name for e in prof.events() if e.cpu_parent is None and not e.name.startswith("aten::as_strided")]
+    if pq.ops.use_compiled("expand_wire", torch.device("cpu")):
+        assert top == ["pyg_quant::expand_wire"], top
+
+
+@requires_compiled
+def test_expand_wire_rejects_bad_layouts():
+    compact = pq.BitAdjacency.compact_from_edge_index(random_edges(60, 60, 300, 24), 60, 1, 4)
+    buffer, layout = wire_layout(wire_batch(compact))
+    common = (compact.num_rows, compact.num_cols, compact.planes, False)
+    op = torch.ops.pyg_quant.expand_wire
+    with pytest.raises(ValueError, match="parts must hold"):
+        op(buffer, layout[:-4], *common)
+    with pytest.raises(ValueError, match="is required"):
+        op(buffer, [-1] + layout[1:], *common)
+    with pytest.raises(ValueError, match="wire dtype"):
+        op(buffer, layout[:1] + [9] + layout[2:], *common)
+    with pytest.raises(ValueError, match="aligned window"):
+        op(buffer, layout[:2] + [buffer.numel() + 1] + layout[3:], *common)
+    with pytest.raises(ValueError, match="buffer"):
+        op(buffer.view(torch.int8), layout, *common)
+    with pytest.raises(ValueError, match="part entry_val"):
+        pq.graph.CompactAdjacency.expand_wire(buffer, {"entry_val": (torch.float32, (3,), 0)}, compact.scalars())
+
+
+def test_expand_wire_opcheck():
+    edge_index, num_nodes, self_loops, min_tile_nnz = csr_case("random-loops-dup")
+    compact = pq.BitAdjacency.compact_from_edge_index(edge_index, num_nodes, self_loops, min_tile_nnz)
+    buffer, layout = wire_layout(wire_batch(compact))
+    if not pq.ops.use_compiled("expand_wire", buffer.device):
+        pytest.skip("the compiled extension is not loaded")
+    for tiles in (False, True):
+        torch.library.opcheck(torch.ops.pyg_quant.expand_wire.default,
+                              (buffer, layout, compact.num_rows, compact.num_cols, compact.planes, tiles))
+
+
+@requires_compiled
+@pytest.mark.cuda
+@requires_cuda
+@pytest.mark.parametrize("tiles", [False, True])
+@pytest.mark.parametrize("case", CSR_CASES)
+def test_expand_wire_cuda_equals_cpu(case, tiles):
+    edge_index, num_nodes, self_loops, min_tile_nnz = csr_case(case)
+    compact = pq.BitAdjacency.compact_from_edge_index(edge_index, num_nodes, self_loops, min_tile_nnz)
+    args = (compact.num_rows, compact.num_cols, compact.planes, tiles)
+    on_gpu = pq.ops.expand_wire(*wire_layout(wire_batch(compact, "cuda")), *args)
+    on_cpu = pq.ops.expand_wire(*wire_layout(wire_batch(compact)), *args)
+    for a, b in zip(on_gpu, on_cpu):
+        assert a.device.type == "cuda" and a.dtype == b.dtype and torch.equal(a.cpu(), b)
+    assert_same_bit_adjacency(wire_batch(compact, "cuda").adj, compact.expand(tiles=compact.wants_tiles(None)))
+
+
 def test_auto_form_follows_the_tile_fill(monkeypatch):
     """"auto" decodes without tiles below MIN_TILE_FILL, with them at or above it; expand() and from_edge_index
     follow DEFAULT_ADJACENCY unless a tile threshold is given; explicit arguments win."""

@@ -30,7 +30,8 @@ The same plan also decodes into a tile-free BitAdjacency, every entry in its CSR
 no host synchronisation), exactly what ``from_edge_index`` builds with ``min_tile_nnz`` above 4096; ``"auto"`` picks
 that form when the plan's tiles would be less than :data:`~pyg_quant.graph.adjacency_form.MIN_TILE_FILL` full,
 where ``bit_spmm``'s CSR gather beats the tiles.  The wire form is the same either way (~10 bits per edge instead of
-the 64 of an int32 CSR with values).
+the 64 of an int32 CSR with values).  A loader batch's plan, its integers narrowed as they travel, is expanded
+straight from the batch's buffer by one op (:meth:`CompactAdjacency.expand_wire`, the ``expand_wire`` op).
 """
 from typing import Any, Callable, Dict, Optional, Tuple, Union
 
@@ -324,6 +325,11 @@ class BitAdjacency:
                 f"self_loops={self.diag is not None})")
 
 
+def _tile_fill(entries: int, num_tiles: int) -> float:
+    """Tile entries over the capacity of ``num_tiles`` tiles (0 without tiles)."""
+    return entries / max(1, num_tiles * TILE_ROWS * TILE_COLS)
+
+
 class CompactAdjacency:
     r"""A :class:`~pyg_quant.BitAdjacency` as a tile plan plus one byte per tile entry.
 
@@ -332,7 +338,7 @@ class CompactAdjacency:
     host scalars (how :class:`~pyg_quant.loader.QuantBatch` ships it).
     """
 
-    TENSORS = ("tile_key", "row_count", "entry_col", "entry_val", "res_row", "res_col", "res_val", "diag")
+    TENSORS = ops.WIRE_PARTS  # tile_key, row_count, entry_col, entry_val, res_row, res_col, res_val, diag
     SCALARS = ("num_rows", "num_cols", "planes", "nnz", "max_row_sum")
     __slots__ = TENSORS + SCALARS
 
@@ -397,12 +403,46 @@ class CompactAdjacency:
     @property
     def tile_fill(self) -> float:
         """Tile entries over the capacity of the planned tiles (0 without tiles); known on the host."""
-        return self.entry_col.numel() / max(1, self.num_tiles * TILE_ROWS * TILE_COLS)
+        return _tile_fill(self.entry_col.numel(), self.num_tiles)
 
     def wants_tiles(self, adjacency: Optional[str] = "auto") -> bool:
         """Whether ``adjacency`` (``"auto"``, ``"tiles"``, ``"csr"``; None: the default form) decodes this plan into
         tiles (:func:`~pyg_quant.graph.adjacency_form.tiles_wanted`)."""
         return tiles_wanted(adjacency, self.num_tiles, self.tile_fill)
+
+    @staticmethod
+    def expand_wire(buffer: torch.Tensor, parts: Dict[str, Tuple[torch.dtype, Tuple[int, ...], int]],
+                    scalars: Dict[str, int], adjacency: Optional[str] = None) -> "BitAdjacency":
+        r"""The BitAdjacency of a plan shipped in the uint8 ``buffer`` (how :class:`~pyg_quant.loader.QuantBatch`
+        ships one), in the form ``adjacency`` names (see :meth:`wants_tiles`), made in one op where
+        ``from_tensors(...).expand(...)`` takes a dozen (:func:`pyg_quant.ops.expand_wire`): the same BitAdjacency.
+
+        Args:
+            buffer (Tensor): ``uint8[nbytes]``.
+            parts (dict): ``(dtype, shape, byte offset)`` of each tensor of :meth:`tensors` as it travels: its
+                integers in any narrower type that holds them.
+            scalars (dict): :meth:`scalars`.
+        """
+        layout = []
+        for name in ops.WIRE_PARTS:
+            if name not in parts:
+                layout += (-1, 0, 0, 0)
+                continue
+            dtype, shape, offset = parts[name]
+            if dtype not in ops.WIRE_DTYPES or not 1 <= len(shape) <= 2:
+                raise ValueError(f"part {name} must be a 1-D or 2-D integer tensor of {ops.WIRE_DTYPES}, got {dtype} "
+                                 f"{list(shape)}")
+            layout += (int(offset), ops.WIRE_DTYPES.index(dtype), int(shape[0]),
+                       int(shape[1]) if len(shape) == 2 else 0)
+        num_tiles, entries = parts["tile_key"][1][0], parts["entry_col"][1][0]
+        tiles = tiles_wanted(adjacency, num_tiles, _tile_fill(entries, num_tiles))
+        num_rows, num_cols = scalars["num_rows"], scalars["num_cols"]
+        window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, diag, row_sums = ops.expand_wire(
+            buffer, layout, num_rows, num_cols, scalars["planes"], tiles)
+        weighted = "res_val" in parts or (not tiles and "entry_val" in parts)
+        return BitAdjacency(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val if weighted else None,
+                            num_rows, num_cols, diag if "diag" in parts else None, row_sums, scalars["nnz"],
+                            scalars["max_row_sum"])
 
     # --- writing the tiles --------------------------------------------------------------------
     def expand(self, tiles: Union[bool, str, None] = None):

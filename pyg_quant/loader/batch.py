@@ -16,7 +16,8 @@ aligned offsets, in a single buffer, each in its *wire* form::
   with its tiles, or without (every entry in the CSR, which ``bit_spmm`` gathers
   faster than nearly empty tiles), as the batch's ``adjacency`` option says
   (``"auto"``: without when the tiles would be less than
-  :data:`~pyg_quant.graph.adjacency_form.MIN_TILE_FILL` full; default :data:`~pyg_quant.graph.adjacency_form.DEFAULT_ADJACENCY`, ``"auto"``);
+  :data:`~pyg_quant.graph.adjacency_form.MIN_TILE_FILL` full; default :data:`~pyg_quant.graph.adjacency_form.DEFAULT_ADJACENCY`, ``"auto"``),
+  in one op that reads its parts in place, narrowed as they travel (:meth:`CompactAdjacency.expand_wire`);
 * a :class:`~pyg_quant.BitTensor` travels without the padding of its outer
   dimension (re-added on access), unless that padding is at most 1/16 of it
   (then the decoded planes are views of the buffer); one held as its codes
@@ -102,8 +103,8 @@ def _flatten(fields: Dict[str, object]) -> Tuple[Dict[str, torch.Tensor], Dict[s
 
     for name, value in fields.items():
         if isinstance(value, CompactAdjacency):
-            for attr, tensor in value.tensors().items():
-                add_narrowed(f"{name}.{attr}", tensor)
+            for attr, tensor in value.tensors().items():  # the decode widens them to what the expansion takes
+                tensors[f"{name}.{attr}"] = _narrowed(tensor)
             meta["objects"][name] = ("CompactAdjacency", value.scalars())
         elif isinstance(value, BitAdjacency):
             for attr in BitAdjacency._TENSORS:
@@ -187,10 +188,6 @@ def _tensors_in(value) -> List[torch.Tensor]:
     return [t for t in (getattr(value, name, None) for name in names) if isinstance(t, torch.Tensor)]
 
 
-def _expanded(compact: CompactAdjacency, adjacency: str) -> BitAdjacency:
-    return compact.expand(tiles=compact.wants_tiles(adjacency))
-
-
 def _padded_bit_tensor(parts: Dict[str, torch.Tensor], scalars: Dict[str, object]) -> BitTensor:
     if "codes" in parts:
         return BitTensor.from_codes(parts["codes"], scalars["bits"], parts["lo"], parts["scale"], scalars["dim"],
@@ -198,8 +195,8 @@ def _padded_bit_tensor(parts: Dict[str, torch.Tensor], scalars: Dict[str, object
     scalars = dict(scalars)
     planes = parts["planes"]
     pad = scalars.pop("outer_pad") - planes.size(1)
-    if pad:  # one pass over the planes; an outer dimension that needs no padding is read in place, as float x is
-        planes = torch.cat([planes, planes.new_zeros(planes.size(0), pad, planes.size(2))], 1)
+    if pad:  # one op over the planes; an outer dimension that needs no padding is read in place, as float x is
+        planes = torch.nn.functional.pad(planes, (0, 0, 0, pad))
     return BitTensor(planes, lo=parts["lo"], scale=parts["scale"], **scalars)
 
 
@@ -283,12 +280,9 @@ class QuantBatch:
                 if kind == "BitAdjacency":
                     fields[name] = _Decode(lambda parts=parts, scalars=scalars: BitAdjacency(
                         **{attr: parts().get(attr) for attr in BitAdjacency._TENSORS}, **scalars), "BitAdjacency")
-                elif kind == "CompactAdjacency":
-                    wide = {attr: meta["dtypes"].get(f"{name}.{attr}") for attr in specs}
-                    fields[name] = _Decode(lambda parts=parts, scalars=scalars, wide=wide: _expanded(
-                        CompactAdjacency.from_tensors(
-                            {attr: _widened(view, wide[attr]) for attr, view in parts().items()}, scalars),
-                        self.adjacency), "BitAdjacency")
+                elif kind == "CompactAdjacency":  # its narrowed parts widened and expanded in one op
+                    fields[name] = _Decode(lambda specs=specs, scalars=scalars: CompactAdjacency.expand_wire(
+                        buffer, specs, scalars, self.adjacency), "BitAdjacency")
                 else:
                     fields[name] = _Decode(lambda parts=parts, scalars=scalars: _padded_bit_tensor(parts(), scalars),
                                            "BitTensor")

@@ -10,7 +10,7 @@ from typing import Optional
 import torch
 
 from .._extension import LOADED, use_compiled
-from ..layout import packed_words, padded_outer, row_code_bytes
+from ..layout import TILE_COLS, TILE_ROWS, packed_words, padded_outer, row_code_bytes
 from . import reference
 
 
@@ -317,6 +317,19 @@ def expand_csr(tile_key, row_count, entry_col, entry_val, res_row, res_col, res_
     return out_ptr, out_col, out_val if entry_val is not None or res_val is not None else None, row_sums
 
 
+WIRE_PARTS, WIRE_DTYPES = reference.WIRE_PARTS, reference.WIRE_DTYPES  # expand_wire's argument format
+
+
+def expand_wire(buffer, parts, num_rows: int, num_cols: int, planes: int, tiles: bool):
+    """``[window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, diag, row_sums]`` of a CompactAdjacency shipped
+    in the uint8 ``buffer`` at the places ``parts`` gives (see :data:`reference.WIRE_PARTS`), in one op (see
+    :func:`reference.expand_wire`)."""
+    args = (buffer, parts, int(num_rows), int(num_cols), int(planes), bool(tiles))
+    if use_compiled("expand_wire", buffer.device):
+        return torch.ops.pyg_quant.expand_wire.default(*args)
+    return reference.expand_wire(*args)
+
+
 
 def gin_conv_eval(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, row_sums, wide: bool, x_planes, x_codes,
                   lo, scale, self_weight, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits,
@@ -560,6 +573,28 @@ if LOADED:
           x_codes, x_cols, x_dim, agg_bits, agg_keys, one_plus_eps, weight_codes, weight_lo, weight_scale,
           weight_sums, bias, act_bits, weight_bits, relu):
         return _fake_mlp_out(x, res_ptr.shape[0] - 1, weight_codes)
+
+    @torch.library.register_fake("pyg_quant::expand_wire")
+    def _(buffer, parts, num_rows, num_cols, planes, tiles):
+        def size(name):
+            return parts[4 * reference.WIRE_PARTS.index(name) + 2]
+
+        def shipped(name):
+            return parts[4 * reference.WIRE_PARTS.index(name)] >= 0
+
+        def new(*shape, dtype=torch.int32):
+            return buffer.new_empty(shape, dtype=dtype)
+        diag = new(num_rows if shipped("diag") else 0, dtype=torch.float32)
+        ends = (new(-(-num_rows // TILE_ROWS) + 1, dtype=torch.int64), new(num_rows + 1, dtype=torch.int64))
+        row_sums = new(num_rows, dtype=torch.int64)
+        if not tiles:
+            nnz = size("entry_col") + size("res_row")
+            weighted = shipped("entry_val") or shipped("res_val")
+            return [ends[0], new(0), new(planes, 0, TILE_ROWS, TILE_COLS // 32), ends[1], new(nnz),
+                    new(nnz if weighted else 0), diag, row_sums]
+        num_tiles, num_res = size("tile_key"), size("res_row")
+        return [ends[0], new(num_tiles), new(planes, num_tiles, TILE_ROWS, TILE_COLS // 32), ends[1], new(num_res),
+                new(num_res if shipped("res_val") else 0), diag, row_sums]
 
     @torch.library.register_fake("pyg_quant::expand_csr")
     def _(tile_key, row_count, entry_col, entry_val, res_row, res_col, res_val, num_rows, num_cols):

@@ -349,6 +349,49 @@ def expand_csr(tile_key, row_count, entry_col, entry_val, res_row, res_col, res_
     return res_ptr, cols.to(torch.int32), out_val, row_sums
 
 
+# expand_wire's argument format (csrc/expand_wire.h): a CompactAdjacency's parts in this order, four integers each:
+# byte offset in the buffer (-1: not shipped), wire dtype (its index in WIRE_DTYPES), size of dimension 0, size of
+# dimension 1 (0 for a 1-D part).
+WIRE_PARTS = ("tile_key", "row_count", "entry_col", "entry_val", "res_row", "res_col", "res_val", "diag")
+WIRE_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+
+
+def _wire_part(buffer, parts, name: str, target: torch.dtype) -> Optional[torch.Tensor]:
+    """The part ``name`` of ``buffer`` as a tensor of its own of dtype ``target`` (None when not shipped)."""
+    offset, code, size0, size1 = parts[4 * WIRE_PARTS.index(name):4 * WIRE_PARTS.index(name) + 4]
+    if offset < 0:
+        return None
+    dtype = WIRE_DTYPES[code]
+    numel = size0 * (size1 or 1)
+    view = buffer[offset:offset + numel * dtype.itemsize].view(dtype)
+    return (view.view(size0, size1) if size1 else view).to(target, copy=True)
+
+
+def expand_wire(buffer, parts, num_rows: int, num_cols: int, planes: int, tiles: bool):
+    """``[window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, diag, row_sums]`` of a CompactAdjacency shipped
+    in ``buffer`` (``parts``: see :data:`WIRE_PARTS`): its parts widened to the types :func:`expand_tiles` /
+    :func:`expand_csr` take, expanded with tiles or without; ``res_val`` int32[0] where every value is 1, ``diag``
+    (the float32 self-loop term) float32[0] where none was shipped."""
+    row_count_wire = WIRE_DTYPES[parts[4 * WIRE_PARTS.index("row_count") + 1]]
+    part = {name: _wire_part(buffer, parts, name, target) for name, target in (
+        ("tile_key", torch.int32), ("row_count", torch.uint8 if row_count_wire == torch.uint8 else torch.int16),
+        ("entry_col", torch.uint8), ("entry_val", torch.uint8), ("res_row", torch.int32), ("res_col", torch.int32),
+        ("res_val", torch.int32), ("diag", torch.float32))}
+    device = buffer.device
+    empty_i32 = torch.empty(0, dtype=torch.int32, device=device)
+    diag = part["diag"] if part["diag"] is not None else torch.empty(0, dtype=torch.float32, device=device)
+    plan = (part["tile_key"], part["row_count"], part["entry_col"], part["entry_val"], part["res_row"])
+    if not tiles:
+        res_ptr, res_col, res_val, row_sums = expand_csr(*plan, part["res_col"], part["res_val"], num_rows, num_cols)
+        window_ptr = torch.zeros(-(-num_rows // TILE_ROWS) + 1, dtype=torch.int64, device=device)
+        tile_bits = torch.empty(planes, 0, TILE_ROWS, TILE_COLS // 32, dtype=torch.int32, device=device)
+        return [window_ptr, empty_i32, tile_bits, res_ptr, res_col, res_val, diag, row_sums]
+    window_ptr, tile_col, tile_bits, res_ptr, row_sums = expand_tiles(*plan, part["res_val"], num_rows, num_cols,
+                                                                      planes)
+    res_val = part["res_val"] if part["res_val"] is not None else empty_i32
+    return [window_ptr, tile_col, tile_bits, res_ptr, part["res_col"], res_val, diag, row_sums]
+
+
 # --- column keys (csrc/ordered_key.h) -------------------------------------------------------
 def ordered_keys(x: torch.Tensor) -> torch.Tensor:
     """The order-preserving uint32 key of each float32 of ``x`` (as int64): ``a < b`` gives ``key(a) < key(b)``,
