@@ -1,10 +1,11 @@
 #pragma once
 // expand_wire: a CompactAdjacency as a QuantBatch ships it (pyg_quant/loader/batch.py: each part at a byte offset of
 // one uint8 buffer, integers in the narrowest type that holds them) decoded into a BitAdjacency's tensors in one op:
-// the parts' views of the buffer, widened to the types the expansion takes, expand_tiles or expand_csr, the float
-// diagonal term and, without tiles, the empty tile operands.  One dispatch where the decode in Python took a dozen
-// ops: a loader's loop is bound by its host's time.  Written once over the backends' expansions, registered for the
-// CPU and CUDA in library.cpp; pyg_quant/ops/reference.py composes the same steps from the reference ops.
+// the parts' views of the buffer (read as they travel; only the counts and, for a BitAdjacency that keeps them, the
+// residual's columns and values widened), expand_tiles or expand_csr, the float diagonal term and, without tiles,
+// the empty tile operands.  One dispatch where the decode in Python took two dozen ops: a loader's loop is bound by its
+// host's time.  Written once over the backends' expansions, registered for the CPU and CUDA in library.cpp;
+// pyg_quant/ops/reference.py composes the same steps from the reference ops.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
@@ -26,10 +27,8 @@ enum WirePart { kTileKey, kRowCount, kEntryCol, kEntryVal, kResRow, kResCol, kRe
 constexpr int kWireFields = 4;
 constexpr at::ScalarType kWireDtypes[] = {at::kByte, at::kChar, at::kShort, at::kInt, at::kLong};
 
-// The part `index` of `buffer` as `target` (a view where it travels as `target`, else a widened copy); nullopt when
-// not shipped.  `owned`: a copy in any case (a tensor the op hands back must not alias its input).
-inline std::optional<at::Tensor> wire_part(const at::Tensor& buffer, at::IntArrayRef parts, int index,
-                                           at::ScalarType target, bool owned = false) {
+// The part `index` of `buffer` as it travels (a view); nullopt when not shipped.
+inline std::optional<at::Tensor> wire_view(const at::Tensor& buffer, at::IntArrayRef parts, int index) {
   const int64_t* field = parts.data() + index * kWireFields;
   const int64_t offset = field[0], code = field[1], size0 = field[2], size1 = field[3];
   if (offset < 0) return std::nullopt;
@@ -43,9 +42,16 @@ inline std::optional<at::Tensor> wire_part(const at::Tensor& buffer, at::IntArra
                     index, " (", numel, " × ", itemsize, " bytes at ", offset, ") is not an aligned window of the ",
                     buffer.numel(), "-byte buffer");
   at::Tensor view = buffer.narrow(0, offset, numel * itemsize).view(dtype);
-  if (size1 > 0) view = view.view({size0, size1});
-  if (dtype != target) return view.to(target);
-  return owned ? view.clone() : view;
+  return size1 > 0 ? view.view({size0, size1}) : view;
+}
+
+// The part `index` as `target`: the view where it travels as `target`, else a widened copy; a copy in any case
+// where `owned` (a tensor the op hands back must not alias its input).
+inline std::optional<at::Tensor> wire_part(const at::Tensor& buffer, at::IntArrayRef parts, int index,
+                                           at::ScalarType target, bool owned = false) {
+  std::optional<at::Tensor> view = wire_view(buffer, parts, index);
+  if (!view || view->scalar_type() != target) return view ? std::optional<at::Tensor>(view->to(target)) : view;
+  return owned ? std::optional<at::Tensor>(view->clone()) : view;
 }
 
 using ExpandTilesKernel = ExpandedTiles (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&,
@@ -67,25 +73,28 @@ std::vector<at::Tensor> expand_wire(const at::Tensor& buffer, at::IntArrayRef pa
   for (int required : {kTileKey, kRowCount, kEntryCol, kResRow, kResCol}) {
     TORCH_CHECK_VALUE(parts[required * kWireFields] >= 0, "expand_wire: part ", required, " is required");
   }
-  // row_count travels as uint8 or int16 (a full tile row holds 256 entries), at most narrowed to int8.
+  // The indices go to the expansion as they travel (int8, int16 or int32: its CUDA kernels read each width, its CPU
+  // code widens them); row_count travels as uint8 or int16 (a full tile row holds 256 entries), at most narrowed to
+  // int8.
   const at::ScalarType count_type = parts[kRowCount * kWireFields + 1] == 0 ? at::kByte : at::kShort;
-  const at::Tensor tile_key = *wire_part(buffer, parts, kTileKey, at::kInt);
+  const at::Tensor tile_key = *wire_view(buffer, parts, kTileKey);
   const at::Tensor row_count = *wire_part(buffer, parts, kRowCount, count_type);
   const at::Tensor entry_col = *wire_part(buffer, parts, kEntryCol, at::kByte);
   const std::optional<at::Tensor> entry_val = wire_part(buffer, parts, kEntryVal, at::kByte);
-  const at::Tensor res_row = *wire_part(buffer, parts, kResRow, at::kInt);
+  const at::Tensor res_row = *wire_view(buffer, parts, kResRow);
   const std::optional<at::Tensor> diag_codes = wire_part(buffer, parts, kDiag, at::kByte);
   const auto float32 = buffer.options().dtype(at::kFloat), int32 = buffer.options().dtype(at::kInt);
   const at::Tensor diag = diag_codes ? diag_codes->to(at::kFloat) : at::empty({0}, float32);
   if (!tiles) {
-    const at::Tensor res_col = *wire_part(buffer, parts, kResCol, at::kInt);
-    const std::optional<at::Tensor> res_val = wire_part(buffer, parts, kResVal, at::kInt);
+    const at::Tensor res_col = *wire_view(buffer, parts, kResCol);
+    const std::optional<at::Tensor> res_val = wire_view(buffer, parts, kResVal);
     auto [res_ptr, out_col, out_val, row_sums] =
         Csr(tile_key, row_count, entry_col, entry_val, res_row, res_col, res_val, num_rows, num_cols);
     const int64_t num_windows = (num_rows + kTileRows - 1) / kTileRows;
     return {at::zeros({num_windows + 1}, buffer.options().dtype(at::kLong)), at::empty({0}, int32),
             at::empty({planes, 0, kTileRows, kTileWords}, int32), res_ptr, out_col, out_val, diag, row_sums};
   }
+  // (res_col and res_val are the BitAdjacency's own: int32, not views of the buffer)
   const at::Tensor res_col = *wire_part(buffer, parts, kResCol, at::kInt, /*owned=*/true);
   const std::optional<at::Tensor> res_val = wire_part(buffer, parts, kResVal, at::kInt, /*owned=*/true);
   auto [window_ptr, tile_col, tile_bits, res_ptr, row_sums] =

@@ -756,6 +756,32 @@ def test_loader_batch_decodes_its_adjacency_in_one_op(form):
         assert top == ["pyg_quant::expand_wire"], top
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", ["planted-dup", "random-loops-dup", "bipartite", "empty-graph"])
+def test_expand_ops_take_narrowed_indices(case, device):
+    """expand_csr and expand_tiles read tile_key, res_row, res_col and res_val in int16 or int8 (as a loader batch
+    ships them, where the values fit) exactly as in int32."""
+    edge_index, num_nodes, self_loops, min_tile_nnz = csr_case(case)
+    compact = pq.BitAdjacency.compact_from_edge_index(edge_index, num_nodes, self_loops, min_tile_nnz)
+
+    def narrowed(t, dtype):
+        if t is None or t.numel() and int(t.abs().max()) > torch.iinfo(dtype).max:
+            return t
+        return t.to(dtype)
+    for dtype in (torch.int16, torch.int8):
+        args = csr_args(compact, device)
+        for i in (0, 4, 5, 6):  # tile_key, res_row, res_col, res_val
+            args[i] = narrowed(args[i], dtype)
+        assert any(a is not None and a.dtype == dtype for a in args[:7]) or case == "empty-graph"
+        for got, want in zip(pq.ops.expand_csr(*args), pq.ops.expand_csr(*csr_args(compact, device))):
+            assert (got is None) == (want is None) and (got is None or torch.equal(got, want))
+        tiles_args = args[:5] + [args[6], compact.num_rows, compact.num_cols, compact.planes]
+        want = pq.ops.expand_tiles(*(csr_args(compact, device)[:5] + [tiles_args[5] if tiles_args[5] is None else
+                                                                       compact.res_val.to(device)] + tiles_args[6:]))
+        for a, b in zip(pq.ops.expand_tiles(*tiles_args), want):
+            assert a.dtype == b.dtype and torch.equal(a, b)
+
+
 @requires_compiled
 def test_expand_wire_rejects_bad_layouts():
     compact = pq.BitAdjacency.compact_from_edge_index(random_edges(60, 60, 300, 24), 60, 1, 4)

@@ -8,6 +8,8 @@
 //    32 at a time; each lane then owns one (tile, row) segment and builds its 8 words per plane in shared
 //    memory and stores them (every word of every tile is written once: no memset, no atomics); the warp
 //    also sums the row's values, its residual entries included, into row_sums.
+// The plan's indices and residual values are read in the width they come in (int8, int16 or int32: IntArray), so
+// that a loader batch's narrowed parts need no widening kernels.
 //
 // expand_csr (the same plan decoded without tiles, every entry in one CSR sorted by (row, column)) runs the two
 // boundary kernels, then
@@ -29,15 +31,29 @@ namespace pyg_quant {
 namespace {
 constexpr int kWarp = 32, kThreads = kTileRows * kWarp;
 
+// An int8, int16 or int32 array read as int64; the width is the same for every thread (a uniform branch).
+struct IntArray {
+  const void* data;
+  int width;  // bytes an element
+  __device__ __forceinline__ int64_t operator[](int64_t i) const {
+    return width == 4 ? static_cast<const int32_t*>(data)[i]
+                      : width == 2 ? static_cast<const int16_t*>(data)[i] : static_cast<const int8_t*>(data)[i];
+  }
+};
+
+IntArray int_array(const at::Tensor& t) {
+  return t.defined() ? IntArray{t.data_ptr(), static_cast<int>(t.element_size())} : IntArray{nullptr, 4};
+}
+
 // ptr[k] = first i with keys[i] / divisor >= k, for k in [0, m]; optionally rest[i] = keys[i] % divisor.
-__global__ void boundaries_kernel(const int32_t* __restrict__ keys, int64_t n, int64_t divisor, int64_t m,
+__global__ void boundaries_kernel(const IntArray keys, int64_t n, int64_t divisor, int64_t m,
                                   int64_t* __restrict__ ptr, int32_t* __restrict__ rest) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i > n) return;
-  const int64_t lo = i == 0 ? -1 : min(m, static_cast<int64_t>(keys[i - 1]) / divisor);
-  const int64_t hi = i == n ? m : min(m, static_cast<int64_t>(keys[i]) / divisor);
+  const int64_t lo = i == 0 ? -1 : min(m, keys[i - 1] / divisor);
+  const int64_t hi = i == n ? m : min(m, keys[i] / divisor);
   for (int64_t k = lo + 1; k <= hi; ++k) ptr[k] = i;
-  if (rest != nullptr && i < n) rest[i] = keys[i] % divisor;
+  if (rest != nullptr && i < n) rest[i] = static_cast<int32_t>(keys[i] % divisor);
 }
 
 __device__ __forceinline__ int64_t warp_sum(int64_t v) {
@@ -49,7 +65,7 @@ template <typename Count>
 __global__ void __launch_bounds__(kThreads) expand_window_kernel(
     const int64_t* __restrict__ window_ptr, const int64_t* __restrict__ tile_start, const Count* __restrict__ counts,
     const uint8_t* __restrict__ entry_col, const uint8_t* __restrict__ entry_val, int64_t num_entries,
-    const int64_t* __restrict__ res_ptr, const int32_t* __restrict__ res_val, int64_t num_res, int64_t num_rows,
+    const int64_t* __restrict__ res_ptr, const IntArray res_val, int64_t num_res, int64_t num_rows,
     int64_t num_tiles, int planes, uint32_t* __restrict__ tile_bits, int64_t* __restrict__ row_sums) {
   __shared__ int64_t row_total[kTileRows];
   __shared__ uint32_t words[kTileWords * kThreads];  // words[w * kThreads + thread]: conflict-free
@@ -98,7 +114,7 @@ __global__ void __launch_bounds__(kThreads) expand_window_kernel(
   if (row < num_rows) {
     const int64_t res_end = min(res_ptr[row + 1], num_res);
     for (int64_t k = max(res_ptr[row], int64_t{0}) + lane; k < res_end; k += kWarp) {
-      sum += res_val != nullptr ? res_val[k] : 1;
+      sum += res_val.data != nullptr ? res_val[k] : 1;
     }
   }
   sum = warp_sum(sum);
@@ -125,11 +141,11 @@ __global__ void count_kernel(const int64_t* __restrict__ window_ptr, const Count
 
 // One thread per row: the row's tile entries merged by column with its residual run (both sorted).
 template <typename Count>
-__global__ void merge_kernel(const int32_t* __restrict__ tile_key, const int64_t* __restrict__ window_ptr,
+__global__ void merge_kernel(const IntArray tile_key, const int64_t* __restrict__ window_ptr,
                              const Count* __restrict__ counts, const uint8_t* __restrict__ entry_col,
                              const uint8_t* __restrict__ entry_val, int64_t num_entries,
-                             const int64_t* __restrict__ res_ptr, const int32_t* __restrict__ res_col,
-                             const int32_t* __restrict__ res_val, int64_t num_res, int64_t num_rows, int64_t num_tiles,
+                             const int64_t* __restrict__ res_ptr, const IntArray res_col,
+                             const IntArray res_val, int64_t num_res, int64_t num_rows, int64_t num_tiles,
                              int64_t col_tiles, const int64_t* __restrict__ out_ptr, int64_t nnz,
                              int32_t* __restrict__ out_col, int32_t* __restrict__ out_val,
                              int64_t* __restrict__ row_sums) {
@@ -146,13 +162,13 @@ __global__ void merge_kernel(const int32_t* __restrict__ tile_key, const int64_t
   int64_t e = max(o - k, int64_t{0});  // tile entries of the rows before this one
   int64_t sum = 0;
   for (int64_t t = first; t < last && o < o_end; ++t) {
-    const int64_t base = static_cast<int64_t>(tile_key[t] % col_tiles) * kTileCols;
+    const int64_t base = (tile_key[t] % col_tiles) * kTileCols;
     const int64_t end = min(e + max(static_cast<int64_t>(counts[t * kTileRows + r]), int64_t{0}), num_entries);
     for (; e < end && o < o_end; ++e) {
       const int64_t c = base + entry_col[e];
       for (; k < k_end && res_col[k] < c && o < o_end; ++k, ++o) {
-        const int32_t v = res_val != nullptr ? res_val[k] : 1;
-        out_col[o] = res_col[k];
+        const int32_t v = res_val.data != nullptr ? static_cast<int32_t>(res_val[k]) : 1;
+        out_col[o] = static_cast<int32_t>(res_col[k]);
         if (out_val != nullptr) out_val[o] = v;
         sum += v;
       }
@@ -166,8 +182,8 @@ __global__ void merge_kernel(const int32_t* __restrict__ tile_key, const int64_t
     }
   }
   for (; k < k_end && o < o_end; ++k, ++o) {
-    const int32_t v = res_val != nullptr ? res_val[k] : 1;
-    out_col[o] = res_col[k];
+    const int32_t v = res_val.data != nullptr ? static_cast<int32_t>(res_val[k]) : 1;
+    out_col[o] = static_cast<int32_t>(res_col[k]);
     if (out_val != nullptr) out_val[o] = v;
     sum += v;
   }
@@ -186,33 +202,33 @@ ExpandedTiles expand_tiles_cuda(const at::Tensor& tile_key_in, const at::Tensor&
   const c10::cuda::CUDAGuard guard(tile_key_in.device());
   const auto stream = c10::cuda::getCurrentCUDAStream();
   const ExpandOperands o = expand_operands(tile_key_in, row_count_in, entry_col_in, entry_val_in, res_row_in,
-                                           std::nullopt, res_val_in, num_rows, num_cols);
+                                           std::nullopt, res_val_in, num_rows, num_cols, /*narrow=*/true);
   const at::Tensor &tile_key = o.tile_key, &row_count = o.row_count, &entry_col = o.entry_col, &res_row = o.res_row;
   const at::Tensor &entry_val = o.entry_val, &res_val = o.res_val;
   const int64_t num_tiles = o.num_tiles, num_res = o.num_res, col_tiles = o.col_tiles, num_windows = o.num_windows;
-  const auto i64 = tile_key.options().dtype(at::kLong);
+  const auto i64 = tile_key.options().dtype(at::kLong), i32 = tile_key.options().dtype(at::kInt);
 
   at::Tensor window_ptr = at::empty({num_windows + 1}, i64);
-  at::Tensor tile_col = at::empty({num_tiles}, tile_key.options());
+  at::Tensor tile_col = at::empty({num_tiles}, i32);
   at::Tensor res_ptr = at::empty({num_rows + 1}, i64);
   constexpr int kBoundaryThreads = 256;
   boundaries_kernel<<<blocks_for(num_tiles + 1, kBoundaryThreads), kBoundaryThreads, 0, stream>>>(
-      tile_key.data_ptr<int32_t>(), num_tiles, col_tiles, num_windows, window_ptr.data_ptr<int64_t>(),
+      int_array(tile_key), num_tiles, col_tiles, num_windows, window_ptr.data_ptr<int64_t>(),
       tile_col.data_ptr<int32_t>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   boundaries_kernel<<<blocks_for(num_res + 1, kBoundaryThreads), kBoundaryThreads, 0, stream>>>(
-      res_row.data_ptr<int32_t>(), num_res, 1, num_rows, res_ptr.data_ptr<int64_t>(), nullptr);
+      int_array(res_row), num_res, 1, num_rows, res_ptr.data_ptr<int64_t>(), nullptr);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 
   const at::Tensor tile_entries = row_count.sum(1, /*keepdim=*/false, at::kLong);
   const at::Tensor tile_start = at::cumsum(tile_entries, 0).sub_(tile_entries);
-  at::Tensor tile_bits = at::empty({planes, num_tiles, kTileRows, kTileWords}, tile_key.options());
+  at::Tensor tile_bits = at::empty({planes, num_tiles, kTileRows, kTileWords}, i32);
   at::Tensor row_sums = at::empty({num_rows}, i64);
   auto launch = [&](auto* counts) {
     expand_window_kernel<<<num_windows, kThreads, 0, stream>>>(
         window_ptr.data_ptr<int64_t>(), tile_start.data_ptr<int64_t>(), counts, entry_col.data_ptr<uint8_t>(),
         entry_val.defined() ? entry_val.data_ptr<uint8_t>() : nullptr, entry_col.size(0), res_ptr.data_ptr<int64_t>(),
-        res_val.defined() ? res_val.data_ptr<int32_t>() : nullptr, num_res, num_rows, num_tiles, static_cast<int>(planes),
+        int_array(res_val), num_res, num_rows, num_tiles, static_cast<int>(planes),
         reinterpret_cast<uint32_t*>(tile_bits.data_ptr<int32_t>()), row_sums.data_ptr<int64_t>());
   };
   if (row_count.scalar_type() == at::kByte) {
@@ -233,29 +249,29 @@ ExpandedCsr expand_csr_cuda(const at::Tensor& tile_key_in, const at::Tensor& row
   const c10::cuda::CUDAGuard guard(tile_key_in.device());
   const auto stream = c10::cuda::getCurrentCUDAStream();
   const ExpandOperands o = expand_operands(tile_key_in, row_count_in, entry_col_in, entry_val_in, res_row_in,
-                                           res_col_in, res_val_in, num_rows, num_cols);
+                                           res_col_in, res_val_in, num_rows, num_cols, /*narrow=*/true);
   const at::Tensor &tile_key = o.tile_key, &row_count = o.row_count, &entry_col = o.entry_col, &res_row = o.res_row;
   const at::Tensor &res_col = o.res_col, &entry_val = o.entry_val, &res_val = o.res_val;
   const int64_t num_tiles = o.num_tiles, num_entries = o.num_entries, num_res = o.num_res;
   const int64_t col_tiles = o.col_tiles, num_windows = o.num_windows;
   const int64_t nnz = num_entries + num_res;
   const bool weighted = entry_val.defined() || res_val.defined();
-  const auto i64 = tile_key.options().dtype(at::kLong);
+  const auto i64 = tile_key.options().dtype(at::kLong), i32 = tile_key.options().dtype(at::kInt);
 
   at::Tensor window_ptr = at::empty({num_windows + 1}, i64);
   at::Tensor res_ptr = at::empty({num_rows + 1}, i64);
   constexpr int kBoundaryThreads = 256, kRowThreads = 128;
   boundaries_kernel<<<blocks_for(num_tiles + 1, kBoundaryThreads), kBoundaryThreads, 0, stream>>>(
-      tile_key.data_ptr<int32_t>(), num_tiles, col_tiles, num_windows, window_ptr.data_ptr<int64_t>(), nullptr);
+      int_array(tile_key), num_tiles, col_tiles, num_windows, window_ptr.data_ptr<int64_t>(), nullptr);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   boundaries_kernel<<<blocks_for(num_res + 1, kBoundaryThreads), kBoundaryThreads, 0, stream>>>(
-      res_row.data_ptr<int32_t>(), num_res, 1, num_rows, res_ptr.data_ptr<int64_t>(), nullptr);
+      int_array(res_row), num_res, 1, num_rows, res_ptr.data_ptr<int64_t>(), nullptr);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 
   at::Tensor row_counts = at::empty({num_rows}, i64);
   at::Tensor out_ptr = at::empty({num_rows + 1}, i64);
-  at::Tensor out_col = at::empty({nnz}, tile_key.options());
-  at::Tensor out_val = at::empty({weighted ? nnz : 0}, tile_key.options());
+  at::Tensor out_col = at::empty({nnz}, i32);
+  at::Tensor out_val = at::empty({weighted ? nnz : 0}, i32);
   at::Tensor row_sums = at::empty({num_rows}, i64);
   const int64_t row_blocks = blocks_for(num_rows, kRowThreads);
   auto launch = [&](auto* counts) {
@@ -266,9 +282,9 @@ ExpandedCsr expand_csr_cuda(const at::Tensor& tile_key_in, const at::Tensor& row
     at::Tensor tail = out_ptr.narrow(0, 1, num_rows);
     at::cumsum_out(tail, row_counts, 0);
     merge_kernel<<<row_blocks, kRowThreads, 0, stream>>>(
-        tile_key.data_ptr<int32_t>(), window_ptr.data_ptr<int64_t>(), counts, entry_col.data_ptr<uint8_t>(),
+        int_array(tile_key), window_ptr.data_ptr<int64_t>(), counts, entry_col.data_ptr<uint8_t>(),
         entry_val.defined() ? entry_val.data_ptr<uint8_t>() : nullptr, num_entries, res_ptr.data_ptr<int64_t>(),
-        res_col.data_ptr<int32_t>(), res_val.defined() ? res_val.data_ptr<int32_t>() : nullptr, num_res, num_rows,
+        int_array(res_col), int_array(res_val), num_res, num_rows,
         num_tiles, col_tiles, out_ptr.data_ptr<int64_t>(), nnz, out_col.data_ptr<int32_t>(),
         weighted ? out_val.data_ptr<int32_t>() : nullptr, row_sums.data_ptr<int64_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
