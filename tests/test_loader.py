@@ -1241,3 +1241,19 @@ def test_bit_features_with_a_small_padding_decode_in_place():
         assert (wire.size(1) == x.planes.size(1)) == in_place
         shares = decoded.planes.untyped_storage().data_ptr() == batch.buffer.untyped_storage().data_ptr()
         assert shares == in_place, cols
+
+
+def test_wire_decode_benchmark_runs_and_agrees(tmp_path):
+    """benchmarks/wire_decode.py on a tiny graph: its two decodes give the same BitAdjacency (the script checks) and
+    it reports both, the one-op decode as a single top-level op."""
+    import subprocess
+    import sys
+    root = osp.dirname(osp.dirname(osp.abspath(__file__)))
+    done = subprocess.run([sys.executable, osp.join(root, "benchmarks", "wire_decode.py"), "--small", "--device", "cpu",
+                           "--num-parts", "4", "--parts-per-batch", "2", "--part-size", "60", "--avg-degree", "10",
+                           "--rounds", "1"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [line for line in done.stdout.splitlines() if line.startswith(("GIN", "GCN"))]
+    assert len(lines) == 4 and all("one op" in line or "composed" in line for line in lines)
+    if ops.use_compiled("expand_wire", torch.device("cpu")):
+        assert all(line.endswith("top-level ops 1") for line in lines if "one op" in line)
