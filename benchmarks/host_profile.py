@@ -218,13 +218,8 @@ def main(argv=None):
     base = ["--num-parts", "20", "--parts-per-batch", "20"] if not own.small else \
         ["--small", "--num-parts", "2", "--parts-per-batch", "2", "--part-size", "250", "--avg-degree", "20"]
     args = workload.parse_args(base + rest + ["--out", ""])
-    device = torch.device(args.device)
     torch.manual_seed(args.seed)
-    rec = workload.Recorder("", {}, device.type)
-    runner = workload.Runner(args, device, rec)
-    data = workload.build_graph(args, device, rec)
-    data.adjacency = args.adjacency
-    workload.build_formats(args, device, data, rec, runner)
+    device, _, runner, data = workload.probe_workload(args)
     rows = []
     for kind in ("GIN", "GCN"):
         torch.manual_seed(args.seed)

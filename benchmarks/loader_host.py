@@ -29,14 +29,9 @@ from pyg_quant.loader import QuantBatch, prefetch  # noqa: E402
 def main(argv=None):
     warnings.filterwarnings("ignore", message=".*[Ss]parse.*")
     args = up.parse_args(["--pyg", "fp32 CSR", "--compile", "", "--out", ""] + (sys.argv[1:] if argv is None else argv))
-    device = torch.device(args.device)
+    device, _, runner, data = workload.probe_workload(args)
     cuda = device.type == "cuda"
     bits = args.bits[-1]
-    rec = workload.Recorder("", {}, device.type)
-    runner = workload.Runner(args, device, rec)
-    data = workload.build_graph(args, device, rec)
-    data.adjacency = args.adjacency
-    workload.build_formats(args, device, data, rec, runner)
 
     def timed(fn, reps=5):
         walls, hosts = [], []

@@ -24,12 +24,7 @@ from pyg_quant.loader import prefetch  # noqa: E402
 
 def main():
     args = workload.parse_args(["--num-parts", "300", "--parts-per-batch", "20", "--out", ""] + sys.argv[1:])
-    device = torch.device(args.device)
-    rec = workload.Recorder("", {}, device.type)
-    runner = workload.Runner(args, device, rec)
-    data = workload.build_graph(args, device, rec)
-    data.adjacency = args.adjacency
-    workload.build_formats(args, device, data, rec, runner)
+    device, _, runner, data = workload.probe_workload(args)
     modes = {"prefetch": lambda bs: prefetch(bs, device),
              "prefetch, side stream": lambda bs: prefetch(bs, device, side_stream=True),
              "pinned .to": lambda bs: (hb.to(device) for hb in bs)}

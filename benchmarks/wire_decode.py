@@ -8,8 +8,8 @@
 Per batch: host µs (the decodes of ``--batches`` batches issued back to back, over their count; the median of
 ``--rounds`` rounds), wall µs (the same with a synchronization at the end), and the kernels and top-level ops of one
 decode (``torch.profiler``, after the timing).  The products-scale workload of ``benchmarks/workload`` (``--num-parts
-300``: 15 batches of 32,000 nodes), GIN's adjacency (no self loops) and GCN's (the diagonal term), in the ``--adjacency``
-form the loader picks.
+300``: 15 batches of 32,000 nodes), GIN's adjacency (no self loops) and GCN's (the diagonal term), in the
+``--adjacency`` form the loader picks.
 
 Usage (repository root): ``python benchmarks/wire_decode.py`` on a GPU; ``--small --device cpu`` on a CPU.
 """
@@ -48,12 +48,7 @@ def main():
     p.add_argument("--rounds", type=int, default=9)
     args, rest = p.parse_known_args()
     wargs = workload.parse_args(["--num-parts", "300", "--parts-per-batch", "20", "--out", ""] + rest)
-    device = torch.device(wargs.device)
-    rec = workload.Recorder("", {}, device.type)
-    runner = workload.Runner(wargs, device, rec)
-    data = workload.build_graph(wargs, device, rec)
-    data.adjacency = wargs.adjacency
-    workload.build_formats(wargs, device, data, rec, runner)
+    device, _, runner, data = workload.probe_workload(wargs)
     for kind in wargs.models:
         batches = [b.to(device) for b in workload.pq_host_batches(data, kind, 4, runner.cuda)]
         for a, b in ((one_op(x), composed(x)) for x in batches[:2]):  # the same BitAdjacency both ways

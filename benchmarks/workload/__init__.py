@@ -5,7 +5,7 @@ formats, the models, and the run's recording and timing.  Measured numbers: ``be
 * :mod:`.graph`: :func:`build_graph` (by default a planted partition of 1,500 parts × 1,600 nodes = 2.4M nodes,
   ~119M directed edges with 80% inside a part, 100 features, 47 classes; 75 batches of 20 parts = 32,000 nodes and
   ~1.27M edges, built once) and :func:`build_formats` (every batch as ``edge_index``, torch CSR, bit features and
-  the loader's tile plan, with host copies).
+  the loader's tile plan, with host copies); :func:`probe_workload`, both for a probe that records no JSON.
 * :mod:`.models`: :func:`make_pyg` / :func:`make_pq` (GCN 3 layers 100 → 16 → 16 → 47, GIN 3 layers of hidden 64)
   on :class:`Net`.
 * :mod:`.inputs`: :func:`pyg_inputs` / :func:`pq_inputs`, a variant's batches resident, on the host, and copied.
@@ -28,15 +28,15 @@ except ImportError:  # run from a checkout without an install
     import pyg_quant as pq
 import torch_geometric
 
-from .graph import Data, build_formats, build_graph, host_copy, nbytes
+from .graph import Data, build_formats, build_graph, host_copy, nbytes, probe_workload
 from .inputs import Inputs, pq_host_batches, pq_inputs, pyg_inputs
 from .models import Net, gcn_dims, gin_dims, gin_mlp, make_pq, make_pyg
 from .options import add_workload_arguments, parse_args
 from .profiling import count_syncs, kernel_category, kernel_totals, profile_batch, rel_err
 from .recording import T0, Recorder, Runner, cuda_alive, device_name, epoch_stats, first_line, log
 
-__all__ = ["pq", "torch_geometric", "Data", "build_graph", "build_formats", "host_copy", "nbytes", "Inputs",
-           "pq_host_batches", "pq_inputs", "pyg_inputs", "Net", "gcn_dims", "gin_dims", "gin_mlp", "make_pq",
+__all__ = ["pq", "torch_geometric", "Data", "build_graph", "build_formats", "host_copy", "nbytes", "probe_workload",
+           "Inputs", "pq_host_batches", "pq_inputs", "pyg_inputs", "Net", "gcn_dims", "gin_dims", "gin_mlp", "make_pq",
            "make_pyg", "add_workload_arguments", "parse_args", "count_syncs", "kernel_category", "kernel_totals",
            "profile_batch", "rel_err", "T0", "Recorder", "Runner", "cuda_alive", "device_name", "epoch_stats",
            "first_line", "log"]

@@ -237,3 +237,15 @@ def build_formats(args, device, data: Data, rec: Recorder, runner: Runner) -> No
     runner.sync()
     log(f"host copies ({'pinned' if pinned else 'CPU run: shared'}): {time.perf_counter() - t:.1f} s")
 
+
+def probe_workload(args):
+    """``(device, recorder, runner, data)`` of a probe that records no JSON: the workload's graph and every batch
+    format (:func:`build_graph`, :func:`build_formats`) on ``args.device``, its batches decoding to
+    ``args.adjacency``."""
+    device = torch.device(args.device)
+    rec = Recorder("", {}, device.type)
+    runner = Runner(args, device, rec)
+    data = build_graph(args, device, rec)
+    data.adjacency = args.adjacency
+    build_formats(args, device, data, rec, runner)
+    return device, rec, runner, data
