@@ -21,7 +21,7 @@
 namespace pyg_quant {
 
 // The parts in CompactAdjacency.TENSORS' order, four integers each in `parts`: byte offset (-1: not shipped), wire
-// dtype code (kWireDtypes' index, mirrored by pyg_quant/ops/__init__.py's WIRE_DTYPES), size of dimension 0, size of
+// dtype code (kWireDtypes' index, mirrored by pyg_quant/ops/reference.py's WIRE_DTYPES), size of dimension 0, size of
 // dimension 1 (0: a 1-D part).
 enum WirePart { kTileKey, kRowCount, kEntryCol, kEntryVal, kResRow, kResCol, kResVal, kDiag, kWireParts };
 constexpr int kWireFields = 4;
