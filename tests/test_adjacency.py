@@ -707,15 +707,15 @@ def wire_batch(compact, device="cpu"):
     return QuantBatch.from_fields({"adj": compact}).to(device)
 
 
+def wire_parts(batch):
+    """``{part: (dtype, shape, byte offset)}`` of ``batch``'s adjacency as it travels."""
+    return {name.split(".", 1)[1]: (dtype, shape, offset) for name, dtype, shape, offset in batch._specs
+            if name.startswith("adj.")}
+
+
 def wire_layout(batch):
-    """expand_wire's ``(buffer, parts)`` of ``batch``'s adjacency (ref.WIRE_PARTS' order)."""
-    specs = {name.split(".", 1)[1]: (dtype, shape, offset) for name, dtype, shape, offset in batch._specs
-             if name.startswith("adj.")}
-    layout = []
-    for name in ref.WIRE_PARTS:
-        dtype, shape, offset = specs.get(name, (torch.uint8, (0,), -1))
-        layout += [offset, ref.WIRE_DTYPES.index(dtype), shape[0], shape[1] if len(shape) == 2 else 0]
-    return batch.buffer, layout
+    """expand_wire's ``(buffer, parts)`` of ``batch``'s adjacency."""
+    return batch.buffer, pq.ops.wire_layout(wire_parts(batch))
 
 
 @pytest.mark.parametrize("tiles", [False, True])
@@ -729,9 +729,8 @@ def test_expand_wire_is_the_plans_expansion(case, tiles):
     narrowed = {name for name, dtype, _, _ in batch._specs if dtype != getattr(compact, name.split(".", 1)[1]).dtype}
     if case == "planted-dup":
         assert {"adj.res_row", "adj.res_col", "adj.tile_key"} <= narrowed  # the decode widens them
-    got = pq.graph.CompactAdjacency.expand_wire(
-        batch.buffer, {name.split(".", 1)[1]: (dtype, shape, offset) for name, dtype, shape, offset in batch._specs},
-        compact.scalars(), "tiles" if tiles else "csr")
+    got = pq.graph.CompactAdjacency.expand_wire(batch.buffer, wire_parts(batch), compact.scalars(),
+                                                "tiles" if tiles else "csr")
     assert_same_bit_adjacency(got, compact.expand(tiles=tiles))
     args = wire_layout(batch) + (compact.num_rows, compact.num_cols, compact.planes, tiles)
     for a, b in zip(pq.ops.expand_wire(*args), ref.expand_wire(*args)):

@@ -83,6 +83,11 @@ def _check_edge_index(edge_index, num_src: int, num_dst: int) -> torch.Tensor:
     return edge_index
 
 
+def _tile_fill(entries: int, num_tiles: int) -> float:
+    """Tile entries over the capacity of ``num_tiles`` tiles (0 without tiles)."""
+    return entries / max(1, num_tiles * TILE_ROWS * TILE_COLS)
+
+
 class BitAdjacency:
     r"""A graph's adjacency as block-sparse bit tiles of 16 rows × 256 columns plus a CSR residual.
 
@@ -271,7 +276,7 @@ class BitAdjacency:
     @property
     def fill_ratio(self) -> float:
         """Tile entries over the capacity of the stored tiles."""
-        return self.tile_nnz / max(1, self.num_tiles * TILE_ROWS * TILE_COLS)
+        return _tile_fill(self.tile_nnz, self.num_tiles)
 
     @property
     def nbytes(self) -> int:
@@ -323,11 +328,6 @@ class BitAdjacency:
         return (f"BitAdjacency(shape={self.shape}, nnz={self.nnz}, bits={self.bits}, tiles={self.num_tiles}, "
                 f"fill={self.fill_ratio:.3f}, residual={self.res_nnz}, nbytes={self.nbytes}, "
                 f"self_loops={self.diag is not None})")
-
-
-def _tile_fill(entries: int, num_tiles: int) -> float:
-    """Tile entries over the capacity of ``num_tiles`` tiles (0 without tiles)."""
-    return entries / max(1, num_tiles * TILE_ROWS * TILE_COLS)
 
 
 class CompactAdjacency:
@@ -423,17 +423,7 @@ class CompactAdjacency:
                 integers in any narrower type that holds them.
             scalars (dict): :meth:`scalars`.
         """
-        layout = []
-        for name in ops.WIRE_PARTS:
-            if name not in parts:
-                layout += (-1, 0, 0, 0)
-                continue
-            dtype, shape, offset = parts[name]
-            if dtype not in ops.WIRE_DTYPES or not 1 <= len(shape) <= 2:
-                raise ValueError(f"part {name} must be a 1-D or 2-D integer tensor of {ops.WIRE_DTYPES}, got {dtype} "
-                                 f"{list(shape)}")
-            layout += (int(offset), ops.WIRE_DTYPES.index(dtype), int(shape[0]),
-                       int(shape[1]) if len(shape) == 2 else 0)
+        layout = ops.wire_layout(parts)
         num_tiles, entries = parts["tile_key"][1][0], parts["entry_col"][1][0]
         tiles = tiles_wanted(adjacency, num_tiles, _tile_fill(entries, num_tiles))
         num_rows, num_cols = scalars["num_rows"], scalars["num_cols"]
@@ -470,12 +460,9 @@ class CompactAdjacency:
             res_ptr, res_col, res_val, row_sums = ops.expand_csr(
                 self.tile_key, self.row_count, self.entry_col, self.entry_val, self.res_row, self.res_col,
                 self.res_val, self.num_rows, self.num_cols)
-            device = self.tile_key.device
-            window_ptr = torch.zeros(-(-self.num_rows // TILE_ROWS) + 1, dtype=torch.int64, device=device)
-            tile_col = torch.empty(0, dtype=torch.int32, device=device)
-            tile_bits = torch.empty(self.planes, 0, TILE_ROWS, TILE_COLS // 32, dtype=torch.int32, device=device)
-            return BitAdjacency(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, self.num_rows,
-                                self.num_cols, diag, row_sums, self.nnz, self.max_row_sum)
+            return BitAdjacency(*ops.tile_free_operands(self.num_rows, self.planes, self.tile_key.device), res_ptr,
+                                res_col, res_val, self.num_rows, self.num_cols, diag, row_sums, self.nnz,
+                                self.max_row_sum)
         window_ptr, tile_col, tile_bits, res_ptr, row_sums = ops.expand_tiles(
             self.tile_key, self.row_count, self.entry_col, self.entry_val, self.res_row, self.res_val, self.num_rows,
             self.num_cols, self.planes)

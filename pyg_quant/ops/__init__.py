@@ -12,6 +12,8 @@ import torch
 from .._extension import LOADED, use_compiled
 from ..layout import TILE_COLS, TILE_ROWS, packed_words, padded_outer, row_code_bytes
 from . import reference
+# expand_wire's argument format, and the operands of a BitAdjacency without tiles
+from .reference import WIRE_DTYPES, WIRE_PARTS, tile_free_operands, wire_layout  # noqa: F401
 
 
 def quantize_pack(x, lo, inv_scale, bits: int, col_layout: bool, noise: Optional[torch.Tensor] = None):
@@ -317,9 +319,6 @@ def expand_csr(tile_key, row_count, entry_col, entry_val, res_row, res_col, res_
     return out_ptr, out_col, out_val if entry_val is not None or res_val is not None else None, row_sums
 
 
-WIRE_PARTS, WIRE_DTYPES = reference.WIRE_PARTS, reference.WIRE_DTYPES  # expand_wire's argument format
-
-
 def expand_wire(buffer, parts, num_rows: int, num_cols: int, planes: int, tiles: bool):
     """``[window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, diag, row_sums]`` of a CompactAdjacency shipped
     in the uint8 ``buffer`` at the places ``parts`` gives (see :data:`reference.WIRE_PARTS`), in one op (see
@@ -577,10 +576,10 @@ if LOADED:
     @torch.library.register_fake("pyg_quant::expand_wire")
     def _(buffer, parts, num_rows, num_cols, planes, tiles):
         def size(name):
-            return parts[4 * reference.WIRE_PARTS.index(name) + 2]
+            return reference.wire_field(parts, name)[2]
 
         def shipped(name):
-            return parts[4 * reference.WIRE_PARTS.index(name)] >= 0
+            return reference.wire_field(parts, name)[0] >= 0
 
         def new(*shape, dtype=torch.int32):
             return buffer.new_empty(shape, dtype=dtype)

@@ -356,9 +356,39 @@ WIRE_PARTS = ("tile_key", "row_count", "entry_col", "entry_val", "res_row", "res
 WIRE_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
 
+def wire_layout(parts) -> list:
+    """expand_wire's ``parts`` argument from ``{name: (dtype, shape, byte offset)}`` of the parts shipped (the others
+    absent); a ValueError naming a part that is not a 1-D or 2-D tensor of a wire dtype."""
+    layout = []
+    for name in WIRE_PARTS:
+        if name not in parts:
+            layout += (-1, 0, 0, 0)
+            continue
+        dtype, shape, offset = parts[name]
+        if dtype not in WIRE_DTYPES or not 1 <= len(shape) <= 2:
+            raise ValueError(f"part {name} must be a 1-D or 2-D integer tensor of {WIRE_DTYPES}, got {dtype} "
+                             f"{list(shape)}")
+        layout += (int(offset), WIRE_DTYPES.index(dtype), int(shape[0]), int(shape[1]) if len(shape) == 2 else 0)
+    return layout
+
+
+def wire_field(parts, name: str) -> tuple:
+    """``(byte offset or -1, wire dtype code, size 0, size 1)`` of the part ``name`` in expand_wire's ``parts``."""
+    at = 4 * WIRE_PARTS.index(name)
+    return tuple(parts[at:at + 4])
+
+
+def tile_free_operands(num_rows: int, planes: int, device):
+    """``(window_ptr, tile_col, tile_bits)`` of a BitAdjacency without tiles (every entry in its CSR): no window
+    holds a tile."""
+    return (torch.zeros(-(-num_rows // TILE_ROWS) + 1, dtype=torch.int64, device=device),
+            torch.empty(0, dtype=torch.int32, device=device),
+            torch.empty(planes, 0, TILE_ROWS, TILE_COLS // 32, dtype=torch.int32, device=device))
+
+
 def _wire_part(buffer, parts, name: str, target: torch.dtype) -> Optional[torch.Tensor]:
     """The part ``name`` of ``buffer`` as a tensor of its own of dtype ``target`` (None when not shipped)."""
-    offset, code, size0, size1 = parts[4 * WIRE_PARTS.index(name):4 * WIRE_PARTS.index(name) + 4]
+    offset, code, size0, size1 = wire_field(parts, name)
     if offset < 0:
         return None
     dtype = WIRE_DTYPES[code]
@@ -372,20 +402,17 @@ def expand_wire(buffer, parts, num_rows: int, num_cols: int, planes: int, tiles:
     in ``buffer`` (``parts``: see :data:`WIRE_PARTS`): its parts widened to the types :func:`expand_tiles` /
     :func:`expand_csr` take, expanded with tiles or without; ``res_val`` int32[0] where every value is 1, ``diag``
     (the float32 self-loop term) float32[0] where none was shipped."""
-    row_count_wire = WIRE_DTYPES[parts[4 * WIRE_PARTS.index("row_count") + 1]]
+    count_type = torch.uint8 if WIRE_DTYPES[wire_field(parts, "row_count")[1]] == torch.uint8 else torch.int16
     part = {name: _wire_part(buffer, parts, name, target) for name, target in (
-        ("tile_key", torch.int32), ("row_count", torch.uint8 if row_count_wire == torch.uint8 else torch.int16),
-        ("entry_col", torch.uint8), ("entry_val", torch.uint8), ("res_row", torch.int32), ("res_col", torch.int32),
-        ("res_val", torch.int32), ("diag", torch.float32))}
+        ("tile_key", torch.int32), ("row_count", count_type), ("entry_col", torch.uint8), ("entry_val", torch.uint8),
+        ("res_row", torch.int32), ("res_col", torch.int32), ("res_val", torch.int32), ("diag", torch.float32))}
     device = buffer.device
     empty_i32 = torch.empty(0, dtype=torch.int32, device=device)
     diag = part["diag"] if part["diag"] is not None else torch.empty(0, dtype=torch.float32, device=device)
     plan = (part["tile_key"], part["row_count"], part["entry_col"], part["entry_val"], part["res_row"])
     if not tiles:
         res_ptr, res_col, res_val, row_sums = expand_csr(*plan, part["res_col"], part["res_val"], num_rows, num_cols)
-        window_ptr = torch.zeros(-(-num_rows // TILE_ROWS) + 1, dtype=torch.int64, device=device)
-        tile_bits = torch.empty(planes, 0, TILE_ROWS, TILE_COLS // 32, dtype=torch.int32, device=device)
-        return [window_ptr, empty_i32, tile_bits, res_ptr, res_col, res_val, diag, row_sums]
+        return [*tile_free_operands(num_rows, planes, device), res_ptr, res_col, res_val, diag, row_sums]
     window_ptr, tile_col, tile_bits, res_ptr, row_sums = expand_tiles(*plan, part["res_val"], num_rows, num_cols,
                                                                       planes)
     res_val = part["res_val"] if part["res_val"] is not None else empty_i32
