@@ -1,12 +1,14 @@
-"""Where a ``torch.compile(mode="reduce-overhead")`` call's time goes, against eager: one products-scale batch (the
-workload of ``benchmarks/workload/``), GIN and GCN at 4 bits and PyG fp32 CSR, the same batch each call; host µs a
-call (30 calls without a synchronization, median of 7 blocks), wall µs a call, and five profiled calls' kernels
-(the replay's input copies included) and host ops, a call.  "RO + freezing": the same with inductor's freezing on
-(``torch._inductor.config.freezing``), which folds the weights' quantization into constants.  First, the floor of a
-reduce-overhead call on this host: a compiled function of one and of eight one-element inputs (one kernel), against
-the same calls eager.
+"""Where a ``torch.compile`` call's time goes (the default mode and ``mode="reduce-overhead"``), against eager: one
+products-scale batch (the workload of ``benchmarks/workload/``), GIN and GCN at 4 bits and PyG fp32 CSR (not with
+``--quant-only``), the same batch each call; host µs a call (30 calls without a synchronization, median of 7
+blocks), wall µs a call, and five profiled calls' kernels (the replay's input copies included) and host ops, a call.
+"RO + freezing": reduce-overhead with inductor's freezing on (``torch._inductor.config.freezing``), which folds the
+weights' quantization into constants.  First, the floor of a reduce-overhead call on this host: a compiled function
+of one and of eight one-element inputs (one kernel), against the same calls eager.
 
-    python3 benchmarks/ro_probe.py [--floor-only]
+    python3 benchmarks/ro_probe.py [--floor-only] [--quant-only] [--default-only] [--tree]
+
+``--tree``: each compiled call's host call tree, three levels deep (total µs and calls a call).
 """
 import collections
 import os
@@ -42,7 +44,20 @@ def profiled(call, calls=5):
     kernels = [(n, c / calls, device_us[n] / calls) for n, c in count.most_common(12)]
     host = sorted(((e.key, e.self_cpu_time_total / calls, e.count / calls) for e in prof.key_averages()),
                   key=lambda r: -r[1])[:8]
-    return kernels, host
+    # the host's call tree three levels deep: where a call's host time goes (total µs a call, calls a call)
+    tree_us, tree_n = collections.Counter(), collections.Counter()
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            continue
+        depth, parent = 0, e.cpu_parent
+        while parent is not None:
+            depth, parent = depth + 1, parent.cpu_parent
+        if depth <= 2:
+            key = "  " * depth + e.name[:70]
+            tree_us[key] += e.cpu_time_total / calls
+            tree_n[key] += 1 / calls
+    tree = [(k, t, tree_n[k]) for k, t in tree_us.most_common(16)]
+    return kernels, host, tree
 
 
 def ro_floor(runner) -> None:
@@ -75,7 +90,8 @@ def ro_floor(runner) -> None:
 
 
 def main():
-    floor_only = "--floor-only" in sys.argv[1:]
+    floor_only, quant_only = "--floor-only" in sys.argv[1:], int("--quant-only" in sys.argv[1:])
+    default_only = "--default-only" in sys.argv[1:]
     args = workload.parse_args(["--num-parts", "20", "--parts-per-batch", "20", "--out", ""])
     device = torch.device("cuda")
     rec = workload.Recorder("", {}, "cuda")
@@ -94,14 +110,15 @@ def main():
         quant.load_state_dict(pyg.state_dict())
         variants = [("PyG fp32 CSR", pyg, workload.pyg_inputs(data, kind, "CSR", "fp32", device).resident[0]),
                     ("pyg_quant 4-bit", quant.to(device).eval(),
-                     workload.pq_inputs(data, kind, 4, device, False).resident[0])]
+                     workload.pq_inputs(data, kind, 4, device, False).resident[0])][quant_only:]
         for label, model, inputs in variants:
             with torch.inference_mode():
                 eager_host, eager_wall = host_wall(lambda: model(*inputs), runner)
-            for frozen in (False, True):
+            modes = (("default", False), ("RO", False), ("RO + freezing", True))
+            for mode, frozen in modes[:1] if default_only else modes:
                 with torch.inference_mode(), torch._inductor.config.patch(freezing=frozen):
                     torch._dynamo.reset()
-                    compiled = torch.compile(model, mode="reduce-overhead")
+                    compiled = torch.compile(model, **({} if mode == "default" else {"mode": "reduce-overhead"}))
 
                     def call():
                         torch.compiler.cudagraph_mark_step_begin()
@@ -110,12 +127,14 @@ def main():
                     for _ in range(4):  # compile, warm-up, record
                         call()
                     ro_host, ro_wall = host_wall(call, runner)
-                    kernels, host = profiled(call)
-                    mode = "RO + freezing" if frozen else "RO"
+                    kernels, host, tree = profiled(call)
                     print(f"{kind} {label:16s} eager host {eager_host:7.1f} wall {eager_wall:7.1f} | {mode} host "
                           f"{ro_host:7.1f} wall {ro_wall:7.1f} us a call", flush=True)
                     print(f"   {mode} kernels a call:", ", ".join(f"{n} x{c:g} {t:.1f}us" for n, c, t in kernels))
                     print(f"   {mode} host ops a call:", ", ".join(f"{k} {t:.1f}us x{c:g}" for k, t, c in host))
+                    if "--tree" in sys.argv[1:]:
+                        for k, t, c in tree:
+                            print(f"   {mode} tree {t:8.1f}us x{c:g} {k}")
                     del compiled
                     cudagraph_trees.reset_cudagraph_trees()
 

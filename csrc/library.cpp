@@ -18,6 +18,7 @@
 #include "csr_product.h"
 #include "ema_range.h"
 #include "expand_wire.h"
+#include "mlp_weight_codes.h"
 #include "qat_linear.h"
 #include "quant_mlp_keys.h"
 #ifdef WITH_CUDA
@@ -139,6 +140,7 @@ TORCH_LIBRARY(pyg_quant, m) {
       "expand_csr(Tensor tile_key, Tensor row_count, Tensor entry_col, Tensor? entry_val, Tensor res_row, "
       "Tensor res_col, Tensor? res_val, int num_rows, int num_cols) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def("expand_wire(Tensor buffer, int[] parts, int num_rows, int num_cols, int planes, bool tiles) -> Tensor[]");
+  m.def("mlp_weight_codes(Tensor[] weights, int[] bits) -> Tensor[]");
 }
 
 TORCH_LIBRARY_IMPL(pyg_quant, CPU, m) {
@@ -176,6 +178,8 @@ TORCH_LIBRARY_IMPL(pyg_quant, CPU, m) {
   m.impl("quant_mlp_keys", &pyg_quant::mlp_keys<&pyg_quant::quant_mlp_cpu>);
   m.impl("quant_mlp_planes", &pyg_quant::mlp_planes<&pyg_quant::quant_mlp_planes_cpu>);
   m.impl("quant_mlp_planes_keys", &pyg_quant::mlp_planes_keys<&pyg_quant::quant_mlp_planes_cpu>);
+  m.impl("mlp_weight_codes",
+         &pyg_quant::mlp_weight_codes<&pyg_quant::quantize_pack_ranges_cpu, &pyg_quant::unpack_codes_cpu>);
   // quant_mlp_quantized and qat_gcn_conv_eval_quantized (CPU only: on other devices the torch reference runs)
   m.impl("quant_mlp_quantized", &pyg_quant::mlp_planes<&pyg_quant::quant_mlp_quantized_cpu>);
   m.impl("quant_mlp_row_codes", &pyg_quant::quant_mlp_row_codes_cpu);
@@ -246,6 +250,8 @@ TORCH_LIBRARY_IMPL(pyg_quant, CUDA, m) {
   m.impl("quant_mlp_keys", &pyg_quant::mlp_keys<&pyg_quant::quant_mlp_cuda>);
   m.impl("quant_mlp_planes", &pyg_quant::mlp_planes<&pyg_quant::quant_mlp_planes_cuda>);
   m.impl("quant_mlp_planes_keys", &pyg_quant::mlp_planes_keys<&pyg_quant::quant_mlp_planes_cuda>);
+  m.impl("mlp_weight_codes",
+         &pyg_quant::mlp_weight_codes<&pyg_quant::quantize_pack_ranges_cuda, &pyg_quant::unpack_codes_cuda>);
   m.impl("quant_mlp_row_codes", &pyg_quant::quant_mlp_row_codes_cuda);
   m.impl("quant_mlp_planes_row_codes", &pyg_quant::quant_mlp_planes_row_codes_cuda);
   m.impl("gin_conv_eval", &pyg_quant::gin_conv_eval<&pyg_quant::bit_spmm_affine_cuda, &pyg_quant::quant_mlp_cuda,

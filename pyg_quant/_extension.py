@@ -26,7 +26,7 @@ _OPS = ("quantize_pack", "pack_codes", "quantize_pack_ranges", "fake_quantize", 
         "packed_code_sums", "pack_row_codes", "bitmm_int", "bitmm_affine", "bit_spmm_int", "bit_spmm_affine",
         "tile_plan", "expand_tiles", "quant_mlp", "quant_mlp_keys", "quant_mlp_planes", "quant_mlp_planes_keys",
         "quant_mlp_quantized", "quant_mlp_row_codes", "quant_mlp_planes_row_codes", "planes_from_row_codes", "expand_csr",
-        "expand_wire",
+        "expand_wire", "mlp_weight_codes",
         "gin_conv_eval",
         "gcn_conv_eval", "qat_gcn_conv_eval", "qat_gcn_conv_eval_quantized", "qat_gin_conv_eval", "qat_linear",
         "csr_product", "csr_pair", "degree_inv_sqrt", "ema_range", "ema_fake_quantize")

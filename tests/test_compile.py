@@ -48,6 +48,7 @@ def _samples():
         "pack_row_codes": [(b.planes, 19, True), (a.planes, 300, False)],
         "quantize_pack_ranges": [(x, 4, 0, True, None, True), (x, 3, 1, False, None, False),
                                  (x, 2, 1, False, noise, True)],
+        "mlp_weight_codes": [([x], [4]), ([x, randn(9, 31, 6).double()], [3, 8])],
     }
 
 
@@ -62,7 +63,7 @@ def samples():
 
 
 @pytest.mark.parametrize("name", ["quantize_pack", "unpack_codes", "packed_code_sums", "bitmm_int", "bit_spmm_int",
-                                  "pack_row_codes", "quantize_pack_ranges"])
+                                  "pack_row_codes", "quantize_pack_ranges", "mlp_weight_codes"])
 def test_opcheck(name):
     op = getattr(torch.ops.pyg_quant, name).default
     for args in samples()[name]:
@@ -72,6 +73,33 @@ def test_opcheck(name):
         if isinstance(got, torch.Tensor):
             got, want = (got,), (want,)
         assert len(got) == len(want) and all(torch.equal(g, w) for g, w in zip(got, want)), name
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_mlp_weight_codes_are_the_packed_weights_codes(device):
+    """One op a chain gives what quant_mlp took from each packed weight (fused_codes of the per-row codes QuantLinear
+    packs), on random weights, and raises naming its arguments."""
+    from pyg_quant.nn.quant_linear import fused_codes
+    from pyg_quant.quantization.quantize import quantize
+
+    if device == "cuda" and not ops.use_compiled("mlp_weight_codes", torch.device("cuda")):
+        pytest.skip("needs a CUDA GPU and pyg_quant's compiled CUDA backend")
+    weights = [randn(32, 24, 7).to(device), randn(7, 32, 8).to(device) * 3, randn(300, 70, 9).to(device)]
+    bits = [4, 2, 8]
+    got = ops.mlp_weight_codes(weights, bits)
+    assert len(got) == 3
+    for w, b, parts in zip(weights, bits, got):
+        packed = quantize(w, b, 1, "row")
+        want = fused_codes(pq.BitTensor(packed.planes, (w.size(1), w.size(0)), b, "col", packed.lo, packed.scale, 0))
+        assert [p.dtype for p in parts] == [torch.uint8, torch.float32, torch.float32, torch.int64]
+        assert all(torch.equal(g, h) for g, h in zip(parts, want))
+    op = torch.ops.pyg_quant.mlp_weight_codes.default
+    with pytest.raises(ValueError, match="one entry per layer"):
+        op(weights, [4])
+    with pytest.raises(ValueError, match="weights\\[0\\] must be a non-empty 2-D"):
+        op([weights[0][0]], [4])
+    with pytest.raises(TypeError, match="weights\\[0\\] must be floating point"):
+        op([weights[0].int()], [4])
 
 
 def _count_graph_breaks(fn, *args):
@@ -164,3 +192,15 @@ def test_compile_as_the_first_use_of_an_op(device):
     script = _FIRST_USE_UNDER_COMPILE.replace("DEVICE", repr(device))
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
+def test_each_fake_kernel_registered_once():
+    """torch before 2.13 refuses a second ``register_fake`` of one op at import (later versions replace the first):
+    every op's fake kernel is registered once."""
+    import collections
+    import inspect
+    import re
+
+    names = re.findall(r'register_fake\("pyg_quant::(\w+)"\)', inspect.getsource(ops))
+    twice = [name for name, count in collections.Counter(names).items() if count > 1]
+    assert names and not twice, twice

@@ -324,4 +324,46 @@ def test_frozen_compile_quantizes_weights_once(device):
         got, codes = run_and_get_code(frozen, xq, adj)
     assert torch.equal(got, want)
     called = set(re.findall(r"torch\.ops\.pyg_quant\.(\w+)", "\n".join(codes)))
-    assert called == {"bit_spmm_affine", "quant_mlp"}, called
+    assert called == {"gin_conv_eval"}, called
+
+
+def flat_gin_codes(cin, hidden, cout, bits):
+    """GIN as the benchmarks' workload writes it: each ``nn`` one Sequential of QuantLinear-able layers, the hidden
+    layers handing the next one their output's codes (``out_bits``, the ReLU inside ``nn``)."""
+    def nn(a, b, last):
+        layers = [torch.nn.Linear(a, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, b)]
+        return torch.nn.Sequential(*layers) if last else torch.nn.Sequential(*layers, torch.nn.ReLU())
+
+    convs = [QGINConv(nn(cin, hidden, False), bits=bits, out_bits=bits),
+             QGINConv(nn(hidden, hidden, False), bits=bits, out_bits=bits), QGINConv(nn(hidden, cout, True), bits=bits)]
+    model = GINCodes(cin, hidden, cout, bits)
+    model.convs = torch.nn.ModuleList(convs)
+    return model
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["gin", "gcn"])
+def test_compiled_eval_runs_one_op_a_layer(kind, device):
+    """On a BitAdjacency in eval, a compiled stack calls the ops an eager one does, each layer's one op
+    (``gin_conv_eval`` / ``gcn_conv_eval``), plus the weights' codes made in the graph, one op a layer
+    (``mlp_weight_codes``, kept between calls in eager), and gives the eager bits."""
+    x, edge_index = make_graph(device=device)
+    adj = adjacency(kind, "bit_adjacency", edge_index, x.size(0))
+    torch.manual_seed(0)
+    model = (flat_gin_codes(24, 32, 7, 4) if kind == "gin" else GCN(24, 32, 7, 4)).to(device).eval()
+    xq = pq.to_bit(x, 4, dim=0, layout="col")
+    fast = compiled(model)
+    def pyg_quant_ops(fn):
+        with torch.profiler.profile() as prof:
+            out = fn(xq, adj)
+        return out, sorted(e.name[len("pyg_quant::"):] for e in prof.events() if e.name.startswith("pyg_quant::"))
+
+    with torch.no_grad():
+        model(xq, adj)  # (the first eager call makes the weights' codes, kept for the next)
+        want, eager = pyg_quant_ops(model)
+        fast(xq, adj)
+        got, traced = pyg_quant_ops(fast)
+    assert torch.equal(got, want)
+    layer_op = "gin_conv_eval" if kind == "gin" else "gcn_conv_eval"
+    assert eager == [layer_op] * 3, eager
+    assert traced == sorted(eager + ["mlp_weight_codes"] * 3), traced

@@ -19,7 +19,9 @@ results within a few rounding steps of the general path's, which adds the same t
 
 The quantized results are the general path's bit for bit (tests/test_eval_path.py); wherever a call differs from
 these cases (training, autograd, hooks, calibration or calibrated ranges, PyG's caches, an explainer's mask,
-``torch.compile``, other formats or widths) the functions return None and the general path runs.
+other formats or widths) the functions return None and the general path runs.  ``torch.compile`` traces the same
+op (its fake kernel is in :mod:`pyg_quant.ops`); a traced graph keeps nothing between calls, so it makes the chain's
+weight arguments itself (:func:`pyg_quant.ops.mlp_weight_codes`, one op a layer).
 
 Non-finite inputs are not checked here on the GPU (a check is a host synchronization); they propagate, as in the
 float layers: a NaN or inf in a row or column makes its range NaN, and the values it reaches NaN (see
@@ -49,7 +51,8 @@ def _mlp_chain(conv, container, width: int) -> Optional[tuple]:
     one QuantLinear) on ``width`` input columns, kept on ``conv`` (a :class:`~pyg_quant.nn.call_plan.CallPlan`) while
     the modules, parameters and bit widths they were made from stay the same; None where the chain does not fuse
     into one call or a forward hook would run (the general path then runs)."""
-    plan = held_plan(conv, "_eval_plan")
+    compiling = is_compiling()  # a traced graph keeps no plan: it quantizes the weights in the graph
+    plan = None if compiling else held_plan(conv, "_eval_plan")
     if plan is not None and plan.args[0] is container and plan.args[1] == width:
         return plan.args[2]
     children = container._modules
@@ -62,9 +65,11 @@ def _mlp_chain(conv, container, width: int) -> Optional[tuple]:
         if fused is None:
             return None
         linears, relus = fused
-    if not _fuses(linears, width) or call_end(linears, 0) != len(linears):
+    if not _fuses(linears, width, compiling) or call_end(linears, 0) != len(linears):
         return None  # (several calls: the general path splits the chain)
     chain = chain_args(linears, relus)
+    if compiling:
+        return chain
     objects = [(children, name, child) for name, child in children.items()]
     objects += [(lin._parameters, name, lin._parameters.get(name)) for lin in linears for name in ("weight", "bias")]
     values = [(lin.__dict__, key, lin.__dict__.get(key)) for lin in linears
@@ -83,12 +88,15 @@ def _detached(t: Tensor) -> Tensor:
     return t.detach()
 
 
-def _fuses(linears, width: int) -> bool:
+def _fuses(linears, width: int, compiling: bool) -> bool:
     """Whether the chain of ``linears`` runs fused on ``width`` input columns now (:func:`runs_fused`), with
-    parameters that are not inference tensors (which keep no version counter to tell an edit by)."""
+    parameters that are not inference tensors (which keep no version counter to tell an edit by) where the chain's
+    arguments are kept (not ``compiling``)."""
     for lin in linears:
         weight, bias = lin.weight, lin.bias
-        if not runs_fused(lin, None, width) or weight.is_inference() or (bias is not None and bias.is_inference()):
+        if not runs_fused(lin, None, width):
+            return False
+        if not compiling and (weight.is_inference() or (bias is not None and bias.is_inference())):
             return False
         width = weight.size(0)
     return True
@@ -98,7 +106,7 @@ def _eval_call(conv, adj) -> bool:
     """What every short path needs: eval without autograd, a BitAdjacency, nothing that changes the path."""
     return (type(adj) is BitAdjacency and not conv.training and not torch.is_grad_enabled()
             and conv._buffers.get(STATIC_RANGE) is None and conv.__dict__.get("_calibration") is None
-            and not explaining(conv) and not is_compiling())
+            and not explaining(conv))
 
 
 def _applies(conv, adj) -> bool:
@@ -118,9 +126,10 @@ def _output(result, rows: int, bits: Optional[int], dim: Optional[int]):
 
 def _float_layer_applies(conv, x, adj) -> bool:
     """Whether a float layer (no quantized operand, no requantized output) runs the float short path on ``adj``:
-    :func:`_eval_call`, float32 node features on the adjacency's device."""
+    :func:`_eval_call` outside ``torch.compile`` (its matrices are kept on the adjacency), float32 node features on
+    the adjacency's device."""
     return (conv.act_bits is None and conv.weight_bits is None and conv.out_bits is None and _eval_call(conv, adj)
-            and type(x) is Tensor and x.dtype == torch.float32 and x.dim() == 2 and not x.is_sparse
+            and not is_compiling() and type(x) is Tensor and x.dtype == torch.float32 and x.dim() == 2 and not x.is_sparse
             and x.size(0) == adj.num_cols and adj.num_rows == adj.num_cols and x.device == adj.device)
 
 
@@ -190,7 +199,8 @@ def gin_eval(conv, x, adj, size) -> Optional[object]:
     chain = _mlp_chain(conv, nn, x.cols)
     if chain is None:
         return None
-    self_term = kept(conv, "_eval_self_term", eps, _self_weight)  # GIN's 1 + eps, float32 [1]
+    # GIN's 1 + eps, float32 [1]
+    self_term = _self_weight(eps) if is_compiling() else kept(conv, "_eval_self_term", eps, _self_weight)
     if adj.diag is not None:
         self_term = adj.diag + self_term
     cols = x.cols
@@ -250,7 +260,7 @@ def gcn_eval(conv, x, adj, edge_weight, deg_inv_sqrt) -> Optional[object]:
         x_args = (x.contiguous(), None, None, x.size(0))
     bits, dim = conv.out_bits, conv.out_dim
     if bias is not None:
-        bias = kept(conv, "_eval_bias", bias, _detached)
+        bias = bias.detach() if is_compiling() else kept(conv, "_eval_bias", bias, _detached)
     result = ops.gcn_conv_eval(*adjacency_args(adj), adj.diag, dinv, bias,
                                conv.act_bits, adj.wide_sums(conv.act_bits), *x_args, *chain,
                                0 if bits is None or dim is None else bits, 0 if dim is None else dim)

@@ -179,7 +179,8 @@ class QuantLinear(Linear):
         return value
 
     def _unpack_weight(self, weight: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-        return fused_codes(self.quantized_weight())
+        # fused_codes(self.quantized_weight()) in one op (a traced graph runs it at every call)
+        return ops.mlp_weight_codes([weight.detach()], [self.weight_bits])[0]
 
     def _fusable(self) -> bool:
         """Whether the bit path of a float input may run as one ``ops.quant_mlp`` layer (same result)."""
@@ -275,7 +276,11 @@ def call_end(linears, start: int) -> int:
 def chain_args(group, relus) -> tuple:
     """The weight arguments of one ``ops.quant_mlp`` call through the layers of ``group`` (``relus``: a ReLU after
     each): weight codes, lo, scale and code sums, biases, bit widths, ReLUs."""
-    weights = [lin.fused_weight() for lin in group]
+    if is_compiling() and all(type(lin).fused_weight is QuantLinear.fused_weight for lin in group):
+        # a traced graph keeps no codes between calls: the chain's in one op
+        weights = ops.mlp_weight_codes([lin.weight.detach() for lin in group], [lin.weight_bits for lin in group])
+    else:
+        weights = [lin.fused_weight() for lin in group]
     return tuple([w[i] for w in weights] for i in range(4)) + (
         [None if lin.bias is None else lin.bias.detach() for lin in group], [int(lin.act_bits) for lin in group],
         [int(lin.weight_bits) for lin in group], [bool(r) for r in relus])

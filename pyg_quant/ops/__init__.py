@@ -330,6 +330,17 @@ def expand_wire(buffer, parts, num_rows: int, num_cols: int, planes: int, tiles:
 
 
 
+def mlp_weight_codes(weights, bits):
+    """``[(codes, lo, scale, code sums), ...]``: each weight ``W [out, in]`` of ``weights`` quantized per output row
+    to its ``bits`` as :func:`quant_mlp` takes a layer's weight, in one op (see :func:`reference.mlp_weight_codes`)."""
+    weights, bits = list(weights), [int(b) for b in bits]
+    if weights and use_compiled("mlp_weight_codes", weights[0].device):
+        flat = torch.ops.pyg_quant.mlp_weight_codes.default(weights, bits)
+    else:
+        flat = reference.mlp_weight_codes(weights, bits)
+    return [tuple(flat[i:i + 4]) for i in range(0, len(flat), 4)]
+
+
 def gin_conv_eval(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, row_sums, wide: bool, x_planes, x_codes,
                   lo, scale, self_weight, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits,
                   weight_bits, relu, out_bits: int, out_dim: int):
@@ -572,6 +583,15 @@ if LOADED:
           x_codes, x_cols, x_dim, agg_bits, agg_keys, one_plus_eps, weight_codes, weight_lo, weight_scale,
           weight_sums, bias, act_bits, weight_bits, relu):
         return _fake_mlp_out(x, res_ptr.shape[0] - 1, weight_codes)
+
+    @torch.library.register_fake("pyg_quant::mlp_weight_codes")
+    def _(weights, bits):
+        out = []
+        for w in weights:
+            rows = w.shape[0]
+            out += [w.new_empty(w.shape, dtype=torch.uint8), w.new_empty((rows,), dtype=torch.float32),
+                    w.new_empty((rows,), dtype=torch.float32), w.new_empty((rows,), dtype=torch.int64)]
+        return out
 
     @torch.library.register_fake("pyg_quant::expand_wire")
     def _(buffer, parts, num_rows, num_cols, planes, tiles):

@@ -397,6 +397,20 @@ def _wire_part(buffer, parts, name: str, target: torch.dtype) -> Optional[torch.
     return (view.view(size0, size1) if size1 else view).to(target, copy=True)
 
 
+def mlp_weight_codes(weights, bits):
+    """``[codes, lo, scale, code sums]`` of each weight ``W [out, in]`` in turn, as :func:`quant_mlp` takes a layer's
+    weight: ``W`` quantized per output row over its own range, rounded to nearest, its codes unpacked to uint8
+    ``[out, in]`` (float32 ``lo`` / ``scale`` and int64 sums ``[out]``)."""
+    if len(weights) != len(bits):
+        raise ValueError(f"weights and bits must have one entry per layer, got {len(weights)} and {len(bits)}")
+    out = []
+    for w, b in zip(weights, bits):
+        rows, cols = w.shape
+        planes, lo, scale, sums, _ = quantize_pack_ranges(w.to(torch.float32).contiguous(), b, 1, False)
+        out += [unpack_codes(planes, rows, cols, False), lo.contiguous(), scale.contiguous(), sums[:rows].contiguous()]
+    return out
+
+
 def expand_wire(buffer, parts, num_rows: int, num_cols: int, planes: int, tiles: bool):
     """``[window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, diag, row_sums]`` of a CompactAdjacency shipped
     in ``buffer`` (``parts``: see :data:`WIRE_PARTS`): its parts widened to the types :func:`expand_tiles` /
