@@ -27,6 +27,7 @@
 #include "cuda/degree_cuda.h"
 #include "cuda/expand_cuda.h"
 #include "cuda/fake_quantize_cuda.h"
+#include "cuda/mlp_weight_codes_cuda.h"
 #include "cuda/quant_mlp_cuda.h"
 #include "cuda/quantize_cuda.h"
 #include "cuda/spmm_cuda.h"
@@ -250,8 +251,7 @@ TORCH_LIBRARY_IMPL(pyg_quant, CUDA, m) {
   m.impl("quant_mlp_keys", &pyg_quant::mlp_keys<&pyg_quant::quant_mlp_cuda>);
   m.impl("quant_mlp_planes", &pyg_quant::mlp_planes<&pyg_quant::quant_mlp_planes_cuda>);
   m.impl("quant_mlp_planes_keys", &pyg_quant::mlp_planes_keys<&pyg_quant::quant_mlp_planes_cuda>);
-  m.impl("mlp_weight_codes",
-         &pyg_quant::mlp_weight_codes<&pyg_quant::quantize_pack_ranges_cuda, &pyg_quant::unpack_codes_cuda>);
+  m.impl("mlp_weight_codes", &pyg_quant::mlp_weight_codes_cuda);
   m.impl("quant_mlp_row_codes", &pyg_quant::quant_mlp_row_codes_cuda);
   m.impl("quant_mlp_planes_row_codes", &pyg_quant::quant_mlp_planes_row_codes_cuda);
   m.impl("gin_conv_eval", &pyg_quant::gin_conv_eval<&pyg_quant::bit_spmm_affine_cuda, &pyg_quant::quant_mlp_cuda,

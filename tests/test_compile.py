@@ -75,24 +75,40 @@ def test_opcheck(name):
         assert len(got) == len(want) and all(torch.equal(g, w) for g, w in zip(got, want)), name
 
 
+def _same(a, b) -> bool:
+    """Equal dtype, shape and values, a NaN equal to a NaN (a row holding one has a NaN range)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    return torch.equal(a, b) if not a.is_floating_point() else bool(((a == b) | (a.isnan() & b.isnan())).all())
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
 def test_mlp_weight_codes_are_the_packed_weights_codes(device):
     """One op a chain gives what quant_mlp took from each packed weight (fused_codes of the per-row codes QuantLinear
-    packs), on random weights, and raises naming its arguments."""
+    packs), on random weights (a NaN in a row, float64, more weights than one CUDA launch takes), the GPU's kernel
+    what the CPU's composition gives; and it raises naming its arguments."""
     from pyg_quant.nn.quant_linear import fused_codes
     from pyg_quant.quantization.quantize import quantize
 
     if device == "cuda" and not ops.use_compiled("mlp_weight_codes", torch.device("cuda")):
         pytest.skip("needs a CUDA GPU and pyg_quant's compiled CUDA backend")
-    weights = [randn(32, 24, 7).to(device), randn(7, 32, 8).to(device) * 3, randn(300, 70, 9).to(device)]
-    bits = [4, 2, 8]
+    nan_row = randn(5, 40, 10)
+    nan_row[2, 7] = float("nan")
+    weights = [randn(32, 24, 7), randn(7, 32, 8) * 3, randn(300, 70, 9), nan_row, randn(3, 1, 11).double()]
+    weights += [randn(16 + i, 33, 12 + i) for i in range(6)]  # 11 weights: more than a CUDA launch takes (8)
+    weights = [w.to(device) for w in weights]
+    bits = [4, 2, 8, 3, 1] + [1 + i for i in range(6)]
     got = ops.mlp_weight_codes(weights, bits)
-    assert len(got) == 3
+    assert len(got) == len(weights)
+    if device == "cuda":  # the GPU's kernel against the CPU's composition
+        on_cpu = ops.mlp_weight_codes([w.cpu() for w in weights], bits)
+        for parts, cpu_parts in zip(got, on_cpu):
+            assert all(_same(g.cpu(), c) for g, c in zip(parts, cpu_parts))
     for w, b, parts in zip(weights, bits, got):
         packed = quantize(w, b, 1, "row")
         want = fused_codes(pq.BitTensor(packed.planes, (w.size(1), w.size(0)), b, "col", packed.lo, packed.scale, 0))
         assert [p.dtype for p in parts] == [torch.uint8, torch.float32, torch.float32, torch.int64]
-        assert all(torch.equal(g, h) for g, h in zip(parts, want))
+        assert all(_same(g, h) for g, h in zip(parts, want))
     op = torch.ops.pyg_quant.mlp_weight_codes.default
     with pytest.raises(ValueError, match="one entry per layer"):
         op(weights, [4])
@@ -100,6 +116,8 @@ def test_mlp_weight_codes_are_the_packed_weights_codes(device):
         op([weights[0][0]], [4])
     with pytest.raises(TypeError, match="weights\\[0\\] must be floating point"):
         op([weights[0].int()], [4])
+    with pytest.raises(ValueError, match="bits\\[1\\] must be in 1..8"):
+        op(weights[:2], [4, 9])
 
 
 def _count_graph_breaks(fn, *args):
