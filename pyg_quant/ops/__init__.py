@@ -329,7 +329,6 @@ def expand_wire(buffer, parts, num_rows: int, num_cols: int, planes: int, tiles:
     return reference.expand_wire(*args)
 
 
-
 def mlp_weight_codes(weights, bits):
     """``[(codes, lo, scale, code sums), ...]``: each weight ``W [out, in]`` of ``weights`` quantized per output row
     to its ``bits`` as :func:`quant_mlp` takes a layer's weight, in one op (see :func:`reference.mlp_weight_codes`)."""
