@@ -369,3 +369,38 @@ def test_compiled_eval_runs_one_op_a_layer(kind, device):
     layer_op = "gin_conv_eval" if kind == "gin" else "gcn_conv_eval"
     assert eager == [layer_op] * 3, eager
     assert traced == sorted(eager + ["mlp_weight_codes"] * 3), traced
+
+
+@pytest.mark.parametrize("case", ["gin_self_loops", "gin_tensor_range", "gin_row_ranges_out", "gin_tiles",
+                                  "gcn_codes", "gcn_tiles"])
+def test_compiled_one_op_layers_equal_eager(case):
+    """The traced one-op layer path in the cases its checks tell apart: a GIN adjacency with a diagonal term, features
+    over one range, per-row ranges out (``out_dim=1``), bit tiles besides the CSR; GCN on column codes it reads as
+    floats, and on tiles: eager's layer op in the graph, and the eager bits."""
+    x, edge_index = make_graph()
+    torch.manual_seed(0)
+    kind = case[:3]
+    loops = 1 if kind == "gcn" or case == "gin_self_loops" else 0
+    tiles = {"min_tile_nnz": 4} if case.endswith("tiles") else {}
+    adj = pq.BitAdjacency.from_edge_index(edge_index, x.size(0), self_loops=loops, **tiles)
+    assert (adj.num_tiles > 0) == case.endswith("tiles")
+    if kind == "gin":
+        nn = torch.nn.Sequential(torch.nn.Linear(24, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16), torch.nn.ReLU())
+        layer = QGINConv(nn, bits=4, out_bits=4, out_dim=1 if case == "gin_row_ranges_out" else 0).eval()
+        xq = pq.to_bit(x, 4, dim=None if case == "gin_tensor_range" else 0, layout="col")
+    else:
+        layer = QGCNConv(24, 16, bits=4).eval()
+        xq = pq.to_bit(x, 3, dim=0, layout="col") if case == "gcn_codes" else x
+    fast = compiled(layer)
+    layer_op = f"pyg_quant::{kind}_conv_eval"
+    with torch.no_grad():
+        want = layer(xq, adj)
+        fast(xq, adj)  # (compiles)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            got = fast(xq, adj)
+    assert [e.name for e in prof.events() if e.name == layer_op] == [layer_op], case
+    if isinstance(want, torch.Tensor):
+        assert torch.equal(got, want), case
+    else:  # a BitTensor: the same shape, ranges and values
+        assert type(got) is type(want) and got.shape == want.shape and got.dim == want.dim, case
+        assert torch.equal(got.lo, want.lo) and torch.equal(pq.to_val(got), pq.to_val(want)), case
