@@ -17,12 +17,9 @@ _module = torch.nn.modules.module  # holds the global hook tables
 INT32_MAX = 2**31 - 1  # the largest integer sum the int32 kernels hold; above it they accumulate in int64
 
 
-def is_compiling() -> bool:
-    """Whether ``torch.compile`` is tracing the caller (data-dependent checks and Python-side caches step aside)."""
-    compiler = getattr(torch, "compiler", None)
-    if compiler is not None and hasattr(compiler, "is_compiling"):
-        return compiler.is_compiling()
-    return torch._dynamo.is_compiling()
+# Whether ``torch.compile`` is tracing the caller (data-dependent checks and Python-side caches step aside): torch's
+# own function, bound once (the layers' eval checks ask it several times a call).
+is_compiling = torch.compiler.is_compiling
 
 
 def capturing(x: torch.Tensor) -> bool:
