@@ -4,7 +4,8 @@ Trains ``examples/cluster_gcn.py``'s GCN or ``examples/gin.py``'s GIN as the exa
 ``qat.convert``; ``--epochs`` each, a few: only the inference is timed), then times evaluation batches as the
 examples' ``evaluate`` does (``batch.to("cpu")``, the model, ``argmax``), the fp32 and the quantized model taking
 turns: each round the median batch of three passes each; the ratio fp32 / quantized per round, the median over
-``--rounds``.  A shared CPU drifts by 1.5× between runs, which the turns spread over both models.
+``--rounds``.  Besides, the time the loader takes to build and hand over a batch (``num_workers=0``, as the
+examples run), and the ratio over the whole loop, the loader's batch and the evaluated one together.  A shared CPU drifts by 1.5× between runs, which the turns spread over both models.
 
 Usage (repository root; pin it: ``OMP_NUM_THREADS=1 taskset -c 1``)::
 
@@ -55,13 +56,19 @@ def setup(example: str, small: bool, epochs: int):
 
 
 @torch.no_grad()
-def batch_times(model, loader) -> list:
+def batch_times(model, loader, built=None) -> list:
+    """Seconds a batch of ``batch.to("cpu")``, the model and ``argmax`` (what the example's ``evaluate`` times);
+    with a list ``built``, the seconds the loader took to hand each batch over are appended to it."""
     times = []
+    t = time.perf_counter()
     for batch in loader:
-        t = time.perf_counter()
+        start = time.perf_counter()
+        if built is not None:
+            built.append(start - t)
         batch = batch.to("cpu")
         model(batch.x, batch.adj).argmax(-1)
-        times.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        times.append(t - start)
     return times
 
 
@@ -75,16 +82,24 @@ def main(argv=None):
     base, converted, fp_eval, q_eval = setup(a.example, a.small, a.epochs)
     for _ in range(3):  # warm-up
         batch_times(base, fp_eval), batch_times(converted, q_eval)
-    fp_ms, q_ms, ratios = [], [], []
+    fp_ms, q_ms, ratios, loop_ratios = [], [], [], []
+    fp_built, q_built = [], []
     for _ in range(a.rounds):
-        f = statistics.median(sum((batch_times(base, fp_eval) for _ in range(3)), []))
-        q = statistics.median(sum((batch_times(converted, q_eval) for _ in range(3)), []))
+        fb, qb = [], []
+        f = statistics.median(sum((batch_times(base, fp_eval, fb) for _ in range(3)), []))
+        q = statistics.median(sum((batch_times(converted, q_eval, qb) for _ in range(3)), []))
         fp_ms.append(f * 1e3)
         q_ms.append(q * 1e3)
         ratios.append(f / q)
+        fp_built.append(statistics.median(fb) * 1e3)
+        q_built.append(statistics.median(qb) * 1e3)
+        loop_ratios.append((f + statistics.median(fb)) / (q + statistics.median(qb)))
     print(f"{a.example}{' --small' if a.small else ''}: fp32 {statistics.median(fp_ms):.3f} ms, 4-bit "
           f"{statistics.median(q_ms):.3f} ms a batch; fp32 / quantized {statistics.median(ratios):.2f} "
           f"(rounds: {' '.join(f'{r:.2f}' for r in ratios)})")
+    print(f"  the loader building a batch: fp32 {statistics.median(fp_built):.3f} ms, 4-bit "
+          f"{statistics.median(q_built):.3f} ms; the whole loop (loader + evaluate's batch), fp32 / quantized "
+          f"{statistics.median(loop_ratios):.2f} (rounds: {' '.join(f'{r:.2f}' for r in loop_ratios)})")
 
 
 if __name__ == "__main__":
