@@ -327,6 +327,15 @@ def test_frozen_compile_quantizes_weights_once(device):
     assert called == {"gin_conv_eval"}, called
 
 
+def pyg_quant_ops(fn, *args):
+    """``(fn(*args), the pyg_quant ops it called, sorted)``: host events only (on a GPU the kernels' names start with
+    the namespace too)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        out = fn(*args)
+    return out, sorted(e.name[len("pyg_quant::"):] for e in prof.events()
+                       if e.name.startswith("pyg_quant::") and e.device_type == torch.autograd.DeviceType.CPU)
+
+
 def flat_gin_codes(cin, hidden, cout, bits):
     """GIN as the benchmarks' workload writes it: each ``nn`` one Sequential of QuantLinear-able layers, the hidden
     layers handing the next one their output's codes (``out_bits``, the ReLU inside ``nn``)."""
@@ -353,18 +362,11 @@ def test_compiled_eval_runs_one_op_a_layer(kind, device):
     model = (flat_gin_codes(24, 32, 7, 4) if kind == "gin" else GCN(24, 32, 7, 4)).to(device).eval()
     xq = pq.to_bit(x, 4, dim=0, layout="col")
     fast = compiled(model)
-    def pyg_quant_ops(fn):
-        # (host events only: on a GPU the kernels' names start with the namespace too)
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-            out = fn(xq, adj)
-        return out, sorted(e.name[len("pyg_quant::"):] for e in prof.events()
-                           if e.name.startswith("pyg_quant::") and e.device_type == torch.autograd.DeviceType.CPU)
-
     with torch.no_grad():
         model(xq, adj)  # (the first eager call makes the weights' codes, kept for the next)
-        want, eager = pyg_quant_ops(model)
+        want, eager = pyg_quant_ops(model, xq, adj)
         fast(xq, adj)
-        got, traced = pyg_quant_ops(fast)
+        got, traced = pyg_quant_ops(fast, xq, adj)
     assert torch.equal(got, want)
     layer_op = "gin_conv_eval" if kind == "gin" else "gcn_conv_eval"
     assert eager == [layer_op] * 3, eager
@@ -392,13 +394,12 @@ def test_compiled_one_op_layers_equal_eager(case):
         layer = QGCNConv(24, 16, bits=4).eval()
         xq = pq.to_bit(x, 3, dim=0, layout="col") if case == "gcn_codes" else x
     fast = compiled(layer)
-    layer_op = f"pyg_quant::{kind}_conv_eval"
+    layer_op = f"{kind}_conv_eval"
     with torch.no_grad():
         want = layer(xq, adj)
         fast(xq, adj)  # (compiles)
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-            got = fast(xq, adj)
-    assert [e.name for e in prof.events() if e.name == layer_op] == [layer_op], case
+        got, traced = pyg_quant_ops(fast, xq, adj)
+    assert traced.count(layer_op) == 1, (case, traced)
     if isinstance(want, torch.Tensor):
         assert torch.equal(got, want), case
     else:  # a BitTensor: the same shape, ranges and values

@@ -4,7 +4,7 @@
 // The same float32 steps as quantize_pack_ranges (csrc/quantize_steps.h), so the same codes, ranges and sums.
 #include "mlp_weight_codes_cuda.h"
 
-#include "mlp_weight_codes.h"
+#include "mlp_weight_codes_args.h"
 #include "quantize_common.cuh"
 #include "quantize_steps.h"
 #include "scratch_cuda.h"

@@ -52,7 +52,7 @@ def _mlp_chain(conv, container, width: int) -> Optional[tuple]:
     the modules, parameters and bit widths they were made from stay the same; None where the chain does not fuse
     into one call or a forward hook would run (the general path then runs)."""
     compiling = is_compiling()  # a traced graph keeps no plan: it quantizes the weights in the graph
-    plan = None if compiling else held_plan(conv, "_eval_plan")
+    plan = held_plan(conv, "_eval_plan")
     if plan is not None and plan.args[0] is container and plan.args[1] == width:
         return plan.args[2]
     children = container._modules
@@ -129,8 +129,8 @@ def _float_layer_applies(conv, x, adj) -> bool:
     :func:`_eval_call` outside ``torch.compile`` (its matrices are kept on the adjacency), float32 node features on
     the adjacency's device."""
     return (conv.act_bits is None and conv.weight_bits is None and conv.out_bits is None and _eval_call(conv, adj)
-            and not is_compiling() and type(x) is Tensor and x.dtype == torch.float32 and x.dim() == 2 and not x.is_sparse
-            and x.size(0) == adj.num_cols and adj.num_rows == adj.num_cols and x.device == adj.device)
+            and not is_compiling() and type(x) is Tensor and x.dtype == torch.float32 and x.dim() == 2
+            and not x.is_sparse and x.size(0) == adj.num_cols and adj.num_rows == adj.num_cols and x.device == adj.device)
 
 
 def _gin_float(conv, x: Tensor, adj: BitAdjacency) -> Optional[Tensor]:
@@ -199,8 +199,7 @@ def gin_eval(conv, x, adj, size) -> Optional[object]:
     chain = _mlp_chain(conv, nn, x.cols)
     if chain is None:
         return None
-    # GIN's 1 + eps, float32 [1]
-    self_term = _self_weight(eps) if is_compiling() else kept(conv, "_eval_self_term", eps, _self_weight)
+    self_term = kept(conv, "_eval_self_term", eps, _self_weight)  # GIN's 1 + eps, float32 [1]
     if adj.diag is not None:
         self_term = adj.diag + self_term
     cols = x.cols
@@ -260,7 +259,7 @@ def gcn_eval(conv, x, adj, edge_weight, deg_inv_sqrt) -> Optional[object]:
         x_args = (x.contiguous(), None, None, x.size(0))
     bits, dim = conv.out_bits, conv.out_dim
     if bias is not None:
-        bias = bias.detach() if is_compiling() else kept(conv, "_eval_bias", bias, _detached)
+        bias = kept(conv, "_eval_bias", bias, _detached)
     result = ops.gcn_conv_eval(*adjacency_args(adj), adj.diag, dinv, bias,
                                conv.act_bits, adj.wide_sums(conv.act_bits), *x_args, *chain,
                                0 if bits is None or dim is None else bits, 0 if dim is None else dim)

@@ -13,7 +13,7 @@ from typing import Callable, Iterable, NamedTuple, Optional, Tuple
 import torch
 from torch import Tensor
 
-from .._utils import no_hooks
+from .._utils import is_compiling, no_hooks
 
 
 class CallPlan(NamedTuple):
@@ -59,7 +59,10 @@ def plan_holds(plan: CallPlan) -> bool:
 
 
 def held_plan(module, name: str) -> Optional[CallPlan]:
-    """The plan kept in ``module.__dict__`` under ``name`` if it still holds (:func:`plan_holds`), else None."""
+    """The plan kept in ``module.__dict__`` under ``name`` if it still holds (:func:`plan_holds`), else None (always
+    while ``torch.compile`` traces: a traced graph reads no version counters and makes its arguments itself)."""
+    if is_compiling():
+        return None
     plan = module.__dict__.get(name)
     return plan if plan is not None and plan_holds(plan) else None
 
@@ -77,7 +80,10 @@ def tensor_slot(module, name: str) -> Tuple[Optional[dict], object]:
 def kept(module, name: str, tensor: Tensor, make: Callable[[Tensor], Tensor]) -> Tensor:
     """``make(tensor)`` for a parameter or buffer ``tensor`` of ``module``, kept in its ``__dict__`` under ``name``
     while it is the same tensor with the same storage (``.to()``, ``.data =``) and version (in-place edits, a loaded
-    state); an inference tensor, which has no version counter, gets it made at every call."""
+    state); an inference tensor, which has no version counter, gets it made at every call, and so does a graph
+    ``torch.compile`` traces (nothing kept)."""
+    if is_compiling():
+        return make(tensor)
     held = module.__dict__.get(name)
     if held is not None and held[0] is tensor and held[1] == tensor.data_ptr() and held[2] == tensor._version:
         return held[3]

@@ -8,7 +8,7 @@ from torch_geometric.nn.inits import reset
 from torch_geometric.typing import SparseTensor
 from torch_geometric.utils import is_torch_sparse_tensor
 
-from .._utils import check_finite, is_compiling
+from .._utils import check_finite
 from ..bit_tensor import BitTensor
 from ..graph.bit_adjacency import BitAdjacency
 from ..graph.cache import cached_graph
@@ -251,7 +251,7 @@ class QGINConv(StaticRange, MessagePassing):
         """``1 + eps``, made once while ``eps`` is a constant buffer (one op fewer a call, every step); a trained
         ``eps`` (or an inference tensor, which has no version counter) gets it made at every call."""
         eps = self.eps
-        if is_compiling() or eps.requires_grad:
+        if eps.requires_grad:
             return 1 + eps
         return kept(self, "_one_plus_eps_cache", eps, _plus_one)
 
