@@ -14,7 +14,9 @@ Variants (rows): PyG ``GCNConv`` / ``GINConv`` on a torch CSR ``adj_t`` in fp32 
 ``normalize=False``: PyG's fastest eager path) and on ``edge_index`` in fp32 (the form ``torch.compile`` traces
 whole; ``--pyg`` picks the PyG variants, --small the CSRs only), and pyg_quant ``QGCNConv`` / ``QGINConv`` at
 ``--bits`` (8 and 4) fed ``QuantBatch``es (the adjacency's tile plan and the bit features in one wire buffer,
-decoded on the device), all with the same weights.
+decoded on the device), all with the same weights.  pyg_quant's GIN hands its hidden layers' outputs on as codes
+(``out_bits``); its ``drop-in`` rows (``--drop-in`` bit widths, default 4) are PyG's GIN with ``QGINConv`` in place of
+``GINConv``, floats between the layers (GCN's model is that already).
 
 Paths (columns):
 
@@ -77,6 +79,7 @@ from pyg_quant.loader import prefetch  # noqa: E402
 EAGER_PATHS = ("resident", "loop", "pinned_loop", "prefetch")
 INTERLEAVED = "resident_interleaved"  # the resident epochs with the variants taking turns
 COMPILE_PATHS = ("compile", "compile_ro")
+DROP_IN = "drop-in"  # GIN: PyG's model with QGINConv in place of GINConv, floats between the layers (no out_bits)
 HEADERS = dict(resident="resident", loop="loop (.to)", pinned_loop="pinned loop", prefetch="prefetch",
                resident_interleaved="resident, interleaved", compile="compile", compile_ro="compile RO")
 
@@ -147,15 +150,17 @@ class Paths:
             raise ValueError(f"unknown path {path!r}")
 
 
-def variant_labels(args):
+def variant_labels(args, kind: str):
     labels = [f"PyG {v}" for v in args.pyg]
     labels += [f"pyg_quant {bits}-bit" for bits in args.bits]
+    if kind == "GIN":  # (GCN's model is the drop-in one: floats between its layers)
+        labels += [f"pyg_quant {bits}-bit {DROP_IN}" for bits in args.drop_in]
     return labels
 
 
 def make_model(args, kind: str, label: str, state, device):
     if label.startswith("pyg_quant"):
-        model = workload.make_pq(args, kind, int(label.split()[1].split("-")[0]))
+        model = workload.make_pq(args, kind, int(label.split()[1].split("-")[0]), requantize=DROP_IN not in label)
         model.load_state_dict(state)
         return model.to(device).eval()
     precision, adjacency = label.split()[1:3]
@@ -371,6 +376,8 @@ def parse_args(argv=None):
                    help="CPU check: 8 parts of 250 nodes, 2 parts a batch (4 batches of 500 nodes)")
     workload.add_workload_arguments(p)
     p.add_argument("--bits", default=None, help="pyg_quant bit widths (default 8,4; --small: 4)")
+    p.add_argument("--drop-in", default=None,
+                   help="bit widths of GIN run also as the drop-in model, no out_bits (default 4; --small: none)")
     p.add_argument("--pyg", default=None,
                    help="PyG variants, comma-separated (default 'fp32 CSR,bf16 CSR,fp32 edge_index'; "
                         "--small: the CSRs)")
@@ -395,9 +402,9 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     # --small compiles one model at one bit width: an inductor compile takes 10-30 s on a 2-core CPU.
     small = dict(num_parts=8, part_size=250, parts_per_batch=2, avg_degree=20, reps=1, rounds=2, time_budget=90.0,
-                 bits="4", compile_models="GIN")
+                 bits="4", drop_in="", compile_models="GIN")
     full = dict(num_parts=1500, part_size=1600, parts_per_batch=20, avg_degree=50, reps=3, rounds=5,
-                time_budget=450.0, bits="8,4", compile_models=args.models)
+                time_budget=450.0, bits="8,4", drop_in="4", compile_models=args.models)
     for key, value in (small if args.small else full).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -411,6 +418,7 @@ def parse_args(argv=None):
     if "fp32 CSR" not in args.pyg:
         args.pyg.insert(0, "fp32 CSR")  # the reference of every ratio
     args.bits = tuple(int(b) for b in args.bits.split(",") if b)
+    args.drop_in = tuple(int(b) for b in args.drop_in.split(",") if b)
     args.models = tuple(m.strip().upper() for m in args.models.split(",") if m.strip())
     args.compile_models = tuple(m.strip().upper() for m in args.compile_models.split(",") if m.strip())
     args.compile = tuple(m.strip() for m in args.compile.split(",") if m.strip())
@@ -469,7 +477,7 @@ def main(argv=None):
             ref = base(data.x[0], data.edge_index[0]).float().clone()
         state = base.state_dict()
         del base
-        for label in variant_labels(args):
+        for label in variant_labels(args, kind):
             row = dict(model=kind, label=label)
             rec.data["rows"].append(row)
             plan.append((kind, label, row, state, ref))

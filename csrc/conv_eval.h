@@ -80,18 +80,13 @@ using ConvEvalResult = std::vector<at::Tensor>;
 
 // The quantizer's call for codes with ranges along `dim` (0: per column, in the column layout), as
 // pyg_quant.quantization.quantize.quantize makes them (see above).  `handed_back`: false for codes an op uses for
-// its aggregation and drops, which take the op's step block instead of one of their own and need no code sums.
+// its aggregation and drops, which take the op's step block (open around the call) and need no code sums; handed
+// back, each part is its own allocation (a registered op's outputs may not share storage: torch.compile's rule).
 template <RangesKernel Ranges>
 ConvEvalResult quantize_output(const at::Tensor& out, int64_t bits, int64_t dim,
                                const std::optional<at::Tensor>& col_keys, bool handed_back = true) {
   TORCH_CHECK_VALUE(dim == 0 || dim == 1, "out_dim must be 0 or 1 when out_bits is set, got ", dim);
   const bool row_codes = out.is_cuda() && dim == 0;
-  // The codes, their ranges and row codes live together (a BitTensor): one block on CUDA (and the column extrema
-  // that a call without col_keys reduces).
-  const int64_t rows = out.size(0), cols = out.size(1);
-  StepScratch block(row_codes && handed_back ? out : at::Tensor(),
-                    {planes_bytes(rows, cols, bits), cols * 4, cols * 4, col_keys ? 0 : 2 * cols * 8,
-                     row_codes_bytes(rows, cols, bits)});
   auto [planes, lo, scale, sums, codes] =
       Ranges(out, bits, dim, /*col_layout=*/dim == 0, std::nullopt, row_codes, col_keys, !row_codes && handed_back);
   return {out, planes, lo, scale, sums, codes};

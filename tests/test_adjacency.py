@@ -801,15 +801,21 @@ def test_expand_wire_rejects_bad_layouts():
         pq.graph.CompactAdjacency.expand_wire(buffer, {"entry_val": (torch.float32, (3,), 0)}, compact.scalars())
 
 
-def test_expand_wire_opcheck():
+@pytest.mark.parametrize("device", DEVICES)
+def test_expand_wire_opcheck(device):
+    """opcheck, and no result sharing the buffer's storage or another result's (torch.compile's rule)."""
     edge_index, num_nodes, self_loops, min_tile_nnz = csr_case("random-loops-dup")
     compact = pq.BitAdjacency.compact_from_edge_index(edge_index, num_nodes, self_loops, min_tile_nnz)
     buffer, layout = wire_layout(wire_batch(compact))
+    buffer = buffer.to(device)
     if not pq.ops.use_compiled("expand_wire", buffer.device):
         pytest.skip("the compiled extension is not loaded")
     for tiles in (False, True):
-        torch.library.opcheck(torch.ops.pyg_quant.expand_wire.default,
-                              (buffer, layout, compact.num_rows, compact.num_cols, compact.planes, tiles))
+        args = (buffer, layout, compact.num_rows, compact.num_cols, compact.planes, tiles)
+        torch.library.opcheck(torch.ops.pyg_quant.expand_wire.default, args)
+        got = [t for t in torch.ops.pyg_quant.expand_wire.default(*args) if t.numel()]
+        storages = [t.untyped_storage().data_ptr() for t in got]
+        assert len(set(storages)) == len(storages) and buffer.untyped_storage().data_ptr() not in storages
 
 
 @requires_compiled

@@ -239,15 +239,17 @@ def test_compiled_converted_qat_models_equal_eager(kind, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_compiled_over_loader_batches(device, tmp_path):
-    """The README's loop compiled: every batch gives the eager bits (batches of other sizes compile again)."""
+@pytest.mark.parametrize("kind", ["gin", "gcn"])
+def test_compiled_over_loader_batches(kind, device, tmp_path):
+    """The README's loop compiled, floats between the layers: every batch gives the eager bits (batches of other
+    sizes compile again, with dynamic sizes)."""
     data = planted_class_graph(num_nodes=1200, num_classes=4, num_features=24, seed=1)
     cluster_data = QuantClusterData(data, num_parts=6, save_dir=str(tmp_path))
-    model = make_model("gin", 4, device).eval()
+    model = make_model(kind, 4, device).eval()
     fast = compiled(model)
     seen = 0
     with torch.inference_mode():
-        for batch in QuantClusterLoader(cluster_data, batch_size=2, bits=4):
+        for batch in QuantClusterLoader(cluster_data, batch_size=2, bits=4, self_loops=int(kind == "gcn")):
             batch = batch.to(device)
             assert torch.equal(fast(batch.x, batch.adj), model(batch.x, batch.adj))
             seen += 1
@@ -374,11 +376,11 @@ def test_compiled_eval_runs_one_op_a_layer(kind, device):
 
 
 @pytest.mark.parametrize("case", ["gin_self_loops", "gin_tensor_range", "gin_row_ranges_out", "gin_tiles",
-                                  "gcn_codes", "gcn_tiles"])
+                                  "gin_float", "gin_float_tiles", "gcn_codes", "gcn_tiles"])
 def test_compiled_one_op_layers_equal_eager(case):
     """The traced one-op layer path in the cases its checks tell apart: a GIN adjacency with a diagonal term, features
-    over one range, per-row ranges out (``out_dim=1``), bit tiles besides the CSR; GCN on column codes it reads as
-    floats, and on tiles: eager's layer op in the graph, and the eager bits."""
+    over one range, per-row ranges out (``out_dim=1``), bit tiles besides the CSR, float features (their own op);
+    GCN on column codes it reads as floats, and on tiles: eager's layer op in the graph, and the eager bits."""
     x, edge_index = make_graph()
     torch.manual_seed(0)
     kind = case[:3]
@@ -390,11 +392,13 @@ def test_compiled_one_op_layers_equal_eager(case):
         nn = torch.nn.Sequential(torch.nn.Linear(24, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16), torch.nn.ReLU())
         layer = QGINConv(nn, bits=4, out_bits=4, out_dim=1 if case == "gin_row_ranges_out" else 0).eval()
         xq = pq.to_bit(x, 4, dim=None if case == "gin_tensor_range" else 0, layout="col")
+        if case.startswith("gin_float"):
+            xq = torch.relu(x)  # a previous layer's output after F.relu
     else:
         layer = QGCNConv(24, 16, bits=4).eval()
         xq = pq.to_bit(x, 3, dim=0, layout="col") if case == "gcn_codes" else x
     fast = compiled(layer)
-    layer_op = f"{kind}_conv_eval"
+    layer_op = "qat_gin_conv_eval" if case.startswith("gin_float") else f"{kind}_conv_eval"
     with torch.no_grad():
         want = layer(xq, adj)
         fast(xq, adj)  # (compiles)

@@ -55,14 +55,16 @@ def make_pyg(args, kind: str, normalize: bool = True) -> Net:
                 for i in range(args.layers)], False)
 
 
-def make_pq(args, kind: str, bits: int) -> Net:
+def make_pq(args, kind: str, bits: int, requantize: bool = True) -> Net:
     """pyg_quant's model ``kind`` at ``bits``: ``QGCNConv`` layers (ReLU on floats between them), or ``QGINConv`` layers
-    whose hidden outputs are requantized to ``bits`` (``out_bits``) and whose last output is float; on the CPU,
-    :func:`make_pyg`'s shapes and parameter names."""
+    whose hidden outputs are requantized to ``bits`` (``out_bits``) and whose last output is float (``requantize``
+    False: none requantized, :func:`make_pyg`'s GIN with ``QGINConv`` in place of ``GINConv``, floats between the
+    layers); on the CPU, :func:`make_pyg`'s shapes and parameter names."""
     if kind == "GCN":
         d = gcn_dims(args)
         return Net([pq.QGCNConv(d[i], d[i + 1], bits=bits) for i in range(args.layers)], True)
     d = gin_dims(args)
     last = args.layers - 1
     return Net([pq.QGINConv(gin_mlp(d[i], args.gin_hidden, d[i + 1], i == last), bits=bits,
-                            out_bits=None if i == last else bits) for i in range(args.layers)], False)
+                            out_bits=None if i == last or not requantize else bits)
+                for i in range(args.layers)], False)

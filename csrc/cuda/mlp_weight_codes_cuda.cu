@@ -7,7 +7,6 @@
 #include "mlp_weight_codes_args.h"
 #include "quantize_common.cuh"
 #include "quantize_steps.h"
-#include "scratch_cuda.h"
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
@@ -87,24 +86,16 @@ std::vector<at::Tensor> mlp_weight_codes_cuda(at::TensorList weights, at::IntArr
   const auto options = weights[0].options();
   std::vector<at::Tensor> floats;
   floats.reserve(weights.size());
-  int64_t bytes = 0;
-  for (const at::Tensor& w : weights) {
-    floats.push_back(w.to(at::kFloat).contiguous());
-    const int64_t rows = w.size(0);
-    bytes += scratch_bytes({rows * w.size(1), rows * 4, rows * 4, rows * 8});
-  }
+  for (const at::Tensor& w : weights) floats.push_back(w.to(at::kFloat).contiguous());
+  // Each result its own allocation: a registered op's outputs may not share storage (torch.compile's rule).
   std::vector<at::Tensor> out;
   out.reserve(4 * weights.size());
-  {
-    // The results share one block: they are one chain's, made and dropped together.
-    ScratchScope block(bytes, options);
-    for (const at::Tensor& w : floats) {
-      const int64_t rows = w.size(0);
-      out.push_back(cuda_empty({rows, w.size(1)}, options.dtype(at::kByte)));
-      out.push_back(cuda_empty({rows}, options.dtype(at::kFloat)));
-      out.push_back(cuda_empty({rows}, options.dtype(at::kFloat)));
-      out.push_back(cuda_empty({rows}, options.dtype(at::kLong)));
-    }
+  for (const at::Tensor& w : floats) {
+    const int64_t rows = w.size(0);
+    out.push_back(at::empty({rows, w.size(1)}, options.dtype(at::kByte)));
+    out.push_back(at::empty({rows}, options.dtype(at::kFloat)));
+    out.push_back(at::empty({rows}, options.dtype(at::kFloat)));
+    out.push_back(at::empty({rows}, options.dtype(at::kLong)));
   }
   const auto stream = c10::cuda::getCurrentCUDAStream();
   for (size_t first = 0; first < floats.size(); first += kWeightsPerLaunch) {

@@ -5,11 +5,13 @@ computes, with ``Q`` the quantizer and ``M`` its fused MLP kernel (:func:`pyg_qu
 
 * ``QGINConv`` on codes of its width (ranges per column or per tensor):
   ``nn((A + (1 + eps)·I)·X)`` = ``M(bit_spmm(A, X, self_weight=1 + eps))``, then ``Q`` when ``out_bits`` is set;
+  on float features (a model with ``F.relu`` between its layers): ``M(bit_spmm(A, Q(X)) + (1 + eps)·X)``, the self
+  term on the float features, then ``Q`` when ``out_bits`` is set;
 * ``QGCNConv`` on float features or codes it reads as floats:
   ``D^-1/2 Â D^-1/2 X W + b`` = ``bit_spmm(Â, Q(M(X, W, row_scale=D^-1/2)), row_scale=D^-1/2, bias=b)``.
 
 Each sequence is one op, :func:`pyg_quant.ops.gin_conv_eval` / :func:`pyg_quant.ops.gcn_conv_eval` (composed in
-C++, ``csrc/conv_eval.h``), because a layer's host time is what bounds an eager forward on a GPU, whose kernels
+C++, ``csrc/conv_eval.h``; GIN on float features: :func:`pyg_quant.ops.qat_gin_conv_eval` with ranges of its own), because a layer's host time is what bounds an eager forward on a GPU, whose kernels
 take tens of microseconds.  The general ``forward`` reaches the same kernels with the same arguments through format
 conversions and checks.  Here what depends only on the layer's parameters (the MLP chain's arguments) is kept per
 layer, keyed by the parameters' storage and version counters, and everything else is read off the inputs directly.
@@ -40,6 +42,7 @@ from ..graph.input_formats import bit_adjacency_csr, bit_adjacency_entries, resi
 from ..graph.float_csr import csr_matrix
 from ..graph.spmm import adjacency_args, gather_operands
 from ..quantization.quantize import quantize, values_finite
+from ._common import requantize_output
 from .calibration import STATIC_RANGE
 from .explain import explaining
 from .call_plan import held_plan, kept, new_plan, tensor_slot
@@ -182,10 +185,36 @@ def _gcn_float(conv, x: Tensor, adj: BitAdjacency, deg_inv_sqrt) -> Optional[Ten
     return out if bias is None else out.add_(bias)
 
 
+def _gin_float_features(conv, x: Tensor, adj: BitAdjacency) -> Optional[object]:
+    """A quantized QGINConv on float features (the layers after the first in a model with ``F.relu`` between them):
+    ``nn(A·Q(x) + (1 + eps)·x)``, ``Q`` per column over ``x``'s own ranges, in one op."""
+    # (the rows checked against the adjacency's tensor, not its int: a traced graph then relates sizes of its tensor
+    # inputs only, which inductor can bind)
+    if (x.dtype != torch.float32 or x.dim() != 2 or x.is_sparse or adj.num_rows != adj.num_cols
+            or x.size(0) != adj.res_ptr.size(0) - 1 or x.device != adj.device):
+        return None
+    eps = tensor_slot(conv, "eps")[1]
+    nn = conv._modules.get("nn")
+    if eps.device != x.device or eps.dtype != torch.float32 or nn is None:
+        return None
+    chain = _mlp_chain(conv, nn, x.size(1))
+    if chain is None:
+        return None
+    x = x.contiguous()
+    if x.device.type != "cuda":
+        check_finite(x, "x")  # the general path's check, where it costs no host synchronization
+    self_term = kept(conv, "_eval_self_term", eps, _self_weight)
+    out = ops.qat_gin_conv_eval(*adjacency_args(adj), adj.diag, adj.wide_sums(conv.act_bits), x, None, None, None,
+                                x.size(1), 0, conv.act_bits, None, self_term, *chain)
+    return requantize_output(out, conv.out_bits, conv.out_dim, True)
+
+
 def gin_eval(conv, x, adj, size) -> Optional[object]:
     """``conv(x, adj)`` for a :class:`~pyg_quant.nn.QGINConv` in the case above, or None."""
     if conv.act_bits is None and conv.weight_bits is None:
         return _gin_float(conv, x, adj) if size is None and _float_layer_applies(conv, x, adj) else None
+    if size is None and type(x) is Tensor and _applies(conv, adj):
+        return _gin_float_features(conv, x, adj)
     if (size is not None or type(x) is not BitTensor or not _applies(conv, adj) or x.bits != conv.act_bits
             or x.dim not in (None, 0) or x.layout != "col" or x.rows != adj.num_cols or adj.num_rows != adj.num_cols
             or x.lo.dtype != torch.float32 or x.scale.dtype != torch.float32):

@@ -244,7 +244,7 @@ class QGINConv(StaticRange, MessagePassing):
         if x_dst is not None:
             target = dequantize(x_dst) if isinstance(x_dst, BitTensor) else x_dst
             target = target.to_dense() if target.is_sparse else target
-            out = out + self._one_plus_eps() * target
+            out = torch.addcmul(out, self._one_plus_eps(), target)  # one pass, the float32 steps of the one-op path
         return self._nn_output(out, bit_kernels)
 
     def _one_plus_eps(self) -> Tensor:
