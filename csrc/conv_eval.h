@@ -106,9 +106,9 @@ ConvEvalResult gin_conv_eval(const at::Tensor& window_ptr, const at::Tensor& til
   TORCH_CHECK_VALUE(lo.dim() == 1, "lo must hold one range per column");
   const int64_t rows = res_ptr.size(0) - 1, cols = lo.size(0);
   const int64_t channels = weight_codes.empty() ? 0 : weight_codes.back().size(0);
-  // The aggregation, and with a quantized output the MLP's float output and its column keys: not handed back.
-  StepScratch scratch(x_planes, {float_bytes(rows, cols), out_bits == 0 ? 0 : 2 * channels * 8,
-                                 out_bits == 0 ? 0 : float_bytes(rows, channels)});
+  // The aggregation, and with a quantized output the MLP output's column keys: not handed back.  (The MLP's output
+  // is, in either case: its own allocation, made after the block closes.)
+  StepScratch scratch(x_planes, {float_bytes(rows, cols), out_bits == 0 ? 0 : 2 * channels * 8});
   // (A + (1 + eps)·I)·X: the self term in the aggregation's epilogue
   const at::Tensor aggregated = Spmm(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x_planes, lo, scale,
                                      row_sums, self_weight, std::nullopt, std::nullopt, false, rows, cols, wide,
@@ -121,9 +121,9 @@ ConvEvalResult gin_conv_eval(const at::Tensor& window_ptr, const at::Tensor& til
   // On CUDA the MLP kernel hands the quantizer its output's column extrema, sparing it a pass over the output.
   std::optional<at::Tensor> keys;
   if (aggregated.is_cuda() && out_dim == 0) keys = new_col_keys(aggregated, weight_codes);
+  scratch.close();
   const at::Tensor out = Mlp(aggregated, weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits,
                              weight_bits, relu, std::nullopt, keys);
-  scratch.close();
   return quantize_output<Ranges>(out, out_bits, out_dim, keys);
 }
 

@@ -392,7 +392,11 @@ QuantizedRangesAndRowCodes quantize_pack_col_ranges(const at::Tensor& x_in, int6
     }
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return {planes, lo, scale, sums_len == scratch.numel() ? scratch : scratch.narrow(0, 0, sums_len), codes};
+  // (no sums: an empty tensor of its own, which does not keep the extrema's memory)
+  at::Tensor sums_out = sums_len == scratch.numel() ? scratch
+                        : sums_len == 0             ? at::empty({0}, scratch.options())
+                                                    : scratch.narrow(0, 0, sums_len);
+  return {planes, lo, scale, sums_out, codes};
 }
 
 }  // namespace
