@@ -12,7 +12,8 @@ pyg_quant 8/4-bit on the loader's decoded batch) in ``eval()`` under ``torch.inf
 * ``ops``: the top-level ops (those not called from another op) with their host µs each; ``Python µs`` is the host
   time they do not cover (the layers' own code, module calls).
 
-The same 4-bit models reached by the QAT route (``qat.prepare``, three training steps, ``qat.convert``) run as a
+GIN at 4 bits also as the drop-in model (PyG's GIN with ``QGINConv`` in place of ``GINConv``: floats between the
+layers, no ``out_bits``).  The same 4-bit models reached by the QAT route (``qat.prepare``, three training steps, ``qat.convert``) run as a
 last variant, with the host synchronizations of a forward.  Then, per pyg_quant layer, where a layer call's host time goes: the call, its one op alone (``torch.ops``, the same
 arguments), each step of the op alone (the op's kernels' own ops, called one by one as ``ops/reference.py`` composes
 them) and, for scale, an empty allocation and a one-element ``aten::add`` on the device.
@@ -231,6 +232,11 @@ def main(argv=None):
             model.load_state_dict(state)
             variants.append((f"pyg_quant {bits}-bit", model.to(device).eval(),
                              workload.pq_inputs(data, kind, bits, device, False).resident[0]))
+        if kind == "GIN":  # PyG's GIN with QGINConv in place of GINConv: floats between the layers (no out_bits)
+            model = workload.make_pq(args, kind, 4, requantize=False)
+            model.load_state_dict(state)
+            variants.append(("pyg_quant 4-bit drop-in", model.to(device).eval(),
+                             workload.pq_inputs(data, kind, 4, device, False).resident[0]))
         variants.append(("qat.convert 4-bit", converted_qat(kind, args, data, device),
                          workload.pq_inputs(data, kind, 4, device, False).resident[0]))
         timings = time_interleaved([(model, inputs) for _, model, inputs in variants], runner, own.reps)
