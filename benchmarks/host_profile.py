@@ -13,7 +13,8 @@ pyg_quant 8/4-bit on the loader's decoded batch) in ``eval()`` under ``torch.inf
   time they do not cover (the layers' own code, module calls).
 
 GIN at 4 bits also as the drop-in model (PyG's GIN with ``QGINConv`` in place of ``GINConv``: floats between the
-layers, no ``out_bits``).  The same 4-bit models reached by the QAT route (``qat.prepare``, three training steps, ``qat.convert``) run as a
+layers, no ``out_bits``), and the same model with its float-features layers on their general forward ("general
+path": what they ran before their one op).  The same 4-bit models reached by the QAT route (``qat.prepare``, three training steps, ``qat.convert``) run as a
 last variant, with the host synchronizations of a forward.  Then, per pyg_quant layer, where a layer call's host time goes: the call, its one op alone (``torch.ops``, the same
 arguments), each step of the op alone (the op's kernels' own ops, called one by one as ``ops/reference.py`` composes
 them) and, for scale, an empty allocation and a one-element ``aten::add`` on the device.
@@ -170,6 +171,24 @@ def inference_forward(model, inputs) -> None:
         model(*inputs)
 
 
+class FloatFeaturesGeneralPath(torch.nn.Module):
+    """``model`` with QGINConv's one op on float features off: those layers run their general forward (what the
+    drop-in GIN's second and third layers ran before that op), the rest as it is."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, *inputs):
+        from pyg_quant.nn import _eval_path
+        saved = _eval_path._gin_float_features
+        _eval_path._gin_float_features = lambda *a: None
+        try:
+            return self.model(*inputs)
+        finally:
+            _eval_path._gin_float_features = saved
+
+
 def converted_qat(kind: str, args, data, device):
     """The QAT route to the same 4-bit model: ``qat.prepare`` on the PyG model, three training steps on the batch (so
     that the static ranges have observed data), ``qat.convert``; it runs on the loader's batch as the others do."""
@@ -235,8 +254,9 @@ def main(argv=None):
         if kind == "GIN":  # PyG's GIN with QGINConv in place of GINConv: floats between the layers (no out_bits)
             model = workload.make_pq(args, kind, 4, requantize=False)
             model.load_state_dict(state)
-            variants.append(("pyg_quant 4-bit drop-in", model.to(device).eval(),
-                             workload.pq_inputs(data, kind, 4, device, False).resident[0]))
+            inputs = workload.pq_inputs(data, kind, 4, device, False).resident[0]
+            variants.append(("pyg_quant 4-bit drop-in", model.to(device).eval(), inputs))
+            variants.append(("drop-in, general path", FloatFeaturesGeneralPath(model), inputs))
         variants.append(("qat.convert 4-bit", converted_qat(kind, args, data, device),
                          workload.pq_inputs(data, kind, 4, device, False).resident[0]))
         timings = time_interleaved([(model, inputs) for _, model, inputs in variants], runner, own.reps)
