@@ -171,10 +171,11 @@ def test_user_paths_table_matches_user_paths_json(readme):
     with open(os.path.join(ROOT, "benchmarks", "results", "user_paths_h200.json")) as f:
         rows = {(r["model"], r["label"]): r for r in json.load(f)["rows"]}
     table = table_rows(readme, "| model | PyG fp32 CSR eager | pyg_quant 4-bit eager")
-    assert [row[0] for row in table] == ["GIN 3×64", "GCN 3×16"]
+    assert [row[0] for row in table] == ["GIN 3×64", "GIN 3×64, drop-in", "GCN 3×16"]
     for row in table:
         model = row[0].split()[0]
-        pyg, quant = rows[(model, "PyG fp32 CSR")], rows[(model, "pyg_quant 4-bit")]
+        label = "pyg_quant 4-bit drop-in" if row[0].endswith("drop-in") else "pyg_quant 4-bit"
+        pyg, quant = rows[(model, "PyG fp32 CSR")], rows[(model, label)]
 
         def ms(r, path):
             return r[path]["median_ms"]
