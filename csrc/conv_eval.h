@@ -174,7 +174,7 @@ ConvEvalResult gcn_conv_eval(const at::Tensor& window_ptr, const at::Tensor& til
 // the self term is the aggregation epilogue's).  The aggregation's quantizer reads `agg_keys` (its frozen stored
 // range as column keys) where given, else each channel's own range; a channel whose values hold a NaN or inf takes
 // a NaN range instead of the stored one, so that the NaN reaches the output with no host synchronization (the
-// callers raise on the CPU).
+// callers raise on the CPU).  A QGINConv on float features is qat_gin_conv_eval without agg_keys: the same steps.
 
 template <SpmmAffineKernel Spmm, MlpKernel Mlp, MlpPlanesKernel MlpPlanes, RangesKernel Ranges,
           StoredRangesKernel StoredRanges>

@@ -389,8 +389,9 @@ def qat_gin_conv_eval(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val
                       x_lo, x_scale, x_codes, x_cols: int, x_dim: int, agg_bits: int, agg_keys, one_plus_eps,
                       weight_codes, weight_lo, weight_scale, weight_sums, bias, act_bits, weight_bits, relu):
     """A converted QATGINConv layer's eval forward on a square BitAdjacency in one op (see
-    :func:`reference.qat_gin_conv_eval`); ``x`` float32 ``[N, C]`` (quantized here with ``agg_keys`` or each
-    column's own range), or the planes of per-column / per-tensor codes with ``x_lo`` / ``x_scale``."""
+    :func:`reference.qat_gin_conv_eval`), and a QGINConv's on float features (each column's own range, no
+    ``agg_keys``); ``x`` float32 ``[N, C]`` (quantized here with ``agg_keys`` or each column's own range), or the
+    planes of per-column / per-tensor codes with ``x_lo`` / ``x_scale``."""
     args = (window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, row_sums, diag, bool(wide), x, x_lo, x_scale,
             x_codes, int(x_cols), int(x_dim), int(agg_bits), agg_keys, one_plus_eps, weight_codes, weight_lo,
             weight_scale, weight_sums, bias, act_bits, weight_bits, relu)
