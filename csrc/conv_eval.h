@@ -107,7 +107,7 @@ ConvEvalResult gin_conv_eval(const at::Tensor& window_ptr, const at::Tensor& til
   const int64_t rows = res_ptr.size(0) - 1, cols = lo.size(0);
   const int64_t channels = weight_codes.empty() ? 0 : weight_codes.back().size(0);
   // The aggregation, and with a quantized output the MLP output's column keys: not handed back.  (The MLP's output
-  // is, in either case: its own allocation, made after the block closes.)
+  // is handed back: its own allocation, made after the block closes.)
   StepScratch scratch(x_planes, {float_bytes(rows, cols), out_bits == 0 ? 0 : 2 * channels * 8});
   // (A + (1 + eps)·I)·X: the self term in the aggregation's epilogue
   const at::Tensor aggregated = Spmm(window_ptr, tile_col, tile_bits, res_ptr, res_col, res_val, x_planes, lo, scale,
