@@ -10,14 +10,15 @@ computes, with ``Q`` the quantizer and ``M`` its fused MLP kernel (:func:`pyg_qu
 * ``QGCNConv`` on float features or codes it reads as floats:
   ``D^-1/2 Â D^-1/2 X W + b`` = ``bit_spmm(Â, Q(M(X, W, row_scale=D^-1/2)), row_scale=D^-1/2, bias=b)``.
 
-Each sequence is one op, :func:`pyg_quant.ops.gin_conv_eval` / :func:`pyg_quant.ops.gcn_conv_eval` (composed in
-C++, ``csrc/conv_eval.h``; GIN on float features: :func:`pyg_quant.ops.qat_gin_conv_eval` with ranges of its own),
+Each sequence is one op, :func:`pyg_quant.ops.gin_conv_eval` / :func:`pyg_quant.ops.gcn_conv_eval` (composed in C++,
+``csrc/conv_eval.h``; GIN on float features: :func:`pyg_quant.ops.qat_gin_conv_eval` with ranges of its own),
 because a layer's host time is what bounds an eager forward on a GPU, whose kernels take tens of microseconds.  The
-general ``forward`` reaches the same kernels with the same arguments through format conversions and checks.  Here what depends only on the layer's parameters (the MLP chain's arguments) is kept per
-layer, keyed by the parameters' storage and version counters, and everything else is read off the inputs directly.
-A float layer (``bits=None``, such as the last layer ``qat.convert`` leaves in float) on a ``BitAdjacency`` runs one
-CSR product on the adjacency's float matrix, kept on it (GCN's ``D^-1/2 Â D^-1/2`` folded into one matrix): float32
-results within a few rounding steps of the general path's, which adds the same terms in another order.
+general ``forward`` reaches the same kernels with the same arguments through format conversions and checks.  Here
+what depends only on the layer's parameters (the MLP chain's arguments) is kept per layer, keyed by the parameters'
+storage and version counters, and everything else is read off the inputs directly.  A float layer (``bits=None``,
+such as the last layer ``qat.convert`` leaves in float) on a ``BitAdjacency`` runs one CSR product on the
+adjacency's float matrix, kept on it (GCN's ``D^-1/2 Â D^-1/2`` folded into one matrix): float32 results within a
+few rounding steps of the general path's, which adds the same terms in another order.
 
 The quantized results are the general path's bit for bit (tests/test_eval_path.py); wherever a call differs from
 these cases (training, autograd, hooks, calibration or calibrated ranges, PyG's caches, an explainer's mask,
