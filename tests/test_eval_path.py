@@ -89,6 +89,56 @@ def test_gin_on_float_features_equals_general_path(monkeypatch, device, out, loo
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("plain_last,act", [(True, "relu"), (False, "relu"), (True, None)])
+def test_gin_with_a_pyg_mlp_equals_general_path(monkeypatch, device, plain_last, act):
+    """A QGINConv whose ``nn`` is PyG's ``MLP`` without normalization (what PyG's ``GIN`` model builds) fuses it like
+    a Sequential, on codes and on float features: one op, the general path's bits; a changed MLP (a linear layer
+    swapped) is seen at the next call."""
+    from torch_geometric.nn.models import MLP
+
+    torch.manual_seed(0)
+    conv = QGINConv(MLP([24, 32, 20], norm=None, plain_last=plain_last, act=act), bits=4, out_bits=4).to(device).eval()
+    adj = graph(150, 1400, 1, device)
+    xf = F.relu(torch.randn(150, 24, generator=gen(2))).to(device)
+    for x in (xf, pq.to_bit(xf, 4, dim=0, layout="col")):
+        with torch.inference_mode():
+            assert _eval_path.gin_eval(conv, x, adj, None) is not None
+        assert same(*short_and_general(monkeypatch, lambda: conv(x, adj), torch.inference_mode))
+    with torch.no_grad():
+        conv(xf, adj)
+        conv.nn.lins[1] = QuantLinear(32, 20, bits=4).to(device).eval()
+    assert same(*short_and_general(monkeypatch, lambda: conv(xf, adj)))
+
+
+def test_pyg_mlp_chain_view():
+    """What :func:`~pyg_quant.nn.mlp_chain.chain_view` reads a PyG ``MLP`` as: its linear layers with the activation
+    after each (the last too without ``plain_last``); nothing with normalization or in training."""
+    from torch_geometric.nn.models import MLP
+    from pyg_quant.nn.mlp_chain import chain_view
+
+    mlp = MLP([8, 16, 16, 4], norm=None).eval()
+    assert chain_view(mlp).steps == (mlp.lins[0], mlp.act, mlp.lins[1], mlp.act, mlp.lins[2])
+    mlp = MLP([8, 16, 4], norm=None, plain_last=False).eval()
+    assert chain_view(mlp).steps == (mlp.lins[0], mlp.act, mlp.lins[1], mlp.act)
+    mlp = MLP([8, 16, 4], norm=None, act=None).eval()
+    assert chain_view(mlp).steps == (mlp.lins[0], mlp.lins[1])
+    assert chain_view(MLP([8, 16, 4]).eval()) is None  # batch normalization
+    assert chain_view(MLP([8, 16, 4], norm=None, act="gelu").eval()) is None
+    assert chain_view(MLP([8, 16, 4], norm=None).train()) is None  # its dropout draws in training
+    conv = QGINConv(MLP([8, 16, 4], norm=None), bits=4).eval()
+    handle = conv.nn.lins[0].register_forward_hook(lambda *a: None)
+    x = torch.rand(30, 8)
+    adj = pq.BitAdjacency.from_edge_index(random_edges(30, 30, 100, 4), 30)
+    with torch.no_grad():
+        assert _eval_path.gin_eval(conv, x, adj, None) is None  # a hook inside the MLP: the general path
+        handle.remove()
+        assert _eval_path.gin_eval(conv, x, adj, None) is not None
+        # one fused call through the MLP gives what its own forward (a call a linear layer) gives
+        from pyg_quant.nn.quant_linear import run_fused_mlp
+        assert torch.equal(run_fused_mlp(conv.nn, x), conv.nn(x))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("x_kind", ["float", "codes8"])
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("out", [(None, 1), (4, 1), (4, 0), (3, None)])

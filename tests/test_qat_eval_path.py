@@ -258,3 +258,33 @@ def test_ops_equal_their_reference(device, kind, monkeypatch):
             torch.isnan(got).equal(torch.isnan(want)) and torch.equal(got.nan_to_num(), want.nan_to_num()))
         if device == "cpu":
             torch.library.opcheck(op, args)
+
+
+@pytest.mark.parametrize("norm", [None, "batch_norm"])
+def test_pyg_gin_model_takes_the_short_path(device, norm, monkeypatch):
+    """PyG's own ``GIN`` model (``torch_geometric.nn.models.GIN``: its layers' ``nn`` a PyG ``MLP``, ``norm=None`` by
+    default), prepared, trained and converted: each quantized layer is one op, the general path's bits; with batch
+    normalization inside the MLP the general path runs (the same model, its own numbers)."""
+    from torch_geometric.nn.models import GIN as PyGGIN
+
+    g = gen(3)
+    n = 300
+    edge_index = torch.randint(n, (2, 2000), generator=g)
+    x, y = torch.randn(n, 24, generator=g), torch.randint(5, (n,), generator=g)
+    torch.manual_seed(0)
+    model = qat.prepare(PyGGIN(24, 32, num_layers=3, out_channels=5, norm=norm), bits=4, seed=0).to(device)
+    x, edge_index, y = x.to(device), edge_index.to(device), y.to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    for _ in range(3):
+        opt.zero_grad()
+        F.cross_entropy(model(x, edge_index), y).backward()
+        opt.step()
+    model = qat.convert(model)
+    adj = pq.BitAdjacency.from_edge_index(edge_index, n)
+    with torch.no_grad():
+        want = general(model, x, adj)
+        calls = short_calls(monkeypatch, "gin")
+        got = model(x, adj)
+        monkeypatch.undo()
+    assert sum(c is not None for c in calls) == (2 if norm is None else 0)  # the last layer stays fp32
+    assert torch.equal(got, want)

@@ -47,40 +47,46 @@ from ._common import requantize_output
 from .calibration import STATIC_RANGE
 from .explain import explaining
 from .call_plan import held_plan, kept, new_plan, tensor_slot
+from .mlp_chain import ChainView, chain_view
 from .quant_linear import QuantLinear, call_end, chain_args, fused_mlp_plan, runs_fused
 
 
 def _mlp_chain(conv, container, width: int) -> Optional[tuple]:
-    """The weight arguments of the one ``ops`` call through ``container`` (a Sequential of QuantLinear and ReLU, or
-    one QuantLinear) on ``width`` input columns, kept on ``conv`` (a :class:`~pyg_quant.nn.call_plan.CallPlan`) while
-    the modules, parameters and bit widths they were made from stay the same; None where the chain does not fuse
-    into one call or a forward hook would run (the general path then runs)."""
+    """The weight arguments of the one ``ops`` call through ``container`` (QuantLinear and ReLU layers in a chain,
+    :func:`~pyg_quant.nn.mlp_chain.chain_view`, or one QuantLinear) on ``width`` input columns, kept on ``conv`` (a
+    :class:`~pyg_quant.nn.call_plan.CallPlan`) while the modules, parameters and bit widths they were made from stay
+    the same; None where the chain does not fuse into one call or a forward hook would run (the general path then
+    runs)."""
     compiling = is_compiling()  # a traced graph keeps no plan: it quantizes the weights in the graph
     plan = held_plan(conv, "_eval_plan")
     if plan is not None and plan.args[0] is container and plan.args[1] == width:
         return plan.args[2]
-    children = container._modules
-    if not no_hooks(container, *children.values()):
-        return None
     if isinstance(container, QuantLinear):
+        children = container._modules
+        view = ChainView((container,), (container, *children.values()),
+                         tuple((children, name, child) for name, child in children.items()), (),
+                         ((children, len(children)),))
         linears, relus = (container,), (False,)
     else:
-        fused = fused_mlp_plan(container)
+        view = chain_view(container)
+        fused = None if view is None else fused_mlp_plan(container, view)
         if fused is None:
             return None
         linears, relus = fused
+    if not no_hooks(*view.modules):
+        return None
     if not _fuses(linears, width, compiling) or call_end(linears, 0) != len(linears):
         return None  # (several calls: the general path splits the chain)
     chain = chain_args(linears, relus)
     if compiling:
         return chain
-    objects = [(children, name, child) for name, child in children.items()]
+    objects = list(view.entries)
     objects += [(lin._parameters, name, lin._parameters.get(name)) for lin in linears for name in ("weight", "bias")]
-    values = [(lin.__dict__, key, lin.__dict__.get(key)) for lin in linears
-              for key in ("training", "weight_bits", "act_bits")]
+    values = list(view.values) + [(lin.__dict__, key, lin.__dict__.get(key)) for lin in linears
+                                  for key in ("training", "weight_bits", "act_bits")]
     tensors = [lin._parameters.get(name) for lin in linears for name in ("weight", "bias")]
-    conv.__dict__["_eval_plan"] = new_plan(objects, values, [(children, len(children))], tensors,
-                                           (container, *children.values()), (container, width, chain))
+    conv.__dict__["_eval_plan"] = new_plan(objects, values, view.sizes, tensors, view.modules,
+                                           (container, width, chain))
     return chain
 
 

@@ -16,6 +16,7 @@ from ..quantization.fixed import FixedRanges
 from ..quantization.quantize import dequantize, fake_quantize, fits, quantize, values_finite
 from ._common import quant_options_repr
 from .explain import explaining
+from .mlp_chain import ChainView, chain_view
 
 
 def warn_weight_not_cached(module: torch.nn.Module) -> None:
@@ -331,15 +332,18 @@ def _match_mlp(children) -> Optional[Tuple[Tuple[QuantLinear, ...], Tuple[bool, 
     return tuple(linears), tuple(relus)
 
 
-def fused_mlp_plan(module) -> Optional[Tuple[Tuple[QuantLinear, ...], Tuple[bool, ...]]]:
-    r"""``(linears, relus)`` when ``module`` is a ``torch.nn.Sequential`` of :class:`QuantLinear` layers (both
-    bit widths set), each optionally followed by a ``torch.nn.ReLU``, which :func:`pyg_quant.ops.quant_mlp`
-    runs in one call; None otherwise.  Cached per module (keyed by its children and their bit widths); what can
-    change between calls (modes, dtypes, shapes, hooks) is checked by :func:`run_fused_mlp`.
+def fused_mlp_plan(module, view: Optional[ChainView] = None
+                   ) -> Optional[Tuple[Tuple[QuantLinear, ...], Tuple[bool, ...]]]:
+    r"""``(linears, relus)`` when ``module`` applies :class:`QuantLinear` layers (both bit widths set), each
+    optionally followed by a ``torch.nn.ReLU`` (a ``torch.nn.Sequential`` of them, or PyG's ``MLP`` without
+    normalization in ``eval()``: :func:`~pyg_quant.nn.mlp_chain.chain_view`, or ``view``), which
+    :func:`pyg_quant.ops.quant_mlp` runs in one call; None otherwise.  Cached per module (keyed by its chain and the
+    bit widths); what can change between calls (modes, dtypes, shapes, hooks) is checked by :func:`run_fused_mlp`.
     """
-    if not isinstance(module, torch.nn.Sequential):
+    view = chain_view(module) if view is None else view
+    if view is None:
         return None
-    children = tuple(module._modules.values())
+    children = view.steps
     if is_compiling():
         return _match_mlp(children)
     key = tuple((id(c), getattr(c, "weight_bits", None), getattr(c, "act_bits", None)) for c in children)
@@ -400,12 +404,13 @@ def run_fused_mlp(module, x, col_keys: bool = False, out_codes: Optional[FixedRa
     for ``quantize(out, bits, 0, "col", col_keys=keys)``.  With ``out_codes`` (fixed per-column ranges; a 2-D
     ``x``), the result is ``quantize_fixed(module(x), out_codes)``, made by the last call as it stores the rows.
     """
-    plan = fused_mlp_plan(module)
+    view = chain_view(module)
+    plan = None if view is None else fused_mlp_plan(module, view)
     if (plan is None or not isinstance(x, Tensor) or x.dtype != torch.float32 or x.is_sparse or x.dim() < 1
             or (out_codes is not None and x.dim() != 2)):
         return None
     linears, relus = plan
-    if not no_hooks(module, *module._modules.values()):
+    if not no_hooks(*view.modules):
         return None
     width = x.size(-1)
     for lin in linears:

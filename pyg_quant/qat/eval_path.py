@@ -42,6 +42,7 @@ from ..graph.spmm import adjacency_args, gathered_codes
 from ..nn.calibration import STATIC_RANGE
 from ..nn.call_plan import CallPlan, held_plan, new_plan, tensor_slot
 from ..nn.explain import explaining
+from ..nn.mlp_chain import chain_view
 from ..nn.qgcn_conv import bit_adjacency_deg_inv_sqrt
 from ..nn.quant_linear import bit_kernels_apply, chain_args, runs_fused
 from ..ops.reference import ordered_keys
@@ -97,12 +98,12 @@ def _new_plan(conv, linears, fq, args: tuple) -> Optional[CallPlan]:
     for name in ("nn", "lin", "agg_quant"):
         if name in modules:
             objects.append((modules, name, modules[name]))
-    nn = modules.get("nn")
-    if nn is not None:
-        hooked.append(nn)
-        sizes.append((nn._modules, len(nn._modules)))
-        objects += [(nn._modules, name, child) for name, child in nn._modules.items()]
-        hooked += list(nn._modules.values())
+    view = chain_view(modules.get("nn"))
+    if view is not None:  # (GIN's nn)
+        hooked += list(view.modules)
+        sizes += list(view.sizes)
+        objects += list(view.entries)
+        values += list(view.values)
     for name in ("eps", "bias"):
         table, tensor = tensor_slot(conv, name) if hasattr(conv, name) else (None, None)
         if table is not None:
@@ -194,12 +195,14 @@ def gcn_eval(conv, x, adj, edge_weight) -> Optional[Tensor]:
 
 
 def _linear_steps(nn, width: int) -> Optional[list]:
-    """``[(QATLinear, relu after it)]`` of GIN's ``nn`` when it is a Sequential of QAT linear layers (each optionally
-    followed by a ReLU) that run on the fused kernel now, with plain dynamic input ranges and frozen weight codes,
-    and no hooks; None otherwise."""
-    if type(nn) is not torch.nn.Sequential or not no_hooks(nn, *nn._modules.values()):
+    """``[(QATLinear, relu after it)]`` of GIN's ``nn`` when it applies QAT linear layers (each optionally followed by
+    a ReLU: a Sequential of them, or PyG's ``MLP`` without normalization in ``eval()``,
+    :func:`~pyg_quant.nn.mlp_chain.chain_view`) that run on the fused kernel now, with plain dynamic input ranges and
+    frozen weight codes, and no hooks; None otherwise."""
+    view = chain_view(nn)
+    if view is None or not no_hooks(*view.modules):
         return None
-    children, steps, i = tuple(nn._modules.values()), [], 0
+    children, steps, i = view.steps, [], 0
     while i < len(children):
         lin = children[i]
         relu = i + 1 < len(children) and type(children[i + 1]) is torch.nn.ReLU
