@@ -41,15 +41,17 @@ class GIN(torch.nn.Module):
         return self.conv3(F.relu(self.conv2(F.relu(self.conv1(x, adj)), adj)), adj)
 
 
-def converted(device, bits=4, seed=0, kind="gcn", **observers):
-    """A trained-for-three-steps, converted QAT GCN (or GIN), its data and its BitAdjacency (A + I; GIN: A)."""
+def converted(device, bits=4, seed=0, kind="gcn", net=None, **observers):
+    """A trained-for-three-steps, converted QAT GCN (or GIN; ``net()``: that float model of the kind, 24 features in
+    and 5 classes out), its data and its BitAdjacency (A + I; GIN: A)."""
     g = gen(seed)
     n = 400
     edge_index = torch.randint(n, (2, 3000), generator=g)
     x = torch.randn(n, 24, generator=g) * 2 + 0.5
     y = torch.randint(5, (n,), generator=g)
     torch.manual_seed(seed)
-    model = qat.prepare(GCN() if kind == "gcn" else GIN(), bits=bits, seed=seed, **observers).to(device)
+    net = net if net is not None else GCN if kind == "gcn" else GIN
+    model = qat.prepare(net(), bits=bits, seed=seed, **observers).to(device)
     x, edge_index, y = x.to(device), edge_index.to(device), y.to(device)
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     for _ in range(3):
@@ -267,20 +269,8 @@ def test_pyg_gin_model_takes_the_short_path(device, norm, monkeypatch):
     normalization inside the MLP the general path runs (the same model, its own numbers)."""
     from torch_geometric.nn.models import GIN as PyGGIN
 
-    g = gen(3)
-    n = 300
-    edge_index = torch.randint(n, (2, 2000), generator=g)
-    x, y = torch.randn(n, 24, generator=g), torch.randint(5, (n,), generator=g)
-    torch.manual_seed(0)
-    model = qat.prepare(PyGGIN(24, 32, num_layers=3, out_channels=5, norm=norm), bits=4, seed=0).to(device)
-    x, edge_index, y = x.to(device), edge_index.to(device), y.to(device)
-    opt = torch.optim.Adam(model.parameters(), lr=0.01)
-    for _ in range(3):
-        opt.zero_grad()
-        F.cross_entropy(model(x, edge_index), y).backward()
-        opt.step()
-    model = qat.convert(model)
-    adj = pq.BitAdjacency.from_edge_index(edge_index, n)
+    model, x, adj, _ = converted(device, kind="gin",
+                                 net=lambda: PyGGIN(24, 32, num_layers=3, out_channels=5, norm=norm))
     with torch.no_grad():
         want = general(model, x, adj)
         calls = short_calls(monkeypatch, "gin")

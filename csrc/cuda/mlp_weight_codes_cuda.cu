@@ -1,6 +1,6 @@
-// mlp_weight_codes on the GPU: every row of a chain's weights in one launch (a warp a row) and every result from one
-// allocation, where the CPU's composition (csrc/mlp_weight_codes.h) runs a row quantizer and an unpack a weight: a
-// traced graph makes a layer's weight codes at every call, and on a GPU each launch and allocation costs the host.
+// mlp_weight_codes on the GPU: every row of a chain's weights in one launch (a warp a row), where the CPU's
+// composition (csrc/mlp_weight_codes.h) runs a row quantizer and an unpack a weight: a traced graph makes a layer's
+// weight codes at every call, and on a GPU each launch costs the host.
 // The same float32 steps as quantize_pack_ranges (csrc/quantize_steps.h), so the same codes, ranges and sums.
 #include "mlp_weight_codes_cuda.h"
 

@@ -47,7 +47,7 @@ from ._common import requantize_output
 from .calibration import STATIC_RANGE
 from .explain import explaining
 from .call_plan import held_plan, kept, new_plan, tensor_slot
-from .mlp_chain import ChainView, chain_view
+from .mlp_chain import chain_view, module_view
 from .quant_linear import QuantLinear, call_end, chain_args, fused_mlp_plan, runs_fused
 
 
@@ -62,11 +62,7 @@ def _mlp_chain(conv, container, width: int) -> Optional[tuple]:
     if plan is not None and plan.args[0] is container and plan.args[1] == width:
         return plan.args[2]
     if isinstance(container, QuantLinear):
-        children = container._modules
-        view = ChainView((container,), (container, *children.values()),
-                         tuple((children, name, child) for name, child in children.items()), (),
-                         ((children, len(children)),))
-        linears, relus = (container,), (False,)
+        view, linears, relus = module_view(container), (container,), (False,)
     else:
         view = chain_view(container)
         fused = None if view is None else fused_mlp_plan(container, view)

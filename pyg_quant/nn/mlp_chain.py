@@ -25,13 +25,33 @@ def chain_view(module) -> Optional[ChainView]:
     """The :class:`ChainView` of ``module`` (a Sequential, or a PyG ``MLP`` as the module docstring says), else
     None."""
     if type(module) is torch.nn.Sequential:
-        children = module._modules
-        return ChainView(tuple(children.values()), (module, *children.values()),
-                         tuple((children, name, child) for name, child in children.items()), (),
-                         ((children, len(children)),))
+        return module_view(module, tuple(module._modules.values()))
     if type(module) is MLP:
         return _mlp_view(module)
     return None
+
+
+def module_view(module, steps: Optional[tuple] = None) -> ChainView:
+    """``module`` and its direct children as a :class:`ChainView` of ``steps`` (default: ``module`` alone, e.g. one
+    linear layer)."""
+    children = module._modules
+    return ChainView((module,) if steps is None else steps, (module, *children.values()),
+                     tuple((children, name, child) for name, child in children.items()), (),
+                     ((children, len(children)),))
+
+
+def linear_relu_pairs(steps: tuple, is_linear) -> Optional[tuple]:
+    """``(linears, relus)`` of a chain's ``steps`` when they are linear layers (``is_linear(module)``), each
+    optionally followed by a ``torch.nn.ReLU`` (``relus[i]``: one follows ``linears[i]``); None otherwise."""
+    linears, relus, i = [], [], 0
+    while i < len(steps):
+        if not is_linear(steps[i]):
+            return None
+        relu = i + 1 < len(steps) and type(steps[i + 1]) is torch.nn.ReLU
+        linears.append(steps[i])
+        relus.append(relu)
+        i += 2 if relu else 1
+    return (tuple(linears), tuple(relus)) if linears else None
 
 
 def _mlp_view(mlp: MLP) -> Optional[ChainView]:
@@ -60,4 +80,4 @@ def _mlp_view(mlp: MLP) -> Optional[ChainView]:
                      ((lins._modules, len(lins)), (norms._modules, len(norms))))
 
 
-__all__ = ["ChainView", "chain_view"]
+__all__ = ["ChainView", "chain_view", "module_view", "linear_relu_pairs"]

@@ -16,7 +16,7 @@ from ..quantization.fixed import FixedRanges
 from ..quantization.quantize import dequantize, fake_quantize, fits, quantize, values_finite
 from ._common import quant_options_repr
 from .explain import explaining
-from .mlp_chain import ChainView, chain_view
+from .mlp_chain import ChainView, chain_view, linear_relu_pairs
 
 
 def warn_weight_not_cached(module: torch.nn.Module) -> None:
@@ -318,18 +318,8 @@ def _quant_mlp(x2: Union[Tensor, BitTensor], linears, relus, row_scale: Optional
 
 
 def _match_mlp(children) -> Optional[Tuple[Tuple[QuantLinear, ...], Tuple[bool, ...]]]:
-    linears, relus, i = [], [], 0
-    while i < len(children):
-        lin = children[i]
-        if type(lin) is not QuantLinear or lin.weight_bits is None or lin.act_bits is None:
-            return None
-        relu = i + 1 < len(children) and type(children[i + 1]) is torch.nn.ReLU
-        linears.append(lin)
-        relus.append(relu)
-        i += 2 if relu else 1
-    if not linears:
-        return None
-    return tuple(linears), tuple(relus)
+    return linear_relu_pairs(children, lambda m: type(m) is QuantLinear and m.weight_bits is not None
+                             and m.act_bits is not None)
 
 
 def fused_mlp_plan(module, view: Optional[ChainView] = None

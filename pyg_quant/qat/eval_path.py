@@ -42,7 +42,7 @@ from ..graph.spmm import adjacency_args, gathered_codes
 from ..nn.calibration import STATIC_RANGE
 from ..nn.call_plan import CallPlan, held_plan, new_plan, tensor_slot
 from ..nn.explain import explaining
-from ..nn.mlp_chain import chain_view
+from ..nn.mlp_chain import chain_view, linear_relu_pairs
 from ..nn.qgcn_conv import bit_adjacency_deg_inv_sqrt
 from ..nn.quant_linear import bit_kernels_apply, chain_args, runs_fused
 from ..ops.reference import ordered_keys
@@ -200,18 +200,14 @@ def _linear_steps(nn, width: int) -> Optional[list]:
     :func:`~pyg_quant.nn.mlp_chain.chain_view`) that run on the fused kernel now, with plain dynamic input ranges and
     frozen weight codes, and no hooks; None otherwise."""
     view = chain_view(nn)
-    if view is None or not no_hooks(*view.modules):
+    pairs = None if view is None else linear_relu_pairs(view.steps, lambda m: type(m) is QATLinear)
+    if pairs is None or not no_hooks(*view.modules):
         return None
-    children, steps, i = view.steps, [], 0
-    while i < len(children):
-        lin = children[i]
-        relu = i + 1 < len(children) and type(children[i + 1]) is torch.nn.ReLU
-        i += 2 if relu else 1
-        if type(lin) is not QATLinear or not _fused_linear(lin, width):
+    for lin in pairs[0]:
+        if not _fused_linear(lin, width):
             return None
-        steps.append((lin, relu))
         width = lin.weight.size(0)
-    return steps or None
+    return list(zip(*pairs))
 
 
 def gin_eval(conv, x, adj, size) -> Optional[Tensor]:
