@@ -189,13 +189,23 @@ class FloatFeaturesGeneralPath(torch.nn.Module):
             _eval_path._gin_float_features = saved
 
 
-def converted_qat(kind: str, args, data, device):
-    """The QAT route to the same 4-bit model: ``qat.prepare`` on the PyG model, three training steps on the batch (so
-    that the static ranges have observed data), ``qat.convert``; it runs on the loader's batch as the others do."""
+def pyg_gin_model(args):
+    """PyG's own ``GIN`` model (``torch_geometric.nn.models.GIN``: each layer's ``nn`` a PyG ``MLP``, a ReLU between
+    the layers) of the workload's sizes, as a PyG user builds it."""
+    from torch_geometric.nn.models import GIN
+    torch.manual_seed(args.seed)
+    return GIN(args.features, args.gin_hidden, num_layers=args.layers, out_channels=args.classes)
+
+
+def converted_qat(kind: str, args, data, device, pyg_model=None):
+    """The QAT route to the same 4-bit model: ``qat.prepare`` on the PyG model (``pyg_model``, else the workload's),
+    three training steps on the batch (so that the static ranges have observed data), ``qat.convert``; it runs on the
+    loader's batch as the others do."""
     import warnings
     import torch.nn.functional as F
     torch.manual_seed(args.seed)
-    model = pq.qat.prepare(workload.make_pyg(args, kind, normalize=True).to(device), bits=4).train()
+    fp32 = pyg_model if pyg_model is not None else workload.make_pyg(args, kind, normalize=True)
+    model = pq.qat.prepare(fp32.to(device), bits=4).train()
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     x, edge_index = workload.pyg_inputs(data, kind, "edge_index", "fp32", device).resident[0]
     for _ in range(3):
@@ -259,6 +269,12 @@ def main(argv=None):
             variants.append(("drop-in, general path", FloatFeaturesGeneralPath(model), inputs))
         variants.append(("qat.convert 4-bit", converted_qat(kind, args, data, device),
                          workload.pq_inputs(data, kind, 4, device, False).resident[0]))
+        if kind == "GIN":  # PyG's GIN model itself, in fp32 and through the QAT route
+            variants.append(("PyG GIN model fp32 CSR", pyg_gin_model(args).to(device).eval(),
+                             workload.pyg_inputs(data, kind, "CSR", "fp32", device).resident[0]))
+            variants.append(("PyG GIN model, qat.convert 4-bit",
+                             converted_qat(kind, args, data, device, pyg_gin_model(args)),
+                             workload.pq_inputs(data, kind, 4, device, False).resident[0]))
         timings = time_interleaved([(model, inputs) for _, model, inputs in variants], runner, own.reps)
         for (label, model, inputs), timing in zip(variants, timings):
             row = dict(model=kind, label=label, **profile_forward(model, inputs, runner, timing))
@@ -270,7 +286,7 @@ def main(argv=None):
             print(f"{kind} {label:16s} host {row['host_us']:7.1f} us  wall {row['wall_us']:7.1f}  kernels "
                   f"{row['kernels']:4.0f} ({row['kernel_us']:6.1f} us)  ops {row['ops']:4.0f} ({row['op_host_us']:6.1f} "
                   f"us)  Python {row['python_us']:6.1f} us  syncs {row.get('syncs')} | {top}", flush=True)
-            if label.startswith(("pyg_quant", "qat")):
+            if label.startswith(("pyg_quant", "qat")) or "qat" in label:
                 row["layers"] = layer_breakdown(model, inputs, runner, own.reps * 3)
                 for i, lr in enumerate(row["layers"]):
                     steps = ", ".join(f"{k} {v:.1f}" for k, v in lr["steps"].items())
