@@ -286,7 +286,7 @@ def main(argv=None):
             print(f"{kind} {label:16s} host {row['host_us']:7.1f} us  wall {row['wall_us']:7.1f}  kernels "
                   f"{row['kernels']:4.0f} ({row['kernel_us']:6.1f} us)  ops {row['ops']:4.0f} ({row['op_host_us']:6.1f} "
                   f"us)  Python {row['python_us']:6.1f} us  syncs {row.get('syncs')} | {top}", flush=True)
-            if label.startswith(("pyg_quant", "qat")) or "qat" in label:
+            if label.startswith("pyg_quant") or "qat" in label:
                 row["layers"] = layer_breakdown(model, inputs, runner, own.reps * 3)
                 for i, lr in enumerate(row["layers"]):
                     steps = ", ".join(f"{k} {v:.1f}" for k, v in lr["steps"].items())
